@@ -1,0 +1,43 @@
+# handrail — the verbs people type. `make help` lists them.
+.DEFAULT_GOAL := help
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help install demo test lint format typecheck bench clean
+
+help: ## List the verbs
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install handrail with its dev tools
+
+demo: $(STAMP) ## Run the offline support-desk demo (scripted model)
+	$(BIN)/python -m handrail.demo
+
+test: $(STAMP) ## Run the whole test suite with branch coverage
+	$(BIN)/python -m pytest --cov --cov-report=term
+
+lint: $(STAMP) ## ruff format --check and ruff check
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: $(STAMP) ## Format and auto-fix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: $(STAMP) ## mypy --strict on src/
+	$(BIN)/mypy
+
+bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m bench
+
+clean: ## Remove the venv and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .coverage

@@ -1,0 +1,106 @@
+"""Every error handrail raises, in one tree.
+
+```
+HandrailError
+├── UserError                  the application developer misused the API
+│   ├── ToolDefinitionError    an illegal tool declaration (found when the tool is defined)
+│   ├── ConfigError            a bad or missing setting (names the variable or argument to fix)
+│   └── PathError              a context path that does not parse or does not resolve
+│       └── ContextFullError   a session-scoped write that does not fit under the size cap
+└── RunError                   a run failed; carries what the run had got to
+    ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
+    └── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
+```
+
+Signals from a tool to the engine are not errors and do not inherit from `HandrailError`, so
+a broad `except HandrailError` cannot swallow them:
+
+```
+ModelRetry        raise inside a tool: the message goes back to the model as a tool error
+```
+
+Inside the agent loop failures are data (a `ToolResult` with `ok=False` that the model reads);
+these exceptions belong at the edges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "ContextFullError",
+    "HandrailError",
+    "MaxIterationsError",
+    "ModelError",
+    "ModelRetry",
+    "PathError",
+    "RunError",
+    "ToolDefinitionError",
+    "UserError",
+]
+
+
+class HandrailError(Exception):
+    """Base of every error handrail raises."""
+
+
+class UserError(HandrailError):
+    """The application developer misused the API: the message names the fix."""
+
+
+class ToolDefinitionError(UserError):
+    """A tool was declared with an illegal combination of options."""
+
+
+class ConfigError(UserError):
+    """A setting is missing or invalid."""
+
+
+class PathError(UserError):
+    """A context-store path does not parse, or does not resolve against the data.
+
+    Attributes:
+        path: the whole path that failed.
+        segment: the segment at which it failed, when there is one.
+    """
+
+    def __init__(self, message: str, *, path: str, segment: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.segment = segment
+
+
+class ContextFullError(PathError):
+    """A session-scoped value does not fit under the context store's size cap."""
+
+
+class RunError(HandrailError):
+    """A run failed.
+
+    Attributes:
+        state: what the run had got to (the messages so far), when known.
+    """
+
+    def __init__(self, message: str, *, state: Any = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class ModelError(RunError):
+    """The model produced something the engine cannot use (or a test script ran out)."""
+
+
+class MaxIterationsError(RunError):
+    """An iteration cap was reached where the run cannot end with a message."""
+
+
+class ModelRetry(Exception):  # noqa: N818 - a signal, not an error (PydanticAI's name)
+    """Raised by a tool to send `message` back to the model as a recoverable tool error.
+
+    Not a `HandrailError`: it is a signal to the engine, not a failure of the run.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
