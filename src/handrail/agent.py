@@ -1,0 +1,127 @@
+"""`Agent`: a named model loop with instructions, tools and an optional output type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import TypeAdapter
+
+from .exceptions import UserError
+from .models import Model, ToolDefinition
+from .tools import Tool
+
+if TYPE_CHECKING:
+    from ._loop import AgentResult, AgentRun
+    from .runtime import Runtime
+    from .state import RunState
+
+__all__ = ["Agent"]
+
+OutputT = TypeVar("OutputT")
+
+DEFAULT_NUDGE = (
+    "You answered before using your tools. Call at least {n} tool(s) to ground your answer, "
+    "then answer."
+)
+
+
+class Agent(Generic[OutputT]):
+    """An agent: instructions, tools, and the limits of its loop.
+
+    Args:
+        name: identifies the agent in events, history and routes.
+        instructions: the system prompt, or a function of the run state that returns it.
+        tools: what the agent may call (its allow-list); names must be unique.
+        model: the agent's model; when None the runtime's default is used.
+        max_iterations: model calls this agent may make in one turn (default 10); reaching
+            the cap ends the agent's turn with a message that says so.
+        min_tool_calls: when the model answers before making this many tool calls, one
+            synthetic nudge (visible in history, marked synthetic) asks it to use its tools.
+        output_type: a type (usually a pydantic model) the final answer must validate
+            against; invalid output is sent back once with the validation error.
+        nudge: the text of the `min_tool_calls` nudge (`{n}` is replaced by the minimum).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        instructions: str | Callable[[RunState], str] = "",
+        tools: Sequence[Tool[Any]] = (),
+        model: Model | None = None,
+        max_iterations: int = 10,
+        min_tool_calls: int = 0,
+        output_type: type[OutputT] | None = None,
+        nudge: str = DEFAULT_NUDGE,
+    ) -> None:
+        if max_iterations < 1:
+            raise UserError(f"Agent {name!r}: max_iterations must be at least 1.")
+        if min_tool_calls < 0:
+            raise UserError(f"Agent {name!r}: min_tool_calls cannot be negative.")
+        self.name = name
+        self.instructions = instructions
+        self.model = model
+        self.max_iterations = max_iterations
+        self.min_tool_calls = min_tool_calls
+        self.nudge = nudge.replace("{n}", str(min_tool_calls))
+        self.tools: dict[str, Tool[Any]] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise UserError(
+                    f"Agent {name!r}: {t!r} is not a Tool; decorate the function with @tool."
+                )
+            if t.name in self.tools:
+                raise UserError(f"Agent {name!r}: two tools are named {t.name!r}.")
+            self.tools[t.name] = t
+        self.tool_definitions: list[ToolDefinition] = [t.definition for t in self.tools.values()]
+        self.output_type = output_type
+        self.output_adapter: TypeAdapter[OutputT] | None = (
+            TypeAdapter(output_type) if output_type is not None else None
+        )
+        self.output_schema = (
+            self.output_adapter.json_schema() if self.output_adapter is not None else None
+        )
+
+    def instructions_for(self, state: RunState) -> str | None:
+        """The system prompt for this state."""
+        text = self.instructions(state) if callable(self.instructions) else self.instructions
+        return text or None
+
+    def run_stream(
+        self,
+        prompt: str | None,
+        *,
+        state: RunState | None = None,
+        runtime: Runtime[Any] | None = None,
+        model: Model | None = None,
+    ) -> AgentRun[OutputT]:
+        """Run one user turn of this agent alone, as a stream of events.
+
+        Iterate the returned `AgentRun` for events; afterwards `run.result` holds the
+        outcome and the new state. The events start with `run-started` and end with
+        exactly one of `run-completed`, `run-suspended`, `run-failed`.
+
+        Args:
+            prompt: the user's message (None to continue the state's conversation as is).
+            state: the session state to continue (a new one when None).
+            runtime: dependencies, hooks, clock and ids (defaults when None).
+            model: a per-turn model override (before the agent's and the runtime's).
+        """
+        from ._loop import run_turn
+
+        return run_turn(self, prompt, state=state, runtime=runtime, model=model)
+
+    async def run(
+        self,
+        prompt: str | None,
+        *,
+        state: RunState | None = None,
+        runtime: Runtime[Any] | None = None,
+        model: Model | None = None,
+    ) -> AgentResult[OutputT]:
+        """Run one user turn to its end and return the result (see `run_stream`)."""
+        return await self.run_stream(prompt, state=state, runtime=runtime, model=model).finish()
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, tools={list(self.tools)})"

@@ -1,0 +1,258 @@
+"""Events: everything a run reports, as it happens.
+
+One discriminated union on the `type` field; every event is JSON-serialisable through
+`EVENTS` (the server writes them as Server-Sent Events). A turn ends with exactly one of
+`run-completed`, `run-suspended` or `run-failed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import Field, TypeAdapter
+
+__all__ = [
+    "EVENT",
+    "EVENTS",
+    "AgentCompleted",
+    "AgentStarted",
+    "ApprovalRequired",
+    "ClientExecRequired",
+    "Event",
+    "InputRequired",
+    "ReasoningDelta",
+    "RunCompleted",
+    "RunFailed",
+    "RunStarted",
+    "RunSuspended",
+    "TextDelta",
+    "ToolCallCompleted",
+    "ToolCallStarted",
+    "ToolProgress",
+    "UsageEvent",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class RunStarted:
+    """A run (one user turn, or its resumption) started."""
+
+    run_id: str
+    """Identifies the run."""
+    session_id: str | None = None
+    """The session, when the run belongs to one."""
+    type: Literal["run-started"] = "run-started"
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentStarted:
+    """An agent started its loop."""
+
+    agent: str
+    """The agent's name."""
+    type: Literal["agent-started"] = "agent-started"
+
+
+@dataclass(kw_only=True, slots=True)
+class TextDelta:
+    """A piece of the assistant's text, as it streams."""
+
+    agent: str
+    """The agent writing."""
+    message_id: str
+    """The assistant message it belongs to."""
+    delta: str
+    """The new text."""
+    type: Literal["text-delta"] = "text-delta"
+
+
+@dataclass(kw_only=True, slots=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning, as it streams."""
+
+    agent: str
+    """The agent reasoning."""
+    message_id: str
+    """The assistant message it belongs to."""
+    delta: str
+    """The new text."""
+    type: Literal["reasoning-delta"] = "reasoning-delta"
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallStarted:
+    """A tool call entered the dispatch pipeline."""
+
+    agent: str
+    """The agent that called it."""
+    tool_call_id: str
+    """The call's id."""
+    name: str
+    """The tool's name."""
+    args: dict[str, Any] | None
+    """The arguments as parsed (None when they did not parse)."""
+    type: Literal["tool-call-started"] = "tool-call-started"
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolProgress:
+    """A progress update from a streaming (async generator) tool."""
+
+    tool_call_id: str
+    """The call reporting progress."""
+    progress: Any
+    """What the tool yielded (JSON-compatible)."""
+    type: Literal["tool-progress"] = "tool-progress"
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallCompleted:
+    """A tool call has its result."""
+
+    tool_call_id: str
+    """The call's id."""
+    name: str
+    """The tool's name."""
+    ok: bool
+    """Whether it succeeded."""
+    status: str
+    """The part's final status (`completed`, `failed`, `interrupted`)."""
+    summary: str | None = None
+    """The UI line."""
+    digest: Any = None
+    """The UI projection of the output."""
+    error: str | None = None
+    """The error, when it failed."""
+    reused_from: str | None = None
+    """Set when an identical earlier call's result was reused."""
+    duration_ms: float | None = None
+    """How long dispatch took."""
+    type: Literal["tool-call-completed"] = "tool-call-completed"
+
+
+@dataclass(kw_only=True, slots=True)
+class ApprovalRequired:
+    """A gated call waits for a human's approval."""
+
+    tool_call_id: str
+    """The waiting call."""
+    name: str
+    """The tool's name."""
+    args: dict[str, Any]
+    """The proposed arguments."""
+    prompt: str | None = None
+    """What to ask."""
+    amendable: list[str] = field(default_factory=list)
+    """The argument names the human may change."""
+    type: Literal["approval-required"] = "approval-required"
+
+
+@dataclass(kw_only=True, slots=True)
+class InputRequired:
+    """A human-executed call waits for a person's answer (elicitation)."""
+
+    tool_call_id: str
+    """The waiting call."""
+    name: str
+    """The tool's name."""
+    args: dict[str, Any]
+    """The arguments (the question)."""
+    prompt: str | None = None
+    """What to ask."""
+    output_schema: dict[str, Any] | None = None
+    """JSON Schema of the expected answer."""
+    type: Literal["input-required"] = "input-required"
+
+
+@dataclass(kw_only=True, slots=True)
+class ClientExecRequired:
+    """A client-executed call waits for the client to run it and post the result."""
+
+    tool_call_id: str
+    """The waiting call."""
+    name: str
+    """The tool's name."""
+    args: dict[str, Any]
+    """The arguments."""
+    type: Literal["client-exec-required"] = "client-exec-required"
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSuspended:
+    """The run stopped to wait; it resumes when every pending call is resolved."""
+
+    pending: list[str]
+    """The ids of the waiting calls."""
+    type: Literal["run-suspended"] = "run-suspended"
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentCompleted:
+    """An agent finished its loop."""
+
+    agent: str
+    """The agent's name."""
+    output: Any = None
+    """Its final output (text, or the structured output as JSON-compatible data)."""
+    type: Literal["agent-completed"] = "agent-completed"
+
+
+@dataclass(kw_only=True, slots=True)
+class UsageEvent:
+    """Token and request usage of one model call."""
+
+    agent: str
+    """The agent that made the call."""
+    input_tokens: int = 0
+    """Prompt tokens."""
+    output_tokens: int = 0
+    """Completion tokens."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the provider's cache."""
+    type: Literal["usage"] = "usage"
+
+
+@dataclass(kw_only=True, slots=True)
+class RunCompleted:
+    """The run finished."""
+
+    output: Any = None
+    """The final output (text, or structured output as JSON-compatible data)."""
+    type: Literal["run-completed"] = "run-completed"
+
+
+@dataclass(kw_only=True, slots=True)
+class RunFailed:
+    """The run ended without finishing."""
+
+    reason: Literal["interrupted", "error", "max-iterations"]
+    """Why."""
+    error: str | None = None
+    """What went wrong, for a person."""
+    type: Literal["run-failed"] = "run-failed"
+
+
+Event: TypeAlias = Annotated[
+    RunStarted
+    | AgentStarted
+    | TextDelta
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolProgress
+    | ToolCallCompleted
+    | ApprovalRequired
+    | InputRequired
+    | ClientExecRequired
+    | RunSuspended
+    | AgentCompleted
+    | UsageEvent
+    | RunCompleted
+    | RunFailed,
+    Field(discriminator="type"),
+]
+
+EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+"""Validate and serialise one event: `EVENT.dump_json(ev)`, `EVENT.validate_json(raw)`."""
+EVENTS: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+"""Validate and serialise a list of events."""

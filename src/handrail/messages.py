@@ -1,0 +1,164 @@
+"""Messages and their parts: the conversation as handrail stores it.
+
+A tool call and its result live in ONE part (`ToolCallPart.result`), so they can never be
+separated: not by compaction, not by a crash, not by a provider conversion. The provider
+adapters expand a part into the call and the result message their API wants.
+
+Every type here is a `@dataclass(kw_only=True, slots=True)` with a literal `type`
+discriminator; `MESSAGES` is the one `TypeAdapter` for JSON in and out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import Field, TypeAdapter
+
+from ._tool_result import ToolResult
+
+__all__ = [
+    "MESSAGES",
+    "ApprovalCardPart",
+    "Executor",
+    "Message",
+    "Part",
+    "ReasoningPart",
+    "Role",
+    "TextPart",
+    "ToolCallPart",
+    "ToolCallStatus",
+    "ToolResult",
+]
+
+Role: TypeAlias = Literal["system", "user", "assistant"]
+Executor: TypeAlias = Literal["server", "human", "client", "provider"]
+ToolCallStatus: TypeAlias = Literal[
+    "pending", "running", "waiting", "completed", "failed", "interrupted"
+]
+"""`pending`: not dispatched yet; `running`: executing; `waiting`: suspended for a human or
+a client; `completed`/`failed`: the result is final; `interrupted`: the run was cancelled
+before the call produced a result (the result says so)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TextPart:
+    """Text written by the user, the model, or the engine."""
+
+    text: str
+    """The text."""
+    synthetic: bool = False
+    """Written by the engine, not by a person or the model (e.g. the `min_tool_calls` nudge)."""
+    type: Literal["text"] = "text"
+
+
+@dataclass(kw_only=True, slots=True)
+class ReasoningPart:
+    """The model's reasoning ("thinking"), kept where the provider accepts it back."""
+
+    text: str
+    """The reasoning text (may be empty when the provider only returns a signature)."""
+    signature: str | None = None
+    """The provider's opaque signature, needed to send the reasoning back."""
+    provider: str | None = None
+    """Which provider produced it: reasoning is only replayed to that provider."""
+    type: Literal["reasoning"] = "reasoning"
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallPart:
+    """One tool call and, once it has one, its result.
+
+    The args the model sent are kept verbatim in `raw_args` when they failed to parse, so
+    nothing the model said is lost; `args` holds the validated arguments once validation
+    passed (or the parsed ones when it did not).
+    """
+
+    id: str
+    """The tool call id (the provider's, or one the engine made)."""
+    name: str
+    """The tool's name as the model called it."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """The arguments (validated and bound, once the pipeline got that far)."""
+    raw_args: str | None = None
+    """The arguments as the model sent them, when they were not a valid JSON object."""
+    status: ToolCallStatus = "pending"
+    """Where the call is in its life."""
+    result: ToolResult | None = None
+    """The result, once there is one."""
+    digest: Any = None
+    """A small UI projection of the output (the tool's `digest`)."""
+    executor: Executor = "server"
+    """Who runs the tool."""
+    reused_from: str | None = None
+    """Set when the result was reused from an identical call earlier this turn (its id)."""
+    cached: bool = False
+    """The result came from the idempotent-tool cache."""
+    started_at: float | None = None
+    """When dispatch started (seconds since the epoch, from the runtime's clock)."""
+    duration_ms: float | None = None
+    """How long dispatch took."""
+    type: Literal["tool-call"] = "tool-call"
+
+
+@dataclass(kw_only=True, slots=True)
+class ApprovalCardPart:
+    """A request for a human decision about a tool call, and the decision once made."""
+
+    tool_call_id: str
+    """The call this card is about."""
+    tool_name: str
+    """The tool's name."""
+    args: dict[str, Any]
+    """The arguments as proposed."""
+    prompt: str | None = None
+    """What to ask the human."""
+    kind: Literal["approval", "elicitation", "client_exec", "recovery"] = "approval"
+    """What is being asked."""
+    decision: Literal["approve", "reject", "answer", "client_result", "skip"] | None = None
+    """The decision, once made."""
+    decided_by: str | None = None
+    """Who decided."""
+    decided_at: float | None = None
+    """When (seconds since the epoch)."""
+    amended_args: dict[str, Any] | None = None
+    """The arguments the human changed, when they did."""
+    reason: str | None = None
+    """Why (e.g. a rejection reason)."""
+    args_digest: str | None = None
+    """Digest of the exact arguments that were approved."""
+    type: Literal["approval"] = "approval"
+
+
+Part: TypeAlias = Annotated[
+    TextPart | ReasoningPart | ToolCallPart | ApprovalCardPart, Field(discriminator="type")
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class Message:
+    """One message of the conversation."""
+
+    id: str
+    """Unique within the session."""
+    role: Role
+    """Who wrote it."""
+    parts: list[Part] = field(default_factory=list)
+    """What it holds, in order."""
+    agent: str | None = None
+    """The agent that wrote it (assistant messages)."""
+
+    @property
+    def text(self) -> str:
+        """The concatenated text parts."""
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+    @property
+    def tool_calls(self) -> list[ToolCallPart]:
+        """The tool-call parts, in order."""
+        return [p for p in self.parts if isinstance(p, ToolCallPart)]
+
+
+MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+"""Validate and serialise a list of messages: `MESSAGES.dump_json(msgs)`,
+`MESSAGES.validate_json(raw)`."""

@@ -1,0 +1,144 @@
+"""Models: the `Model` protocol and what flows through it.
+
+A model streams a `ModelRequest` into chunks (`TextChunk`, `ReasoningChunk`,
+`ToolCallChunk`) and ends the stream with exactly one `ModelResponse` carrying the complete
+parts, the usage and the stop reason. Providers live one per module (`models/openai.py`,
+`models/anthropic.py`); the offline test doubles are `ScriptedModel` and `FunctionModel`
+(also exported from `handrail.testing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
+
+__all__ = [
+    "Model",
+    "ModelChunk",
+    "ModelRequest",
+    "ModelResponse",
+    "ReasoningChunk",
+    "TextChunk",
+    "ToolCallChunk",
+    "ToolDefinition",
+    "Usage",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolDefinition:
+    """What the model is told about one tool."""
+
+    name: str
+    """The tool's name."""
+    description: str
+    """What it does, for the model."""
+    parameters: dict[str, Any]
+    """JSON Schema of the arguments the model may send (bound arguments are left out)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Usage:
+    """Tokens and requests, added up over a run."""
+
+    requests: int = 0
+    """Model calls made."""
+    input_tokens: int = 0
+    """Prompt tokens."""
+    output_tokens: int = 0
+    """Completion tokens."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the provider's cache."""
+    tool_calls: int = 0
+    """Tool calls dispatched."""
+
+    def add(self, other: Usage) -> None:
+        """Add `other` into this usage, in place."""
+        self.requests += other.requests
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+        self.tool_calls += other.tool_calls
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelRequest:
+    """One call to a model."""
+
+    agent: str
+    """The agent making the call."""
+    instructions: str | None
+    """The system prompt."""
+    messages: list[Message]
+    """The conversation so far (tool results ride inside their call parts)."""
+    tools: list[ToolDefinition] = field(default_factory=list)
+    """The tools the model may call."""
+    tool_choice: Literal["auto", "none", "required"] = "auto"
+    """`none` asks for a final answer without tool calls."""
+    output_schema: dict[str, Any] | None = None
+    """JSON Schema the final answer must follow (structured output), if any."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TextChunk:
+    """A piece of streamed answer text."""
+
+    text: str
+
+
+@dataclass(kw_only=True, slots=True)
+class ReasoningChunk:
+    """A piece of streamed reasoning."""
+
+    text: str
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallChunk:
+    """A piece of a streamed tool call (its arguments arrive in pieces)."""
+
+    index: int
+    """Which call of the response this piece belongs to."""
+    id: str | None = None
+    """The call id, on the first piece."""
+    name: str | None = None
+    """The tool name, on the first piece."""
+    args_delta: str = ""
+    """More of the JSON arguments."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelResponse:
+    """The complete answer of one model call: the last item of every stream."""
+
+    parts: list[TextPart | ReasoningPart | ToolCallPart]
+    """What the model said, in order."""
+    usage: Usage = field(default_factory=lambda: Usage(requests=1))
+    """What the call cost."""
+    stop_reason: str | None = None
+    """Why the model stopped (`end_turn`, `tool_use`, `length`, ...), as the provider says."""
+    model_name: str | None = None
+    """The model that answered."""
+
+
+ModelChunk: TypeAlias = TextChunk | ReasoningChunk | ToolCallChunk | ModelResponse
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that can answer a `ModelRequest` as a stream.
+
+    `stream` yields any number of chunks and then exactly one `ModelResponse`.
+    """
+
+    @property
+    def name(self) -> str:
+        """A name for logs and usage (`openai:gpt-4o-mini`, `scripted`)."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Stream the answer to `request`."""
+        ...

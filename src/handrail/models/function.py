@@ -1,0 +1,149 @@
+"""`FunctionModel`: a model whose every answer is computed by a Python function.
+
+The deterministic, offline way to fake a model in tests (PydanticAI's `FunctionModel`): the
+function receives the `ModelRequest` and returns a *step*, which is any of
+
+- a `str`: a text answer,
+- a tool call made with `call(...)` (or `call_raw(...)` for malformed arguments),
+- a `reasoning(...)` part,
+- a list of the above: one answer with several parts (parallel tool calls, text + calls),
+- a complete `ModelResponse`.
+
+Text is streamed word by word, as a real provider would, so streaming paths are exercised.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeAlias
+
+import pydantic_core
+
+from ..messages import ReasoningPart, TextPart, ToolCallPart
+from . import ModelChunk, ModelRequest, ModelResponse, ReasoningChunk, TextChunk, Usage
+
+__all__ = ["FunctionModel", "Step", "call", "call_raw", "reasoning"]
+
+StepPart: TypeAlias = str | TextPart | ReasoningPart | ToolCallPart
+Step: TypeAlias = StepPart | Sequence[StepPart] | ModelResponse
+"""What a scripted or computed model turn may be (see the module docstring)."""
+
+_WORDS = re.compile(r"\s*\S+\s*|\s+")
+
+
+def call(
+    name: str, args: dict[str, Any] | None = None, /, *, id: str | None = None, **kwargs: Any
+) -> ToolCallPart:
+    """A tool call for a scripted model turn.
+
+    The arguments are sent as a JSON string, as real providers send them, so the dispatch
+    pipeline parses them exactly as it would in production.
+
+    Args:
+        name: the tool to call.
+        args: the arguments as a dict (or give them as keyword arguments).
+        id: the tool call id; by default the model numbers its calls `call_1`, `call_2`, ...
+        **kwargs: the arguments, when `args` is not given.
+    """
+    payload = {**(args or {}), **kwargs}
+    return ToolCallPart(id=id or "", name=name, raw_args=pydantic_core.to_json(payload).decode())
+
+
+def call_raw(name: str, raw_args: str, /, *, id: str | None = None) -> ToolCallPart:
+    """A tool call whose arguments are sent verbatim (for example malformed JSON)."""
+    return ToolCallPart(id=id or "", name=name, raw_args=raw_args)
+
+
+def reasoning(text: str, *, signature: str | None = None) -> ReasoningPart:
+    """A reasoning part for a scripted model turn."""
+    return ReasoningPart(text=text, signature=signature)
+
+
+class FunctionModel:
+    """A model that answers each request by calling `function(request)`.
+
+    Args:
+        function: computes the step for a request; may be sync or async.
+        name: a name for logs and usage.
+
+    Attributes:
+        calls: every request received, in order (a snapshot of its messages list).
+    """
+
+    def __init__(
+        self,
+        function: Callable[[ModelRequest], Step | Awaitable[Step]],
+        *,
+        name: str = "function",
+    ) -> None:
+        self._function = function
+        self._name = name
+        self._call_ids = 0
+        self.calls: list[ModelRequest] = []
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self._name
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Compute the answer, then stream it: reasoning and text in words, then the response."""
+        self.calls.append(_snapshot(request))
+        step = self._function(request)
+        if inspect.isawaitable(step):
+            step = await step
+        response = self._to_response(step)
+        for part in response.parts:
+            if isinstance(part, TextPart):
+                for word in _WORDS.findall(part.text):
+                    yield TextChunk(text=word)
+            elif isinstance(part, ReasoningPart):
+                for word in _WORDS.findall(part.text):
+                    yield ReasoningChunk(text=word)
+        yield response
+
+    def _to_response(self, step: Step) -> ModelResponse:
+        if isinstance(step, ModelResponse):
+            return step
+        items: Sequence[StepPart] = (
+            [step] if isinstance(step, str | TextPart | ReasoningPart | ToolCallPart) else step
+        )
+        parts: list[TextPart | ReasoningPart | ToolCallPart] = []
+        for item in items:
+            if isinstance(item, str):
+                parts.append(TextPart(text=item))
+            elif isinstance(item, ToolCallPart):
+                self._call_ids += 1
+                # A fresh part each time: a script may be replayed, parts are mutated by dispatch.
+                parts.append(
+                    ToolCallPart(
+                        id=item.id or f"call_{self._call_ids}",
+                        name=item.name,
+                        args=dict(item.args),
+                        raw_args=item.raw_args,
+                    )
+                )
+            elif isinstance(item, TextPart | ReasoningPart):
+                parts.append(item)
+            else:
+                raise TypeError(
+                    f"A model step must be a str, call(...), reasoning(...), a list of those or a "
+                    f"ModelResponse; got {type(item).__name__}"
+                )
+        stop = "tool_use" if any(isinstance(p, ToolCallPart) for p in parts) else "end_turn"
+        return ModelResponse(
+            parts=parts, usage=Usage(requests=1), stop_reason=stop, model_name=self._name
+        )
+
+
+def _snapshot(request: ModelRequest) -> ModelRequest:
+    return ModelRequest(
+        agent=request.agent,
+        instructions=request.instructions,
+        messages=list(request.messages),
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        output_schema=request.output_schema,
+    )

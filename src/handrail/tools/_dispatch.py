@@ -1,0 +1,431 @@
+"""The dispatch pipeline: from the calls of one model response to their stamped results.
+
+Each call goes through the same steps, in this order:
+
+1. parse the JSON arguments (malformed or not an object: a tool error the model can read);
+2. the domain's `transform_args` hook;
+3. bind arguments from the context store (`bindings`: scope comes from the session);
+4. the tool's `normalize`, then validation with lenient repair (every bad field listed);
+5. allow-list and permission check (an unknown tool's error lists the close names);
+6. dedup (an identical successful call this turn is reused and marked) and the
+   idempotent-tool cache;
+7. execute, with the tool's timeout, draining progress from streaming tools;
+8. digest (a small UI projection);
+9. capture the output into the context store (`tool:`, `tool:[]`, `call:`);
+10. result hooks (`on_tool_result`, `transform_tool_result`);
+11. stamp the part (status, result, timings).
+
+Gated, human and client calls stop after step 6 and wait. The pipeline never raises for a
+tool's failure: an exception becomes `ToolResult(ok=False)` and the loop goes on. Independent
+calls run in parallel in one `TaskGroup`; `sequential` tools run alone, in the model's order;
+one failure or timeout never sinks the others; results stay in the model's call order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import difflib
+import functools
+import inspect
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import pydantic_core
+from pydantic import BaseModel, ValidationError
+
+from ..events import (
+    ApprovalRequired,
+    ClientExecRequired,
+    Event,
+    InputRequired,
+    ToolCallCompleted,
+    ToolCallStarted,
+    ToolProgress,
+)
+from ..exceptions import ModelRetry, PathError
+from ..messages import ApprovalCardPart, ToolCallPart
+from ..runtime import Runtime
+from ..state import RunState
+from ._arguments import ArgumentsError, parse_arguments, validate_arguments
+from .._tool_result import ToolResult
+from ._tool import Tool, ToolContext
+
+__all__ = ["Dispatcher"]
+
+_SCALARS = (str, int, float, bool, type(None))
+Emit = Callable[[Event], None]
+
+
+class _Ready:
+    """A call that passed steps 1-6 and will be executed."""
+
+    __slots__ = ("key", "kwargs", "part", "tool")
+
+    def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
+        self.part = part
+        self.tool = tool
+        self.kwargs = kwargs
+        self.key = key
+
+
+class Dispatcher:
+    """Runs the calls of one agent's model responses through the pipeline.
+
+    Args:
+        tools: the agent's tools by name (the allow-list).
+        state: the run state (context store, dedup and cache, scope).
+        runtime: hooks, permission policy, clock and dependencies.
+        agent: the agent's name (stamped on events and handed to tools).
+    """
+
+    def __init__(
+        self, tools: Mapping[str, Tool[Any]], state: RunState, runtime: Runtime[Any], agent: str
+    ) -> None:
+        self.tools = tools
+        self.state = state
+        self.runtime = runtime
+        self.agent = agent
+
+    async def run(
+        self, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
+    ) -> AsyncIterator[Event]:
+        """Dispatch `calls` (stamping each part) and yield the events as they happen.
+
+        Calls that must wait for a person or a client are left `waiting`, with an approval card
+        appended to `cards`; the caller suspends the run when any are.
+        """
+        ready: list[_Ready] = []
+        copies: list[tuple[ToolCallPart, ToolCallPart]] = []
+        planned: dict[str, ToolCallPart] = {}
+        finished: list[ToolCallPart] = []
+        for part in calls:
+            outcome = self._prepare(part, planned)
+            yield ToolCallStarted(
+                agent=self.agent,
+                tool_call_id=part.id,
+                name=part.name,
+                args=part.args if part.raw_args is None else None,
+            )
+            if isinstance(outcome, _Ready):
+                ready.append(outcome)
+            elif isinstance(outcome, ToolCallPart):
+                copies.append((part, outcome))
+            elif part.status == "waiting":
+                yield self._wait(part, cards)
+            else:
+                finished.append(part)
+        for part in finished:
+            yield _completed(part)
+
+        if len(ready) == 1 and ready[0].tool.kind != "stream":
+            events: list[Event] = []
+            await self._execute(ready[0], events.append)
+            for event in events:
+                yield event
+        elif ready:
+            async for event in self._execute_many(ready):
+                yield event
+
+        for part, original in copies:
+            self._reuse(part, original, in_batch=True)
+            yield _completed(part)
+
+    # -- steps 1 to 6 ---------------------------------------------------------------------
+
+    def _prepare(
+        self, part: ToolCallPart, planned: dict[str, ToolCallPart]
+    ) -> _Ready | ToolCallPart | None:
+        """Steps 1-6. Returns what to execute, an in-batch original to copy, or None when the
+        part is already final (an error, a reuse) or waiting."""
+        runtime = self.runtime
+        part.started_at = runtime.clock()
+        part.duration_ms = 0.0
+        tool = self.tools.get(part.name)
+        if tool is None:
+            return self._fail(part, _unknown_tool(part.name, self.tools))
+        part.executor = tool.executor
+        try:
+            # 1. parse
+            if part.raw_args is not None:
+                part.args = parse_arguments(part.raw_args)
+                part.raw_args = None
+            args = part.args
+            # 2. domain transform
+            if runtime.transform_args is not None:
+                args = runtime.transform_args(tool, dict(args))
+            # 3. bind from the context store: bound values always win over the model's
+            if tool.bindings:
+                args = dict(args)
+                for param, path in tool.bindings.items():
+                    args[param] = self.state.context.get(path)
+            # 4. normalize + validate
+            if tool.normalize is not None:
+                args = tool.normalize(dict(args))
+            validated = validate_arguments(tool.input_model, args)
+        except ArgumentsError as exc:
+            return self._fail(part, f"Tool {part.name!r}: {exc}")
+        except PathError as exc:
+            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
+        except Exception as exc:  # a user hook failed: still data, never a crash
+            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+        part.args = validated.model_dump(mode="json", exclude=set(tool.bindings) or None)
+        kwargs = validated.__dict__
+
+        # 5. allow-list (the agent's tools, checked above) and permission policy
+        allowed = runtime.allowed_permissions
+        if allowed is not None and tool.permission not in allowed:
+            return self._fail(
+                part,
+                f"Tool {part.name!r} needs permission {tool.permission!r}, which this run "
+                f"does not allow (allowed: {', '.join(sorted(allowed))}).",
+            )
+
+        # 6. dedup and the idempotent cache
+        key = part.name + "\x00" + json.dumps(part.args, sort_keys=True, separators=(",", ":"))
+        earlier = self.state.turn_calls.get(key)
+        if earlier is not None and earlier is not part:
+            if earlier.id in planned:
+                return earlier
+            if earlier.status == "completed":
+                self._reuse(part, earlier, in_batch=False)
+                return None
+        if tool.cache_ttl is not None:
+            hit = self.state.tool_cache.get(key)
+            if hit is not None and hit[0] > part.started_at:
+                part.result = hit[1]
+                part.cached = True
+                part.status = "completed" if hit[1].ok else "failed"
+                return None
+        self.state.turn_calls[key] = part
+        planned[part.id] = part
+
+        if tool.gated or tool.executor in ("human", "client"):
+            part.status = "waiting"
+            return None
+        if tool.executor == "provider":
+            part.result = part.result or ToolResult(summary="ran at the model provider")
+            part.status = "completed"
+            return None
+        part.status = "running"
+        return _Ready(part, tool, kwargs, key)
+
+    def _fail(self, part: ToolCallPart, error: str) -> None:
+        part.result = ToolResult.failure(error)
+        part.status = "failed"
+        return None
+
+    def _reuse(self, part: ToolCallPart, original: ToolCallPart, *, in_batch: bool) -> None:
+        part.reused_from = original.id
+        if original.status == "waiting":
+            part.result = ToolResult.failure(
+                f"identical to call {original.id} of the same response, which is waiting for "
+                f"a decision; it is not run twice."
+            )
+        else:
+            part.result = original.result
+        part.status = "completed" if part.result is not None and part.result.ok else "failed"
+        part.digest = original.digest
+
+    def _wait(self, part: ToolCallPart, cards: list[ApprovalCardPart]) -> Event:
+        tool = self.tools[part.name]
+        if tool.gated:
+            kind = "approval"
+            event: Event = ApprovalRequired(
+                tool_call_id=part.id,
+                name=part.name,
+                args=part.args,
+                prompt=tool.prompt,
+                amendable=list(tool.amendable),
+            )
+        elif tool.executor == "human":
+            kind = "elicitation"
+            schema = tool.output_adapter.json_schema() if tool.output_adapter else None
+            event = InputRequired(
+                tool_call_id=part.id,
+                name=part.name,
+                args=part.args,
+                prompt=tool.prompt,
+                output_schema=schema,
+            )
+        else:
+            kind = "client_exec"
+            event = ClientExecRequired(tool_call_id=part.id, name=part.name, args=part.args)
+        cards.append(
+            ApprovalCardPart(
+                tool_call_id=part.id,
+                tool_name=part.name,
+                args=part.args,
+                prompt=tool.prompt,
+                kind=kind,  # type: ignore[arg-type]
+            )
+        )
+        return event
+
+    # -- steps 7 to 11 --------------------------------------------------------------------
+
+    async def _execute_many(self, ready: list[_Ready]) -> AsyncIterator[Event]:
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        emit = queue.put_nowait
+
+        async def run_all() -> None:
+            try:
+                group: list[_Ready] = []
+                for item in [*ready, None]:
+                    if item is not None and not item.tool.sequential:
+                        group.append(item)
+                        continue
+                    if group:
+                        async with asyncio.TaskGroup() as tasks:
+                            for member in group:
+                                tasks.create_task(self._execute(member, emit))
+                        group = []
+                    if item is not None:
+                        await self._execute(item, emit)
+            finally:
+                emit(None)
+
+        runner = asyncio.create_task(run_all())
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+            await runner
+        finally:
+            if not runner.done():
+                runner.cancel()
+                await asyncio.wait([runner])
+
+    async def _execute(self, ready: _Ready, emit: Emit) -> None:
+        """Steps 7-11 for one call; never raises but for cancellation."""
+        part, tool = ready.part, ready.tool
+        state, runtime = self.state, self.runtime
+        begun = time.perf_counter()
+        try:
+            output = await self._invoke(ready, emit)
+            result = _to_result(tool, output)
+        except ModelRetry as exc:
+            result = ToolResult.failure(exc.message)
+        except TimeoutError:
+            result = ToolResult.failure(
+                f"Tool {part.name!r} timed out after {tool.timeout:g} s; it may be slow or "
+                f"stuck. Try again later or with a smaller request."
+            )
+        except Exception as exc:
+            result = ToolResult.failure(f"{type(exc).__name__}: {exc}")
+        if result.ok:
+            if tool.digest is not None:  # 8. digest
+                try:
+                    part.digest = tool.digest(result.data)
+                except Exception as exc:
+                    part.digest = {"error": f"digest failed: {type(exc).__name__}: {exc}"}
+            state.context.record(part.name, part.id, result.data)  # 9. capture
+            if tool.cache_ttl is not None:
+                state.tool_cache[ready.key] = (part.started_at or 0.0) + tool.cache_ttl, result
+        result = await self._hooks(part, result)  # 10. result hooks
+        part.result = result  # 11. stamp
+        part.status = "completed" if result.ok else "failed"
+        part.duration_ms = (time.perf_counter() - begun) * 1000.0
+        state.usage.tool_calls += 1
+        emit(_completed(part))
+
+    async def _invoke(self, ready: _Ready, emit: Emit) -> Any:
+        tool = ready.tool
+        function = tool.function
+        assert function is not None  # server tools always have one (checked at definition)
+        if tool.takes_ctx:
+            state = self.state
+            context = ToolContext(
+                deps=self.runtime.deps,
+                context=state.context,
+                agent=self.agent,
+                tool_name=tool.name,
+                tool_call_id=ready.part.id,
+                run_id=state.run_id,
+                org_id=state.org_id,
+                user_id=state.user_id,
+                session_id=state.session_id,
+            )
+            call: Callable[[], Any] = functools.partial(function, context, **ready.kwargs)
+        else:
+            call = functools.partial(function, **ready.kwargs)
+        if tool.timeout is None:
+            return await _run(tool, call, ready.part.id, emit)
+        async with asyncio.timeout(tool.timeout):
+            return await _run(tool, call, ready.part.id, emit)
+
+    async def _hooks(self, part: ToolCallPart, result: ToolResult) -> ToolResult:
+        runtime = self.runtime
+        try:
+            if runtime.on_tool_result is not None:
+                observed = runtime.on_tool_result(part, result)
+                if inspect.isawaitable(observed):
+                    await observed
+            if runtime.transform_tool_result is not None:
+                result = runtime.transform_tool_result(part, result)
+        except Exception as exc:
+            return ToolResult.failure(f"a result hook failed: {type(exc).__name__}: {exc}")
+        return result
+
+
+async def _run(tool: Tool[Any], call: Callable[[], Any], call_id: str, emit: Emit) -> Any:
+    if tool.kind == "async":
+        return await call()
+    if tool.kind == "sync":
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, contextvars.copy_context().run, call)
+    output: Any = None
+    async for item in call():
+        if not isinstance(item, ToolResult):
+            emit(ToolProgress(tool_call_id=call_id, progress=_jsonable(item)))
+        output = item
+    return output
+
+
+def _to_result(tool: Tool[Any], output: Any) -> ToolResult:
+    if isinstance(output, ToolResult):
+        return output
+    adapter = tool.output_adapter
+    if adapter is not None:
+        try:
+            return ToolResult(
+                data=adapter.dump_python(adapter.validate_python(output), mode="json")
+            )
+        except ValidationError as exc:
+            return ToolResult.failure(
+                f"Tool {tool.name!r} returned output that does not match its output type: "
+                f"{exc.error_count()} error(s): {exc.errors(include_url=False)[0]['msg']}"
+            )
+    return ToolResult(data=_jsonable(output))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return pydantic_core.to_jsonable_python(value, fallback=repr)
+
+
+def _completed(part: ToolCallPart) -> ToolCallCompleted:
+    result = part.result
+    assert result is not None
+    return ToolCallCompleted(
+        tool_call_id=part.id,
+        name=part.name,
+        ok=result.ok,
+        status=part.status,
+        summary=result.summary,
+        digest=part.digest,
+        error=result.error,
+        reused_from=part.reused_from,
+        duration_ms=part.duration_ms,
+    )
+
+
+def _unknown_tool(name: str, tools: Mapping[str, Tool[Any]]) -> str:
+    close = difflib.get_close_matches(name, list(tools), n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    available = ", ".join(sorted(tools)) or "none"
+    return f"Unknown tool {name!r}.{hint} Available tools: {available}."

@@ -1,0 +1,338 @@
+"""`Tool`: one declaration of something an agent can do, and the `@tool` decorator."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, get_type_hints
+
+import docstring_parser
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+
+from ..context import ContextStore
+from ..exceptions import ToolDefinitionError
+from ..messages import Executor
+from ..models import ToolDefinition
+
+__all__ = ["Approval", "Permission", "Tool", "ToolContext", "tool"]
+
+DepsT = TypeVar("DepsT")
+Permission: TypeAlias = Literal["read", "draft", "write", "destructive"]
+Approval: TypeAlias = Literal["auto", "required"]
+
+_PERMISSIONS = ("read", "draft", "write", "destructive")
+_EXECUTORS = ("server", "human", "client", "provider")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
+_NAMESPACES = ("var:", "tool:", "call:", "sys:")
+_INPUT_CONFIG = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolContext(Generic[DepsT]):
+    """What a tool receives besides its arguments (declare a first parameter of this type).
+
+    Scope (`org_id`, `user_id`) comes from the session, never from the model: a tool
+    argument cannot widen it.
+    """
+
+    deps: DepsT
+    """The application's dependencies (database handles, API clients), from the runtime."""
+    context: ContextStore
+    """The context store: read `var:`/`tool:`/`call:`/`sys:` paths, write `var:` ones."""
+    agent: str
+    """The agent that called the tool."""
+    tool_name: str
+    """The tool being run."""
+    tool_call_id: str
+    """The call being run."""
+    run_id: str
+    """The run this call belongs to."""
+    org_id: str | None = None
+    """The caller's organisation (from the session)."""
+    user_id: str | None = None
+    """The caller (from the session)."""
+    session_id: str | None = None
+    """The session."""
+
+
+_UNSET: Any = object()
+
+
+class Tool(Generic[DepsT]):
+    """One tool: its name, arguments, policy and implementation.
+
+    Usually made with `@tool`; every option is checked when the tool is defined, so an
+    illegal combination fails at import time with a message naming the fix.
+
+    Args:
+        function: the implementation (sync, async, or async generator of progress). Its
+            signature defines the arguments and, for `human`/`client` tools, it is never
+            called: it only declares the arguments and (by its return annotation) the answer.
+        name: the name the model calls (`category.action` allowed); default: the function's.
+        description: for the model; default: the docstring's text before its `Args:`.
+        output_type: validates the output (and is the answer schema of a `human` tool);
+            default: the return annotation when it is a pydantic model.
+        permission: `read`, `draft`, `write` or `destructive`.
+        executor: `server` (runs here), `human` (a person answers), `client` (the app runs
+            it and posts the result) or `provider` (runs at the model provider).
+        approval: `auto` or `required`; default `required` for `write` and `destructive`
+            server/client tools. A destructive tool can never be `auto`.
+        amendable: argument names a human may change when approving.
+        bindings: argument name -> context path (`sys:user_id`, `var:cart.id`): the engine
+            fills these arguments; the model never sees or sets them.
+        normalize: lenient repair of the raw argument dict, run before validation.
+        digest: output -> small JSON projection for the UI (pure).
+        mint: `(args, local_index) -> predicted output`, for capture mode (pure).
+        ends_turn: the agent's loop stops after this tool's result.
+        idempotent: running twice with the same arguments has the effect of running once;
+            crash recovery may re-run it, and `cache_ttl` may cache it.
+        cache_ttl: seconds an idempotent tool's successful result is reused for the same
+            arguments within the session.
+        timeout: seconds before the call fails with a timeout error the model can read.
+        sequential: run alone, in order, never in parallel with other calls.
+        prompt: what to ask the human for a gated or `human` call.
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        output_type: Any = None,
+        permission: Permission = "read",
+        executor: Executor = "server",
+        approval: Approval | None = None,
+        amendable: Sequence[str] = (),
+        bindings: Mapping[str, str] | None = None,
+        normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        digest: Callable[[Any], Any] | None = None,
+        mint: Callable[[dict[str, Any], int], Any] | None = None,
+        ends_turn: bool = False,
+        idempotent: bool = False,
+        cache_ttl: float | None = None,
+        timeout: float | None = None,
+        sequential: bool = False,
+        prompt: str | None = None,
+    ) -> None:
+        if function is None and name is None:
+            raise ToolDefinitionError("A tool needs a function, or at least a name=.")
+        self.function = function
+        self.name: str = name or getattr(function, "__name__", "")
+        label = f"Tool {self.name!r}"
+        if not _NAME.match(self.name) or len(self.name) > 64:
+            raise ToolDefinitionError(
+                f"{label}: a tool name is letters, digits, '_' and '-', in dot-separated "
+                f"parts (like 'orders.refund'), at most 64 characters."
+            )
+        if permission not in _PERMISSIONS:
+            raise ToolDefinitionError(f"{label}: permission must be one of {_PERMISSIONS}.")
+        if executor not in _EXECUTORS:
+            raise ToolDefinitionError(f"{label}: executor must be one of {_EXECUTORS}.")
+        if executor == "server" and function is None:
+            raise ToolDefinitionError(
+                f"{label} runs on the server but has no function: pass one, or set "
+                f"executor='human' / 'client' / 'provider'."
+            )
+        self.permission: Permission = permission
+        self.executor: Executor = executor
+        self.approval: Approval = self._check_approval(label, approval)
+        self.gated: bool = self.approval == "required"
+
+        doc = docstring_parser.parse(inspect.getdoc(function) or "") if function else None
+        self.description: str = description or _description(doc) or self.name
+        self.takes_ctx, self.input_model = _input_model(self.name, function, doc)
+        self.param_names: tuple[str, ...] = tuple(self.input_model.model_fields)
+
+        self.bindings: dict[str, str] = dict(bindings or {})
+        for param, path in self.bindings.items():
+            if param not in self.param_names:
+                raise ToolDefinitionError(
+                    f"{label}: bindings name {param!r}, which is not an argument "
+                    f"(arguments: {', '.join(self.param_names) or 'none'})."
+                )
+            if not path.startswith(_NAMESPACES):
+                raise ToolDefinitionError(
+                    f"{label}: binding {param!r} <- {path!r} is not a context path; it must "
+                    f"start with one of {', '.join(_NAMESPACES)}"
+                )
+        self.amendable: tuple[str, ...] = tuple(amendable)
+        for field_name in self.amendable:
+            if field_name not in self.param_names or field_name in self.bindings:
+                raise ToolDefinitionError(
+                    f"{label}: amendable names {field_name!r}, which is not an argument the "
+                    f"model sets (arguments: {', '.join(self.param_names) or 'none'})."
+                )
+        if self.amendable and not self.gated:
+            raise ToolDefinitionError(
+                f"{label}: amendable fields only mean something when a human approves the "
+                f"call; set approval='required' or drop amendable=."
+            )
+        if cache_ttl is not None and not idempotent:
+            raise ToolDefinitionError(
+                f"{label}: cache_ttl= reuses results, which is only safe for a tool that is "
+                f"idempotent; set idempotent=True or drop cache_ttl=."
+            )
+        if timeout is not None and timeout <= 0:
+            raise ToolDefinitionError(f"{label}: timeout must be a positive number of seconds.")
+
+        self.output_type = output_type if output_type is not None else _return_model(function)
+        self.output_adapter: TypeAdapter[Any] | None = (
+            TypeAdapter(self.output_type) if self.output_type is not None else None
+        )
+        self.normalize = normalize
+        self.digest = digest
+        self.mint = mint
+        self.ends_turn = ends_turn
+        self.idempotent = idempotent
+        self.cache_ttl = cache_ttl
+        self.timeout = timeout
+        self.sequential = sequential
+        self.prompt = prompt
+        self.kind: Literal["sync", "async", "stream"] = (
+            "stream"
+            if inspect.isasyncgenfunction(function)
+            else "async"
+            if inspect.iscoroutinefunction(function)
+            else "sync"
+        )
+        self.definition = ToolDefinition(
+            name=self.name, description=self.description, parameters=self._model_schema()
+        )
+
+    def _check_approval(self, label: str, approval: Approval | None) -> Approval:
+        if approval not in (None, "auto", "required"):
+            raise ToolDefinitionError(f"{label}: approval must be 'auto' or 'required'.")
+        if self.executor in ("human", "provider"):
+            if approval == "required":
+                raise ToolDefinitionError(
+                    f"{label} is gated (approval='required') but its executor is "
+                    f"{self.executor!r}: a {self.executor}-executed tool cannot also need "
+                    f"approval. Drop approval= or use executor='server'."
+                )
+            return "auto"
+        if self.permission == "destructive" and approval == "auto":
+            raise ToolDefinitionError(
+                f"{label} is destructive, so it always needs approval; drop approval='auto' "
+                f"(or lower its permission if it is not destructive)."
+            )
+        if approval is None:
+            return "required" if self.permission in ("write", "destructive") else "auto"
+        return approval
+
+    def _model_schema(self) -> dict[str, Any]:
+        schema = self.input_model.model_json_schema()
+        schema.pop("title", None)
+        properties: dict[str, Any] = schema.get("properties", {})
+        for param in self.bindings:
+            properties.pop(param, None)
+        for prop in properties.values():
+            if isinstance(prop, dict):
+                prop.pop("title", None)
+        if "required" in schema:
+            schema["required"] = [r for r in schema["required"] if r not in self.bindings]
+            if not schema["required"]:
+                del schema["required"]
+        return schema
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (handy in unit tests)."""
+        if self.function is None:
+            raise TypeError(f"Tool {self.name!r} ({self.executor}-executed) has no function")
+        return self.function(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r}, permission={self.permission!r}, executor={self.executor!r})"
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    **options: Any,
+) -> Any:
+    """Make a `Tool` from a plain function; use bare (`@tool`) or with options (`@tool(...)`).
+
+    The arguments' JSON Schema comes from the signature (pydantic), descriptions from the
+    docstring (Google, NumPy or Sphinx style). A first parameter annotated `ToolContext`
+    receives the context and is not an argument. See `Tool` for the options.
+
+    ```python
+    @tool(name="orders.refund", permission="write", amendable=["amount"])
+    async def refund(ctx: ToolContext[Deps], order_id: str, amount: float) -> Refund:
+        \"\"\"Refund part or all of an order.
+
+        Args:
+            order_id: the order to refund.
+            amount: how much, in the order's currency.
+        \"\"\"
+    ```
+    """
+    if function is not None:
+        return Tool(function, **options)
+
+    def decorate(fn: Callable[..., Any]) -> Tool[Any]:
+        return Tool(fn, **options)
+
+    return decorate
+
+
+def _description(doc: docstring_parser.Docstring | None) -> str:
+    if doc is None:
+        return ""
+    return "\n\n".join(d for d in (doc.short_description, doc.long_description) if d)
+
+
+def _input_model(
+    name: str, function: Callable[..., Any] | None, doc: docstring_parser.Docstring | None
+) -> tuple[bool, type[BaseModel]]:
+    model_name = name.replace(".", "_").replace("-", "_") + "_args"
+    if function is None:
+        return False, create_model(model_name, __config__=_INPUT_CONFIG)
+    label = f"Tool {name!r}"
+    signature = inspect.signature(function)
+    try:
+        hints = get_type_hints(function, include_extras=True)
+    except NameError as exc:
+        raise ToolDefinitionError(
+            f"{label}: cannot resolve an annotation of {function.__qualname__} ({exc}); "
+            f"import the type at module level."
+        ) from exc
+    descriptions = {p.arg_name: p.description for p in doc.params} if doc else {}
+    params = list(signature.parameters.values())
+    takes_ctx = bool(params) and _is_context(hints.get(params[0].name))
+    if takes_ctx:
+        params = params[1:]
+    fields: dict[str, Any] = {}
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ToolDefinitionError(
+                f"{label}: parameter {param.name!r} is {param.kind.description}; tool "
+                f"arguments must be named (plain or keyword-only parameters)."
+            )
+        if _is_context(hints.get(param.name)):
+            raise ToolDefinitionError(
+                f"{label}: ToolContext must be the first parameter, not {param.name!r}."
+            )
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (
+            annotation,
+            Field(default, description=descriptions.get(param.name)),
+        )
+    return takes_ctx, create_model(model_name, __config__=_INPUT_CONFIG, **fields)
+
+
+def _is_context(annotation: Any) -> bool:
+    origin = getattr(annotation, "__origin__", annotation)
+    return origin is ToolContext
+
+
+def _return_model(function: Callable[..., Any] | None) -> Any:
+    if function is None:
+        return None
+    returns = get_type_hints(function).get("return")
+    if isinstance(returns, type) and issubclass(returns, BaseModel):
+        return returns
+    return None
