@@ -41,6 +41,7 @@ __all__ = [
     "Key",
     "Segment",
     "Wildcard",
+    "check_path",
     "format_path",
     "parse_path",
     "walk",
@@ -136,6 +137,18 @@ def parse_path(path: str) -> tuple[Segment, ...]:
             unexpected character.
     """
     return _parse_tail(path, path, 0)
+
+
+def check_path(path: str) -> None:
+    """Check that a context path is well-formed, without reading it.
+
+    For checks at definition time, e.g. of a tool's `bindings`. A `tool:` path is checked
+    against every way to split it into a tool name and a tail; at least one must parse.
+
+    Raises:
+        PathError: the path does not parse, or names an unknown namespace.
+    """
+    _parse_ref(path)
 
 
 def format_path(segments: Iterable[Segment]) -> str:
@@ -281,7 +294,11 @@ def _parse_ref(path: str) -> _Ref:
         match = _CALL_ID.match(rest)
         if match is None:
             raise _BadSyntax(0, 'expected a tool call id after "call:"').error(path, rest, offset)
-        segments = _parse_after_name(rest[match.end() :], offset + match.end())
+        tail = rest[match.end() :]
+        try:
+            segments = _parse_after_name(tail)
+        except _BadSyntax as bad:
+            raise bad.error(path, tail, offset + match.end()) from None
         return _Ref("call", head=match.group(), segments=segments)
     if namespace in ("var", "sys"):
         segments = _parse_tail(path, rest, offset)
@@ -295,10 +312,10 @@ def _parse_ref(path: str) -> _Ref:
     )
 
 
-def _parse_after_name(tail: str, pos: int) -> tuple[Segment, ...]:
+def _parse_after_name(tail: str) -> tuple[Segment, ...]:
     """Parse what follows a tool name, `[]` or a call id: it starts with `.` or `[`, if at all."""
     if tail[:1] not in ("", ".", "["):
-        raise _BadSyntax(pos, 'expected "." or "["')
+        raise _BadSyntax(0, 'expected "." or "[" after the name')
     return _parse(tail)
 
 
@@ -318,7 +335,7 @@ def _tool_splits(path: str, rest: str, offset: int) -> tuple[_ToolSplit, ...]:
         every = after.startswith("[]")
         tail = after[2:] if every else after
         try:
-            splits.append(_ToolSplit(rest[:end], every, _parse_after_name(tail, 0)))
+            splits.append(_ToolSplit(rest[:end], every, _parse_after_name(tail)))
         except _BadSyntax as bad:
             first_error = first_error or bad.error(path, tail, offset + len(rest) - len(tail))
         end = dotted_name.rfind(".", 0, end)

@@ -143,16 +143,18 @@ class Dispatcher:
         runtime = self.runtime
         part.started_at = runtime.clock()
         part.duration_ms = 0.0
-        tool = self.tools.get(part.name)
-        if tool is None:
-            return self._fail(part, _unknown_tool(part.name, self.tools))
-        part.executor = tool.executor
-        try:
-            # 1. parse
+        try:  # 1. parse
             if part.raw_args is not None:
                 part.args = parse_arguments(part.raw_args)
                 part.raw_args = None
-            args = part.args
+        except ArgumentsError as exc:
+            return self._fail(part, f"Tool {part.name!r}: {exc}")
+        tool = self.tools.get(part.name)
+        if tool is None:  # the allow-list: only the agent's tools exist for its model
+            return self._fail(part, _unknown_tool(part.name, self.tools))
+        part.executor = tool.executor
+        args = part.args
+        try:
             # 2. domain transform
             if runtime.transform_args is not None:
                 args = runtime.transform_args(tool, dict(args))
@@ -174,7 +176,7 @@ class Dispatcher:
         part.args = validated.model_dump(mode="json", exclude=set(tool.bindings) or None)
         kwargs = validated.__dict__
 
-        # 5. allow-list (the agent's tools, checked above) and permission policy
+        # 5. permission policy (the allow-list was checked when the tool was looked up)
         allowed = runtime.allowed_permissions
         if allowed is not None and tool.permission not in allowed:
             return self._fail(
