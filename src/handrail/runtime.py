@@ -8,8 +8,8 @@ deterministic without patching). One runtime serves many concurrent runs.
 from __future__ import annotations
 
 import itertools
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -28,7 +28,7 @@ IdFactory = Callable[[str], str]
 
 def random_ids(prefix: str) -> str:
     """A random id with a prefix (the default id factory)."""
-    return f"{prefix}_{uuid.uuid4().hex[:16]}"
+    return f"{prefix}_{os.urandom(8).hex()}"
 
 
 def sequential_ids() -> IdFactory:

@@ -57,7 +57,7 @@ def validate_arguments(model: type[BaseModel], args: dict[str, Any]) -> BaseMode
         ArgumentsError: listing every field that is still wrong after repair.
     """
     try:
-        return model.model_validate(args)
+        return model.__pydantic_validator__.validate_python(args)  # type: ignore[no-any-return]
     except ValidationError as first:
         repaired = _repair(model, args, first)
         if repaired is not None:

@@ -28,7 +28,6 @@ import contextvars
 import difflib
 import functools
 import inspect
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -186,7 +185,8 @@ class Dispatcher:
             )
 
         # 6. dedup and the idempotent cache
-        key = part.name + "\x00" + json.dumps(part.args, sort_keys=True, separators=(",", ":"))
+        # Validated arguments dump in field order, so their JSON is canonical for the tool.
+        key = part.name + "\x00" + pydantic_core.to_json(part.args).decode()
         earlier = self.state.turn_calls.get(key)
         if earlier is not None and earlier is not part:
             if earlier.id in planned:

@@ -1,0 +1,613 @@
+"""The dispatch pipeline, step by step, through the public API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from handrail import (
+    Agent,
+    ApprovalCardPart,
+    ModelRetry,
+    RunState,
+    Runtime,
+    ToolCallPart,
+    ToolContext,
+    ToolResult,
+    tool,
+)
+from handrail.context import ContextStore
+from handrail.testing import ScriptedModel, call, call_raw, sequential_ids
+
+
+async def run(agent: Agent[Any], steps: list[Any], **runtime: Any) -> tuple[list[Any], RunState]:
+    """Run one turn with a scripted model; return the events and the state."""
+    model = ScriptedModel(steps)
+    state = runtime.pop("state", None) or RunState()
+    rt = Runtime(model=model, ids=sequential_ids(), **runtime)
+    agent_run = agent.run_stream("go", state=state, runtime=rt)
+    events = [e async for e in agent_run]
+    model.assert_complete()
+    return events, state
+
+
+def calls(state: RunState) -> list[ToolCallPart]:
+    return [p for m in state.messages for p in m.tool_calls]
+
+
+def by_id(state: RunState, call_id: str) -> ToolCallPart:
+    return next(p for p in calls(state) if p.id == call_id)
+
+
+@tool(name="math.add")
+def add(a: int, b: int = 0) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@tool(name="text.echo")
+async def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+# -- 1. parse ------------------------------------------------------------------------------
+
+
+async def test_malformed_arguments_become_a_tool_error_and_the_other_calls_still_run():
+    agent = Agent("a", tools=[add, echo])
+    _, state = await run(
+        agent, [[call_raw("math.add", '{"a": 1,'), call("text.echo", text="hi")], "done"]
+    )
+    bad, good = calls(state)
+    assert bad.status == "failed"
+    assert bad.raw_args == '{"a": 1,'  # nothing the model said is lost
+    assert bad.result is not None and "not valid JSON" in (bad.result.error or "")
+    assert good.status == "completed" and good.result == ToolResult(data="hi")
+
+
+@pytest.mark.parametrize(("raw", "kind"), [("[1, 2]", "array"), ('"x"', "string"), ("3", "number")])
+async def test_non_object_arguments_are_rejected_naming_what_was_sent(raw: str, kind: str):
+    _, state = await run(Agent("a", tools=[add]), [[call_raw("math.add", raw)], "done"])
+    error = calls(state)[0].result.error  # type: ignore[union-attr]
+    assert error == (
+        f"Tool 'math.add': the arguments must be a JSON object of named arguments, not a JSON {kind}"
+    )
+
+
+async def test_empty_arguments_mean_no_arguments():
+    @tool
+    def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    _, state = await run(Agent("a", tools=[ping]), [[call_raw("ping", "")], "done"])
+    assert calls(state)[0].result == ToolResult(data="pong")
+
+
+# -- 2. domain transform, 3. bind ----------------------------------------------------------
+
+
+async def test_domain_transform_rewrites_arguments_before_validation():
+    def transform(t: Any, args: dict[str, Any]) -> dict[str, Any]:
+        return {**args, "b": 100} if t.name == "math.add" else args
+
+    _, state = await run(
+        Agent("a", tools=[add]), [[call("math.add", a=1)], "done"], transform_args=transform
+    )
+    assert calls(state)[0].result == ToolResult(data=101)
+
+
+async def test_bound_arguments_come_from_the_session_and_the_model_cannot_widen_them():
+    seen: list[str] = []
+
+    @tool(name="orders.list", bindings={"user_id": "sys:user_id"})
+    def list_orders(user_id: str, status: str = "open") -> list[str]:
+        """List the caller's orders."""
+        seen.append(user_id)
+        return [f"{user_id}-1"]
+
+    assert "user_id" not in list_orders.definition.parameters["properties"]
+    state = RunState(context=ContextStore(sys={"user_id": "u-alice"}))
+    _, state = await run(
+        Agent("a", tools=[list_orders]),
+        [[call("orders.list", user_id="u-mallory", status="open")], "done"],
+        state=state,
+    )
+    assert seen == ["u-alice"]
+    assert calls(state)[0].args == {"status": "open"}  # bound values stay out of history
+
+
+async def test_an_unresolvable_binding_is_a_tool_error():
+    @tool(bindings={"cart": "var:cart.id"})
+    def checkout(cart: str) -> str:
+        """Check out."""
+        return cart
+
+    _, state = await run(Agent("a", tools=[checkout]), [[call("checkout")], "done"])
+    error = calls(state)[0].result.error  # type: ignore[union-attr]
+    assert error is not None and error.startswith("Tool 'checkout' could not bind its arguments:")
+
+
+# -- 4. normalize and validate -------------------------------------------------------------
+
+
+class Address(BaseModel):
+    city: str
+
+
+@tool
+def ship(
+    qty: int, tags: list[str], address: Address, carrier: str = "ups", note: str = "-"
+) -> dict[str, Any]:
+    """Ship."""
+    return {"qty": qty, "tags": tags, "city": address.city, "carrier": carrier, "note": note}
+
+
+async def test_near_miss_arguments_are_repaired():
+    _, state = await run(
+        Agent("a", tools=[ship]),
+        [
+            [
+                call(
+                    "ship",
+                    qty="3",
+                    tags="fragile",
+                    address='{"city": "Oslo"}',
+                    carrier=" dhl ",
+                    note=None,
+                )
+            ],
+            "done",
+        ],
+    )
+    part = calls(state)[0]
+    assert part.result == ToolResult(
+        data={"qty": 3, "tags": ["fragile"], "city": "Oslo", "carrier": "dhl", "note": "-"}
+    )
+    assert part.args == {
+        "qty": 3,
+        "tags": ["fragile"],
+        "address": {"city": "Oslo"},
+        "carrier": "dhl",
+        "note": "-",
+    }
+
+
+async def test_unrepairable_arguments_list_every_bad_field():
+    _, state = await run(
+        Agent("a", tools=[ship]),
+        [[call("ship", qty="many", address={"town": "x"}, colour="red")], "done"],
+    )
+    assert calls(state)[0].result.error == (  # type: ignore[union-attr]
+        "Tool 'ship': invalid arguments:\n"
+        "- qty: Input should be a valid integer, unable to parse string as an integer "
+        '(got "many")\n'
+        "- tags: Field required\n"
+        "- address.city: Field required\n"
+        "- colour: not an argument of this tool"
+    )
+
+
+async def test_the_tools_own_normalize_runs_before_validation():
+    @tool(normalize=lambda args: {"text": str(args.get("message", args.get("text", "")))})
+    def say(text: str) -> str:
+        """Say."""
+        return text
+
+    _, state = await run(Agent("a", tools=[say]), [[call("say", message="hi")], "done"])
+    assert calls(state)[0].result == ToolResult(data="hi")
+
+
+async def test_a_failing_normalize_is_a_tool_error_not_a_crash():
+    def broken(args: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("x")
+
+    @tool(normalize=broken)
+    def say(text: str) -> str:
+        """Say."""
+        return text
+
+    _, state = await run(Agent("a", tools=[say]), [[call("say", text="hi")], "done"])
+    assert calls(state)[0].result.error == "Tool 'say': KeyError: 'x'"  # type: ignore[union-attr]
+
+
+# -- 5. allow-list and permission ----------------------------------------------------------
+
+
+async def test_unknown_tool_error_lists_close_names_and_available_tools():
+    _, state = await run(Agent("a", tools=[add, echo]), [[call("math.ad", a=1)], "done"])
+    assert calls(state)[0].result.error == (  # type: ignore[union-attr]
+        "Unknown tool 'math.ad'. Did you mean 'math.add'? Available tools: math.add, text.echo."
+    )
+
+
+async def test_permission_policy_refuses_tools_above_it():
+    @tool(permission="draft")
+    def draft_reply(text: str) -> str:
+        """Draft."""
+        return text
+
+    _, state = await run(
+        Agent("a", tools=[draft_reply]),
+        [[call("draft_reply", text="x")], "done"],
+        allowed_permissions=frozenset({"read"}),
+    )
+    assert calls(state)[0].result.error == (  # type: ignore[union-attr]
+        "Tool 'draft_reply' needs permission 'draft', which this run does not allow "
+        "(allowed: read)."
+    )
+
+
+# -- 6. dedup and cache --------------------------------------------------------------------
+
+
+async def test_identical_call_later_in_the_turn_reuses_the_result_and_is_marked():
+    runs: list[int] = []
+
+    @tool
+    def count(n: int) -> int:
+        """Count."""
+        runs.append(n)
+        return n
+
+    events, state = await run(
+        Agent("a", tools=[count]),
+        [[call("count", n=1)], [call("count", n=1), call("count", n=2)], "done"],
+    )
+    assert runs == [1, 2]
+    assert by_id(state, "call_2").reused_from == "call_1"
+    assert by_id(state, "call_2").result == ToolResult(data=1)
+    completed = [e for e in events if e.type == "tool-call-completed"]
+    assert [e.reused_from for e in completed] == [None, "call_1", None]
+
+
+async def test_when_every_call_repeats_the_model_is_asked_for_its_answer():
+    model = ScriptedModel([[call("math.add", a=1)], [call("math.add", a=1)], "done"])
+    agent = Agent("a", tools=[add])
+    await agent.run("go", runtime=Runtime(model=model))
+    assert [r.tool_choice for r in model.calls] == ["auto", "auto", "none"]
+
+
+async def test_identical_calls_in_one_response_run_once():
+    runs: list[int] = []
+
+    @tool
+    async def count(n: int) -> int:
+        """Count."""
+        runs.append(n)
+        return n
+
+    _, state = await run(
+        Agent("a", tools=[count]), [[call("count", n=1), call("count", n=1)], "done"]
+    )
+    assert runs == [1]
+    first, second = calls(state)
+    assert (second.reused_from, second.result) == ("call_1", first.result)
+
+
+async def test_a_failed_call_is_not_reused():
+    attempts: list[int] = []
+
+    @tool
+    def flaky(n: int) -> int:
+        """Flaky."""
+        attempts.append(n)
+        if len(attempts) == 1:
+            raise RuntimeError("try again")
+        return n
+
+    _, state = await run(
+        Agent("a", tools=[flaky]), [[call("flaky", n=1)], [call("flaky", n=1)], "done"]
+    )
+    assert attempts == [1, 1]
+    assert by_id(state, "call_2").result == ToolResult(data=1)
+
+
+async def test_idempotent_results_are_cached_across_turns_until_they_expire():
+    now = [1000.0]
+    runs: list[str] = []
+
+    @tool(idempotent=True, cache_ttl=60)
+    def rate(currency: str) -> float:
+        """Exchange rate."""
+        runs.append(currency)
+        return 1.1
+
+    agent = Agent("a", tools=[rate])
+    state = RunState()
+    steps = [[call("rate", currency="EUR")], "ok"] * 3
+    model = ScriptedModel(steps)
+    rt = Runtime(model=model, clock=lambda: now[0])
+    await agent.run("1", state=state, runtime=rt)
+    now[0] += 30
+    await agent.run("2", state=state, runtime=rt)
+    now[0] += 31
+    await agent.run("3", state=state, runtime=rt)
+    assert runs == ["EUR", "EUR"]
+    assert [p.cached for p in calls(state)] == [False, True, False]
+
+
+# -- 7. execute ----------------------------------------------------------------------------
+
+
+async def test_sync_tools_run_in_a_worker_thread_and_async_ones_on_the_loop():
+    threads: dict[str, str] = {}
+
+    @tool
+    def blocking() -> str:
+        """Sync."""
+        threads["sync"] = threading.current_thread().name
+        return "s"
+
+    @tool
+    async def nonblocking() -> str:
+        """Async."""
+        threads["async"] = threading.current_thread().name
+        return "a"
+
+    await run(
+        Agent("a", tools=[blocking, nonblocking]), [[call("blocking"), call("nonblocking")], "ok"]
+    )
+    assert threads["async"] == threading.current_thread().name
+    assert threads["sync"] != threads["async"]
+
+
+async def test_streaming_tools_report_progress_and_their_last_value_is_the_output():
+    @tool
+    async def export(rows: int):  # type: ignore[no-untyped-def]
+        """Export rows."""
+        for done in range(1, rows + 1):
+            yield {"done": done, "of": rows}
+        yield ToolResult(data={"exported": rows}, summary=f"{rows} rows")
+
+    events, state = await run(Agent("a", tools=[export]), [[call("export", rows=2)], "ok"])
+    progress = [e.progress for e in events if e.type == "tool-progress"]
+    assert progress == [{"done": 1, "of": 2}, {"done": 2, "of": 2}]
+    assert calls(state)[0].result == ToolResult(data={"exported": 2}, summary="2 rows")
+
+
+async def test_a_tool_exception_becomes_an_error_result_and_the_loop_goes_on():
+    @tool
+    def explode() -> None:
+        """Boom."""
+        raise ValueError("the warehouse API is down")
+
+    events, state = await run(Agent("a", tools=[explode]), [[call("explode")], "sorry"])
+    assert calls(state)[0].result == ToolResult.failure("ValueError: the warehouse API is down")
+    assert events[-1].type == "run-completed"
+
+
+async def test_model_retry_sends_its_message_back_as_is():
+    @tool
+    def lookup(order_id: str) -> str:
+        """Lookup."""
+        raise ModelRetry(f"No order {order_id}; order ids look like A1042.")
+
+    _, state = await run(Agent("a", tools=[lookup]), [[call("lookup", order_id="x")], "ok"])
+    assert calls(state)[0].result.error == "No order x; order ids look like A1042."  # type: ignore[union-attr]
+
+
+async def test_a_timeout_fails_only_its_own_call():
+    @tool(timeout=0.01)
+    async def slow() -> str:
+        """Slow."""
+        await asyncio.sleep(10)
+        return "never"
+
+    _, state = await run(
+        Agent("a", tools=[slow, echo]), [[call("slow"), call("text.echo", text="x")], "ok"]
+    )
+    slow_part, echo_part = calls(state)
+    assert slow_part.status == "failed"
+    assert (slow_part.result.error or "").startswith("Tool 'slow' timed out after 0.01 s")  # type: ignore[union-attr]
+    assert echo_part.status == "completed"
+
+
+async def test_output_is_validated_against_the_output_type():
+    class Out(BaseModel):
+        total: int
+
+    @tool(output_type=Out)
+    def total() -> dict[str, Any]:
+        """Total."""
+        return {"total": "many"}
+
+    _, state = await run(Agent("a", tools=[total]), [[call("total")], "ok"])
+    error = calls(state)[0].result.error  # type: ignore[union-attr]
+    assert error is not None and error.startswith(
+        "Tool 'total' returned output that does not match its output type"
+    )
+
+
+# -- parallelism ---------------------------------------------------------------------------
+
+
+async def test_independent_calls_run_in_parallel():
+    both_started = asyncio.Event()
+    started: list[str] = []
+
+    @tool
+    async def meet(name: str) -> str:
+        """Waits until both calls have started: only possible when they run together."""
+        started.append(name)
+        if len(started) == 2:
+            both_started.set()
+        await asyncio.wait_for(both_started.wait(), 1)
+        return name
+
+    _, state = await run(
+        Agent("a", tools=[meet]), [[call("meet", name="x"), call("meet", name="y")], "ok"]
+    )
+    assert [p.result.data for p in calls(state)] == ["x", "y"]  # type: ignore[union-attr]
+
+
+async def test_sequential_tools_run_alone_in_the_models_order():
+    log: list[str] = []
+
+    @tool
+    async def work(name: str) -> str:
+        """Parallel work."""
+        log.append(f"start {name}")
+        await asyncio.sleep(0.001)
+        log.append(f"end {name}")
+        return name
+
+    @tool(sequential=True)
+    async def migrate(name: str) -> str:
+        """Must run alone."""
+        log.append(f"start {name}")
+        await asyncio.sleep(0.001)
+        log.append(f"end {name}")
+        return name
+
+    _, state = await run(
+        Agent("a", tools=[work, migrate]),
+        [
+            [
+                call("work", name="a"),
+                call("work", name="b"),
+                call("migrate", name="M"),
+                call("work", name="c"),
+            ],
+            "ok",
+        ],
+    )
+    m = log.index("start M")
+    assert log[m + 1] == "end M"
+    assert set(log[:m]) == {"start a", "start b", "end a", "end b"}
+    assert log[m + 2 :] == ["start c", "end c"]
+    assert [p.result.data for p in calls(state)] == ["a", "b", "M", "c"]  # type: ignore[union-attr]
+
+
+# -- 8 to 11: digest, capture, hooks, stamp ------------------------------------------------
+
+
+async def test_digest_capture_hooks_and_stamp():
+    observed: list[tuple[str, Any]] = []
+
+    @tool(name="orders.lookup", digest=lambda order: {"status": order["status"]})
+    def lookup(order_id: str) -> dict[str, Any]:
+        """Lookup."""
+        return {"id": order_id, "status": "shipped", "items": [{"sku": "S1"}]}
+
+    @tool
+    def first_sku(ctx: ToolContext[None]) -> str:
+        """Read what the lookup captured."""
+        return str(ctx.context.get("tool:orders.lookup.items[0].sku"))
+
+    async def on_result(part: ToolCallPart, result: ToolResult) -> None:
+        observed.append((part.name, result.data))
+
+    def redact(part: ToolCallPart, result: ToolResult) -> ToolResult:
+        if part.name == "first_sku":
+            return ToolResult(data="<redacted>", summary=result.summary)
+        return result
+
+    clock = iter(range(100, 200))
+    events, state = await run(
+        Agent("a", tools=[lookup, first_sku]),
+        [[call("orders.lookup", order_id="A1")], [call("first_sku")], "ok"],
+        on_tool_result=on_result,
+        transform_tool_result=redact,
+        clock=lambda: float(next(clock)),
+    )
+    looked, sku = calls(state)
+    assert looked.digest == {"status": "shipped"}
+    assert state.context.get("call:call_1.id") == "A1"
+    assert observed == [
+        ("orders.lookup", {"id": "A1", "status": "shipped", "items": [{"sku": "S1"}]}),
+        ("first_sku", "S1"),
+    ]
+    assert sku.result == ToolResult(data="<redacted>")
+    assert (looked.status, looked.started_at) == ("completed", 100.0)
+    assert looked.duration_ms is not None and looked.duration_ms >= 0
+    completed = next(e for e in events if e.type == "tool-call-completed")
+    assert completed.digest == {"status": "shipped"}
+
+
+async def test_a_failing_result_hook_is_a_tool_error():
+    def broken(part: ToolCallPart, result: ToolResult) -> ToolResult:
+        raise RuntimeError("hook bug")
+
+    _, state = await run(
+        Agent("a", tools=[echo]),
+        [[call("text.echo", text="x")], "ok"],
+        transform_tool_result=broken,
+    )
+    assert calls(state)[0].result.error == "a result hook failed: RuntimeError: hook bug"  # type: ignore[union-attr]
+
+
+async def test_a_failing_digest_does_not_fail_the_call():
+    @tool(digest=lambda out: out["missing"])
+    def thing() -> dict[str, int]:
+        """Thing."""
+        return {"a": 1}
+
+    _, state = await run(Agent("a", tools=[thing]), [[call("thing")], "ok"])
+    part = calls(state)[0]
+    assert part.status == "completed"
+    assert part.digest == {"error": "digest failed: KeyError: 'missing'"}
+
+
+# -- waiting calls -------------------------------------------------------------------------
+
+
+class Answer(BaseModel):
+    choice: str
+
+
+async def test_gated_human_and_client_calls_wait_while_the_others_run():
+    refunds: list[str] = []
+
+    @tool(name="orders.refund", permission="write", amendable=["amount"], prompt="Refund?")
+    def refund(order_id: str, amount: float) -> str:
+        """Refund."""
+        refunds.append(order_id)
+        return "r1"
+
+    @tool(executor="human", prompt="Which size?")
+    def ask(question: str) -> Answer:
+        """Ask the customer."""
+        raise AssertionError("never called")
+
+    @tool(executor="client")
+    def open_tab(url: str) -> None:
+        """Open a browser tab."""
+
+    events, state = await run(
+        Agent("a", tools=[refund, ask, open_tab, echo]),
+        [
+            [
+                call("orders.refund", order_id="A1", amount=5),
+                call("ask", question="S or M?"),
+                call("open_tab", url="https://x"),
+                call("text.echo", text="ran"),
+            ]
+        ],
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "run-suspended"
+    assert events[-1].pending == ["call_1", "call_2", "call_3"]
+    approval = next(e for e in events if e.type == "approval-required")
+    assert (approval.args, approval.amendable, approval.prompt) == (
+        {"order_id": "A1", "amount": 5.0},
+        ["amount"],
+        "Refund?",
+    )
+    asked = next(e for e in events if e.type == "input-required")
+    assert asked.output_schema is not None and asked.output_schema["properties"]["choice"]
+    assert any(e.type == "client-exec-required" for e in events)
+    assert refunds == []
+    statuses = [p.status for p in calls(state)]
+    assert statuses == ["waiting", "waiting", "waiting", "completed"]
+    cards = [p for p in state.messages[-1].parts if isinstance(p, ApprovalCardPart)]
+    assert [(c.tool_call_id, c.kind) for c in cards] == [
+        ("call_1", "approval"),
+        ("call_2", "elicitation"),
+        ("call_3", "client_exec"),
+    ]

@@ -1,0 +1,318 @@
+"""The agent loop: streaming, nudges, structured output, caps, interruption."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from handrail import (
+    MESSAGES,
+    Agent,
+    ConfigError,
+    ModelRequest,
+    RunState,
+    Runtime,
+    TextPart,
+    ToolCallPart,
+    ToolResult,
+    UserError,
+    run_agent,
+    tool,
+)
+from handrail.testing import FunctionModel, ScriptedModel, call, reasoning, sequential_ids
+
+
+def types(events: list[Any]) -> list[str]:
+    return [e.type for e in events]
+
+
+@tool
+async def lookup(order_id: str) -> dict[str, str]:
+    """Look an order up."""
+    return {"id": order_id, "status": "shipped"}
+
+
+async def test_a_turn_streams_text_and_ends_with_run_completed():
+    model = ScriptedModel(
+        [[reasoning("Look it up."), call("lookup", order_id="A1")], "It shipped."]
+    )
+    agent = Agent("support", instructions="Be brief.", tools=[lookup])
+    run = agent.run_stream("Where is A1?", runtime=Runtime(model=model, ids=sequential_ids()))
+    events = [e async for e in run]
+    assert types(events) == [
+        "run-started",
+        "agent-started",
+        "reasoning-delta",
+        "reasoning-delta",
+        "reasoning-delta",
+        "usage",
+        "tool-call-started",
+        "tool-call-completed",
+        "text-delta",
+        "text-delta",
+        "usage",
+        "agent-completed",
+        "run-completed",
+    ]
+    assert "".join(e.delta for e in events if e.type == "text-delta") == "It shipped."
+    assert events[-1].output == "It shipped."
+    result = run.result
+    assert (result.outcome, result.output, result.stop_reason) == (
+        "completed",
+        "It shipped.",
+        "answer",
+    )
+    assert [m.role for m in result.state.messages] == ["user", "assistant", "assistant"]
+    assert model.calls[0].instructions == "Be brief."
+    assert model.calls[0].tools[0].name == "lookup"
+    assert result.state.usage.requests == 2
+    assert result.state.usage.tool_calls == 1
+
+
+async def test_the_state_round_trips_through_json_after_a_turn():
+    model = ScriptedModel([[call("lookup", order_id="A1")], "ok"])
+    result = await Agent("a", tools=[lookup]).run("go", runtime=Runtime(model=model))
+    messages = result.state.messages
+    assert MESSAGES.validate_json(MESSAGES.dump_json(messages)) == messages
+
+
+async def test_min_tool_calls_nudges_once_with_a_synthetic_message():
+    model = ScriptedModel(["I think it shipped.", [call("lookup", order_id="A1")], "It shipped."])
+    agent = Agent("a", tools=[lookup], min_tool_calls=1)
+    result = await agent.run("Where is A1?", runtime=Runtime(model=model))
+    nudge = result.state.messages[2]
+    assert nudge.role == "user"
+    assert nudge.parts == [
+        TextPart(
+            text="You answered before using your tools. Call at least 1 tool(s) to ground your "
+            "answer, then answer.",
+            synthetic=True,
+        )
+    ]
+    assert result.output == "It shipped."
+    model.assert_complete()
+
+
+async def test_min_tool_calls_nudges_only_once():
+    model = ScriptedModel(["No.", "Still no."])
+    result = await Agent("a", tools=[lookup], min_tool_calls=1).run(
+        "go", runtime=Runtime(model=model)
+    )
+    assert result.output == "Still no."
+
+
+async def test_an_ends_turn_tool_stops_the_loop_with_its_output():
+    @tool(ends_turn=True)
+    def hand_off(team: str) -> dict[str, str]:
+        """Hand the conversation to a team."""
+        return {"team": team}
+
+    model = ScriptedModel([[call("hand_off", team="billing")]])
+    result = await Agent("a", tools=[hand_off]).run("go", runtime=Runtime(model=model))
+    assert (result.outcome, result.stop_reason, result.output) == (
+        "completed",
+        "ends-turn",
+        {"team": "billing"},
+    )
+
+
+class Verdict(BaseModel):
+    refund: bool
+    reason: str
+
+
+async def test_structured_output_is_validated():
+    model = ScriptedModel(['{"refund": true, "reason": "damaged"}'])
+    agent = Agent("a", output_type=Verdict)
+    result = await agent.run("go", runtime=Runtime(model=model))
+    assert result.output == Verdict(refund=True, reason="damaged")
+    assert model.calls[0].output_schema == Verdict.model_json_schema()
+
+
+async def test_invalid_structured_output_is_sent_back_once_with_the_error():
+    model = ScriptedModel(['{"refund": "maybe"}', '{"refund": false, "reason": "late"}'])
+    result = await Agent("a", output_type=Verdict).run("go", runtime=Runtime(model=model))
+    assert result.output == Verdict(refund=False, reason="late")
+    feedback = result.state.messages[2]
+    assert feedback.parts[0].synthetic  # type: ignore[union-attr]
+    assert "does not match the required output schema" in feedback.text
+
+
+async def test_structured_output_invalid_twice_fails_the_run():
+    model = ScriptedModel(["nope", "still nope"])
+    run = Agent("a", output_type=Verdict).run_stream("go", runtime=Runtime(model=model))
+    events = [e async for e in run]
+    assert events[-1].type == "run-failed"
+    assert events[-1].reason == "error"
+    assert "does not match the required output schema" in (events[-1].error or "")
+    assert run.result.outcome == "failed"
+
+
+async def test_reaching_max_iterations_ends_the_turn_with_a_message():
+    model = FunctionModel(lambda request: call("lookup", order_id=str(len(request.messages))))
+    agent = Agent("a", tools=[lookup], max_iterations=3)
+    result = await agent.run("go", runtime=Runtime(model=model))
+    assert result.outcome == "completed"
+    assert result.stop_reason == "max-iterations"
+    assert result.output == (
+        "I stopped before finishing: agent 'a' reached its limit of 3 model calls for this turn."
+    )
+    assert len(model.calls) == 3
+    assert result.state.turn_iterations == 3
+
+
+async def test_a_model_error_ends_the_run_with_run_failed():
+    model = ScriptedModel([])
+    run = Agent("a").run_stream("go", runtime=Runtime(model=model))
+    events = [e async for e in run]
+    assert types(events) == ["run-started", "agent-started", "run-failed"]
+    assert "ScriptedModel ran out of steps" in (events[-1].error or "")
+
+
+async def test_the_model_is_resolved_turn_then_agent_then_runtime():
+    turn, own, default = (ScriptedModel([name]) for name in ("turn", "agent", "runtime"))
+    runtime = Runtime(model=default)
+    assert (await Agent("a", model=own).run("x", runtime=runtime, model=turn)).output == "turn"
+    assert (await Agent("a", model=own).run("x", runtime=runtime)).output == "agent"
+    assert (await Agent("a").run("x", runtime=runtime)).output == "runtime"
+
+
+def test_an_agent_without_any_model_is_a_config_error():
+    with pytest.raises(ConfigError, match="Agent 'a' has no model: pass model= to the Agent"):
+        run_agent(Agent("a"), RunState())
+
+
+def test_agent_definition_errors():
+    with pytest.raises(UserError, match="two tools are named 'lookup'"):
+        Agent("a", tools=[lookup, lookup])
+    with pytest.raises(UserError, match="is not a Tool; decorate the function with @tool"):
+        Agent("a", tools=[len])  # type: ignore[list-item]
+    with pytest.raises(UserError, match="max_iterations must be at least 1"):
+        Agent("a", max_iterations=0)
+
+
+async def test_the_result_is_unavailable_until_the_run_has_finished():
+    run = Agent("a").run_stream("go", runtime=Runtime(model=ScriptedModel(["hi"])))
+    with pytest.raises(RuntimeError, match="iterate all its events first"):
+        run.result  # noqa: B018
+    assert (await run.finish()).output == "hi"
+
+
+# -- interruption --------------------------------------------------------------------------
+
+
+def assert_valid_history(state: RunState) -> None:
+    """Every call has a result, and the history survives JSON."""
+    for message in state.messages:
+        for part in message.parts:
+            if isinstance(part, ToolCallPart):
+                assert part.result is not None, part
+    assert MESSAGES.validate_json(MESSAGES.dump_json(state.messages)) == state.messages
+
+
+async def test_interrupting_mid_model_keeps_the_partial_text():
+    gate = asyncio.Event()
+
+    async def slow_model(request: ModelRequest) -> Any:
+        await gate.wait()
+        return "never"
+
+    class Streaming(FunctionModel):
+        async def stream(self, request: ModelRequest):  # type: ignore[no-untyped-def, override]
+            from handrail.models import TextChunk
+
+            yield TextChunk(text="Let me ")
+            yield TextChunk(text="check")
+            await gate.wait()
+
+    run = Agent("a").run_stream("go", runtime=Runtime(model=Streaming(slow_model)))
+    seen: list[str] = []
+
+    async def consume() -> None:
+        async for event in run:
+            seen.append(event.type)
+            if seen.count("text-delta") == 2:
+                asyncio.get_running_loop().call_soon(run.interrupt)
+
+    await asyncio.wait_for(consume(), 2)
+    assert seen[-1] == "run-failed"
+    assert run.result.outcome == "interrupted"
+    state = run.result.state
+    assert state.messages[-1].text == "Let me check"
+    assert_valid_history(state)
+
+
+async def test_interrupting_mid_tool_pairs_every_call_with_an_interrupted_result():
+    started = asyncio.Event()
+
+    @tool
+    async def forever() -> str:
+        """Never returns."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    model = ScriptedModel([[call("forever"), call("lookup", order_id="A1")]])
+    run = Agent("a", tools=[forever, lookup]).run_stream("go", runtime=Runtime(model=model))
+
+    async def interrupt_when_started() -> None:
+        await started.wait()
+        run.interrupt()
+
+    interrupter = asyncio.create_task(interrupt_when_started())
+    events = [e async for e in run]
+    await interrupter
+    assert events[-1].type == "run-failed"
+    assert events[-1].reason == "interrupted"
+    hung, quick = run.result.state.messages[-1].tool_calls
+    assert hung.status == "interrupted"
+    assert hung.result == ToolResult.failure(
+        "interrupted before it finished: the run was cancelled, so this call may or may not "
+        "have taken effect"
+    )
+    assert quick.status == "completed"
+    assert_valid_history(run.result.state)
+
+
+async def test_an_interrupt_while_the_consumer_holds_an_event_stops_at_the_next_step():
+    model = ScriptedModel([[call("lookup", order_id="A1")], "never reached"])
+    run = Agent("a", tools=[lookup]).run_stream("go", runtime=Runtime(model=model))
+    events = []
+    async for event in run:
+        events.append(event)
+        if event.type == "tool-call-completed":
+            run.interrupt()
+            run.interrupt()  # idempotent
+    assert events[-1].type == "run-failed"
+    assert model.remaining == 1
+    assert_valid_history(run.result.state)
+
+
+async def test_cancelling_the_consumer_repairs_history_and_propagates():
+    started = asyncio.Event()
+
+    @tool
+    async def forever() -> str:
+        """Never returns."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    state = RunState()
+    model = ScriptedModel([[call("forever")]])
+    run = Agent("a", tools=[forever]).run_stream("go", state=state, runtime=Runtime(model=model))
+
+    async def consume() -> None:
+        async for _ in run:
+            pass
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert state.messages[-1].tool_calls[0].status == "interrupted"
+    assert_valid_history(state)
