@@ -15,6 +15,7 @@ same way and then propagates the cancellation, as it must.
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -85,7 +86,7 @@ class Interrupt:
     def __init__(self) -> None:
         self.requested = False
         self._task: asyncio.Task[Any] | None = None
-        self._generator: AsyncGenerator[Event, None] | None = None
+        self._generator: types.AsyncGeneratorType[Event, None] | None = None
 
     def request(self) -> None:
         """Ask the run to stop."""
@@ -97,8 +98,9 @@ class Interrupt:
             task.cancel()
 
     def _bind(self, generator: AsyncGenerator[Event, None]) -> None:
-        if self._generator is None:
-            self._generator = generator
+        # The latest generator is the one running: an outer run binds after its inner one.
+        assert isinstance(generator, types.AsyncGeneratorType)
+        self._generator = generator
 
     def _enter(self) -> None:
         if self._task is None:

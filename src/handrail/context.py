@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import enum
 import re
+from collections import deque
 from collections.abc import Iterable, Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -198,7 +199,7 @@ def _bracket(text: str, pos: int, segments: list[Segment]) -> int:
     if char == "*":
         segments.append(_WILDCARD)
         pos += 1
-    elif char in ('"', "'") and char:
+    elif char in ('"', "'"):
         name, pos = _quoted(text, pos)
         segments.append(Key(name))
     else:
@@ -228,7 +229,7 @@ def _quoted(text: str, pos: int) -> tuple[str, int]:
             return "".join(chars), pos + 1
         if char == "\\":
             escaped = text[pos + 1 : pos + 2]
-            if escaped not in ("\\", '"', "'") or not escaped:
+            if escaped not in ("\\", '"', "'"):
                 raise _BadSyntax(pos + 1, "only \\\\, \\\" and \\' are escapes in a quoted key")
             chars.append(escaped)
             pos += 2
@@ -268,6 +269,8 @@ class _ToolSplit:
     every: bool
     """`[]` follows the name: all outputs of the tool this turn."""
     segments: tuple[Segment, ...]
+    prefix: str
+    """What the segments follow, for error messages: `tool:name` or `tool:name[]`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +279,8 @@ class _Ref:
     head: str = ""
     """var/sys: the name (also `segments[0]`); call: the tool call id."""
     segments: tuple[Segment, ...] = ()
+    prefix: str = ""
+    """What the segments follow, for error messages: `var:`, `sys:`, `call:<id>`."""
     splits: tuple[_ToolSplit, ...] = ()
     """tool: the possible splits, longest tool name first."""
 
@@ -299,14 +304,14 @@ def _parse_ref(path: str) -> _Ref:
             segments = _parse_after_name(tail)
         except _BadSyntax as bad:
             raise bad.error(path, tail, offset + match.end()) from None
-        return _Ref("call", head=match.group(), segments=segments)
+        return _Ref("call", match.group(), segments, prefix=f"call:{match.group()}")
     if namespace in ("var", "sys"):
         segments = _parse_tail(path, rest, offset)
         first = segments[0] if segments else None
         if not isinstance(first, Key) or rest.startswith("."):
             what = "variable name" if namespace == "var" else "sys key"
             raise _BadSyntax(0, f'expected a {what} after "{namespace}:"').error(path, rest, offset)
-        return _Ref(namespace, head=first.name, segments=segments)
+        return _Ref(namespace, first.name, segments, prefix=f"{namespace}:")
     raise PathError(
         f'"{path}": unknown namespace "{namespace}:"; valid namespaces: {_NAMESPACES}', path=path
     )
@@ -328,19 +333,21 @@ def _tool_splits(path: str, rest: str, offset: int) -> tuple[_ToolSplit, ...]:
     # A split whose tail does not parse cannot be meant (`tool:a.b[]` is not tool `a`, key
     # `b`, then `[]`), so it is left out; the path is a syntax error only if none parses.
     splits: list[_ToolSplit] = []
-    first_error: PathError | None = None
+    errors: list[PathError] = []
     end = len(dotted_name)
     while end > 0:
         after = rest[end:]
         every = after.startswith("[]")
         tail = after[2:] if every else after
         try:
-            splits.append(_ToolSplit(rest[:end], every, _parse_after_name(tail)))
+            segments = _parse_after_name(tail)
+            prefix = f"tool:{rest[:end]}{'[]' if every else ''}"
+            splits.append(_ToolSplit(rest[:end], every, segments, prefix))
         except _BadSyntax as bad:
-            first_error = first_error or bad.error(path, tail, offset + len(rest) - len(tail))
+            errors.append(bad.error(path, tail, offset + len(rest) - len(tail)))
         end = dotted_name.rfind(".", 0, end)
-    if not splits and first_error is not None:
-        raise first_error
+    if not splits:
+        raise errors[0]  # the longest split's
     return tuple(splits)
 
 
@@ -453,8 +460,12 @@ def _step_index(value: Any, segment: Index, at: int) -> Any:
             raise _Miss(_out_of_range(segment.index, value), at) from None
     if _is_list(value):
         return value[_position(value, segment, at)]
+    raise _Miss(_cannot_index(value, segment), at)
+
+
+def _cannot_index(value: Any, segment: Index) -> str:
     hint = '; use a key, as .name or ["name"]' if isinstance(value, Mapping) else ""
-    raise _Miss(f"cannot index {_describe(value)}: [{segment.index}] needs a list{hint}", at)
+    return f"cannot index {_describe(value)}: [{segment.index}] needs a list{hint}"
 
 
 def _fan_out(value: Any, segments: tuple[Segment, ...], at: int) -> list[Any]:
@@ -510,19 +521,18 @@ def _describe(value: Any) -> str:
     """Say what a value is, for an error message: `a list of 3 items`, `an object with keys: …`."""
     if isinstance(value, Mapping):
         return f"an object with keys: {_names(value)}" if value else "an empty object"
-    if _is_list(value):
-        size = len(value)
-        return f"a list of {size} item{'' if size == 1 else 's'}" if size else "an empty list"
     if value is None:
         return "None"
     kind = type(value).__name__
     article = "an" if kind[:1].lower() in "aeiou" else "a"
+    if _is_list(value):
+        kind = "list" if isinstance(value, list) else kind
+        size = len(value)
+        return f"a {kind} of {size} item{'' if size == 1 else 's'}" if size else f"an empty {kind}"
     if isinstance(value, _LEAVES):
         text = repr(value)
         return f"{article} {kind} ({text if len(text) <= 40 else text[:39] + '…'})"
     fields = _fields(value)
-    if fields is None:
-        return f"{article} {kind}"
     return f"{article} {kind} with fields: {_names(fields)}" if fields else f"{article} {kind}"
 
 
@@ -555,7 +565,7 @@ def _assign(container: Any, segments: tuple[Segment, ...], at: int, value: Any) 
         raise _Miss("cannot write through [*]: a write goes to one place", at)
     if isinstance(container, MutableMapping):
         if isinstance(segment, Index):
-            return _step_index(container, segment, at)  # raises: cannot index an object
+            raise _Miss(_cannot_index(container, segment), at)
         name = segment.name
         updated = copy.copy(container)
         child = container.get(name, {})
@@ -637,6 +647,7 @@ class ContextStore:
         "_calls",
         "_dropped",
         "_max_bytes",
+        "_order",
         "_sys",
         "_turn_bytes",
         "_var_sizes",
@@ -658,12 +669,14 @@ class ContextStore:
         self._vars: dict[str, Any] = {}
         self._var_sizes: dict[str, int] = {}
         self._vars_bytes = 0
+        # This turn's outputs, three views kept consistent: in recording order (the oldest
+        # first), by call id, and by tool name (each in recording order).
+        self._order: deque[_Output] = deque()
         self._calls: dict[str, _Output] = {}
-        """This turn's outputs by call id, in recording order (the oldest first)."""
-        self._by_tool: dict[str, list[_Output]] = {}
-        """The same outputs by tool name, each list in recording order."""
+        self._by_tool: dict[str, deque[_Output]] = {}
+        # call id -> tool name of the outputs dropped this turn to stay under the cap, so a
+        # read says "dropped" rather than "never recorded".
         self._dropped: dict[str, str] = {}
-        """call id -> tool name of the outputs dropped this turn to stay under the cap."""
         self._turn_bytes = 0
         for name, value in (vars or {}).items():
             size = _var_size(value, f"var:{_format((Key(name),), dotted=False)}")
@@ -722,10 +735,8 @@ class ContextStore:
         namespace = ref.namespace
         if namespace == "tool":
             split, outputs = self._find_tool(ref)
-            segments = split.segments
             value = [o.output for o in outputs] if split.every else outputs[-1].output
-            start = 0
-            prefix = f"tool:{split.name}{'[]' if split.every else ''}"
+            segments, start, prefix = split.segments, 0, split.prefix
         elif namespace == "var":
             value = self._vars.get(ref.head, MISSING)
             if value is MISSING:
@@ -733,25 +744,25 @@ class ContextStore:
                     f'no variable "{ref.head}" is set; variables set: {_names(self._vars)}',
                     segment=ref.head,
                 )
-            segments, start, prefix = ref.segments, 1, "var:"
+            segments, start, prefix = ref.segments, 1, ref.prefix
         elif namespace == "call":
             output = self._calls.get(ref.head)
             if output is None:
                 raise _Miss(self._no_call(ref.head), segment=ref.head)
-            segments, start, prefix, value = ref.segments, 0, f"call:{ref.head}", output.output
+            segments, start, prefix, value = ref.segments, 0, ref.prefix, output.output
         else:
             value = self._sys.get(ref.head, MISSING)
             if value is MISSING:
                 raise _Miss(
                     f'no sys key "{ref.head}"; sys keys: {_names(self._sys)}', segment=ref.head
                 )
-            segments, start, prefix = ref.segments, 1, "sys:"
+            segments, start, prefix = ref.segments, 1, ref.prefix
         try:
             return _walk(value, segments, start)
         except _Miss as miss:
             raise miss.locate(segments, prefix, dotted=namespace in ("tool", "call")) from None
 
-    def _find_tool(self, ref: _Ref) -> tuple[_ToolSplit, list[_Output]]:
+    def _find_tool(self, ref: _Ref) -> tuple[_ToolSplit, deque[_Output]]:
         for split in ref.splits:
             outputs = self._by_tool.get(split.name)
             if outputs is not None:
@@ -854,7 +865,7 @@ class ContextStore:
                 `str()`.
 
         Raises:
-            PathError: the output cannot be measured (a circular reference).
+            PathError: the output cannot be serialised (e.g. a model's serializer raises).
         """
         try:
             size = len(to_json(output, serialize_unknown=True))
@@ -864,14 +875,14 @@ class ContextStore:
                 f'"{path}": the output of tool "{tool_name}" cannot be stored: {error}', path=path
             ) from None
         entry = _Output(tool_name, call_id, output, size)
-        calls = self._calls
-        previous = calls.pop(call_id, None)
+        previous = self._calls.get(call_id)
         if previous is not None:
             self._forget(previous)
-        calls[call_id] = entry
+        self._calls[call_id] = entry
+        self._order.append(entry)
         outputs = self._by_tool.get(tool_name)
         if outputs is None:
-            self._by_tool[tool_name] = [entry]
+            self._by_tool[tool_name] = deque((entry,))
         else:
             outputs.append(entry)
         self._turn_bytes += size
@@ -880,22 +891,29 @@ class ContextStore:
         if self._vars_bytes + self._turn_bytes > self._max_bytes:
             self._evict()
 
-    def _forget(self, entry: _Output) -> None:
+    def _forget(self, entry: _Output, *, oldest: bool = False) -> None:
+        del self._calls[entry.call_id]
         outputs = self._by_tool[entry.tool]
-        outputs.remove(entry)
+        if oldest:  # the oldest output of the turn is also the first of its tool's
+            self._order.popleft()
+            outputs.popleft()
+        else:
+            self._order.remove(entry)
+            outputs.remove(entry)
         if not outputs:
             del self._by_tool[entry.tool]
         self._turn_bytes -= entry.size
 
     def _evict(self) -> None:
-        calls = self._calls
-        while calls and self._vars_bytes + self._turn_bytes > self._max_bytes:
-            oldest = calls.pop(next(iter(calls)))
-            self._forget(oldest)  # the oldest of the turn is the first of its tool's list
+        order = self._order
+        while order and self._vars_bytes + self._turn_bytes > self._max_bytes:
+            oldest = order[0]
+            self._forget(oldest, oldest=True)
             self._dropped[oldest.call_id] = oldest.tool
 
     def new_turn(self) -> None:
         """Start a turn: forget the turn-scoped outputs (`tool:`, `call:`); keep the variables."""
+        self._order.clear()
         self._calls.clear()
         self._by_tool.clear()
         self._dropped.clear()
@@ -917,7 +935,7 @@ class ContextStore:
                     "call_id": entry.call_id,
                     "output": to_jsonable_python(entry.output, serialize_unknown=True),
                 }
-                for entry in self._calls.values()
+                for entry in self._order
             ],
             "dropped": dict(self._dropped),
         }
@@ -957,7 +975,5 @@ class ContextStore:
         store = cls(vars=state["vars"], sys=sys, max_bytes=max_bytes)
         for entry in state["turn"]:
             store.record(entry["tool"], entry["call_id"], entry["output"])
-        for call_id, tool in state["dropped"].items():
-            if call_id not in store._calls:
-                store._dropped[call_id] = tool
+        store._dropped.update(state["dropped"])
         return store

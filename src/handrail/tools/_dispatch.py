@@ -30,7 +30,7 @@ import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import pydantic_core
 from pydantic import BaseModel, ValidationError
@@ -56,6 +56,7 @@ __all__ = ["Dispatcher"]
 
 _SCALARS = (str, int, float, bool, type(None))
 Emit = Callable[[Event], None]
+_Final: TypeAlias = None  # what `_prepare` returns for a part that is already final or waiting
 
 
 class _Ready:
@@ -136,7 +137,7 @@ class Dispatcher:
 
     def _prepare(
         self, part: ToolCallPart, planned: dict[str, ToolCallPart]
-    ) -> _Ready | ToolCallPart | None:
+    ) -> _Ready | ToolCallPart | _Final:
         """Steps 1-6. Returns what to execute, an in-batch original to copy, or None when the
         part is already final (an error, a reuse) or waiting."""
         runtime = self.runtime
@@ -214,7 +215,8 @@ class Dispatcher:
         part.status = "running"
         return _Ready(part, tool, kwargs, key)
 
-    def _fail(self, part: ToolCallPart, error: str) -> None:
+    @staticmethod
+    def _fail(part: ToolCallPart, error: str) -> _Final:
         part.result = ToolResult.failure(error)
         part.status = "failed"
         return None

@@ -120,7 +120,7 @@ class Tool(Generic[DepsT]):
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
         self.function = function
-        self.name: str = name or getattr(function, "__name__", "")
+        self.name: str = name or str(getattr(function, "__name__", ""))
         label = f"Tool {self.name!r}"
         if not _NAME.match(self.name) or len(self.name) > 64:
             raise ToolDefinitionError(
@@ -142,7 +142,7 @@ class Tool(Generic[DepsT]):
         self.gated: bool = self.approval == "required"
 
         doc = docstring_parser.parse(inspect.getdoc(function) or "") if function else None
-        self.description: str = description or _description(doc) or self.name
+        self.description: str = str(description or _description(doc) or self.name)
         self.takes_ctx, self.input_model = _input_model(self.name, function, doc)
         self.param_names: tuple[str, ...] = tuple(self.input_model.model_fields)
 
