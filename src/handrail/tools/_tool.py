@@ -11,8 +11,8 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar, get_type_hints
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
 
-from ..context import ContextStore
-from ..exceptions import ToolDefinitionError
+from ..context import ContextStore, check_path
+from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
 from ..models import ToolDefinition
 
@@ -25,7 +25,6 @@ Approval: TypeAlias = Literal["auto", "required"]
 _PERMISSIONS = ("read", "draft", "write", "destructive")
 _EXECUTORS = ("server", "human", "client", "provider")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
-_NAMESPACES = ("var:", "tool:", "call:", "sys:")
 _INPUT_CONFIG = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
 
@@ -143,7 +142,8 @@ class Tool(Generic[DepsT]):
 
         doc = docstring_parser.parse(inspect.getdoc(function) or "") if function else None
         self.description: str = str(description or _description(doc) or self.name)
-        self.takes_ctx, self.input_model = _input_model(self.name, function, doc)
+        hints = _type_hints(self.name, function)
+        self.takes_ctx, self.input_model = _input_model(self.name, function, hints, doc)
         self.param_names: tuple[str, ...] = tuple(self.input_model.model_fields)
 
         self.bindings: dict[str, str] = dict(bindings or {})
@@ -153,11 +153,12 @@ class Tool(Generic[DepsT]):
                     f"{label}: bindings name {param!r}, which is not an argument "
                     f"(arguments: {', '.join(self.param_names) or 'none'})."
                 )
-            if not path.startswith(_NAMESPACES):
+            try:
+                check_path(path)
+            except PathError as exc:
                 raise ToolDefinitionError(
-                    f"{label}: binding {param!r} <- {path!r} is not a context path; it must "
-                    f"start with one of {', '.join(_NAMESPACES)}"
-                )
+                    f"{label}: binding {param!r} <- {path!r} is not a valid context path: {exc}"
+                ) from None
         self.amendable: tuple[str, ...] = tuple(amendable)
         for field_name in self.amendable:
             if field_name not in self.param_names or field_name in self.bindings:
@@ -178,7 +179,7 @@ class Tool(Generic[DepsT]):
         if timeout is not None and timeout <= 0:
             raise ToolDefinitionError(f"{label}: timeout must be a positive number of seconds.")
 
-        self.output_type = output_type if output_type is not None else _return_model(function)
+        self.output_type = output_type if output_type is not None else _return_model(hints)
         self.output_adapter: TypeAdapter[Any] | None = (
             TypeAdapter(self.output_type) if self.output_type is not None else None
         )
@@ -284,23 +285,30 @@ def _description(doc: docstring_parser.Docstring | None) -> str:
     return "\n\n".join(d for d in (doc.short_description, doc.long_description) if d)
 
 
+def _type_hints(name: str, function: Callable[..., Any] | None) -> dict[str, Any]:
+    if function is None:
+        return {}
+    try:
+        return get_type_hints(function, include_extras=True)
+    except NameError as exc:
+        raise ToolDefinitionError(
+            f"Tool {name!r}: cannot resolve an annotation of {function.__qualname__} ({exc}); "
+            f"import the type at module level."
+        ) from exc
+
+
 def _input_model(
-    name: str, function: Callable[..., Any] | None, doc: docstring_parser.Docstring | None
+    name: str,
+    function: Callable[..., Any] | None,
+    hints: dict[str, Any],
+    doc: docstring_parser.Docstring | None,
 ) -> tuple[bool, type[BaseModel]]:
     model_name = name.replace(".", "_").replace("-", "_") + "_args"
     if function is None:
         return False, create_model(model_name, __config__=_INPUT_CONFIG)
     label = f"Tool {name!r}"
-    signature = inspect.signature(function)
-    try:
-        hints = get_type_hints(function, include_extras=True)
-    except NameError as exc:
-        raise ToolDefinitionError(
-            f"{label}: cannot resolve an annotation of {function.__qualname__} ({exc}); "
-            f"import the type at module level."
-        ) from exc
     descriptions = {p.arg_name: p.description for p in doc.params} if doc else {}
-    params = list(signature.parameters.values())
+    params = list(inspect.signature(function).parameters.values())
     takes_ctx = bool(params) and _is_context(hints.get(params[0].name))
     if takes_ctx:
         params = params[1:]
@@ -329,10 +337,8 @@ def _is_context(annotation: Any) -> bool:
     return origin is ToolContext
 
 
-def _return_model(function: Callable[..., Any] | None) -> Any:
-    if function is None:
-        return None
-    returns = get_type_hints(function).get("return")
+def _return_model(hints: dict[str, Any]) -> Any:
+    returns = hints.get("return")
     if isinstance(returns, type) and issubclass(returns, BaseModel):
         return returns
     return None
