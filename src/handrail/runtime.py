@@ -11,8 +11,10 @@ import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .tools._workers import WorkerThreads
 
 if TYPE_CHECKING:
     from .messages import ToolCallPart
@@ -24,6 +26,10 @@ __all__ = ["IdFactory", "Runtime", "random_ids", "sequential_ids"]
 DepsT = TypeVar("DepsT")
 IdFactory = Callable[[str], str]
 """Makes a new id with a prefix: `ids("msg") -> "msg_5f3a..."`."""
+
+
+DEFAULT_WORKERS = WorkerThreads()
+"""The worker threads every runtime shares unless it is given its own."""
 
 
 def random_ids(prefix: str) -> str:
@@ -49,6 +55,8 @@ class Runtime(Generic[DepsT]):
     """Wall time in seconds since the epoch (stamps tool calls and decisions)."""
     ids: IdFactory = random_ids
     """Makes message, run and tool-call ids."""
+    workers: WorkerThreads = field(default_factory=lambda: DEFAULT_WORKERS)
+    """Where sync tools run (shared by default; give a runtime its own to isolate it)."""
     allowed_permissions: frozenset[Permission] | None = None
     """When set, calls to tools with another permission fail (e.g. a read-only run)."""
     transform_args: Callable[[Tool[Any], dict[str, Any]], dict[str, Any]] | None = None

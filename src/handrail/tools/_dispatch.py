@@ -24,7 +24,6 @@ one failure or timeout never sinks the others; results stay in the model's call 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import difflib
 import functools
 import inspect
@@ -355,9 +354,21 @@ class Dispatcher:
         else:
             call = functools.partial(function, **ready.kwargs)
         if tool.timeout is None:
-            return await _run(tool, call, ready.part.id, emit)
+            return await self._run(tool, call, ready.part.id, emit)
         async with asyncio.timeout(tool.timeout):
-            return await _run(tool, call, ready.part.id, emit)
+            return await self._run(tool, call, ready.part.id, emit)
+
+    async def _run(self, tool: Tool[Any], call: Callable[[], Any], call_id: str, emit: Emit) -> Any:
+        if tool.kind == "async":
+            return await call()
+        if tool.kind == "sync":
+            return await self.runtime.workers.run(call)
+        output: Any = None
+        async for item in call():
+            if not isinstance(item, ToolResult):
+                emit(ToolProgress(tool_call_id=call_id, progress=_jsonable(item)))
+            output = item
+        return output
 
     async def _hooks(self, part: ToolCallPart, result: ToolResult) -> ToolResult:
         runtime = self.runtime
@@ -371,20 +382,6 @@ class Dispatcher:
         except Exception as exc:
             return ToolResult.failure(f"a result hook failed: {type(exc).__name__}: {exc}")
         return result
-
-
-async def _run(tool: Tool[Any], call: Callable[[], Any], call_id: str, emit: Emit) -> Any:
-    if tool.kind == "async":
-        return await call()
-    if tool.kind == "sync":
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, contextvars.copy_context().run, call)
-    output: Any = None
-    async for item in call():
-        if not isinstance(item, ToolResult):
-            emit(ToolProgress(tool_call_id=call_id, progress=_jsonable(item)))
-        output = item
-    return output
 
 
 def _to_result(tool: Tool[Any], output: Any) -> ToolResult:
