@@ -75,7 +75,8 @@ async def test_non_object_arguments_are_rejected_naming_what_was_sent(raw: str, 
     _, state = await run(Agent("a", tools=[add]), [[call_raw("math.add", raw)], "done"])
     error = calls(state)[0].result.error  # type: ignore[union-attr]
     assert error == (
-        f"Tool 'math.add': the arguments must be a JSON object of named arguments, not a JSON {kind}"
+        "Tool 'math.add': the arguments must be a JSON object of named arguments, "
+        f"not a JSON {kind}"
     )
 
 

@@ -106,6 +106,7 @@ __all__ = [
     "ToolCallStarted",
     "ToolContext",
     "ToolDefinition",
+    "ToolDefinitionError",
     "ToolProgress",
     "ToolResult",
     "Usage",

@@ -22,6 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from ._tool_result import ToolResult
 from .agent import Agent
 from .events import (
     AgentCompleted,
@@ -41,7 +42,6 @@ from .models import Model, ModelRequest, ModelResponse, ReasoningChunk, TextChun
 from .runtime import Runtime
 from .state import RunState
 from .tools._dispatch import Dispatcher
-from ._tool_result import ToolResult
 
 __all__ = ["AgentResult", "AgentRun", "Interrupt", "run_agent", "run_turn"]
 

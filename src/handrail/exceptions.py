@@ -95,7 +95,7 @@ class MaxIterationsError(RunError):
     """An iteration cap was reached where the run cannot end with a message."""
 
 
-class ModelRetry(Exception):  # noqa: N818 - a signal, not an error (PydanticAI's name)
+class ModelRetry(Exception):
     """Raised by a tool to send `message` back to the model as a recoverable tool error.
 
     Not a `HandrailError`: it is a signal to the engine, not a failure of the run.

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from ._tool_result import ToolResult
 from .context import ContextStore
 from .messages import Message, ToolCallPart
 from .models import Usage
-from ._tool_result import ToolResult
 
 __all__ = ["RunState"]
 

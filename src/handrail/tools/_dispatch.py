@@ -34,6 +34,7 @@ from typing import Any, TypeAlias
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
+from .._tool_result import ToolResult
 from ..events import (
     ApprovalRequired,
     ClientExecRequired,
@@ -48,7 +49,6 @@ from ..messages import ApprovalCardPart, ToolCallPart
 from ..runtime import Runtime
 from ..state import RunState
 from ._arguments import ArgumentsError, parse_arguments, validate_arguments
-from .._tool_result import ToolResult
 from ._tool import Tool, ToolContext
 
 __all__ = ["Dispatcher"]
@@ -137,8 +137,11 @@ class Dispatcher:
     def _prepare(
         self, part: ToolCallPart, planned: dict[str, ToolCallPart]
     ) -> _Ready | ToolCallPart | _Final:
-        """Steps 1-6. Returns what to execute, an in-batch original to copy, or None when the
-        part is already final (an error, a reuse) or waiting."""
+        """Steps 1-6 for one call.
+
+        Returns what to execute, an in-batch original to copy, or None when the part is
+        already final (an error, a reuse) or waiting.
+        """
         runtime = self.runtime
         part.started_at = runtime.clock()
         part.duration_ms = 0.0
@@ -303,7 +306,7 @@ class Dispatcher:
     async def _execute(self, ready: _Ready, emit: Emit) -> None:
         """Steps 7-11 for one call; never raises but for cancellation."""
         part, tool = ready.part, ready.tool
-        state, runtime = self.state, self.runtime
+        state = self.state
         begun = time.perf_counter()
         try:
             output = await self._invoke(ready, emit)

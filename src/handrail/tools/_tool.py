@@ -256,19 +256,17 @@ def tool(
     """Make a `Tool` from a plain function; use bare (`@tool`) or with options (`@tool(...)`).
 
     The arguments' JSON Schema comes from the signature (pydantic), descriptions from the
-    docstring (Google, NumPy or Sphinx style). A first parameter annotated `ToolContext`
-    receives the context and is not an argument. See `Tool` for the options.
+    docstring's `Args:` section (Google, NumPy or Sphinx style). A first parameter annotated
+    `ToolContext` receives the context and is not an argument.
 
     ```python
     @tool(name="orders.refund", permission="write", amendable=["amount"])
-    async def refund(ctx: ToolContext[Deps], order_id: str, amount: float) -> Refund:
-        \"\"\"Refund part or all of an order.
-
-        Args:
-            order_id: the order to refund.
-            amount: how much, in the order's currency.
-        \"\"\"
+    async def refund(ctx: ToolContext[Deps], order_id: str, amount: float) -> Refund: ...
     ```
+
+    Args:
+        function: the function, when used bare as `@tool`.
+        **options: any keyword argument of `Tool` (`name=`, `permission=`, ...).
     """
     if function is not None:
         return Tool(function, **options)

@@ -11,6 +11,7 @@ grow) and its threads are daemons, like the default executor's at interpreter ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
 import threading
@@ -80,10 +81,8 @@ class WorkerThreads:
                 value, error = run(function), None
             except BaseException as exc:  # handed to the awaiting task, raised there
                 value, error = None, exc
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
                 loop.call_soon_threadsafe(_settle, future, value, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
             del run, loop, future, function, value, error
             idle.release()
 
