@@ -20,7 +20,6 @@ from handrail import (
     ToolResult,
     tool,
 )
-from handrail.context import ContextStore
 from handrail.testing import ScriptedModel, call, call_raw, sequential_ids
 
 
@@ -113,7 +112,7 @@ async def test_bound_arguments_come_from_the_session_and_the_model_cannot_widen_
         return [f"{user_id}-1"]
 
     assert "user_id" not in list_orders.definition.parameters["properties"]
-    state = RunState(context=ContextStore(sys={"user_id": "u-alice"}))
+    state = RunState(user_id="u-alice")
     _, state = await run(
         Agent("a", tools=[list_orders]),
         [[call("orders.list", user_id="u-mallory", status="open")], "done"],
@@ -509,13 +508,12 @@ async def test_digest_capture_hooks_and_stamp():
             return ToolResult(data="<redacted>", summary=result.summary)
         return result
 
-    clock = iter(range(100, 200))
     events, state = await run(
         Agent("a", tools=[lookup, first_sku]),
         [[call("orders.lookup", order_id="A1")], [call("first_sku")], "ok"],
         on_tool_result=on_result,
         transform_tool_result=redact,
-        clock=lambda: float(next(clock)),
+        clock=lambda: 100.0,
     )
     looked, sku = calls(state)
     assert looked.digest == {"status": "shipped"}
@@ -612,3 +610,26 @@ async def test_gated_human_and_client_calls_wait_while_the_others_run():
         ("call_2", "elicitation"),
         ("call_3", "client_exec"),
     ]
+
+
+async def test_sys_values_come_from_the_session_scope_and_the_runtime_clock():
+    @tool(bindings={"org": "sys:org_id", "now": "sys:now"})
+    def whoami(org: str, now: str, extra: str = "") -> str:
+        """Who and when."""
+        return f"{org} at {now}"
+
+    state = RunState(org_id="acme", user_id="u1")
+    _, state = await run(
+        Agent("a", tools=[whoami]), [[call("whoami")], "ok"], state=state, clock=lambda: 0.0
+    )
+    assert calls(state)[0].result == ToolResult(data="acme at 1970-01-01T00:00:00+00:00")
+
+
+async def test_a_tool_raising_its_own_timeout_error_is_reported_as_such():
+    @tool
+    async def fetch() -> str:
+        """Fetch."""
+        raise TimeoutError("upstream took too long")
+
+    _, state = await run(Agent("a", tools=[fetch]), [[call("fetch")], "ok"])
+    assert calls(state)[0].result.error == "TimeoutError: upstream took too long"  # type: ignore[union-attr]

@@ -212,6 +212,7 @@ async def _turn(
     runtime: Runtime[Any],
 ) -> AsyncGenerator[Event, None]:
     state.run_id = runtime.ids("run")
+    state.context.update_sys(state.sys_values(runtime.clock()))
     if prompt is not None:
         state.new_turn()
         state.messages.append(

@@ -796,6 +796,14 @@ class ContextStore:
             f" turn: {_names(self._calls)}"
         )
 
+    def update_sys(self, values: Mapping[str, Any]) -> None:
+        """Set read-only `sys:` values; the engine calls this at the start of each turn.
+
+        Paths and tools can read these values but never write them: scope (`org_id`,
+        `user_id`) comes from the session, never from the model.
+        """
+        self._sys.update(values)
+
     def set(self, path: str, value: Any) -> None:
         """Write a session-scoped variable, or a part of one.
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 from ._tool_result import ToolResult
 from .context import ContextStore
@@ -41,6 +43,17 @@ class RunState:
     """This turn's calls by canonical (name, arguments): duplicates reuse their result."""
     tool_cache: dict[str, tuple[float, ToolResult]] = field(default_factory=dict)
     """Idempotent tools' results by canonical call, with their expiry time."""
+
+    def sys_values(self, now: float) -> dict[str, Any]:
+        """The `sys:` values of the context store for a run starting at `now` (epoch seconds).
+
+        Only the scope that is set is included, so values given to the `ContextStore`
+        directly are kept when the state has none.
+        """
+        scope = {"org_id": self.org_id, "user_id": self.user_id, "session_id": self.session_id}
+        values: dict[str, Any] = {k: v for k, v in scope.items() if v is not None}
+        values["now"] = datetime.fromtimestamp(now, tz=UTC).isoformat()
+        return values
 
     def new_turn(self) -> None:
         """Start a user turn: clear what is turn-scoped."""

@@ -313,10 +313,12 @@ class Dispatcher:
             result = _to_result(tool, output)
         except ModelRetry as exc:
             result = ToolResult.failure(exc.message)
-        except TimeoutError:
+        except TimeoutError as exc:
             result = ToolResult.failure(
                 f"Tool {part.name!r} timed out after {tool.timeout:g} s; it may be slow or "
                 f"stuck. Try again later or with a smaller request."
+                if tool.timeout is not None
+                else f"TimeoutError: {exc}"
             )
         except Exception as exc:
             result = ToolResult.failure(f"{type(exc).__name__}: {exc}")
