@@ -81,10 +81,12 @@ class WorkerThreads:
                 value, error = run(function), None
             except BaseException as exc:  # handed to the awaiting task, raised there
                 value, error = None, exc
+            # Idle before the result is handed back: the caller's next call must find this
+            # worker rather than start another one.
+            idle.release()
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
                 loop.call_soon_threadsafe(_settle, future, value, error)
             del run, loop, future, function, value, error
-            idle.release()
 
 
 def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
