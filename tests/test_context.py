@@ -757,6 +757,14 @@ def test_sys_paths_read_the_values_given_at_construction(store: ContextStore) ->
     assert ContextStore(sys={"scopes": ["read"]}).get("sys:scopes.first") == "read"
 
 
+def test_the_engine_updates_sys_values_and_the_others_are_kept(store: ContextStore) -> None:
+    store.update_sys({"user_id": "u-2", "now": "2025-01-02T04:00:00Z"})
+    assert store.get("sys:user_id") == "u-2"
+    assert store.get("sys:org_id") == "acme"
+    with pytest.raises(PathError, match="sys is read-only"):
+        store.set("sys:user_id", "u-3")
+
+
 def test_missing_sys_key_lists_the_sys_keys(store: ContextStore) -> None:
     with pytest.raises(PathError) as info:
         store.get("sys:org")
