@@ -633,3 +633,35 @@ async def test_a_tool_raising_its_own_timeout_error_is_reported_as_such():
 
     _, state = await run(Agent("a", tools=[fetch]), [[call("fetch")], "ok"])
     assert calls(state)[0].result.error == "TimeoutError: upstream took too long"  # type: ignore[union-attr]
+
+
+async def test_arguments_named_like_pydantic_internals_reach_the_function():
+    @tool
+    def export(schema: str, copy: bool = False, model_config: int = 1) -> str:
+        """Export."""
+        return f"{schema}/{copy}/{model_config}"
+
+    _, state = await run(
+        Agent("a", tools=[export]), [[call("export", schema="s", copy=True)], "ok"]
+    )
+    part = calls(state)[0]
+    assert part.result == ToolResult(data="s/True/1")
+    assert part.args == {"schema": "s", "copy": True, "model_config": 1}
+
+
+async def test_a_partial_is_a_tool_whose_fixed_arguments_the_model_cannot_set():
+    import functools
+
+    async def find(customer: str, limit: int) -> list[str]:
+        """Find a customer's orders."""
+        return [customer] * limit
+
+    find_three = tool(functools.partial(find, limit=3), name="orders.find")
+    assert list(find_three.definition.parameters["properties"]) == ["customer"]
+    assert find_three.description == "Find a customer's orders."
+    _, state = await run(
+        Agent("a", tools=[find_three]), [[call("orders.find", customer="c", limit=99)], "ok"]
+    )
+    assert calls(state)[0].result.error == (  # type: ignore[union-attr]
+        "Tool 'orders.find': invalid arguments:\n- limit: not an argument of this tool"
+    )

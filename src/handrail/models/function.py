@@ -107,19 +107,25 @@ class FunctionModel:
     def _to_response(self, step: Step) -> ModelResponse:
         if isinstance(step, ModelResponse):
             return step
-        items: Sequence[StepPart] = (
-            [step] if isinstance(step, str | TextPart | ReasoningPart | ToolCallPart) else step
-        )
+        if isinstance(step, str | TextPart | ReasoningPart | ToolCallPart):
+            items: Sequence[Any] = [step]
+        elif isinstance(step, list | tuple):
+            items = step
+        else:
+            items = [step]  # refused below, naming what a step may be
         parts: list[TextPart | ReasoningPart | ToolCallPart] = []
         for item in items:
             if isinstance(item, str):
                 parts.append(TextPart(text=item))
             elif isinstance(item, ToolCallPart):
-                self._call_ids += 1
+                call_id = item.id
+                if not call_id:
+                    self._call_ids += 1
+                    call_id = f"call_{self._call_ids}"
                 # A fresh part each time: a script may be replayed, parts are mutated by dispatch.
                 parts.append(
                     ToolCallPart(
-                        id=item.id or f"call_{self._call_ids}",
+                        id=call_id,
                         name=item.name,
                         args=dict(item.args),
                         raw_args=item.raw_args,

@@ -175,8 +175,10 @@ class Dispatcher:
             return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
         except Exception as exc:  # a user hook failed: still data, never a crash
             return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
-        part.args = validated.model_dump(mode="json", exclude=set(tool.bindings) or None)
-        kwargs = validated.__dict__
+        part.args = validated.model_dump(
+            mode="json", by_alias=True, exclude=tool.bound_fields or None
+        )
+        kwargs = tool.arguments(validated)
 
         # 5. permission policy (the allow-list was checked when the tool was looked up)
         allowed = runtime.allowed_permissions

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, get_type_hints
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
@@ -121,7 +122,7 @@ class Tool(Generic[DepsT]):
         self.function = function
         self.name: str = name or str(getattr(function, "__name__", ""))
         label = f"Tool {self.name!r}"
-        if not _NAME.match(self.name) or len(self.name) > 64:
+        if not _NAME.fullmatch(self.name) or len(self.name) > 64:
             raise ToolDefinitionError(
                 f"{label}: a tool name is letters, digits, '_' and '-', in dot-separated "
                 f"parts (like 'orders.refund'), at most 64 characters."
@@ -140,11 +141,16 @@ class Tool(Generic[DepsT]):
         self.approval: Approval = self._check_approval(label, approval)
         self.gated: bool = self.approval == "required"
 
-        doc = docstring_parser.parse(inspect.getdoc(function) or "") if function else None
+        target = _target(function)
+        doc = docstring_parser.parse(inspect.getdoc(target) or "") if target else None
         self.description: str = str(description or _description(doc) or self.name)
-        hints = _type_hints(self.name, function)
-        self.takes_ctx, self.input_model = _input_model(self.name, function, hints, doc)
-        self.param_names: tuple[str, ...] = tuple(self.input_model.model_fields)
+        signature = _signature(self.name, function)
+        self.takes_ctx, self.input_model, self.renamed = _input_model(
+            self.name, function, signature, doc
+        )
+        self.param_names: tuple[str, ...] = tuple(
+            self.renamed.get(field, field) for field in self.input_model.model_fields
+        )
 
         self.bindings: dict[str, str] = dict(bindings or {})
         for param, path in self.bindings.items():
@@ -159,6 +165,10 @@ class Tool(Generic[DepsT]):
                 raise ToolDefinitionError(
                     f"{label}: binding {param!r} <- {path!r} is not a valid context path: {exc}"
                 ) from None
+        if isinstance(amendable, str):
+            raise ToolDefinitionError(
+                f"{label}: amendable is a list of argument names; write [{amendable!r}]."
+            )
         self.amendable: tuple[str, ...] = tuple(amendable)
         for field_name in self.amendable:
             if field_name not in self.param_names or field_name in self.bindings:
@@ -176,10 +186,16 @@ class Tool(Generic[DepsT]):
                 f"{label}: cache_ttl= reuses results, which is only safe for a tool that is "
                 f"idempotent; set idempotent=True or drop cache_ttl=."
             )
-        if timeout is not None and timeout <= 0:
-            raise ToolDefinitionError(f"{label}: timeout must be a positive number of seconds.")
+        for option, seconds in (("timeout", timeout), ("cache_ttl", cache_ttl)):
+            if seconds is not None and not seconds > 0:  # `not >` also refuses NaN
+                raise ToolDefinitionError(
+                    f"{label}: {option} must be a positive number of seconds."
+                )
+        self.bound_fields: set[str] = {
+            field for field, param in self._fields() if param in self.bindings
+        }
 
-        self.output_type = output_type if output_type is not None else _return_model(hints)
+        self.output_type = output_type if output_type is not None else _return_model(signature)
         self.output_adapter: TypeAdapter[Any] | None = (
             TypeAdapter(self.output_type) if self.output_type is not None else None
         )
@@ -192,16 +208,21 @@ class Tool(Generic[DepsT]):
         self.timeout = timeout
         self.sequential = sequential
         self.prompt = prompt
-        self.kind: Literal["sync", "async", "stream"] = (
-            "stream"
-            if inspect.isasyncgenfunction(function)
-            else "async"
-            if inspect.iscoroutinefunction(function)
-            else "sync"
-        )
+        self.kind: Literal["sync", "async", "stream"] = _kind(function)
         self.definition = ToolDefinition(
             name=self.name, description=self.description, parameters=self._model_schema()
         )
+
+    def _fields(self) -> list[tuple[str, str]]:
+        """(field name in the input model, argument name) pairs."""
+        return [(field, self.renamed.get(field, field)) for field in self.input_model.model_fields]
+
+    def arguments(self, validated: BaseModel) -> dict[str, Any]:
+        """The keyword arguments for the function, from a validated input model."""
+        values = validated.__dict__
+        if not self.renamed:
+            return values
+        return {self.renamed.get(field, field): value for field, value in values.items()}
 
     def _check_approval(self, label: str, approval: Approval | None) -> Approval:
         if approval not in (None, "auto", "required"):
@@ -283,51 +304,93 @@ def _description(doc: docstring_parser.Docstring | None) -> str:
     return "\n\n".join(d for d in (doc.short_description, doc.long_description) if d)
 
 
-def _type_hints(name: str, function: Callable[..., Any] | None) -> dict[str, Any]:
+def _target(function: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """What documents `function`: the wrapped function of a partial."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    return function
+
+
+def _kind(function: Callable[..., Any] | None) -> Literal["sync", "async", "stream"]:
+    # A callable object is judged by its __call__ (a partial is unwrapped by inspect).
+    for candidate in (function, type(function).__call__):
+        if inspect.isasyncgenfunction(candidate):
+            return "stream"
+        if inspect.iscoroutinefunction(candidate):
+            return "async"
+    return "sync"
+
+
+def _signature(name: str, function: Callable[..., Any] | None) -> inspect.Signature | None:
     if function is None:
-        return {}
+        return None
     try:
-        return get_type_hints(function, include_extras=True)
+        signature = inspect.signature(function, eval_str=True)
     except NameError as exc:
         raise ToolDefinitionError(
-            f"Tool {name!r}: cannot resolve an annotation of {function.__qualname__} ({exc}); "
-            f"import the type at module level."
+            f"Tool {name!r}: cannot resolve an annotation of {function!r} ({exc}); import the "
+            f"type at module level."
         ) from exc
+    except (TypeError, ValueError) as exc:
+        raise ToolDefinitionError(
+            f"Tool {name!r}: cannot read the signature of {function!r} ({exc}); wrap it in a "
+            f"plain function."
+        ) from exc
+    if isinstance(function, functools.partial):  # arguments fixed by the partial stay fixed
+        fixed = set(function.keywords)
+        signature = signature.replace(
+            parameters=[p for p in signature.parameters.values() if p.name not in fixed]
+        )
+    return signature
+
+
+def _reserved(param: str) -> bool:
+    """Names pydantic keeps for itself: such arguments get an internal field name."""
+    return param.startswith(("_", "model_")) or hasattr(BaseModel, param)
 
 
 def _input_model(
     name: str,
     function: Callable[..., Any] | None,
-    hints: dict[str, Any],
+    signature: inspect.Signature | None,
     doc: docstring_parser.Docstring | None,
-) -> tuple[bool, type[BaseModel]]:
+) -> tuple[bool, type[BaseModel], dict[str, str]]:
     model_name = name.replace(".", "_").replace("-", "_") + "_args"
-    if function is None:
-        return False, create_model(model_name, __config__=_INPUT_CONFIG)
+    if signature is None:
+        return False, create_model(model_name, __config__=_INPUT_CONFIG), {}
     label = f"Tool {name!r}"
     descriptions = {p.arg_name: p.description for p in doc.params} if doc else {}
-    params = list(inspect.signature(function).parameters.values())
-    takes_ctx = bool(params) and _is_context(hints.get(params[0].name))
+    params = list(signature.parameters.values())
+    takes_ctx = bool(params) and _is_context(params[0].annotation)
     if takes_ctx:
         params = params[1:]
     fields: dict[str, Any] = {}
+    renamed: dict[str, str] = {}
     for param in params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
             raise ToolDefinitionError(
                 f"{label}: parameter {param.name!r} is {param.kind.description}; tool "
                 f"arguments must be named (plain or keyword-only parameters)."
             )
-        if _is_context(hints.get(param.name)):
+        if _is_context(param.annotation):
             raise ToolDefinitionError(
                 f"{label}: ToolContext must be the first parameter, not {param.name!r}."
             )
-        annotation = hints.get(param.name, Any)
+        annotation = Any if param.annotation is param.empty else param.annotation
         default = ... if param.default is param.empty else param.default
-        fields[param.name] = (
+        field_name = param.name
+        if _reserved(param.name):
+            field_name = f"arg{len(renamed)}_{param.name.strip('_')}"
+            renamed[field_name] = param.name
+        fields[field_name] = (
             annotation,
-            Field(default, description=descriptions.get(param.name)),
+            Field(
+                default,
+                description=descriptions.get(param.name),
+                alias=param.name if field_name != param.name else None,
+            ),
         )
-    return takes_ctx, create_model(model_name, __config__=_INPUT_CONFIG, **fields)
+    return takes_ctx, create_model(model_name, __config__=_INPUT_CONFIG, **fields), renamed
 
 
 def _is_context(annotation: Any) -> bool:
@@ -335,8 +398,8 @@ def _is_context(annotation: Any) -> bool:
     return origin is ToolContext
 
 
-def _return_model(hints: dict[str, Any]) -> Any:
-    returns = hints.get("return")
+def _return_model(signature: inspect.Signature | None) -> Any:
+    returns = signature.return_annotation if signature is not None else None
     if isinstance(returns, type) and issubclass(returns, BaseModel):
         return returns
     return None
