@@ -7,7 +7,7 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
@@ -269,11 +269,19 @@ class Tool(Generic[DepsT]):
         return f"Tool({self.name!r}, permission={self.permission!r}, executor={self.executor!r})"
 
 
+@overload
+def tool(function: Callable[..., Any], /, **options: Any) -> Tool[Any]: ...
+
+
+@overload
+def tool(**options: Any) -> Callable[[Callable[..., Any]], Tool[Any]]: ...
+
+
 def tool(
     function: Callable[..., Any] | None = None,
     /,
     **options: Any,
-) -> Any:
+) -> Tool[Any] | Callable[[Callable[..., Any]], Tool[Any]]:
     """Make a `Tool` from a plain function; use bare (`@tool`) or with options (`@tool(...)`).
 
     The arguments' JSON Schema comes from the signature (pydantic), descriptions from the
