@@ -541,6 +541,31 @@ async def test_a_failing_result_hook_is_a_tool_error():
     assert calls(state)[0].result.error == "a result hook failed: RuntimeError: hook bug"  # type: ignore[union-attr]
 
 
+async def test_a_summary_function_writes_the_ui_line_and_its_failure_is_contained():
+    @tool(summary=lambda order: f"Order {order['id']}: {order['status']}")
+    def lookup(order_id: str) -> dict[str, str]:
+        """Lookup."""
+        return {"id": order_id, "status": "shipped"}
+
+    @tool(summary=lambda out: out["missing"])
+    def other() -> dict[str, str]:
+        """Other."""
+        return {}
+
+    events, state = await run(
+        Agent("a", tools=[lookup, other]), [[call("lookup", order_id="A1"), call("other")], "ok"]
+    )
+    first, second = calls(state)
+    assert first.result.summary == "Order A1: shipped"  # type: ignore[union-attr]
+    assert second.result.summary == "(summary failed: KeyError: 'missing')"  # type: ignore[union-attr]
+    assert second.status == "completed"
+    summaries = {e.tool_call_id: e.summary for e in events if e.type == "tool-call-completed"}
+    assert summaries == {
+        "call_1": "Order A1: shipped",
+        "call_2": "(summary failed: KeyError: 'missing')",
+    }
+
+
 async def test_a_failing_digest_does_not_fail_the_call():
     @tool(digest=lambda out: out["missing"])
     def thing() -> dict[str, int]:
@@ -605,10 +630,10 @@ async def test_gated_human_and_client_calls_wait_while_the_others_run():
     statuses = [p.status for p in calls(state)]
     assert statuses == ["waiting", "waiting", "waiting", "completed"]
     cards = [p for p in state.messages[-1].parts if isinstance(p, ApprovalCardPart)]
-    assert [(c.tool_call_id, c.kind) for c in cards] == [
-        ("call_1", "approval"),
-        ("call_2", "elicitation"),
-        ("call_3", "client_exec"),
+    assert [(c.tool_call_id, c.kind, c.amendable) for c in cards] == [
+        ("call_1", "approval", ["amount"]),
+        ("call_2", "elicitation", []),
+        ("call_3", "client_exec", []),
     ]
 
 

@@ -113,6 +113,8 @@ class ApprovalCardPart:
     """The arguments as proposed."""
     prompt: str | None = None
     """What to ask the human."""
+    amendable: list[str] = field(default_factory=list)
+    """The argument names the human may change (a UI rebuilt from history needs them)."""
     kind: Literal["approval", "elicitation", "client_exec", "recovery"] = "approval"
     """What is being asked."""
     decision: Literal["approve", "reject", "answer", "client_result", "skip"] | None = None

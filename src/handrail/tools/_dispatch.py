@@ -267,6 +267,7 @@ class Dispatcher:
                 tool_name=part.name,
                 args=part.args,
                 prompt=tool.prompt,
+                amendable=list(tool.amendable) if tool.gated else [],
                 kind=kind,  # type: ignore[arg-type]
             )
         )
@@ -325,11 +326,16 @@ class Dispatcher:
         except Exception as exc:
             result = ToolResult.failure(f"{type(exc).__name__}: {exc}")
         if result.ok:
-            if tool.digest is not None:  # 8. digest
+            if tool.digest is not None:  # 8. digest (and the summary line)
                 try:
                     part.digest = tool.digest(result.data)
                 except Exception as exc:
                     part.digest = {"error": f"digest failed: {type(exc).__name__}: {exc}"}
+            if tool.summary is not None and result.summary is None:
+                try:
+                    result.summary = tool.summary(result.data)
+                except Exception as exc:
+                    result.summary = f"(summary failed: {type(exc).__name__}: {exc})"
             state.context.record(part.name, part.id, result.data)  # 9. capture
             if tool.cache_ttl is not None:
                 state.tool_cache[ready.key] = (part.started_at or 0.0) + tool.cache_ttl, result

@@ -84,6 +84,8 @@ class Tool(Generic[DepsT]):
             fills these arguments; the model never sees or sets them.
         normalize: lenient repair of the raw argument dict, run before validation.
         digest: output -> small JSON projection for the UI (pure).
+        summary: output -> the one-line UI summary of a successful call (pure), when the
+            tool does not return a `ToolResult` with its own.
         mint: `(args, local_index) -> predicted output`, for capture mode (pure).
         ends_turn: the agent's loop stops after this tool's result.
         idempotent: running twice with the same arguments has the effect of running once;
@@ -109,6 +111,7 @@ class Tool(Generic[DepsT]):
         bindings: Mapping[str, str] | None = None,
         normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         digest: Callable[[Any], Any] | None = None,
+        summary: Callable[[Any], str] | None = None,
         mint: Callable[[dict[str, Any], int], Any] | None = None,
         ends_turn: bool = False,
         idempotent: bool = False,
@@ -201,6 +204,7 @@ class Tool(Generic[DepsT]):
         )
         self.normalize = normalize
         self.digest = digest
+        self.summary = summary
         self.mint = mint
         self.ends_turn = ends_turn
         self.idempotent = idempotent

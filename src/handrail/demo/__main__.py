@@ -1,0 +1,334 @@
+"""`python -m handrail.demo`: the support-desk scenario, rendered in the terminal with rich.
+
+Only rendering and the command line live here; the scenario is `support_desk.py`. On an
+interactive terminal tool calls and the reply are drawn live; anywhere else (CI, a pipe) the
+same events are printed line by line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+try:
+    from rich.console import Console, Group, RenderableType
+    from rich.live import Live
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.spinner import Spinner
+    from rich.table import Table
+    from rich.text import Text
+except ImportError:  # pragma: no cover - rich ships with the dev and demo extras
+    sys.exit('The demo draws with rich: pip install "handrail[demo]"')
+
+from handrail import (
+    AgentResult,
+    AgentStarted,
+    ApprovalRequired,
+    Event,
+    RunCompleted,
+    RunFailed,
+    RunSuspended,
+    TextDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+)
+from handrail.demo.support_desk import Scenario, build_scenario
+
+NO_REAL_MODELS = (
+    "--model {model}: real model providers are not available in this version of handrail.\n"
+    "They are coming with the openai/anthropic extras:\n"
+    '  pip install "handrail[openai]"; export OPENAI_API_KEY=...; --model openai:gpt-4o-mini\n'
+    "Run without --model for the offline scripted demo."
+)
+
+
+def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
+    """Run the demo from the command line.
+
+    Args:
+        argv: the arguments (default: `sys.argv[1:]`).
+        console: where to draw (default: a `Console` on standard output).
+
+    Returns:
+        The exit status: 0 when the scenario ran as scripted, 1 when the run failed, 2 for
+        a usage error (such as `--model`, which is not wired yet).
+    """
+    args = _parser().parse_args(argv)
+    if args.model is not None:
+        Console(stderr=True).print(
+            NO_REAL_MODELS.format(model=args.model), style="red", markup=False, soft_wrap=True
+        )
+        return 2
+    console = console or Console()
+    scenario = build_scenario(latency=0.6 if args.slow else 0.0)
+    return asyncio.run(play(scenario, console, pace=0.04 if args.slow else 0.0))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m handrail.demo",
+        description="An offline support-desk agent on a scripted model.",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="PROVIDER:NAME",
+        help="a real model, e.g. openai:gpt-4o-mini (coming soon: not available yet)",
+    )
+    parser.add_argument(
+        "--slow", action="store_true", help="pause in tools and between words, to watch it live"
+    )
+    return parser
+
+
+async def play(scenario: Scenario, console: Console, *, pace: float = 0.0) -> int:
+    """Render the scenario's run on `console` and return the exit status.
+
+    Args:
+        scenario: the scenario to run.
+        console: where to draw.
+        pace: seconds to wait after each text delta (0: as fast as the model streams).
+    """
+    console.print(_header())
+    console.print(Text.assemble(("Customer  ", "bold cyan"), scenario.prompt))
+    transcript = Transcript(console, pace=pace)
+    run = scenario.run_stream()
+    async for event in run:
+        await transcript.show(event)
+    transcript.close()
+    result = run.result
+    console.print(_summary(transcript, result, refunds=len(scenario.desk.refunds)))
+    return 1 if result.outcome == "failed" else 0
+
+
+def _header() -> Panel:
+    body = Text.assemble(
+        ("Model: SCRIPTED", "bold magenta"),
+        " (offline, deterministic): a fixed script plays the model's turns, with no "
+        "network and no API key. The tools, the agent loop and the dispatch pipeline are the "
+        "real ones.\n\n",
+        ("Real models are coming", "bold"),
+        " with the openai/anthropic extras:\n"
+        '  pip install "handrail[openai]"\n'
+        "  export OPENAI_API_KEY=...\n"
+        "  python -m handrail.demo --model openai:gpt-4o-mini\n",
+        ("(--model is not wired in this version yet.)", "dim"),
+    )
+    return Panel(body, title="handrail demo · support desk", title_align="left", expand=False)
+
+
+@dataclass(slots=True)
+class _Call:
+    """One tool call as drawn: its line changes as the call runs."""
+
+    name: str
+    args: dict[str, Any] | None
+    state: Literal["running", "ok", "failed", "waiting"] = "running"
+    note: str = ""
+
+    def line(self) -> Text:
+        if self.state == "running":
+            return Text.assemble((self.name, "bold"), (f"({_args(self.args)})", "dim"))
+        mark, style = {"ok": ("✓", "green"), "failed": ("✗", "red"), "waiting": ("⏸", "yellow")}[
+            self.state
+        ]
+        return Text.assemble((f"{mark} {self.name}", style), (" → ", "dim"), self.note)
+
+    def render(self) -> RenderableType:
+        if self.state == "running":
+            return Spinner("dots", text=self.line(), style="cyan")
+        return self.line()
+
+
+class Transcript:
+    """Draws a run's events: live on an interactive terminal, line by line elsewhere.
+
+    Args:
+        console: where to draw.
+        pace: seconds to wait after each text delta.
+    """
+
+    def __init__(self, console: Console, *, pace: float = 0.0) -> None:
+        self.console = console
+        self.pace = pace
+        self.interactive = console.is_interactive
+        self.started = self.ran = self.waiting = 0
+        self._calls: dict[str, _Call] = {}
+        self._reply: Text | None = None
+        self._live: Live | None = None
+        self._column = 0
+        self._space = ""
+
+    async def show(self, event: Event) -> None:
+        """Draw one event."""
+        out = self.console
+        match event:
+            case AgentStarted(agent=agent):
+                out.print(f"[dim]agent {agent!r} is on it[/]", highlight=False)
+            case ToolCallStarted(tool_call_id=call_id, name=name, args=args):
+                if self._reply is not None:
+                    self.close()
+                self.started += 1
+                call = self._calls[call_id] = _Call(name, args)
+                self._draw(Text.assemble(("  … ", "cyan"), call.line()))
+            case ToolCallCompleted(tool_call_id=call_id) as done:
+                self.ran += 1
+                call = self._calls.setdefault(call_id, _Call(done.name, None))
+                call.state = "ok" if done.ok else "failed"
+                call.note = _digest(done)
+                self._draw(Text.assemble("  ", call.line()))
+            case ApprovalRequired(tool_call_id=call_id) as asked:
+                self.waiting += 1
+                call = self._calls.setdefault(call_id, _Call(asked.name, asked.args))
+                call.state, call.note = "waiting", "waiting for approval"
+                self._draw(Text.assemble("  ", call.line()))
+                self.close()
+                out.print(approval_card(asked))
+            case TextDelta(delta=delta):
+                if self._reply is None:
+                    self.close()
+                    out.print(Text("Agent", style="bold green"))
+                    self._reply = Text()
+                self._reply.append(delta)
+                if self.interactive:
+                    self._refresh()
+                else:
+                    self._print_wrapped(delta)
+                if self.pace:
+                    await asyncio.sleep(self.pace)
+            case RunSuspended(pending=pending):
+                self.close()
+                out.print(
+                    Text.assemble(
+                        ("⏸ Run suspended", "bold yellow"),
+                        f": {len(pending)} call(s) wait for a decision ({', '.join(pending)}).\n"
+                        "Resuming (approve, amend or reject, then continue the same turn) "
+                        "arrives with the suspension feature; the demo stops here for now.",
+                    )
+                )
+            case RunCompleted(output=output):
+                self.close()
+                out.print(Text.assemble(("Run completed: ", "bold green"), str(output)))
+            case RunFailed(reason=reason, error=error):
+                self.close()
+                out.print(Text.assemble((f"Run failed ({reason}): ", "bold red"), str(error)))
+            case _:  # run-started, usage, agent-completed, progress: nothing to draw
+                pass
+
+    def close(self) -> None:
+        """Finish the block being drawn (a batch of tool calls or a reply)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        elif self._reply is not None:
+            self.console.print()  # end the streamed line
+            self._column, self._space = 0, ""
+        self._calls = {k: c for k, c in self._calls.items() if c.state == "running"}
+        self._reply = None
+
+    def _print_wrapped(self, delta: str) -> None:
+        """Print streamed text as it comes, indented by two, wrapping between words."""
+        for number, line in enumerate(delta.split("\n")):
+            if number:
+                self.console.print()
+                self._column, self._space = 0, ""
+            text = self._space + line
+            # Trailing spaces wait for the next word, so a wrapped line does not end in one.
+            self._space = text[len(text.rstrip()) :]
+            text = text.rstrip()
+            if not text:
+                continue
+            if self._column and self._column + len(text) > self.console.width:
+                self.console.print()
+                self._column = 0
+            if not self._column:
+                text = "  " + text.lstrip()
+            self.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+            self._column += len(text)
+
+    def _draw(self, line: Text) -> None:
+        if self.interactive:
+            self._refresh()
+        else:
+            self.console.print(line)
+
+    def _refresh(self) -> None:
+        view: RenderableType = (
+            Padding(self._reply, (0, 0, 0, 2))
+            if self._reply is not None
+            else Padding(Group(*(c.render() for c in self._calls.values())), (0, 0, 0, 2))
+        )
+        if self._live is None:
+            self._live = Live(view, console=self.console, refresh_per_second=12.5)
+            self._live.start()
+        else:
+            self._live.update(view, refresh=True)
+
+
+def approval_card(event: ApprovalRequired) -> Panel:
+    """The approval card of a gated call: the tool, its arguments, what may be amended."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_column(style="yellow")
+    for name, value in event.args.items():
+        shown = value if isinstance(value, str) else _value(value)
+        table.add_row(name, shown, "✎ amendable" if name in event.amendable else "")
+    amendable = ", ".join(event.amendable) or "none"
+    body = Group(
+        Text(event.prompt or "Approve this call?", style="bold"),
+        Text(),
+        table,
+        Text(),
+        Text(f"amendable fields: {amendable} · call {event.tool_call_id}", style="dim"),
+    )
+    return Panel(
+        body,
+        title=f"Approval required · {event.name}",
+        title_align="left",
+        border_style="yellow",
+        expand=False,
+    )
+
+
+def _summary(transcript: Transcript, result: AgentResult[Any], *, refunds: int) -> Panel:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "tool calls",
+        f"{transcript.started} ({transcript.ran} ran, {transcript.waiting} waiting for approval)",
+    )
+    table.add_row("model calls", str(result.state.usage.requests))
+    table.add_row("session", f"{len(result.state.messages)} messages")
+    table.add_row("refunds made", str(refunds))
+    return Panel(table, title=f"Summary · {result.outcome}", title_align="left", expand=False)
+
+
+def _args(args: dict[str, Any] | None) -> str:
+    if args is None:
+        return "<unparsed arguments>"
+    return ", ".join(f"{k}={_value(v)}" for k, v in args.items())
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _digest(done: ToolCallCompleted) -> str:
+    if not done.ok:
+        return done.error or "failed"
+    if isinstance(done.digest, dict):
+        return " · ".join(f"{k} {v}" for k, v in done.digest.items())
+    if done.digest is not None:
+        return _value(done.digest)
+    return done.summary or "done"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
