@@ -690,3 +690,132 @@ async def test_a_partial_is_a_tool_whose_fixed_arguments_the_model_cannot_set():
     assert calls(state)[0].result.error == (  # type: ignore[union-attr]
         "Tool 'orders.find': invalid arguments:\n- limit: not an argument of this tool"
     )
+
+
+async def test_arguments_given_as_an_object_skip_parsing():
+    from handrail.models import ModelRequest, ModelResponse
+    from handrail.testing import FunctionModel
+
+    def answer(request: ModelRequest) -> Any:
+        if len(request.messages) == 1:
+            return ModelResponse(parts=[ToolCallPart(id="c1", name="math.add", args={"a": 2})])
+        return "ok"
+
+    result = await Agent("a", tools=[add]).run("go", runtime=Runtime(model=FunctionModel(answer)))
+    assert calls(result.state)[0].result == ToolResult(data=2)
+
+
+async def test_a_provider_executed_call_is_recorded_not_run():
+    @tool(executor="provider")
+    def web_search(query: str) -> None:
+        """Searched by the model provider."""
+
+    _, state = await run(Agent("a", tools=[web_search]), [[call("web_search", query="x")], "ok"])
+    part = calls(state)[0]
+    assert (part.status, part.executor) == ("completed", "provider")
+    assert part.result == ToolResult(summary="ran at the model provider")
+
+
+async def test_an_identical_gated_call_in_the_same_response_is_not_asked_twice():
+    @tool(permission="write")
+    def send(to: str) -> str:
+        """Send."""
+        return to
+
+    events, state = await run(
+        Agent("a", tools=[send]), [[call("send", to="x"), call("send", to="x")]]
+    )
+    assert [e.tool_call_id for e in events if e.type == "approval-required"] == ["call_1"]
+    second = calls(state)[1]
+    assert second.result.error == (  # type: ignore[union-attr]
+        "identical to call call_1 of the same response, which is waiting for a decision; "
+        "it is not run twice."
+    )
+
+
+async def test_a_sequential_call_first_then_parallel_ones():
+    log: list[str] = []
+
+    @tool(sequential=True)
+    async def first() -> str:
+        """First."""
+        log.append("first")
+        return "1"
+
+    @tool
+    async def later(n: int) -> int:
+        """Later."""
+        log.append(f"later {n}")
+        return n
+
+    await run(
+        Agent("a", tools=[first, later]),
+        [[call("first"), call("later", n=1), call("later", n=2)], "ok"],
+    )
+    assert log[0] == "first"
+    assert sorted(log[1:]) == ["later 1", "later 2"]
+
+
+async def test_a_sync_result_observer_and_model_progress_are_supported():
+    seen: list[str] = []
+
+    class Step(BaseModel):
+        done: int
+
+    @tool
+    async def job():  # type: ignore[no-untyped-def]
+        """Job."""
+        yield Step(done=1)
+        yield "finished"
+
+    events, _ = await run(
+        Agent("a", tools=[job]),
+        [[call("job")], "ok"],
+        on_tool_result=lambda part, result: seen.append(part.name),
+    )
+    assert seen == ["job"]
+    assert [e.progress for e in events if e.type == "tool-progress"] == [{"done": 1}, "finished"]
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"qty": 1, "tags": "not json [", "address": {"city": "x"}}, None),
+        (
+            {"qty": None, "tags": ["a"], "address": {"city": "x"}},
+            "- qty: Input should be a valid integer (got null)",
+        ),
+        (
+            {"qty": 1, "tags": ["a"], "address": "Oslo"},
+            '- address: Input should be a valid dictionary or instance of Address (got "Oslo")',
+        ),
+        (
+            {"qty": True, "tags": ["a"], "address": {"city": 3}},
+            "- address.city: Input should be a valid string (got 3)",
+        ),
+    ],
+)
+async def test_repair_edge_cases(args: dict[str, Any], error: str | None):
+    _, state = await run(Agent("a", tools=[ship]), [[call("ship", args)], "ok"])
+    result = calls(state)[0].result
+    assert result is not None
+    if error is None:
+        assert result.ok and result.data["tags"] == ["not json ["]
+    else:
+        assert error in (result.error or "")
+
+
+async def test_a_repair_that_still_fails_reports_the_remaining_problems():
+    _, state = await run(
+        Agent("a", tools=[ship]), [[call("ship", qty="x", tags="t", address={"city": "c"})], "ok"]
+    )
+    assert calls(state)[0].result.error == (  # type: ignore[union-attr]
+        "Tool 'ship': invalid arguments:\n"
+        '- qty: Input should be a valid integer, unable to parse string as an integer (got "x")'
+    )
+
+
+@pytest.mark.parametrize(("raw", "kind"), [("null", "null"), ("true", "boolean")])
+async def test_null_and_boolean_arguments_are_named(raw: str, kind: str):
+    _, state = await run(Agent("a", tools=[add]), [[call_raw("math.add", raw)], "done"])
+    assert (calls(state)[0].result.error or "").endswith(f"not a JSON {kind}")  # type: ignore[union-attr]

@@ -316,3 +316,88 @@ async def test_cancelling_the_consumer_repairs_history_and_propagates():
         await task
     assert state.messages[-1].tool_calls[0].status == "interrupted"
     assert_valid_history(state)
+
+
+async def test_a_turn_without_a_prompt_continues_the_conversation():
+    state = RunState()
+    model = ScriptedModel(["Hello.", "Anything else?"])
+    runtime = Runtime(model=model)
+    await Agent("a").run("hi", state=state, runtime=runtime)
+    result = await Agent("a").run(None, state=state, runtime=runtime)
+    assert [m.text for m in result.state.messages] == ["hi", "Hello.", "Anything else?"]
+    assert state.turn == 1
+
+
+async def test_tool_call_chunks_are_accepted_and_the_response_is_what_counts():
+    from handrail.models import ModelResponse, ToolCallChunk
+
+    class Chunky(FunctionModel):
+        async def stream(self, request: ModelRequest):  # type: ignore[no-untyped-def, override]
+            yield ToolCallChunk(index=0, id="c1", name="lookup", args_delta='{"order_id": ')
+            yield ToolCallChunk(index=0, args_delta='"A1"}')
+            if len(request.messages) == 1:
+                yield ModelResponse(
+                    parts=[ToolCallPart(id="c1", name="lookup", args={"order_id": "A1"})]
+                )
+            else:
+                yield ModelResponse(parts=[TextPart(text="done")])
+
+    result = await Agent("a", tools=[lookup]).run(
+        "go", runtime=Runtime(model=Chunky(lambda r: "unused"))
+    )
+    assert result.output == "done"
+    assert result.state.messages[1].tool_calls[0].result == ToolResult(
+        data={"id": "A1", "status": "shipped"}
+    )
+
+
+async def test_a_stream_that_ends_without_a_response_fails_the_run():
+    class Broken(FunctionModel):
+        async def stream(self, request: ModelRequest):  # type: ignore[no-untyped-def, override]
+            from handrail.models import TextChunk
+
+            yield TextChunk(text="Hel")
+
+    run = Agent("a").run_stream("go", runtime=Runtime(model=Broken(lambda r: "x")))
+    events = [e async for e in run]
+    assert events[-1].type == "run-failed"
+    assert events[-1].error == "ModelError: Model 'function' ended its stream without a response."
+    assert run.result.state.messages[-1].text == "Hel"  # the partial text is kept
+
+
+async def test_an_interrupt_between_the_response_and_its_tool_calls_runs_none_of_them():
+    ran: list[str] = []
+
+    @tool
+    async def act() -> str:
+        """Act."""
+        ran.append("act")
+        return "done"
+
+    model = ScriptedModel([[call("act")]])
+    run = Agent("a", tools=[act]).run_stream("go", runtime=Runtime(model=model))
+    async for event in run:
+        if event.type == "usage":
+            run.interrupt()
+    assert ran == []
+    part = run.result.state.messages[-1].tool_calls[0]
+    assert part.status == "interrupted"
+    assert_valid_history(run.result.state)
+
+
+async def test_one_interrupt_stops_every_agent_that_shares_it():
+    from handrail import Interrupt
+
+    interrupt = Interrupt()
+    state = RunState()
+    first = run_agent(Agent("a"), state, Runtime(model=ScriptedModel(["one"])), interrupt=interrupt)
+    assert (await first.finish()).outcome == "completed"
+    second = run_agent(
+        Agent("b"), state, Runtime(model=ScriptedModel(["two"])), interrupt=interrupt
+    )
+    async for event in second:
+        if event.type == "agent-started":
+            second.interrupt()
+    assert second.result.outcome == "interrupted"
+    assert interrupt.requested
+    assert [m.text for m in state.messages] == ["one"]

@@ -233,10 +233,8 @@ async def _turn(
         yield RunCompleted(output=_jsonable_output(result.output))
     elif result.outcome == "suspended":
         yield RunSuspended(pending=result.pending)
-    elif result.outcome == "interrupted":
+    else:  # the loop itself only ends completed, suspended or interrupted; errors raise
         yield RunFailed(reason="interrupted", error="the run was interrupted")
-    else:
-        yield RunFailed(reason="error", error=result.error)
 
 
 async def _agent_loop(
