@@ -5,10 +5,13 @@ HandrailError
 ├── UserError                  the application developer misused the API
 │   ├── ToolDefinitionError    an illegal tool declaration (found when the tool is defined)
 │   ├── ConfigError            a bad or missing setting (names the variable or argument to fix)
-│   └── PathError              a context path that does not parse or does not resolve
-│       └── ContextFullError   a session-scoped write that does not fit under the size cap
+│   ├── PathError              a context path that does not parse or does not resolve
+│   │   └── ContextFullError   a session-scoped write that does not fit under the size cap
+│   ├── InvalidDecisionError   a decision that does not fit its pending call (kind, amendment)
+│   └── SessionNotFoundError   no such session for this caller (another tenant's included)
 └── RunError                   a run failed; carries what the run had got to
     ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
+    ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
     └── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
 ```
 
@@ -31,11 +34,14 @@ __all__ = [
     "ConfigError",
     "ContextFullError",
     "HandrailError",
+    "InvalidDecisionError",
     "MaxIterationsError",
     "ModelError",
     "ModelRetry",
     "PathError",
     "RunError",
+    "SessionNotFoundError",
+    "StaleResolutionError",
     "ToolDefinitionError",
     "UserError",
 ]
@@ -75,6 +81,18 @@ class ContextFullError(PathError):
     """A session-scoped value does not fit under the context store's size cap."""
 
 
+class InvalidDecisionError(UserError):
+    """A decision that does not fit its pending call; nothing was recorded.
+
+    For example `approve` on a call that waits for an answer, an amended argument that is not
+    amendable, or amended arguments that do not validate. The message names what to change.
+    """
+
+
+class SessionNotFoundError(UserError):
+    """No session with this id belongs to the caller (another tenant's looks the same)."""
+
+
 class RunError(HandrailError):
     """A run failed.
 
@@ -89,6 +107,20 @@ class RunError(HandrailError):
 
 class ModelError(RunError):
     """The model produced something the engine cannot use (or a test script ran out)."""
+
+
+class StaleResolutionError(RunError):
+    """A decision for a call that is not pending: unknown, already decided, or expired.
+
+    Nothing changed: a tool is never run twice, however often it is resolved.
+
+    Attributes:
+        tool_call_id: the call the decision was for.
+    """
+
+    def __init__(self, message: str, *, tool_call_id: str) -> None:
+        super().__init__(message)
+        self.tool_call_id = tool_call_id
 
 
 class MaxIterationsError(RunError):
