@@ -12,7 +12,9 @@ HandrailError
 └── RunError                   a run failed; carries what the run had got to
     ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
     ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
-    └── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
+    ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
+    └── StoreError             a session store failed, or holds something it cannot read
+        └── ConflictError      a stale save: someone else saved the session first
 ```
 
 Signals from a tool to the engine are not errors and do not inherit from `HandrailError`, so
@@ -32,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "ConflictError",
     "ContextFullError",
     "HandrailError",
     "InvalidDecisionError",
@@ -42,6 +45,7 @@ __all__ = [
     "RunError",
     "SessionNotFoundError",
     "StaleResolutionError",
+    "StoreError",
     "ToolDefinitionError",
     "UserError",
 ]
@@ -125,6 +129,45 @@ class StaleResolutionError(RunError):
 
 class MaxIterationsError(RunError):
     """An iteration cap was reached where the run cannot end with a message."""
+
+
+class StoreError(RunError):
+    """A session store failed, or holds something it cannot read (the message names the fix).
+
+    Attributes:
+        session_id: the session concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None, state: Any = None) -> None:
+        super().__init__(message, state=state)
+        self.session_id = session_id
+
+
+class ConflictError(StoreError):
+    """A compare-and-swap save lost: the stored version is not the one the caller loaded.
+
+    Nothing was written. Load the session again, reapply the change, and save that.
+
+    Attributes:
+        session_id: the session that was saved.
+        expected: the version the caller's record had (0: the session must not exist yet).
+        actual: the version in the store, or `None` if the session does not exist.
+    """
+
+    def __init__(self, session_id: str, *, expected: int, actual: int | None) -> None:
+        if actual is None:
+            found = "no such session (it was deleted)"
+        elif expected == 0:
+            found = f"it already exists at version {actual}"
+        else:
+            found = f"version {actual}"
+        super().__init__(
+            f"Session {session_id!r} was changed by someone else: expected version {expected}, "
+            f"found {found}. Load it again, reapply the change and save that.",
+            session_id=session_id,
+        )
+        self.expected = expected
+        self.actual = actual
 
 
 class ModelRetry(Exception):
