@@ -11,6 +11,7 @@ HandrailError
 │   └── SessionNotFoundError   no such session for this caller (another tenant's included)
 └── RunError                   a run failed; carries what the run had got to
     ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
+    ├── ModelHTTPError         a model provider's API failed for good (after retries, or at once)
     ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
     ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
     └── StoreError             a session store failed, or holds something it cannot read
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidDecisionError",
     "MaxIterationsError",
     "ModelError",
+    "ModelHTTPError",
     "ModelRetry",
     "PathError",
     "RunError",
@@ -111,6 +113,43 @@ class RunError(HandrailError):
 
 class ModelError(RunError):
     """The model produced something the engine cannot use (or a test script ran out)."""
+
+
+class ModelHTTPError(RunError):
+    """A model provider's API failed, and retrying could not help (or did not).
+
+    Raised at once for a request the provider refuses (400, 401, 403, 404, 422), and after the
+    retry policy gave up for one it could not serve (429, 5xx, a connection error, a timeout).
+    A stream that breaks after it has produced output is not retried: its partial text stays
+    in the history and the run fails with this error.
+
+    Attributes:
+        status: the HTTP status, or `None` when no response came (connection error, timeout).
+        provider: which provider failed (`openai`, `anthropic`, `openai-compatible`).
+        request_id: the provider's id for the request, to quote to its support.
+        message: what the provider said, verbatim.
+        attempts: how many requests were made.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None,
+        provider: str,
+        request_id: str | None = None,
+        attempts: int = 1,
+        state: Any = None,
+    ) -> None:
+        what = f"HTTP {status}" if status is not None else "no response"
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        request = f" (request id {request_id})" if request_id else ""
+        super().__init__(f"{provider}: {what}{tries}: {message}{request}", state=state)
+        self.status = status
+        self.provider = provider
+        self.request_id = request_id
+        self.message = message
+        self.attempts = attempts
 
 
 class StaleResolutionError(RunError):
