@@ -13,6 +13,7 @@ HandrailError
     ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
     ├── ModelHTTPError         a model provider's API failed for good (after retries, or at once)
     ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
+    ├── SessionBusyError       another run is driving (or resuming) the session right now
     ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
     └── StoreError             a session store failed, or holds something it cannot read
         └── ConflictError      a stale save: someone else saved the session first
@@ -45,6 +46,7 @@ __all__ = [
     "ModelRetry",
     "PathError",
     "RunError",
+    "SessionBusyError",
     "SessionNotFoundError",
     "StaleResolutionError",
     "StoreError",
@@ -164,6 +166,13 @@ class StaleResolutionError(RunError):
     def __init__(self, message: str, *, tool_call_id: str) -> None:
         super().__init__(message)
         self.tool_call_id = tool_call_id
+
+
+class SessionBusyError(RunError):
+    """Another run is driving the session (or resuming its suspended turn) right now.
+
+    Nothing changed. Wait for that run's events, or try again once it has ended.
+    """
 
 
 class MaxIterationsError(RunError):
