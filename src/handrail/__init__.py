@@ -37,6 +37,7 @@ from .events import (
 )
 from .exceptions import (
     ConfigError,
+    ConflictError,
     ContextFullError,
     HandrailError,
     ModelError,
@@ -44,6 +45,7 @@ from .exceptions import (
     ModelRetry,
     PathError,
     RunError,
+    StoreError,
     ToolDefinitionError,
     UserError,
 )
@@ -59,6 +61,7 @@ from .messages import (
 from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
 from .runtime import Runtime
 from .state import RunState
+from .store import MemoryStore, SessionRecord, SessionStore
 from .tools import Tool, ToolContext, ToolResult, tool
 
 __version__ = "0.1.0"
@@ -76,12 +79,14 @@ __all__ = [
     "ApprovalRequired",
     "ClientExecRequired",
     "ConfigError",
+    "ConflictError",
     "ContextFullError",
     "ContextStore",
     "Event",
     "HandrailError",
     "InputRequired",
     "Interrupt",
+    "MemoryStore",
     "Message",
     "Model",
     "ModelError",
@@ -100,6 +105,9 @@ __all__ = [
     "RunState",
     "RunSuspended",
     "Runtime",
+    "SessionRecord",
+    "SessionStore",
+    "StoreError",
     "TextDelta",
     "TextPart",
     "Tool",

@@ -204,14 +204,14 @@ class ConflictError(StoreError):
 
     def __init__(self, session_id: str, *, expected: int, actual: int | None) -> None:
         if actual is None:
-            found = "no such session (it was deleted)"
+            what = f"was deleted (the save expected version {expected})"
         elif expected == 0:
-            found = f"it already exists at version {actual}"
+            what = f"already exists (at version {actual}), so it cannot be created"
         else:
-            found = f"version {actual}"
+            what = f"was saved by someone else: expected version {expected}, found {actual}"
         super().__init__(
-            f"Session {session_id!r} was changed by someone else: expected version {expected}, "
-            f"found {found}. Load it again, reapply the change and save that.",
+            f"Session {session_id!r} {what}. Nothing was written: load it again, reapply the "
+            f"change and save that.",
             session_id=session_id,
         )
         self.expected = expected

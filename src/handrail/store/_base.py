@@ -1,0 +1,278 @@
+"""What every session store shares: the records it keeps and the `SessionStore` protocol.
+
+A store is deliberately ignorant of what a session contains: it keeps one opaque JSON
+document a session (`SessionRecord.data`) next to the metadata it can index and query (scope,
+status, times), a log of tool calls for crash recovery, leases so that one worker at a time
+drives a session, and a wake-up channel between workers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
+
+__all__ = [
+    "Clock",
+    "SessionRecord",
+    "SessionStatus",
+    "SessionStore",
+    "SessionSummary",
+    "ToolCallStatus",
+    "ToolLogEntry",
+]
+
+SessionStatus = Literal["active", "suspended", "completed", "failed"]
+"""Where a session stands: running or idle (`active`), waiting for a human or a client
+(`suspended`), or finished (`completed`, `failed`)."""
+SESSION_STATUSES: frozenset[str] = frozenset(get_args(SessionStatus))
+
+ToolCallStatus = Literal["started", "finished"]
+"""A logged tool call has `started` (it may have had its effect) or `finished` (with a result)."""
+
+Clock = Callable[[], float]
+"""Wall time in seconds since the epoch; injectable so that tests control expiry."""
+
+
+def wall_clock() -> float:
+    """The default clock: `time.time()`."""
+    return time.time()
+
+
+@dataclass(kw_only=True, slots=True)
+class SessionSummary:
+    """A stored session without its document: what `SessionStore.list` and `due` return."""
+
+    id: str
+    """The session's id, unique in the store."""
+    org_id: str | None = None
+    """The organisation the session belongs to (indexed, for tenant-scoped queries)."""
+    user_id: str | None = None
+    """The user the session belongs to (indexed)."""
+    status: SessionStatus = "active"
+    """Where the session stands."""
+    version: int = 0
+    """The compare-and-swap counter: 0 for a session never saved; each save adds one."""
+    created_at: float = 0.0
+    """When the session was first saved (epoch seconds, from the store's clock)."""
+    updated_at: float = 0.0
+    """When the session was last saved (epoch seconds, from the store's clock)."""
+    expires_at: float | None = None
+    """The session's earliest deadline (an approval timeout, an idle TTL), or `None`.
+
+    The engine sets it; the store only indexes it, so that `SessionStore.due` finds what a
+    sweeper must handle.
+    """
+
+
+@dataclass(kw_only=True, slots=True)
+class SessionRecord(SessionSummary):
+    """A session as stored: its metadata and its document.
+
+    Load one, change it, and save it back: the save succeeds only if nobody saved the session
+    in between (see `SessionStore.save`).
+    """
+
+    data: dict[str, Any] = field(default_factory=dict)
+    """The session document: JSON-compatible values only (dicts with string keys, lists,
+    strings, finite numbers, booleans and `None`). The store never looks inside."""
+
+    def summary(self) -> SessionSummary:
+        """The record without its document."""
+        return SessionSummary(
+            id=self.id,
+            org_id=self.org_id,
+            user_id=self.user_id,
+            status=self.status,
+            version=self.version,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            expires_at=self.expires_at,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolLogEntry:
+    """One tool call in a session's tool-call log.
+
+    Before a side-effecting tool runs, the engine records it as `started`; after, it records
+    the result. After a crash, an entry still `started` is a call that may or may not have had
+    its effect; a `finished` one must never run again.
+    """
+
+    tool_call_id: str
+    """The call's id, unique within the session."""
+    key: str
+    """The idempotency key the tool was (or will be) called with."""
+    tool: str
+    """The tool's name."""
+    args: dict[str, Any]
+    """The arguments the tool was called with (JSON-compatible)."""
+    status: ToolCallStatus = "started"
+    """`started`, or `finished` once the result is recorded."""
+    result: dict[str, Any] | None = None
+    """The recorded result (JSON-compatible), once `finished`."""
+    started_at: float = 0.0
+    """When `started` was recorded (epoch seconds, from the store's clock)."""
+    finished_at: float | None = None
+    """When the result was recorded."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Where sessions live between turns, between restarts and between workers.
+
+    Implementations: `MemoryStore` (tests), `SqliteStore` (the embedded default) and
+    `PostgresStore` (many workers). The same contract test suite runs against all three.
+    """
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session as last saved, or `None` if there is none.
+
+        Raises:
+            StoreError: the stored document cannot be read (the message names the session).
+        """
+        ...
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        """Save `record` if the store still holds the version it was loaded at.
+
+        Compare-and-swap: the save succeeds only if the stored version equals
+        `record.version` (0: the session must not exist yet). Nothing else is compared, so a
+        lost update is impossible.
+
+        Returns:
+            A copy of `record` with `version` one higher and `updated_at` (and, on the first
+            save, `created_at`) stamped by the store. `record` itself is never changed.
+
+        Raises:
+            ConflictError: someone else saved (or deleted) the session first; nothing was
+                written.
+            StoreError: `record.data` is not JSON-compatible, or the store failed.
+        """
+        ...
+
+    async def list(
+        self,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        status: SessionStatus | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[SessionSummary]:
+        """Sessions matching every given filter, most recently updated first.
+
+        Args:
+            org_id: only this organisation's sessions.
+            user_id: only this user's sessions.
+            status: only sessions in this status.
+            updated_after: only sessions updated strictly after this time (epoch seconds).
+            updated_before: only sessions updated strictly before this time.
+            limit: at most this many.
+            offset: skip this many first (ties in `updated_at` are ordered by id, so pages
+                neither repeat nor skip a session while nothing changes).
+        """
+        ...
+
+    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
+        """Sessions whose `expires_at` is at or before `now`, the earliest first."""
+        ...
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete a session with its tool-call log and lease; `False` if there was none."""
+        ...
+
+    async def export(self, session_id: str) -> str:
+        """One JSON document with the session and its tool-call log, for `import_`.
+
+        The document carries a `schema_version` so that a newer handrail can read it and an
+        older one refuses it.
+
+        Raises:
+            SessionNotFoundError: there is no such session.
+        """
+        ...
+
+    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
+        """Store a session exported by `export` (from this store or another), with its log.
+
+        The session keeps the version it was exported at; replacing a session
+        (`overwrite=True`) moves the version past both, so that copies loaded before the
+        import are stale.
+
+        Raises:
+            StoreError: the document is not an export, its `schema_version` is unknown or
+                newer than this handrail, or the session exists and `overwrite` is false.
+        """
+        ...
+
+    async def log_started(
+        self,
+        session_id: str,
+        tool_call_id: str,
+        *,
+        key: str,
+        tool: str,
+        args: dict[str, Any],
+    ) -> bool:
+        """Record that a tool call is about to run, before it runs.
+
+        Returns:
+            `True` if recorded; `False` if the log already has this call (the entry is kept as
+            it is, never overwritten: the call may already have had its effect).
+        """
+        ...
+
+    async def log_finished(
+        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+    ) -> bool:
+        """Record a started call's result.
+
+        Returns:
+            `True` if recorded; `False` if the call had a result already (the first one is
+            kept).
+
+        Raises:
+            StoreError: the log has no such call (record `log_started` first).
+        """
+        ...
+
+    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
+        """The session's logged tool calls, in the order they started."""
+        ...
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Take (or renew) the right to drive a session for `ttl` seconds.
+
+        Returns:
+            `True` if the lease was free, had expired, or was already `owner`'s (then it is
+            renewed); `False` if another owner holds it.
+        """
+        ...
+
+    async def release_lease(self, session_id: str, owner: str) -> bool:
+        """Give a lease back; `False` if `owner` did not hold it (nothing changes then)."""
+        ...
+
+    async def notify(self, session_id: str) -> None:
+        """Wake every listener (in any process sharing the store) about a session."""
+        ...
+
+    def listen(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        """Subscribe to wake-ups: `async with store.listen() as wakeups: async for id in ...`.
+
+        The subscription is live once the `async with` is entered, so check for work after
+        entering and then wait, and nothing is missed. A wake-up is a hint: one session may
+        be announced more than once. Iteration ends when the store is closed.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release the store's connections and threads. Closing twice is harmless."""
+        ...

@@ -1,0 +1,294 @@
+"""JSON in and out of the stores, argument checks, and the export document.
+
+Every store keeps documents as JSON text made here, so the three stores accept and refuse the
+same values and give back equal ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..exceptions import StoreError
+from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
+
+EXPORT_SCHEMA_VERSION = 1
+"""The version of the `export` document. One line a bump:
+
+1: `{"schema_version", "kind", "session": {metadata..., "data"}, "tool_log": [entries...]}`.
+"""
+EXPORT_KIND = "handrail.session"
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_ascii_encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+_decoder = json.JSONDecoder()
+
+
+def encode(session_id: str, value: dict[str, Any], *, what: str = "data") -> str:
+    """`value` as compact JSON text; a `StoreError` naming the session if it is not JSON."""
+    if not isinstance(value, dict):
+        raise StoreError(
+            f"Session {session_id!r}: {what} must be a dict, not {type(value).__name__}.",
+            session_id=session_id,
+        )
+    try:
+        text = _encoder.encode(value)
+        # A lone surrogate cannot be stored as UTF-8; the ASCII form escapes it losslessly.
+        text.encode()
+    except UnicodeEncodeError:
+        text = _ascii_encoder.encode(value)
+    except (TypeError, ValueError) as error:
+        raise StoreError(
+            f"Session {session_id!r}: {what} is not JSON-compatible ({error}). Store only dicts "
+            f"with string keys, lists, strings, finite numbers, booleans and None.",
+            session_id=session_id,
+        ) from error
+    return text
+
+
+def decode(session_id: str, text: str | bytes, *, what: str = "data") -> dict[str, Any]:
+    """Stored JSON text back as a dict; a `StoreError` naming the session if it is corrupt."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode()
+        value = _decoder.decode(text)
+    except (ValueError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError
+        raise StoreError(
+            f"Session {session_id!r}: the stored {what} is not valid JSON ({error}). The row is "
+            f"corrupt and was left as it is: restore it from a backup or an export, or delete "
+            f"the session.",
+            session_id=session_id,
+        ) from error
+    if not isinstance(value, dict):
+        raise StoreError(
+            f"Session {session_id!r}: the stored {what} is a JSON {type(value).__name__}, not an "
+            f"object. The row is corrupt and was left as it is: restore it from a backup or an "
+            f"export, or delete the session.",
+            session_id=session_id,
+        )
+    return value
+
+
+def check_record(record: SessionRecord) -> None:
+    """Refuse a record no store could keep, before touching the store."""
+    if not isinstance(record.id, str) or not record.id:
+        raise ValueError(f"a session id must be a non-empty string, not {record.id!r}")
+    if record.status not in SESSION_STATUSES:
+        raise ValueError(
+            f"Session {record.id!r}: status must be one of {sorted(SESSION_STATUSES)}, "
+            f"not {record.status!r}"
+        )
+    if isinstance(record.version, bool) or not isinstance(record.version, int):
+        raise ValueError(f"Session {record.id!r}: version must be an int, not {record.version!r}")
+    if record.version < 0:
+        raise ValueError(f"Session {record.id!r}: version must be 0 or more")
+    if record.expires_at is not None and not math.isfinite(record.expires_at):
+        raise ValueError(f"Session {record.id!r}: expires_at must be a finite number or None")
+
+
+def check_page(limit: int, offset: int) -> None:
+    """Refuse a negative page."""
+    if limit < 0 or offset < 0:
+        raise ValueError(f"limit and offset must be 0 or more, not {limit} and {offset}")
+
+
+def check_status(status: str | None) -> None:
+    """Refuse a status filter that no session can have (a typo would silently match nothing)."""
+    if status is not None and status not in SESSION_STATUSES:
+        raise ValueError(f"status must be one of {sorted(SESSION_STATUSES)}, not {status!r}")
+
+
+def check_ttl(ttl: float) -> None:
+    """Refuse a lease that would be expired the moment it is taken."""
+    if not ttl > 0 or not math.isfinite(ttl):
+        raise ValueError(f"a lease ttl must be a positive number of seconds, not {ttl!r}")
+
+
+def exists_error(session_id: str, version: int) -> StoreError:
+    """`import_` of a session that exists, without `overwrite=True`."""
+    return StoreError(
+        f"Cannot import session {session_id!r}: it already exists (version {version}). Pass "
+        f"overwrite=True to replace it and its tool-call log.",
+        session_id=session_id,
+    )
+
+
+def not_started_error(session_id: str, tool_call_id: str) -> StoreError:
+    """`log_finished` for a call the log does not have."""
+    return StoreError(
+        f"Session {session_id!r}: no tool call {tool_call_id!r} in the log. Record "
+        f"log_started before the call runs, then log_finished.",
+        session_id=session_id,
+    )
+
+
+def export_document(record: SessionRecord, log: list[ToolLogEntry]) -> str:
+    """The `export` document of a session and its tool-call log."""
+    session: dict[str, Any] = {
+        "id": record.id,
+        "org_id": record.org_id,
+        "user_id": record.user_id,
+        "status": record.status,
+        "version": record.version,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "expires_at": record.expires_at,
+        "data": record.data,
+    }
+    entries = [
+        {
+            "tool_call_id": e.tool_call_id,
+            "key": e.key,
+            "tool": e.tool,
+            "args": e.args,
+            "status": e.status,
+            "result": e.result,
+            "started_at": e.started_at,
+            "finished_at": e.finished_at,
+        }
+        for e in log
+    ]
+    document = {
+        "schema_version": EXPORT_SCHEMA_VERSION,
+        "kind": EXPORT_KIND,
+        "session": session,
+        "tool_log": entries,
+    }
+    return encode(record.id, document, what="export")
+
+
+def parse_export(document: str) -> tuple[SessionRecord, list[ToolLogEntry]]:
+    """The session and log in an `export` document, or a `StoreError` saying what is wrong."""
+    try:
+        parsed = json.loads(document)
+    except ValueError as error:
+        raise StoreError(f"Not a handrail session export: invalid JSON ({error}).") from error
+    if not isinstance(parsed, dict) or parsed.get("kind") != EXPORT_KIND:
+        raise StoreError(
+            f"Not a handrail session export: expected a JSON object with "
+            f'"kind": "{EXPORT_KIND}" (made by SessionStore.export).'
+        )
+    version = parsed.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise StoreError(f"Session export has an unknown schema_version {version!r}.")
+    if version > EXPORT_SCHEMA_VERSION:
+        raise StoreError(
+            f"Session export has schema_version {version}, newer than this handrail reads "
+            f"(up to {EXPORT_SCHEMA_VERSION}): upgrade handrail to import it."
+        )
+    try:
+        return _session(parsed["session"]), [_entry(e) for e in parsed["tool_log"]]
+    except (KeyError, TypeError, ValueError) as error:
+        session = parsed.get("session")
+        name = session.get("id") if isinstance(session, dict) else None
+        raise StoreError(
+            f"Session export{f' of {name!r}' if name else ''} is malformed: {error!r}.",
+            session_id=name if isinstance(name, str) else None,
+        ) from error
+
+
+def _session(fields: dict[str, Any]) -> SessionRecord:
+    record = SessionRecord(
+        id=_typed(fields, "id", str),
+        org_id=_typed(fields, "org_id", str, optional=True),
+        user_id=_typed(fields, "user_id", str, optional=True),
+        status=fields["status"],
+        version=_typed(fields, "version", int),
+        created_at=float(_typed(fields, "created_at", (int, float))),
+        updated_at=float(_typed(fields, "updated_at", (int, float))),
+        expires_at=_float_or_none(_typed(fields, "expires_at", (int, float), optional=True)),
+        data=_typed(fields, "data", dict),
+    )
+    check_record(record)
+    if record.version < 1:
+        raise ValueError("an exported session has a version of 1 or more")
+    return record
+
+
+def _entry(fields: dict[str, Any]) -> ToolLogEntry:
+    status = fields["status"]
+    if status not in ("started", "finished"):
+        raise ValueError(f"tool log status {status!r}")
+    return ToolLogEntry(
+        tool_call_id=_typed(fields, "tool_call_id", str),
+        key=_typed(fields, "key", str),
+        tool=_typed(fields, "tool", str),
+        args=_typed(fields, "args", dict),
+        status=status,
+        result=_typed(fields, "result", dict, optional=True),
+        started_at=float(_typed(fields, "started_at", (int, float))),
+        finished_at=_float_or_none(_typed(fields, "finished_at", (int, float), optional=True)),
+    )
+
+
+def _typed(fields: dict[str, Any], name: str, kind: Any, *, optional: bool = False) -> Any:
+    value = fields[name]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} is {value!r}")
+    return value
+
+
+def _float_or_none(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def stamped(
+    record: SessionRecord, *, version: int, created_at: float, updated_at: float
+) -> SessionRecord:
+    """A shallow copy of `record` as saved (the caller's record is left as it was)."""
+    return replace(record, version=version, created_at=created_at, updated_at=updated_at)
+
+
+def summary_from_row(row: Sequence[Any]) -> SessionSummary:
+    """A summary from a row of the columns both SQL stores select, in their order.
+
+    The columns: `id, org_id, user_id, status, version, created_at, updated_at, expires_at`.
+    """
+    return SessionSummary(
+        id=row[0],
+        org_id=row[1],
+        user_id=row[2],
+        status=row[3],
+        version=row[4],
+        created_at=row[5],
+        updated_at=row[6],
+        expires_at=row[7],
+    )
+
+
+def record_from_row(row: Sequence[Any]) -> SessionRecord:
+    """A record from the summary's columns followed by the document's JSON text."""
+    return SessionRecord(
+        id=row[0],
+        org_id=row[1],
+        user_id=row[2],
+        status=row[3],
+        version=row[4],
+        created_at=row[5],
+        updated_at=row[6],
+        expires_at=row[7],
+        data=decode(row[0], row[8]),
+    )
+
+
+def log_entry_from_row(session_id: str, row: Sequence[Any]) -> ToolLogEntry:
+    """A log entry from a row of the tool-log columns both SQL stores select, in their order.
+
+    The columns: `tool_call_id, key, tool, args, status, result, started_at, finished_at`,
+    with `args` and `result` as JSON text.
+    """
+    return ToolLogEntry(
+        tool_call_id=row[0],
+        key=row[1],
+        tool=row[2],
+        args=decode(session_id, row[3], what="tool-call arguments"),
+        status=row[4],
+        result=None if row[5] is None else decode(session_id, row[5], what="tool-call result"),
+        started_at=row[6],
+        finished_at=row[7],
+    )

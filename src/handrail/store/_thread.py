@@ -1,0 +1,117 @@
+"""`ConnectionThread`: one thread that owns one blocking connection, fed by the event loop.
+
+SQLite's calls block (on the disk, and on other processes' locks for up to the busy
+timeout), so none of them may run on the event loop. A connection is used only by the thread
+that opened it, so its transactions are never interleaved by another thread and sqlite3's
+same-thread check holds. Jobs run one at a time, in the order they were submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["ConnectionThread"]
+
+C = TypeVar("C")
+T = TypeVar("T")
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[Any], Any]]
+
+
+class ConnectionThread(Generic[C]):
+    """A thread holding the connection that `connect()` opens, running jobs on it.
+
+    Args:
+        connect: opens the connection (in the thread); if it fails, every job fails with its
+            error until the thread is stopped.
+        close: closes the connection (in the thread) when the thread stops.
+        name: the thread's name (shows in tracebacks and profilers).
+    """
+
+    def __init__(self, connect: Callable[[], C], close: Callable[[C], None], *, name: str) -> None:
+        self._connect = connect
+        self._close = close
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.ident: int | None = None
+        """The thread's `threading.get_ident()`, once it runs."""
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    async def run(self, job: Callable[[C], T]) -> T:
+        """Run `job(connection)` in the thread and return what it returns (or raise).
+
+        If the awaiting task is cancelled, the job still runs to its end (a thread cannot be
+        stopped halfway), and its result is dropped.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((loop, future, job))
+        return await future
+
+    async def stop(self) -> None:
+        """Run the jobs already submitted, close the connection, and end the thread."""
+        await self.run(_stop)
+
+    def stop_soon(self) -> None:
+        """Like `stop`, without waiting."""
+        self._jobs.put(None)
+
+    def _main(self) -> None:
+        self.ident = threading.get_ident()
+        connection: Any = None
+        failure: BaseException | None = None
+        stopper: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None
+        try:
+            connection = self._connect()
+        except BaseException as error:  # handed to every job, so the caller sees it
+            failure = error
+        try:
+            while (item := self._jobs.get()) is not None:
+                loop, future, job = item
+                if job is _stop:
+                    stopper = loop, future
+                    break
+                if failure is not None:
+                    _settle(loop, future, None, failure)
+                    continue
+                try:
+                    result = job(connection)
+                except BaseException as error:
+                    _settle(loop, future, None, error)
+                else:
+                    _settle(loop, future, result, None)
+        finally:
+            closing_error: BaseException | None = None
+            if connection is not None:
+                try:
+                    self._close(connection)
+                except BaseException as error:
+                    closing_error = error
+            if stopper is not None:  # settled last: `stop()` returns once all is closed
+                _settle(*stopper, None, closing_error)
+
+
+def _stop(connection: Any) -> None:  # a marker: `_main` stops when it meets it
+    raise AssertionError("never called")
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.done():  # the caller was cancelled
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+        loop.call_soon_threadsafe(settle)

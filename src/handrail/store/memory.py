@@ -1,0 +1,314 @@
+"""`MemoryStore`: the session store for tests, in a dict.
+
+It keeps what the other stores keep, in the form they keep it: every document is stored as
+the same JSON text, so a value the SQLite or PostgreSQL store would refuse is refused here
+too, and a caller changing a dict it saved or loaded cannot change what is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+from ..exceptions import ConflictError, SessionNotFoundError, StoreError
+from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
+from ._codec import (
+    check_page,
+    check_record,
+    check_status,
+    check_ttl,
+    decode,
+    encode,
+    exists_error,
+    export_document,
+    not_started_error,
+    parse_export,
+    stamped,
+)
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(kw_only=True, slots=True)
+class _Session:
+    summary: SessionSummary
+    data: str
+
+
+@dataclass(kw_only=True, slots=True)
+class _Logged:
+    entry: ToolLogEntry  # args and result are kept as JSON text below
+    args: str
+    result: str | None = None
+
+
+class MemoryStore:
+    """A `SessionStore` in memory, for tests: nothing survives the process.
+
+    Every method completes without yielding to the event loop, so each is atomic.
+
+    Args:
+        clock: wall time in epoch seconds, for `created_at`/`updated_at`, the tool-call log
+            and lease expiry; inject one to test expiry without waiting.
+    """
+
+    def __init__(self, *, clock: Clock = wall_clock) -> None:
+        self.clock = clock
+        self._sessions: dict[str, _Session] = {}
+        self._logs: dict[str, dict[str, _Logged]] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._subscriptions: set[_Subscription] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> MemoryStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("This MemoryStore is closed: make a new one.")
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session as last saved, or `None`; see `SessionStore.load`."""
+        self._check_open()
+        stored = self._sessions.get(session_id)
+        if stored is None:
+            return None
+        s = stored.summary
+        return SessionRecord(
+            id=s.id,
+            org_id=s.org_id,
+            user_id=s.user_id,
+            status=s.status,
+            version=s.version,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+            expires_at=s.expires_at,
+            data=decode(session_id, stored.data),
+        )
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        """Compare-and-swap on the version; see `SessionStore.save`."""
+        self._check_open()
+        check_record(record)
+        text = encode(record.id, record.data)
+        stored = self._sessions.get(record.id)
+        actual = None if stored is None else stored.summary.version
+        if actual != record.version and not (actual is None and record.version == 0):
+            raise ConflictError(record.id, expected=record.version, actual=actual)
+        now = self.clock()
+        saved = stamped(
+            record,
+            version=record.version + 1,
+            created_at=now if stored is None else stored.summary.created_at,
+            updated_at=now,
+        )
+        self._sessions[record.id] = _Session(summary=saved.summary(), data=text)
+        return saved
+
+    async def list(
+        self,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        status: SessionStatus | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[SessionSummary]:
+        """Sessions matching every filter, newest first; see `SessionStore.list`."""
+        self._check_open()
+        check_page(limit, offset)
+        check_status(status)
+        found = [
+            s
+            for s in (stored.summary for stored in self._sessions.values())
+            if (org_id is None or s.org_id == org_id)
+            and (user_id is None or s.user_id == user_id)
+            and (status is None or s.status == status)
+            and (updated_after is None or s.updated_at > updated_after)
+            and (updated_before is None or s.updated_at < updated_before)
+        ]
+        found.sort(key=lambda s: (s.updated_at, s.id), reverse=True)
+        return [replace(s) for s in found[offset : offset + limit]]
+
+    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
+        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
+        self._check_open()
+        check_page(limit, 0)
+        found = [
+            s
+            for s in (stored.summary for stored in self._sessions.values())
+            if s.expires_at is not None and s.expires_at <= now
+        ]
+        found.sort(key=lambda s: (s.expires_at, s.id))
+        return [replace(s) for s in found[:limit]]
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete a session, its log and its lease; see `SessionStore.delete`."""
+        self._check_open()
+        self._logs.pop(session_id, None)
+        self._leases.pop(session_id, None)
+        return self._sessions.pop(session_id, None) is not None
+
+    async def export(self, session_id: str) -> str:
+        """The session and its log as one JSON document; see `SessionStore.export`."""
+        record = await self.load(session_id)
+        if record is None:
+            raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
+        return export_document(record, await self.tool_log(session_id))
+
+    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
+        """Store an exported session with its log; see `SessionStore.import_`."""
+        self._check_open()
+        record, log = parse_export(document)
+        stored = self._sessions.get(record.id)
+        if stored is not None:
+            if not overwrite:
+                raise exists_error(record.id, stored.summary.version)
+            record.version = max(record.version, stored.summary.version) + 1
+        self._sessions[record.id] = _Session(
+            summary=record.summary(), data=encode(record.id, record.data)
+        )
+        self._logs[record.id] = {
+            e.tool_call_id: _Logged(
+                entry=e,
+                args=encode(record.id, e.args, what="tool-call arguments"),
+                result=None if e.result is None else encode(record.id, e.result, what="result"),
+            )
+            for e in log
+        }
+        return record
+
+    async def log_started(
+        self,
+        session_id: str,
+        tool_call_id: str,
+        *,
+        key: str,
+        tool: str,
+        args: dict[str, Any],
+    ) -> bool:
+        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
+        self._check_open()
+        text = encode(session_id, args, what="tool-call arguments")
+        log = self._logs.setdefault(session_id, {})
+        if tool_call_id in log:
+            return False
+        entry = ToolLogEntry(
+            tool_call_id=tool_call_id, key=key, tool=tool, args={}, started_at=self.clock()
+        )
+        log[tool_call_id] = _Logged(entry=entry, args=text)
+        return True
+
+    async def log_finished(
+        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+    ) -> bool:
+        """Record a started call's result; see `SessionStore.log_finished`."""
+        self._check_open()
+        text = encode(session_id, result, what="tool-call result")
+        logged = self._logs.get(session_id, {}).get(tool_call_id)
+        if logged is None:
+            raise not_started_error(session_id, tool_call_id)
+        if logged.entry.status == "finished":
+            return False
+        logged.entry.status = "finished"
+        logged.entry.finished_at = self.clock()
+        logged.result = text
+        return True
+
+    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
+        """The session's logged calls in start order; see `SessionStore.tool_log`."""
+        self._check_open()
+        return [
+            replace(
+                logged.entry,
+                args=decode(session_id, logged.args, what="tool-call arguments"),
+                result=None
+                if logged.result is None
+                else decode(session_id, logged.result, what="tool-call result"),
+            )
+            for logged in self._logs.get(session_id, {}).values()
+        ]
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew a session's lease; see `SessionStore.acquire_lease`."""
+        self._check_open()
+        check_ttl(ttl)
+        now = self.clock()
+        held = self._leases.get(session_id)
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._leases[session_id] = (owner, now + ttl)
+        return True
+
+    async def release_lease(self, session_id: str, owner: str) -> bool:
+        """Give a lease back; see `SessionStore.release_lease`."""
+        self._check_open()
+        held = self._leases.get(session_id)
+        if held is None or held[0] != owner:
+            return False
+        del self._leases[session_id]
+        return True
+
+    async def notify(self, session_id: str) -> None:
+        """Wake every listener of this store; see `SessionStore.notify`."""
+        self._check_open()
+        for subscription in self._subscriptions:
+            subscription.queue.put_nowait(session_id)
+
+    def listen(self) -> _Subscription:
+        """Subscribe to wake-ups; see `SessionStore.listen`."""
+        return _Subscription(self)
+
+    async def close(self) -> None:
+        """Forget everything and end every subscription."""
+        self._closed = True
+        for subscription in self._subscriptions:
+            subscription.queue.put_nowait(None)
+        self._subscriptions.clear()
+        self._sessions.clear()
+        self._logs.clear()
+        self._leases.clear()
+
+
+class _Subscription:
+    """`async with store.listen() as wakeups`: session ids as `notify` announces them."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def __aenter__(self) -> _Subscription:
+        self._store._check_open()
+        self._store._subscriptions.add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._store._subscriptions.discard(self)
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    async def __anext__(self) -> str:
+        session_id = await self.queue.get()
+        if session_id is None:  # the store was closed
+            self.queue.put_nowait(None)
+            raise StopAsyncIteration
+        return session_id

@@ -1,0 +1,721 @@
+"""`PostgresStore`: sessions in PostgreSQL, for many workers on many machines.
+
+psycopg 3's async API over a connection pool: nothing blocks the event loop. One row a
+session (its document in a `json` column) plus a tool-call log table and a lease table, in a
+schema of your choice; the store creates and migrates its tables itself, under an advisory
+lock, so many workers may start at once. Wake-ups travel over LISTEN/NOTIFY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+try:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'PostgresStore needs psycopg and psycopg-pool: pip install "handrail[postgres]"'
+    ) from error
+
+from ..exceptions import ConflictError, SessionNotFoundError, StoreError
+from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
+from ._codec import (
+    check_page,
+    check_record,
+    check_status,
+    check_ttl,
+    encode,
+    exists_error,
+    export_document,
+    log_entry_from_row,
+    not_started_error,
+    parse_export,
+    record_from_row,
+    stamped,
+    summary_from_row,
+)
+
+__all__ = ["PostgresStore"]
+
+SCHEMA_VERSION = 1
+"""The version of the database schema this code reads and writes. One line a bump:
+
+1: sessions, tool-call log, leases.
+"""
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,53}")  # 54: "handrail_" + it fits in 63
+
+# `{s}` is the quoted schema. A session's document is `json`, not `jsonb`: the store never
+# looks inside it, `json` keeps the text exactly as given (jsonb would turn 1e23 into an int
+# and refuses "\u0000" in strings), and it is cheaper to write and to read back whole.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE {s}.handrail_sessions (
+            id text PRIMARY KEY,
+            org_id text,
+            user_id text,
+            status text NOT NULL
+                CHECK (status IN ('active', 'suspended', 'completed', 'failed')),
+            version bigint NOT NULL CHECK (version > 0),
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            expires_at double precision,
+            data json NOT NULL
+        )""",
+        "CREATE INDEX handrail_sessions_updated ON {s}.handrail_sessions (updated_at, id)",
+        """CREATE INDEX handrail_sessions_org
+            ON {s}.handrail_sessions (org_id, user_id, updated_at, id)""",
+        "CREATE INDEX handrail_sessions_user ON {s}.handrail_sessions (user_id, updated_at, id)",
+        "CREATE INDEX handrail_sessions_status ON {s}.handrail_sessions (status, updated_at, id)",
+        """CREATE INDEX handrail_sessions_expires ON {s}.handrail_sessions (expires_at, id)
+            WHERE expires_at IS NOT NULL""",
+        """CREATE TABLE {s}.handrail_tool_log (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            session_id text NOT NULL,
+            tool_call_id text NOT NULL,
+            key text NOT NULL,
+            tool text NOT NULL,
+            args json NOT NULL,
+            status text NOT NULL CHECK (status IN ('started', 'finished')),
+            result json,
+            started_at double precision NOT NULL,
+            finished_at double precision,
+            UNIQUE (session_id, tool_call_id)
+        )""",
+        "CREATE INDEX handrail_tool_log_session ON {s}.handrail_tool_log (session_id, seq)",
+        """CREATE TABLE {s}.handrail_leases (
+            session_id text PRIMARY KEY,
+            owner text NOT NULL,
+            expires_at double precision NOT NULL
+        )""",
+    ),
+}
+
+# The store's clock, or (clock=None) the server's: one clock for every worker. The statement's
+# start time is the same everywhere in a statement.
+_NOW = "COALESCE(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)"
+_SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
+_LOG = "tool_call_id, key, tool, args::text, status, result::text, started_at, finished_at"
+
+
+class PostgresStore:
+    """A `SessionStore` in PostgreSQL: for many workers, in many processes and machines.
+
+    Open it with `await PostgresStore.connect(dsn)`, or construct it and let the first call
+    open it (or `async with PostgresStore(dsn) as store`). Opening connects, creates or
+    migrates the schema, and raises a `StoreError` naming the server (password masked) and the
+    fix if the database cannot be reached.
+
+    Args:
+        dsn: a libpq connection string or URL (`postgresql://user@host:5432/db`).
+        schema: the PostgreSQL schema holding the store's tables (created if missing); give
+            each application (or test run) its own to keep them apart.
+        pool_size: the most connections the pool opens.
+        clock: wall time in epoch seconds for timestamps and lease expiry; `None` (the
+            default) uses the database server's clock, so workers whose clocks disagree still
+            agree on when a lease expires.
+        connect_timeout: seconds to wait for the server when opening, and for a free
+            connection from the pool.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "public",
+        pool_size: int = 10,
+        clock: Clock | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(
+                f"schema must be a plain identifier (letters, digits, _; at most 54 "
+                f"characters), not {schema!r}"
+            )
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        self.dsn = dsn
+        self.schema = schema
+        self.pool_size = pool_size
+        self.clock = clock
+        self.connect_timeout = connect_timeout
+        self.channel = f"handrail_{schema}"
+        """The LISTEN/NOTIFY channel of the store's wake-ups."""
+        self._s = f'"{schema}"'
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+        self._subscriptions: set[_Subscription] = set()
+
+    @classmethod
+    async def connect(cls, dsn: str, **options: Any) -> PostgresStore:
+        """Make a store and open it now (see the class for the options)."""
+        store = cls(dsn, **options)
+        await store.open()
+        return store
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def masked_dsn(self) -> str:
+        """The connection string with its password masked, for messages and logs."""
+        return mask_dsn(self.dsn)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, and open the pool. Opening twice is harmless.
+
+        Raises:
+            StoreError: the server cannot be reached, or its schema is newer than this code.
+        """
+        async with self._opening:
+            if self._closed:
+                raise StoreError(
+                    f"This PostgresStore ({self.masked_dsn}) is closed: make a new one."
+                )
+            if self._pool is not None:
+                return
+            try:
+                async with await self._connect() as connection:
+                    await self._migrate(connection)
+                pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    # Single statements commit at once (one round trip); multi-statement work
+                    # runs in explicit `connection.transaction()` blocks.
+                    kwargs={"autocommit": True},
+                    timeout=self.connect_timeout,
+                    open=False,
+                    name=f"handrail-{self.schema}",
+                )
+                try:
+                    await pool.open(wait=True, timeout=self.connect_timeout)
+                except BaseException:
+                    await pool.close()
+                    raise
+            except psycopg.Error as error:
+                raise self._error(error, None) from error
+            self._pool = pool
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, connect_timeout=max(2, round(self.connect_timeout))
+        )
+
+    async def _migrate(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        # The advisory lock serialises workers starting at once; it ends with the transaction.
+        lock = int.from_bytes(
+            hashlib.blake2b(f"handrail schema {self.schema}".encode(), digest_size=8).digest(),
+            "big",
+            signed=True,
+        )
+        async with connection.transaction():
+            await connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+            await connection.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}")
+            await connection.execute(
+                f"""CREATE TABLE IF NOT EXISTS {self._s}.handrail_schema_version (
+                    version integer PRIMARY KEY,
+                    applied_at double precision NOT NULL
+                )"""
+            )
+            cursor = await connection.execute(
+                f"SELECT COALESCE(MAX(version), 0) FROM {self._s}.handrail_schema_version"
+            )
+            row = await cursor.fetchone()
+            current: int = row[0] if row else 0
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"The PostgreSQL schema {self.schema!r} has version {current}, newer than "
+                    f"this handrail knows (up to {SCHEMA_VERSION}): upgrade handrail."
+                )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    await connection.execute(statement.format(s=self._s))
+                await connection.execute(
+                    f"INSERT INTO {self._s}.handrail_schema_version VALUES (%(version)s, {_NOW})",
+                    {"version": version, "now": self._now()},
+                )
+
+    def _now(self) -> float | None:
+        return None if self.clock is None else self.clock()
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, session_id: str | None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection; psycopg's errors come out as `StoreError`s."""
+        if self._closed:
+            raise StoreError(f"This PostgresStore ({self.masked_dsn}) is closed: make a new one.")
+        if self._pool is None:
+            await self.open()
+        assert self._pool is not None
+        try:
+            async with self._pool.connection() as connection:
+                yield connection
+        except psycopg.Error as error:
+            raise self._error(error, session_id) from error
+
+    async def _fetch(
+        self, query: str, params: dict[str, Any], session_id: str | None
+    ) -> builtins.list[tuple[Any, ...]]:
+        async with self._connection(session_id) as connection:
+            cursor = await connection.execute(query, params)
+            return await cursor.fetchall()
+
+    async def _rowcount(self, query: str, params: dict[str, Any], session_id: str | None) -> int:
+        async with self._connection(session_id) as connection:
+            return (await connection.execute(query, params)).rowcount
+
+    def _error(self, error: psycopg.Error, session_id: str | None) -> StoreError:
+        where = f"session {session_id!r} in " if session_id else ""
+        message = f"PostgreSQL store failed on {where}{self.masked_dsn} (schema {self.schema!r})"
+        if isinstance(error, psycopg.OperationalError):
+            return StoreError(
+                f"{message}: {error}. Check that the server is running and reachable, and the "
+                f"connection string (dsn=...).",
+                session_id=session_id,
+            )
+        return StoreError(f"{message}: {error}", session_id=session_id)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session as last saved, or `None`; see `SessionStore.load`."""
+        rows = await self._fetch(
+            f"SELECT {_SUMMARY}, data::text FROM {self._s}.handrail_sessions WHERE id = %(id)s",
+            {"id": session_id},
+            session_id,
+        )
+        return record_from_row(rows[0]) if rows else None
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        """Compare-and-swap on the version; see `SessionStore.save`.
+
+        `UPDATE ... WHERE id = %(id)s AND version = %(version)s`: of two concurrent saves of
+        one version, the second waits for the first's row lock, then finds the version moved
+        and changes nothing.
+        """
+        check_record(record)
+        params = {
+            "id": record.id,
+            "org_id": record.org_id,
+            "user_id": record.user_id,
+            "status": record.status,
+            "expires_at": record.expires_at,
+            "data": encode(record.id, record.data),
+            "version": record.version,
+            "now": self._now(),
+        }
+        if record.version == 0:
+            query = f"""INSERT INTO {self._s}.handrail_sessions ({_SUMMARY}, data)
+                VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, 1, {_NOW}, {_NOW},
+                        %(expires_at)s, %(data)s::json)
+                ON CONFLICT (id) DO NOTHING
+                RETURNING created_at, updated_at"""
+        else:
+            query = f"""UPDATE {self._s}.handrail_sessions
+                SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
+                    version = version + 1, updated_at = {_NOW}, expires_at = %(expires_at)s,
+                    data = %(data)s::json
+                WHERE id = %(id)s AND version = %(version)s
+                RETURNING created_at, updated_at"""
+        async with self._connection(record.id) as connection:
+            row = await (await connection.execute(query, params)).fetchone()
+            if row is None:
+                cursor = await connection.execute(
+                    f"SELECT version FROM {self._s}.handrail_sessions WHERE id = %(id)s", params
+                )
+                found = await cursor.fetchone()
+                raise ConflictError(
+                    record.id, expected=record.version, actual=None if found is None else found[0]
+                )
+        return stamped(record, version=record.version + 1, created_at=row[0], updated_at=row[1])
+
+    async def list(
+        self,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        status: SessionStatus | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[SessionSummary]:
+        """Sessions matching every filter, newest first; see `SessionStore.list`."""
+        check_page(limit, offset)
+        check_status(status)
+        filters = {
+            "org_id": ("org_id = %(org_id)s", org_id),
+            "user_id": ("user_id = %(user_id)s", user_id),
+            "status": ("status = %(status)s", status),
+            "after": ("updated_at > %(after)s", updated_after),
+            "before": ("updated_at < %(before)s", updated_before),
+        }
+        params: dict[str, Any] = {k: v for k, (_, v) in filters.items() if v is not None}
+        where = " AND ".join(sql for sql, value in filters.values() if value is not None)
+        rows = await self._fetch(
+            f"SELECT {_SUMMARY} FROM {self._s}.handrail_sessions"
+            f"{' WHERE ' + where if where else ''}"
+            f" ORDER BY updated_at DESC, id DESC LIMIT %(limit)s OFFSET %(offset)s",
+            {**params, "limit": limit, "offset": offset},
+            None,
+        )
+        return [summary_from_row(row) for row in rows]
+
+    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
+        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
+        check_page(limit, 0)
+        rows = await self._fetch(
+            f"""SELECT {_SUMMARY} FROM {self._s}.handrail_sessions
+            WHERE expires_at IS NOT NULL AND expires_at <= %(now)s
+            ORDER BY expires_at, id LIMIT %(limit)s""",
+            {"now": now, "limit": limit},
+            None,
+        )
+        return [summary_from_row(row) for row in rows]
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete a session, its log and its lease (one statement); see `SessionStore.delete`."""
+        rows = await self._fetch(
+            f"""WITH log AS (DELETE FROM {self._s}.handrail_tool_log WHERE session_id = %(id)s),
+                lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s)
+            DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1""",
+            {"id": session_id},
+            session_id,
+        )
+        return bool(rows)
+
+    async def export(self, session_id: str) -> str:
+        """The session and its log as one JSON document; see `SessionStore.export`."""
+        params = {"id": session_id}
+        async with self._connection(session_id) as connection, connection.transaction():
+            # One snapshot for the session and its log.
+            await connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor = await connection.execute(
+                f"SELECT {_SUMMARY}, data::text FROM {self._s}.handrail_sessions WHERE id = %(id)s",
+                params,
+            )
+            row = await cursor.fetchone()
+            log = await self._read_log(connection, session_id) if row else []
+        if row is None:
+            raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
+        return export_document(record_from_row(row), log)
+
+    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
+        """Store an exported session with its log, in one transaction; see `import_`."""
+        record, log = parse_export(document)
+        session_id = record.id
+        params: dict[str, Any] = {
+            "id": session_id,
+            "org_id": record.org_id,
+            "user_id": record.user_id,
+            "status": record.status,
+            "version": record.version,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "expires_at": record.expires_at,
+            "data": encode(session_id, record.data),
+        }
+        entries = [
+            {
+                "session_id": session_id,
+                "tool_call_id": e.tool_call_id,
+                "key": e.key,
+                "tool": e.tool,
+                "args": encode(session_id, e.args, what="tool-call arguments"),
+                "status": e.status,
+                "result": None if e.result is None else encode(session_id, e.result, what="result"),
+                "started_at": e.started_at,
+                "finished_at": e.finished_at,
+            }
+            for e in log
+        ]
+        s = self._s
+        async with self._connection(session_id) as connection, connection.transaction():
+            while True:
+                cursor = await connection.execute(
+                    f"SELECT version FROM {s}.handrail_sessions WHERE id = %(id)s FOR UPDATE",
+                    params,
+                )
+                found = await cursor.fetchone()
+                if found is not None:
+                    if not overwrite:
+                        raise exists_error(session_id, found[0])
+                    params["version"] = max(record.version, found[0]) + 1
+                    await connection.execute(
+                        f"""UPDATE {s}.handrail_sessions
+                        SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
+                            version = %(version)s, created_at = %(created_at)s,
+                            updated_at = %(updated_at)s, expires_at = %(expires_at)s,
+                            data = %(data)s::json
+                        WHERE id = %(id)s""",
+                        params,
+                    )
+                    await connection.execute(
+                        f"DELETE FROM {s}.handrail_tool_log WHERE session_id = %(id)s", params
+                    )
+                    break
+                cursor = await connection.execute(
+                    f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data)
+                    VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, %(version)s,
+                            %(created_at)s, %(updated_at)s, %(expires_at)s, %(data)s::json)
+                    ON CONFLICT (id) DO NOTHING""",
+                    params,
+                )
+                if cursor.rowcount:
+                    break
+                # Created meanwhile by someone else: the next SELECT ... FOR UPDATE sees it.
+            if entries:
+                async with connection.cursor() as cursor:
+                    await cursor.executemany(
+                        f"""INSERT INTO {s}.handrail_tool_log
+                        (session_id, tool_call_id, key, tool, args, status, result, started_at,
+                         finished_at)
+                        VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s,
+                                %(args)s::json, %(status)s, %(result)s::json, %(started_at)s,
+                                %(finished_at)s)""",
+                        entries,
+                    )
+        record.version = params["version"]
+        return record
+
+    # -- tool-call log --------------------------------------------------------------------
+
+    async def log_started(
+        self,
+        session_id: str,
+        tool_call_id: str,
+        *,
+        key: str,
+        tool: str,
+        args: dict[str, Any],
+    ) -> bool:
+        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
+        params = {
+            "session_id": session_id,
+            "tool_call_id": tool_call_id,
+            "key": key,
+            "tool": tool,
+            "args": encode(session_id, args, what="tool-call arguments"),
+            "now": self._now(),
+        }
+        return bool(
+            await self._rowcount(
+                f"""INSERT INTO {self._s}.handrail_tool_log
+                (session_id, tool_call_id, key, tool, args, status, started_at)
+                VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s, %(args)s::json,
+                        'started', {_NOW})
+                ON CONFLICT (session_id, tool_call_id) DO NOTHING""",
+                params,
+                session_id,
+            )
+        )
+
+    async def log_finished(
+        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+    ) -> bool:
+        """Record a started call's result; see `SessionStore.log_finished`."""
+        params = {
+            "session_id": session_id,
+            "tool_call_id": tool_call_id,
+            "result": encode(session_id, result, what="tool-call result"),
+            "now": self._now(),
+        }
+        async with self._connection(session_id) as connection:
+            cursor = await connection.execute(
+                f"""UPDATE {self._s}.handrail_tool_log
+                SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
+                WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
+                    AND status = 'started'""",
+                params,
+            )
+            if cursor.rowcount:
+                return True
+            cursor = await connection.execute(
+                f"""SELECT 1 FROM {self._s}.handrail_tool_log
+                WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s""",
+                params,
+            )
+            if await cursor.fetchone():
+                return False  # finished already: the first result stands
+        raise not_started_error(session_id, tool_call_id)
+
+    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
+        """The session's logged calls in start order; see `SessionStore.tool_log`."""
+        async with self._connection(session_id) as connection:
+            return await self._read_log(connection, session_id)
+
+    async def _read_log(
+        self, connection: psycopg.AsyncConnection[Any], session_id: str
+    ) -> builtins.list[ToolLogEntry]:
+        cursor = await connection.execute(
+            f"SELECT {_LOG} FROM {self._s}.handrail_tool_log "
+            f"WHERE session_id = %(id)s ORDER BY seq",
+            {"id": session_id},
+        )
+        return [log_entry_from_row(session_id, row) for row in await cursor.fetchall()]
+
+    # -- leases and wake-ups --------------------------------------------------------------
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew a session's lease; see `SessionStore.acquire_lease`.
+
+        One upsert: of two workers racing for a free or expired lease, the second waits for
+        the first's row lock and then finds the lease taken.
+        """
+        check_ttl(ttl)
+        s = self._s
+        return bool(
+            await self._rowcount(
+                f"""INSERT INTO {s}.handrail_leases (session_id, owner, expires_at)
+                VALUES (%(id)s, %(owner)s, {_NOW} + %(ttl)s)
+                ON CONFLICT (session_id) DO UPDATE
+                    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+                    WHERE {s}.handrail_leases.owner = EXCLUDED.owner
+                        OR {s}.handrail_leases.expires_at <= {_NOW}""",
+                {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()},
+                session_id,
+            )
+        )
+
+    async def release_lease(self, session_id: str, owner: str) -> bool:
+        """Give a lease back; see `SessionStore.release_lease`."""
+        return bool(
+            await self._rowcount(
+                f"DELETE FROM {self._s}.handrail_leases "
+                f"WHERE session_id = %(id)s AND owner = %(owner)s",
+                {"id": session_id, "owner": owner},
+                session_id,
+            )
+        )
+
+    async def notify(self, session_id: str) -> None:
+        """Wake every listener on this schema, in any process: `pg_notify`."""
+        await self._fetch(
+            "SELECT pg_notify(%(channel)s, %(id)s)",
+            {"channel": self.channel, "id": session_id},
+            session_id,
+        )
+
+    def listen(self) -> _Subscription:
+        """Subscribe to wake-ups over LISTEN/NOTIFY; see `SessionStore.listen`.
+
+        Each subscription holds a connection of its own, outside the pool. If that connection
+        is lost, iterating raises a `StoreError`: subscribe again (and poll meanwhile).
+        """
+        return _Subscription(self)
+
+    async def close(self) -> None:
+        """End every subscription and close the pool."""
+        async with self._opening:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        for subscription in builtins.list(self._subscriptions):
+            await subscription.end()
+        if pool is not None:
+            await pool.close()
+
+
+class _Subscription:
+    """`async with store.listen() as wakeups`: a LISTEN connection, read by a pump task."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._queue: asyncio.Queue[str | StoreError | None] = asyncio.Queue()
+        self._connection: psycopg.AsyncConnection[Any] | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Subscription:
+        store = self._store
+        if store._closed:
+            raise StoreError(f"This PostgresStore ({store.masked_dsn}) is closed: make a new one.")
+        try:
+            self._connection = await store._connect()
+            await self._connection.execute(f'LISTEN "{store.channel}"')
+        except psycopg.Error as error:
+            await self.end()
+            raise store._error(error, None) from error
+        # The pump reads notifications into a queue, so that a waiter may time out or be
+        # cancelled without disturbing the connection.
+        self._pump = asyncio.create_task(self._read(self._connection))
+        store._subscriptions.add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.end()
+
+    async def _read(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            async for notification in connection.notifies():
+                self._queue.put_nowait(notification.payload)
+        except psycopg.Error as error:
+            self._queue.put_nowait(
+                StoreError(
+                    f"Lost the PostgreSQL connection listening for wake-ups "
+                    f"({self._store.masked_dsn}): {error}. Subscribe again."
+                )
+            )
+
+    async def end(self) -> None:
+        """Stop listening and close the connection; iteration then ends."""
+        self._store._subscriptions.discard(self)
+        pump, self._pump = self._pump, None
+        connection, self._connection = self._connection, None
+        try:
+            if pump is not None:
+                pump.cancel()
+                await asyncio.wait([pump])
+        finally:
+            if connection is not None:
+                await connection.close()
+            self._queue.put_nowait(None)
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    async def __anext__(self) -> str:
+        item = await self._queue.get()
+        if item is None or isinstance(item, StoreError):
+            self._queue.put_nowait(item)  # every later call ends (or fails) the same way
+            if item is None:
+                raise StopAsyncIteration
+            raise item
+        return item
+
+
+def mask_dsn(dsn: str) -> str:
+    """`dsn` with any password replaced by `***`."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:  # unparseable: mask what looks like a password anyway
+        return re.sub(r"(password\s*=\s*)\S+|(://[^:/@]*:)[^@]*(@)", r"\1\2***\3", dsn)
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo("", **params)

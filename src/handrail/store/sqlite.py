@@ -1,0 +1,632 @@
+"""`SqliteStore`: the embedded default session store, one SQLite file.
+
+Every blocking call runs in one thread that the store owns, on the one connection that
+thread opened (see `_thread.py`): the event loop only hands it jobs. The file is in WAL mode,
+so readers in other processes never wait for a writer, and several processes may share it
+(compare-and-swap and leases hold across processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import contextlib
+import functools
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from ..exceptions import ConflictError, SessionNotFoundError, StoreError
+from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
+from ._codec import (
+    check_page,
+    check_record,
+    check_status,
+    check_ttl,
+    encode,
+    exists_error,
+    export_document,
+    log_entry_from_row,
+    not_started_error,
+    parse_export,
+    record_from_row,
+    stamped,
+    summary_from_row,
+)
+from ._thread import ConnectionThread
+
+__all__ = ["SqliteStore"]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+"""The version of the database schema this code reads and writes. One line a bump:
+
+1: sessions, tool-call log, leases, wake-ups.
+"""
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE handrail_sessions (
+            id TEXT PRIMARY KEY,
+            org_id TEXT,
+            user_id TEXT,
+            status TEXT NOT NULL
+                CHECK (status IN ('active', 'suspended', 'completed', 'failed')),
+            version INTEGER NOT NULL CHECK (version > 0),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            expires_at REAL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX handrail_sessions_updated ON handrail_sessions (updated_at, id)",
+        "CREATE INDEX handrail_sessions_org ON handrail_sessions (org_id, user_id, updated_at, id)",
+        "CREATE INDEX handrail_sessions_user ON handrail_sessions (user_id, updated_at, id)",
+        "CREATE INDEX handrail_sessions_status ON handrail_sessions (status, updated_at, id)",
+        """CREATE INDEX handrail_sessions_expires ON handrail_sessions (expires_at, id)
+            WHERE expires_at IS NOT NULL""",
+        """CREATE TABLE handrail_tool_log (
+            seq INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            tool_call_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            args TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('started', 'finished')),
+            result TEXT,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            UNIQUE (session_id, tool_call_id)
+        )""",
+        "CREATE INDEX handrail_tool_log_session ON handrail_tool_log (session_id, seq)",
+        """CREATE TABLE handrail_leases (
+            session_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        # AUTOINCREMENT: a listener remembers the last seq it saw, so seqs are never reused,
+        # even after pruning has emptied the table.
+        """CREATE TABLE handrail_wakeups (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+    ),
+}
+
+_SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
+_LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
+_INSERT = f"""INSERT INTO handrail_sessions ({_SUMMARY}, data) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)
+    ON CONFLICT (id) DO NOTHING"""
+_UPDATE = """UPDATE handrail_sessions
+    SET org_id = ?, user_id = ?, status = ?, version = version + 1, updated_at = ?,
+        expires_at = ?, data = ?
+    WHERE id = ? AND version = ?
+    RETURNING created_at"""
+_LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (?, ?, ?)
+    ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
+    WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
+_WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
+
+
+class SqliteStore:
+    """A `SessionStore` in one SQLite file: the embedded default.
+
+    The file and its schema are created on first use. All blocking work happens in one
+    thread the store owns; `close()` (or `async with`) ends it.
+
+    Args:
+        path: the database file; `handrail.db` in the working directory unless given.
+        clock: wall time in epoch seconds, for timestamps and lease expiry.
+        synchronous: `"FULL"` (the default) syncs the write-ahead log to disk at every
+            commit, so a saved session survives a power cut as well as a crash; about
+            0.2 ms a save on an SSD. `"NORMAL"` skips that sync: still safe against a process
+            crash (`kill -9`) and never corrupt, but a power cut may lose the last saves.
+        busy_timeout: how long (seconds) a write waits for another process's lock before it
+            fails with a `StoreError`.
+        poll_interval: how often (seconds) `listen()` looks for other processes' wake-ups
+            (wake-ups from this store arrive at once).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "handrail.db",
+        *,
+        clock: Clock = wall_clock,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout: float = 5.0,
+        poll_interval: float = 0.1,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
+        self.path = os.fspath(path)
+        self.clock = clock
+        self.synchronous = synchronous
+        self.busy_timeout = busy_timeout
+        self.poll_interval = poll_interval
+        self._thread: ConnectionThread[sqlite3.Connection] | None = None
+        self._starting = asyncio.Lock()
+        self._closed = False
+        self._subscriptions: set[_Subscription] = set()
+
+    async def __aenter__(self) -> SqliteStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def thread_ident(self) -> int | None:
+        """The `threading.get_ident()` of the thread doing the store's SQLite work, if any."""
+        return None if self._thread is None else self._thread.ident
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _call(self, job: Callable[[sqlite3.Connection], T], session_id: str | None) -> T:
+        thread = self._thread or await self._start()
+        try:
+            return await thread.run(job)
+        except sqlite3.Error as error:
+            raise self._error(error, session_id) from error
+
+    async def _start(self) -> ConnectionThread[sqlite3.Connection]:
+        async with self._starting:
+            if self._closed:
+                raise StoreError(f"This SqliteStore ({self.path}) is closed: make a new one.")
+            if self._thread is None:
+                thread = ConnectionThread(
+                    self._connect, _close, name=f"handrail-sqlite {self.path}"
+                )
+                try:
+                    await thread.run(_nothing)  # raises what opening the database raised
+                except BaseException:
+                    thread.stop_soon()
+                    raise
+                self._thread = thread
+            return self._thread
+
+    def _connect(self) -> sqlite3.Connection:  # in the store's thread
+        try:
+            # isolation_level=None: no implicit BEGIN; transactions below are explicit.
+            connection = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+        except sqlite3.Error as error:
+            raise self._error(error, None) from error
+        try:
+            mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode != "wal" and self.path != ":memory:":
+                raise StoreError(
+                    f"SQLite database {self.path!r} cannot use WAL mode (journal_mode is "
+                    f"{mode!r}): put it on a local file system."
+                )
+            connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            migrate(connection, self.clock())
+        except BaseException as error:
+            connection.close()
+            if isinstance(error, sqlite3.Error):
+                raise self._error(error, None) from error
+            raise
+        return connection
+
+    def _error(self, error: sqlite3.Error, session_id: str | None) -> StoreError:
+        where = f"session {session_id!r} in " if session_id else ""
+        hint = "See the SQLite message above"
+        if "unable to open" in str(error):
+            hint = "Check that the file's directory exists and is writable, or pass another path="
+        elif isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
+            hint = (
+                f"Another process held the database longer than busy_timeout "
+                f"({self.busy_timeout} s): raise busy_timeout= or shorten that process's "
+                f"transactions"
+            )
+        elif isinstance(error, sqlite3.DatabaseError) and "not a database" in str(error):
+            hint = "The file is not a SQLite database: pass another path="
+        return StoreError(
+            f"SQLite store failed on {where}{self.path!r}: {error}. {hint}.",
+            session_id=session_id,
+        )
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session as last saved, or `None`; see `SessionStore.load`."""
+
+        def load(db: sqlite3.Connection) -> SessionRecord | None:
+            row = db.execute(
+                f"SELECT {_SUMMARY}, data FROM handrail_sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+            return None if row is None else record_from_row(row)
+
+        return await self._call(load, session_id)
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        """Compare-and-swap on the version; see `SessionStore.save`."""
+        check_record(record)
+        # Read everything from `record` here, on the loop: the caller may change it meanwhile.
+        session_id, expected = record.id, record.version
+        text = encode(session_id, record.data)
+        now = self.clock()
+        scope = (record.org_id, record.user_id, record.status)
+        expires_at = record.expires_at
+
+        def save(db: sqlite3.Connection) -> float:
+            if expected == 0:
+                inserted = db.execute(
+                    _INSERT, (session_id, *scope, now, now, expires_at, text)
+                ).rowcount
+                if inserted:
+                    return now
+            else:
+                rows = db.execute(
+                    _UPDATE, (*scope, now, expires_at, text, session_id, expected)
+                ).fetchall()  # fetch all: a RETURNING statement is done only once drained
+                if rows:
+                    created_at: float = rows[0][0]
+                    return created_at
+            row = db.execute(
+                "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+            raise ConflictError(
+                session_id, expected=expected, actual=None if row is None else row[0]
+            )
+
+        created_at = await self._call(save, session_id)
+        return stamped(record, version=expected + 1, created_at=created_at, updated_at=now)
+
+    async def list(
+        self,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        status: SessionStatus | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[SessionSummary]:
+        """Sessions matching every filter, newest first; see `SessionStore.list`."""
+        check_page(limit, offset)
+        check_status(status)
+        filters = {
+            "org_id = ?": org_id,
+            "user_id = ?": user_id,
+            "status = ?": status,
+            "updated_at > ?": updated_after,
+            "updated_at < ?": updated_before,
+        }
+        where = [f for f, value in filters.items() if value is not None]
+        params: list[Any] = [value for value in filters.values() if value is not None]
+        sql = (
+            f"SELECT {_SUMMARY} FROM handrail_sessions"
+            f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+            f" ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?"
+        )
+        rows = await self._call(
+            lambda db: db.execute(sql, (*params, limit, offset)).fetchall(), None
+        )
+        return [summary_from_row(row) for row in rows]
+
+    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
+        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
+        check_page(limit, 0)
+        sql = f"""SELECT {_SUMMARY} FROM handrail_sessions
+            WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at, id LIMIT ?"""
+        rows = await self._call(lambda db: db.execute(sql, (now, limit)).fetchall(), None)
+        return [summary_from_row(row) for row in rows]
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete a session, its log and its lease; see `SessionStore.delete`."""
+
+        def delete(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM handrail_leases WHERE session_id = ?", (session_id,))
+                return bool(
+                    db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
+                )
+
+        return await self._call(delete, session_id)
+
+    async def export(self, session_id: str) -> str:
+        """The session and its log as one JSON document; see `SessionStore.export`."""
+
+        def export(db: sqlite3.Connection) -> str | None:
+            with _transaction(db, "BEGIN"):  # one snapshot for the session and its log
+                row = db.execute(
+                    f"SELECT {_SUMMARY}, data FROM handrail_sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    return None
+                return export_document(record_from_row(row), _read_log(db, session_id))
+
+        document = await self._call(export, session_id)
+        if document is None:
+            raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
+        return document
+
+    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
+        """Store an exported session with its log; see `SessionStore.import_`."""
+        record, log = parse_export(document)
+        session_id = record.id
+        text = encode(session_id, record.data)
+        entries = [
+            (
+                session_id,
+                e.tool_call_id,
+                e.key,
+                e.tool,
+                encode(session_id, e.args, what="tool-call arguments"),
+                e.status,
+                None if e.result is None else encode(session_id, e.result, what="result"),
+                e.started_at,
+                e.finished_at,
+            )
+            for e in log
+        ]
+
+        def import_(db: sqlite3.Connection) -> int:
+            with _transaction(db):
+                row = db.execute(
+                    "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+                version = record.version
+                if row is not None:
+                    if not overwrite:
+                        raise exists_error(session_id, row[0])
+                    version = max(version, row[0]) + 1
+                    db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
+                    db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
+                db.execute(
+                    f"INSERT INTO handrail_sessions ({_SUMMARY}, data) "
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        session_id,
+                        record.org_id,
+                        record.user_id,
+                        record.status,
+                        version,
+                        record.created_at,
+                        record.updated_at,
+                        record.expires_at,
+                        text,
+                    ),
+                )
+                db.executemany(
+                    f"INSERT INTO handrail_tool_log (session_id, {_LOG}) "
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    entries,
+                )
+                return version
+
+        record.version = await self._call(import_, session_id)
+        return record
+
+    # -- tool-call log --------------------------------------------------------------------
+
+    async def log_started(
+        self,
+        session_id: str,
+        tool_call_id: str,
+        *,
+        key: str,
+        tool: str,
+        args: dict[str, Any],
+    ) -> bool:
+        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
+        params = (
+            session_id,
+            tool_call_id,
+            key,
+            tool,
+            encode(session_id, args, what="tool-call arguments"),
+            self.clock(),
+        )
+        sql = """INSERT INTO handrail_tool_log
+            (session_id, tool_call_id, key, tool, args, status, started_at)
+            VALUES (?, ?, ?, ?, ?, 'started', ?) ON CONFLICT DO NOTHING"""
+        return bool(await self._call(lambda db: db.execute(sql, params).rowcount, session_id))
+
+    async def log_finished(
+        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+    ) -> bool:
+        """Record a started call's result; see `SessionStore.log_finished`."""
+        text = encode(session_id, result, what="tool-call result")
+        now = self.clock()
+
+        def finish(db: sqlite3.Connection) -> bool:
+            updated = db.execute(
+                """UPDATE handrail_tool_log SET status = 'finished', result = ?, finished_at = ?
+                WHERE session_id = ? AND tool_call_id = ? AND status = 'started'""",
+                (text, now, session_id, tool_call_id),
+            ).rowcount
+            if updated:
+                return True
+            if db.execute(
+                "SELECT 1 FROM handrail_tool_log WHERE session_id = ? AND tool_call_id = ?",
+                (session_id, tool_call_id),
+            ).fetchone():
+                return False  # finished already: the first result stands
+            raise not_started_error(session_id, tool_call_id)
+
+        return await self._call(finish, session_id)
+
+    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
+        """The session's logged calls in start order; see `SessionStore.tool_log`."""
+        return await self._call(lambda db: _read_log(db, session_id), session_id)
+
+    # -- leases and wake-ups --------------------------------------------------------------
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew a session's lease; see `SessionStore.acquire_lease`.
+
+        One upsert statement: SQLite takes the database's write lock for the whole statement,
+        so two processes cannot both see the lease free.
+        """
+        check_ttl(ttl)
+        now = self.clock()
+        params = (session_id, owner, now + ttl, now)
+        return bool(await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id))
+
+    async def release_lease(self, session_id: str, owner: str) -> bool:
+        """Give a lease back; see `SessionStore.release_lease`."""
+        sql = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
+        return bool(
+            await self._call(lambda db: db.execute(sql, (session_id, owner)).rowcount, session_id)
+        )
+
+    async def notify(self, session_id: str) -> None:
+        """Wake every listener, in this process at once and in others at their next poll.
+
+        Wake-ups are rows of a small table, pruned after a minute.
+        """
+        now = self.clock()
+
+        def notify(db: sqlite3.Connection) -> None:
+            with _transaction(db):
+                db.execute(
+                    "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (?, ?)",
+                    (session_id, now),
+                )
+                db.execute(
+                    "DELETE FROM handrail_wakeups WHERE created_at < ?", (now - _WAKEUPS_KEPT_FOR,)
+                )
+
+        await self._call(notify, session_id)
+        for subscription in self._subscriptions:
+            subscription.nudge.set()
+
+    def listen(self) -> _Subscription:
+        """Subscribe to wake-ups; see `SessionStore.listen`.
+
+        SQLite has no push between processes, so the subscription polls the wake-up table
+        every `poll_interval` seconds; `notify` on this same store wakes it at once.
+        """
+        return _Subscription(self)
+
+    async def close(self) -> None:
+        """Close the connection and end the store's thread; subscriptions end too."""
+        async with self._starting:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        for subscription in self._subscriptions:
+            subscription.nudge.set()
+        if thread is not None:
+            await thread.stop()
+
+
+class _Subscription:
+    """`async with store.listen() as wakeups`: polls the wake-up table for new rows."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._last = 0
+        self._pending: collections.deque[str] = collections.deque()
+        self.nudge = asyncio.Event()
+
+    async def __aenter__(self) -> _Subscription:
+        def last(db: sqlite3.Connection) -> int:
+            seq: int = db.execute("SELECT COALESCE(MAX(seq), 0) FROM handrail_wakeups").fetchone()[
+                0
+            ]
+            return seq
+
+        self._last = await self._store._call(last, None)
+        self._store._subscriptions.add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._store._subscriptions.discard(self)
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    async def __anext__(self) -> str:
+        def poll(db: sqlite3.Connection, last: int) -> list[tuple[int, str]]:
+            sql = "SELECT seq, session_id FROM handrail_wakeups WHERE seq > ? ORDER BY seq"
+            return db.execute(sql, (last,)).fetchall()
+
+        while not self._pending:
+            if self._store._closed:
+                raise StopAsyncIteration
+            self.nudge.clear()
+            # If this await is cancelled, `_last` has not moved: the next call reads them again.
+            rows = await self._store._call(functools.partial(poll, last=self._last), None)
+            if rows:
+                self._last = rows[-1][0]
+                self._pending.extend(session_id for _, session_id in rows)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._store.poll_interval):
+                        await self.nudge.wait()
+        return self._pending.popleft()
+
+
+def migrate(db: sqlite3.Connection, now: float) -> int:
+    """Create or upgrade the schema to `SCHEMA_VERSION`, in one transaction; the version.
+
+    Raises:
+        StoreError: the database was made by a newer handrail.
+    """
+    with _transaction(db):
+        db.execute(
+            """CREATE TABLE IF NOT EXISTS handrail_schema_version (
+                version INTEGER PRIMARY KEY,
+                applied_at REAL NOT NULL
+            )"""
+        )
+        current: int = db.execute(
+            "SELECT COALESCE(MAX(version), 0) FROM handrail_schema_version"
+        ).fetchone()[0]
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"This SQLite database has schema version {current}, newer than this handrail "
+                f"knows (up to {SCHEMA_VERSION}): upgrade handrail to open it."
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version]:
+                db.execute(statement)
+            db.execute("INSERT INTO handrail_schema_version VALUES (?, ?)", (version, now))
+    return max(current, SCHEMA_VERSION)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    """One explicit transaction, rolled back if the block raises.
+
+    `BEGIN IMMEDIATE` takes the write lock up front, so a read-then-write transaction never
+    fails halfway to upgrade its lock (which WAL mode does not wait for).
+    """
+    db.execute(begin)
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
+    rows = db.execute(
+        f"SELECT {_LOG} FROM handrail_tool_log WHERE session_id = ? ORDER BY seq", (session_id,)
+    ).fetchall()
+    return [log_entry_from_row(session_id, row) for row in rows]
+
+
+def _nothing(db: sqlite3.Connection) -> None:
+    return None
+
+
+def _close(db: sqlite3.Connection) -> None:
+    db.close()
