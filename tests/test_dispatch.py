@@ -613,6 +613,7 @@ async def test_gated_human_and_client_calls_wait_while_the_others_run():
                 call("text.echo", text="ran"),
             ]
         ],
+        state=RunState(client_connected=True),
     )
     types = [e.type for e in events]
     assert types[-1] == "run-suspended"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
 from .agent import Agent
 from .context import ContextStore
+from .engine import Domain, Engine, Resolution
 from .events import (
     EVENT,
     EVENTS,
@@ -40,11 +41,15 @@ from .exceptions import (
     ConflictError,
     ContextFullError,
     HandrailError,
+    InvalidDecisionError,
     ModelError,
     ModelHTTPError,
     ModelRetry,
     PathError,
     RunError,
+    SessionBusyError,
+    SessionNotFoundError,
+    StaleResolutionError,
     StoreError,
     ToolDefinitionError,
     UserError,
@@ -62,11 +67,13 @@ from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
 from .runtime import Runtime
 from .state import RunState
 from .store import MemoryStore, SessionRecord, SessionStore
+from .suspension import DECISION, Answer, Approve, ClientResult, Decision, Reject
 from .tools import Tool, ToolContext, ToolResult, tool
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DECISION",
     "EVENT",
     "EVENTS",
     "MESSAGES",
@@ -75,17 +82,24 @@ __all__ = [
     "AgentResult",
     "AgentRun",
     "AgentStarted",
+    "Answer",
     "ApprovalCardPart",
     "ApprovalRequired",
+    "Approve",
     "ClientExecRequired",
+    "ClientResult",
     "ConfigError",
     "ConflictError",
     "ContextFullError",
     "ContextStore",
+    "Decision",
+    "Domain",
+    "Engine",
     "Event",
     "HandrailError",
     "InputRequired",
     "Interrupt",
+    "InvalidDecisionError",
     "MemoryStore",
     "Message",
     "Model",
@@ -98,6 +112,8 @@ __all__ = [
     "PathError",
     "ReasoningDelta",
     "ReasoningPart",
+    "Reject",
+    "Resolution",
     "RunCompleted",
     "RunError",
     "RunFailed",
@@ -105,8 +121,11 @@ __all__ = [
     "RunState",
     "RunSuspended",
     "Runtime",
+    "SessionBusyError",
+    "SessionNotFoundError",
     "SessionRecord",
     "SessionStore",
+    "StaleResolutionError",
     "StoreError",
     "TextDelta",
     "TextPart",

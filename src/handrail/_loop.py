@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -36,11 +36,11 @@ from .events import (
     TextDelta,
     UsageEvent,
 )
-from .exceptions import ConfigError, ModelError
+from .exceptions import ConfigError, ModelError, UserError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Model, ModelRequest, ModelResponse, ReasoningChunk, TextChunk
 from .runtime import Runtime
-from .state import RunState
+from .state import Progress, RunState
 from .tools._dispatch import Dispatcher
 
 __all__ = ["AgentResult", "AgentRun", "Interrupt", "run_agent", "run_turn"]
@@ -179,56 +179,122 @@ def run_agent(
         interrupt: shared by every agent of a turn so one `request()` stops them all.
     """
     runtime = runtime or _DEFAULT_RUNTIME
-    resolved = model or agent.model or runtime.model
-    if resolved is None:
-        raise ConfigError(
-            f"Agent {agent.name!r} has no model: pass model= to the Agent, set "
-            f"Runtime(model=...), or give one for the turn."
-        )
+    resolved = _model_for(agent, runtime, model)
     return AgentRun(lambda run: _agent_loop(run, agent, state, runtime, resolved), interrupt)
 
 
+def check_resumable(state: RunState, prompt: str | None, agents: Sequence[str]) -> None:
+    """Refuse a turn that would talk past a suspended one.
+
+    Raises:
+        UserError: a new prompt while the turn waits for decisions, a resumption while a
+            decision is still missing, or a resumption by an agent that did not suspend.
+    """
+    progress = state.progress
+    if progress is None:
+        return
+    if prompt is not None:
+        raise UserError(
+            f"The session's turn is suspended, waiting on {_ids(state)}: resolve those "
+            f"calls and resume the turn (prompt=None) before sending a new message."
+        )
+    if state.pending:
+        raise UserError(
+            f"Cannot resume yet: still waiting for a decision on {_ids(state)}. Resolve "
+            f"every pending call first."
+        )
+    if progress.agent not in agents:
+        raise UserError(
+            f"The turn suspended in agent {progress.agent!r}; resume it with that agent."
+        )
+
+
+def _ids(state: RunState) -> str:
+    return ", ".join(state.pending) or "decided calls not yet resumed"
+
+
 def run_turn(
-    agent: Agent[OutputT],
+    route: Agent[Any] | Sequence[Agent[Any]],
     prompt: str | None,
     *,
     state: RunState | None = None,
     runtime: Runtime[Any] | None = None,
     model: Model | None = None,
-) -> AgentRun[OutputT]:
-    """One user turn of a lone agent: `run-started`, the agent's events, one terminal event."""
+) -> AgentRun[Any]:
+    """One user turn: `run-started`, each agent's events in order, one terminal event.
+
+    `route` is one agent or a pipeline of agents that run one after the other on the same
+    conversation; the turn's output is the last agent's. When an agent suspends, the turn
+    suspends with it; with `prompt=None` on a suspended state whose calls are all decided,
+    the turn resumes in that agent, where it stopped, then runs the rest of the route.
+    """
+    agents = [route] if isinstance(route, Agent) else list(route)
+    if not agents:
+        raise UserError("A turn needs at least one agent.")
     state = state if state is not None else RunState()
     runtime = runtime or _DEFAULT_RUNTIME
+    check_resumable(state, prompt, [a.name for a in agents])
+    models = [_model_for(a, runtime, model) for a in agents]
     interrupt = Interrupt()
-    inner = run_agent(agent, state, runtime, model=model, interrupt=interrupt)
-    return AgentRun(lambda run: _turn(run, inner, prompt, state, runtime), interrupt)
+    return AgentRun(
+        lambda run: _turn(run, agents, models, prompt, state, runtime, interrupt), interrupt
+    )
+
+
+def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | None) -> Model:
+    resolved = override or agent.model or runtime.model
+    if resolved is None:
+        raise ConfigError(
+            f"Agent {agent.name!r} has no model: pass model= to the Agent, set "
+            f"Runtime(model=...), or give one for the turn."
+        )
+    return resolved
 
 
 async def _turn(
-    run: AgentRun[OutputT],
-    inner: AgentRun[OutputT],
+    run: AgentRun[Any],
+    agents: list[Agent[Any]],
+    models: list[Model],
     prompt: str | None,
     state: RunState,
     runtime: Runtime[Any],
+    interrupt: Interrupt,
 ) -> AsyncGenerator[Event, None]:
     state.run_id = runtime.ids("run")
     state.context.update_sys(state.sys_values(runtime.clock()))
-    if prompt is not None:
+    first = 0
+    if state.progress is not None:  # resuming: start in the agent that suspended
+        first = [a.name for a in agents].index(state.progress.agent)
+    elif prompt is not None:  # None: continue the conversation as it is
         state.new_turn()
         state.messages.append(
             Message(id=runtime.ids("msg"), role="user", parts=[TextPart(text=prompt)])
         )
     yield RunStarted(run_id=state.run_id, session_id=state.session_id)
+    result: AgentResult[Any] = AgentResult(outcome="completed", state=state)
     try:
-        async for event in inner:
-            yield event
+        for step in range(first, len(agents)):
+            agent = agents[step]
+            inner: AgentRun[Any] = AgentRun(
+                lambda r, a=agent, m=models[step]: _agent_loop(r, a, state, runtime, m),  # type: ignore[misc]
+                interrupt,
+            )
+            async for event in inner:
+                yield event
+            result = inner.result
+            if result.outcome == "suspended":
+                assert state.progress is not None
+                state.progress.route = [a.name for a in agents]
+                state.progress.step = step
+            if result.outcome != "completed":
+                break
     except Exception as exc:
         run._result = AgentResult(
             outcome="failed", state=state, error=f"{type(exc).__name__}: {exc}"
         )
         yield RunFailed(reason="error", error=run._result.error)
         return
-    result = run._result = inner.result
+    run._result = result
     if result.outcome == "completed":
         yield RunCompleted(output=_jsonable_output(result.output))
     elif result.outcome == "suspended":
@@ -249,16 +315,51 @@ async def _agent_loop(
     name = agent.name
     ids = runtime.ids
     dispatcher = Dispatcher(agent.tools, state, runtime, name)
-    calls_made = 0
-    nudged = retried_output = False
+    resumed = (
+        state.progress if state.progress is not None and state.progress.agent == name else None
+    )
+    progress = resumed or Progress(agent=name, message_id="", iterations=0)
     tool_choice: Literal["auto", "none"] = "auto"
     partial: list[str] = []
     message_id = ""
     yield AgentStarted(agent=name)
     try:
-        for _ in range(agent.max_iterations):
+        message: Message | None = None
+        calls: list[ToolCallPart] = []
+        cards: list[ApprovalCardPart] = []
+        if resumed is not None:  # a suspended turn goes on: settle its decided calls first
+            state.progress = progress.resumed_by = None
+            message = next(m for m in reversed(state.messages) if m.id == resumed.message_id)
+            calls = message.tool_calls
+            async for event in dispatcher.resume(message, cards):
+                yield event
+        while True:
+            if message is not None and calls:  # the calls of the last response are settled
+                if cards:
+                    message.parts.extend(cards)
+                    progress.message_id = message.id
+                    state.progress = progress
+                    run._result = AgentResult(
+                        outcome="suspended", state=state, pending=list(state.pending)
+                    )
+                    return
+                ended = [
+                    p for p in calls if p.status == "completed" and agent.tools[p.name].ends_turn
+                ]
+                if ended:
+                    output: Any = ended[-1].result.data if ended[-1].result else None
+                    yield AgentCompleted(agent=name, output=output)
+                    run._result = AgentResult(
+                        outcome="completed", state=state, output=output, stop_reason="ends-turn"
+                    )
+                    return
+                # Every call repeated one already made: ask for the answer instead of looping.
+                tool_choice = "none" if all(p.reused_from for p in calls) else "auto"
+            if progress.iterations >= agent.max_iterations:
+                break
             if interrupt.requested:
                 raise _Interrupted
+            progress.iterations += 1
             state.turn_iterations += 1
             request = ModelRequest(
                 agent=name,
@@ -301,32 +402,13 @@ async def _agent_loop(
             if calls:
                 if interrupt.requested:
                     raise _Interrupted
-                cards: list[ApprovalCardPart] = []
                 async for event in dispatcher.run(calls, cards):
                     yield event
-                calls_made += len(calls)
-                if cards:
-                    message.parts.extend(cards)
-                    run._result = AgentResult(
-                        outcome="suspended", state=state, pending=[c.tool_call_id for c in cards]
-                    )
-                    return
-                ended = [
-                    p for p in calls if p.status == "completed" and agent.tools[p.name].ends_turn
-                ]
-                if ended:
-                    output: Any = ended[-1].result.data if ended[-1].result else None
-                    yield AgentCompleted(agent=name, output=output)
-                    run._result = AgentResult(
-                        outcome="completed", state=state, output=output, stop_reason="ends-turn"
-                    )
-                    return
-                # Every call repeated one already made: ask for the answer instead of looping.
-                tool_choice = "none" if all(p.reused_from for p in calls) else "auto"
+                progress.calls_made += len(calls)
                 continue
 
-            if calls_made < agent.min_tool_calls and not nudged:
-                nudged = True
+            if progress.calls_made < agent.min_tool_calls and not progress.nudged:
+                progress.nudged = True
                 _say(state, ids, agent.nudge)
                 continue
             output = message.text
@@ -335,9 +417,9 @@ async def _agent_loop(
                     output = agent.output_adapter.validate_json(output)
                 except ValidationError as exc:
                     problem = f"Your answer does not match the required output schema: {exc}"
-                    if retried_output:
+                    if progress.retried_output:
                         raise ModelError(problem) from None
-                    retried_output = True
+                    progress.retried_output = True
                     _say(state, ids, problem + "\nAnswer again with valid JSON only.")
                     continue
             yield AgentCompleted(agent=name, output=_jsonable_output(output))

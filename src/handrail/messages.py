@@ -20,6 +20,8 @@ from ._tool_result import ToolResult
 __all__ = [
     "MESSAGES",
     "ApprovalCardPart",
+    "CardKind",
+    "DecisionKind",
     "Executor",
     "Message",
     "Part",
@@ -34,11 +36,17 @@ __all__ = [
 Role: TypeAlias = Literal["system", "user", "assistant"]
 Executor: TypeAlias = Literal["server", "human", "client", "provider"]
 ToolCallStatus: TypeAlias = Literal[
-    "pending", "running", "waiting", "completed", "failed", "interrupted"
+    "pending", "running", "waiting", "completed", "failed", "rejected", "interrupted"
 ]
 """`pending`: not dispatched yet; `running`: executing; `waiting`: suspended for a human or
-a client; `completed`/`failed`: the result is final; `interrupted`: the run was cancelled
-before the call produced a result (the result says so)."""
+a client (the result is a placeholder until the decision comes); `completed`/`failed`: the
+result is final; `rejected`: a human refused the call, which never ran; `interrupted`: the
+run was cancelled before the call produced a result (the result says so)."""
+CardKind: TypeAlias = Literal["approval", "elicitation", "client_exec", "recovery"]
+"""What a card asks: approve a call, answer for a person (`human` tool), run it in the client,
+or decide about a call that may have run before a crash."""
+DecisionKind: TypeAlias = Literal["approve", "reject", "answer", "client_result", "skip", "expire"]
+"""How a card was decided (`expire`: nobody decided before its deadline)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -115,9 +123,11 @@ class ApprovalCardPart:
     """What to ask the human."""
     amendable: list[str] = field(default_factory=list)
     """The argument names the human may change (a UI rebuilt from history needs them)."""
-    kind: Literal["approval", "elicitation", "client_exec", "recovery"] = "approval"
+    kind: CardKind = "approval"
     """What is being asked."""
-    decision: Literal["approve", "reject", "answer", "client_result", "skip"] | None = None
+    executor: Executor = "server"
+    """Who runs the tool (a gated `client` tool is asked twice: approval, then its result)."""
+    decision: DecisionKind | None = None
     """The decision, once made."""
     decided_by: str | None = None
     """Who decided."""
@@ -128,7 +138,13 @@ class ApprovalCardPart:
     reason: str | None = None
     """Why (e.g. a rejection reason)."""
     args_digest: str | None = None
-    """Digest of the exact arguments that were approved."""
+    """Digest of the exact arguments that were approved: the call runs only with these."""
+    output: Any = None
+    """The answer (`answer`) or the client's result (`client_result`), as given."""
+    created_at: float | None = None
+    """When the card was raised (seconds since the epoch)."""
+    expires_at: float | None = None
+    """When it stops accepting a decision, if ever."""
     type: Literal["approval"] = "approval"
 
 

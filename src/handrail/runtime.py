@@ -59,6 +59,12 @@ class Runtime(Generic[DepsT]):
     """Where sync tools run (shared by default; give a runtime its own to isolate it)."""
     allowed_permissions: frozenset[Permission] | None = None
     """When set, calls to tools with another permission fail (e.g. a read-only run)."""
+    max_approvals_per_turn: int | None = None
+    """Past this many calls waiting for approval in one turn, further gated calls get a tool
+    error telling the model to stop and summarise (None: no cap)."""
+    pending_ttl: float | None = None
+    """Seconds a waiting call accepts a decision, unless its tool says otherwise (None:
+    forever). An expired call resolves to a tool error the model can recover from."""
     transform_args: Callable[[Tool[Any], dict[str, Any]], dict[str, Any]] | None = None
     """Domain hook: rewrite a call's parsed arguments before binding and validation."""
     on_tool_result: Callable[[ToolCallPart, ToolResult], Awaitable[None] | None] | None = None

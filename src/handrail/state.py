@@ -1,4 +1,12 @@
-"""`RunState`: a session's conversation and everything a run carries between steps."""
+"""`RunState`: a session's conversation and everything a run carries between steps.
+
+`RunState.dump()` is the stored form of a session (JSON-compatible, with a `schema_version`);
+`RunState.load()` rebuilds it, pending cards and their decisions included, so a suspended
+run resumes after a restart exactly where it stopped.
+
+Schema versions:
+    1: messages, context store, usage, turn counters, dedup and cache, pending progress.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +14,42 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
 from ._tool_result import ToolResult
 from .context import ContextStore
-from .messages import Message, ToolCallPart
+from .exceptions import UserError
+from .messages import ApprovalCardPart, Message, ToolCallPart
 from .models import Usage
 
-__all__ = ["RunState"]
+__all__ = ["Progress", "RunState"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(kw_only=True, slots=True)
+class Progress:
+    """Where a suspended turn stopped, so that it resumes exactly there."""
+
+    agent: str
+    """The agent whose loop suspended."""
+    message_id: str
+    """The assistant message holding the waiting calls (the turn continues it)."""
+    iterations: int
+    """Model calls the agent had made this turn."""
+    calls_made: int = 0
+    """Tool calls the agent had made this turn (for `min_tool_calls`)."""
+    nudged: bool = False
+    """Whether the `min_tool_calls` nudge was already sent."""
+    retried_output: bool = False
+    """Whether invalid structured output was already sent back once."""
+    route: list[str] | None = None
+    """The agents of the turn's route, when an engine runs one."""
+    step: int = 0
+    """The index of `agent` in `route`."""
+    resumed_by: str | None = None
+    """The run that claimed the resumption (so that two workers never both resume)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,10 +77,20 @@ class RunState:
     """How many user turns the session has had."""
     turn_iterations: int = 0
     """Model calls made this turn, across agents (the per-turn cap counts these)."""
+    approvals: int = 0
+    """Calls that asked for approval this turn (`max_approvals_per_turn` counts these)."""
     turn_calls: dict[str, ToolCallPart] = field(default_factory=dict)
     """This turn's calls by canonical (name, arguments): duplicates reuse their result."""
     tool_cache: dict[str, tuple[float, ToolResult]] = field(default_factory=dict)
     """Idempotent tools' results by canonical call, with their expiry time."""
+    pending: dict[str, ApprovalCardPart] = field(default_factory=dict)
+    """The pending map: tool call id -> the card waiting for a decision. An index over the
+    undecided cards in `messages` (they are the record), rebuilt by `load`."""
+    progress: Progress | None = None
+    """Where the turn suspended, while it is suspended."""
+    client_connected: bool = False
+    """Whether a client that can run `client` tools is attached to this run (not stored:
+    set by whoever drives the run). Without one, a client tool fails fast."""
 
     def sys_values(self, now: float) -> dict[str, Any]:
         """The `sys:` values of the context store for a run starting at `now` (epoch seconds).
@@ -59,5 +107,102 @@ class RunState:
         """Start a user turn: clear what is turn-scoped."""
         self.turn += 1
         self.turn_iterations = 0
+        self.approvals = 0
         self.turn_calls.clear()
         self.context.new_turn()
+
+    @property
+    def suspended(self) -> bool:
+        """Whether the turn is waiting for decisions or for its resumption."""
+        return self.progress is not None
+
+    def dump(self) -> dict[str, Any]:
+        """The state as JSON-compatible data: the stored form of a session."""
+        doc: _Doc = {
+            "schema_version": SCHEMA_VERSION,
+            "messages": self.messages,
+            "context": self.context.dump(),
+            "usage": self.usage,
+            "session_id": self.session_id,
+            "org_id": self.org_id,
+            "user_id": self.user_id,
+            "run_id": self.run_id,
+            "turn": self.turn,
+            "turn_iterations": self.turn_iterations,
+            "approvals": self.approvals,
+            "turn_calls": {key: part.id for key, part in self.turn_calls.items()},
+            "tool_cache": [(k, t, r) for k, (t, r) in self.tool_cache.items()],
+            "progress": self.progress,
+        }
+        return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
+
+    @classmethod
+    def load(cls, data: dict[str, Any], *, max_context_bytes: int = 1_000_000) -> RunState:
+        """Rebuild a state from `dump()` output (after a JSON round trip, if any).
+
+        Raises:
+            UserError: `data` is not a dumped state, or was written by a newer handrail.
+        """
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            newer = isinstance(version, int) and version > SCHEMA_VERSION
+            raise UserError(
+                f"cannot load a session state with schema_version={version!r}: this handrail "
+                f"reads version {SCHEMA_VERSION}" + ("; upgrade handrail" if newer else "")
+            )
+        try:
+            doc = _DOC.validate_python(data)
+        except ValidationError as exc:
+            raise UserError(f"not a stored session state: {exc}") from None
+        state = cls(
+            messages=doc["messages"],
+            context=ContextStore.load(doc["context"], max_bytes=max_context_bytes),
+            usage=doc["usage"],
+            session_id=doc["session_id"],
+            org_id=doc["org_id"],
+            user_id=doc["user_id"],
+            run_id=doc["run_id"],
+            turn=doc["turn"],
+            turn_iterations=doc["turn_iterations"],
+            approvals=doc["approvals"],
+            tool_cache={k: (t, r) for k, t, r in doc["tool_cache"]},
+            progress=doc["progress"],
+        )
+        parts = {p.id: p for m in state.messages for p in m.parts if isinstance(p, ToolCallPart)}
+        state.turn_calls = {
+            key: parts[call_id] for key, call_id in doc["turn_calls"].items() if call_id in parts
+        }
+        state.pending = _undecided(state.messages)
+        return state
+
+
+def _undecided(messages: list[Message]) -> dict[str, ApprovalCardPart]:
+    pending: dict[str, ApprovalCardPart] = {}
+    for message in messages:
+        for part in message.parts:
+            if isinstance(part, ApprovalCardPart):
+                if part.decision is None:
+                    pending[part.tool_call_id] = part
+                else:
+                    pending.pop(part.tool_call_id, None)
+    return pending
+
+
+class _Doc(TypedDict):
+    schema_version: int
+    messages: list[Message]
+    context: dict[str, Any]
+    usage: Usage
+    session_id: str | None
+    org_id: str | None
+    user_id: str | None
+    run_id: str
+    turn: int
+    turn_iterations: int
+    approvals: int
+    turn_calls: dict[str, str]
+    tool_cache: list[tuple[str, float, ToolResult]]
+    progress: Progress | None
+
+
+_DOC: TypeAdapter[_Doc] = TypeAdapter(_Doc)

@@ -15,7 +15,12 @@ Each call goes through the same steps, in this order:
 10. result hooks (`on_tool_result`, `transform_tool_result`);
 11. stamp the part (status, result, timings).
 
-Gated, human and client calls stop after step 6 and wait. The pipeline never raises for a
+Gated, human and client calls stop after step 6 and wait (see `handrail.suspension`): each
+gets a card, a placeholder result and an entry in the pending map. When the run resumes,
+`Dispatcher.resume` settles the decided calls and runs the approved ones through steps 7-11,
+after validating their arguments again and checking them against the approved digest.
+
+The pipeline never raises for a
 tool's failure: an exception becomes `ToolResult(ok=False)` and the loop goes on. Independent
 calls run in parallel in one `TaskGroup`; `sequential` tools run alone, in the model's order;
 one failure or timeout never sinks the others; results stay in the model's call order.
@@ -32,7 +37,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeAlias
 
 import pydantic_core
-from pydantic import BaseModel, ValidationError
 
 from .._tool_result import ToolResult
 from ..events import (
@@ -45,15 +49,19 @@ from ..events import (
     ToolProgress,
 )
 from ..exceptions import ModelRetry, PathError
-from ..messages import ApprovalCardPart, ToolCallPart
+from ..messages import ApprovalCardPart, CardKind, Message, ToolCallPart
 from ..runtime import Runtime
 from ..state import RunState
-from ._arguments import ArgumentsError, parse_arguments, validate_arguments
-from ._tool import Tool, ToolContext
+from ..suspension import args_digest, placeholder, settle
+from ._arguments import ArgumentsError, parse_arguments
+from ._tool import Tool, ToolContext, jsonable
 
 __all__ = ["Dispatcher"]
 
-_SCALARS = (str, int, float, bool, type(None))
+_NO_CLIENT = (
+    "Tool {name!r} runs in the client, and no client is connected to run it. Tell the user "
+    "to open the app (or do it another way)."
+)
 Emit = Callable[[Event], None]
 _Final: TypeAlias = None  # what `_prepare` returns for a part that is already final or waiting
 
@@ -118,7 +126,95 @@ class Dispatcher:
                 finished.append(part)
         for part in finished:
             yield _completed(part)
+        async for event in self._execute_ready(ready):
+            yield event
+        for part, original in copies:
+            self._reuse(part, original, in_batch=True)
+            yield _completed(part)
 
+    async def resume(self, message: Message, cards: list[ApprovalCardPart]) -> AsyncIterator[Event]:
+        """Settle the decided calls of a suspended `message`; run the approved ones.
+
+        Rejected, expired, answered and client-run calls get their final result (then steps
+        8-11). An approved call runs only if its arguments, validated again against the state
+        of now, still hash to the digest that was approved, and its tool's `revalidate` hook
+        accepts them. A gated `client` tool, once approved, waits again for the client (a new
+        card in `cards`).
+        """
+        decided: dict[str, ApprovalCardPart] = {}
+        for p in message.parts:
+            if isinstance(p, ApprovalCardPart) and p.decision is not None:
+                decided[p.tool_call_id] = p
+        ready: list[_Ready] = []
+        for part in message.parts:
+            if not isinstance(part, ToolCallPart) or part.status != "waiting":
+                continue
+            card = decided.get(part.id)
+            if card is None:  # still pending: the caller resumes only when nothing is
+                continue
+            tool = self.tools.get(part.name)
+            result = settle(tool, part, card)
+            if result is not None:
+                await self._finish(part, tool, result, None)
+                if card.decision == "reject":
+                    part.status = "rejected"
+                yield _completed(part)
+                continue
+            assert tool is not None  # `settle` settles every call whose tool is gone
+            outcome = await self._approved(part, tool, card)
+            if isinstance(outcome, _Ready):
+                yield ToolCallStarted(
+                    agent=self.agent, tool_call_id=part.id, name=part.name, args=part.args
+                )
+                ready.append(outcome)
+            elif part.status == "waiting":  # an approved client tool: now the client runs it
+                yield self._wait(part, cards, approved=True)
+            else:
+                yield _completed(part)
+        async for event in self._execute_ready(ready):
+            yield event
+
+    async def _approved(
+        self, part: ToolCallPart, tool: Tool[Any], card: ApprovalCardPart
+    ) -> _Ready | _Final:
+        args = card.amended_args if card.amended_args is not None else part.args
+        try:
+            validated = tool.validate(args, self.state.context)
+        except (ArgumentsError, PathError) as exc:
+            return self._fail(part, f"Tool {part.name!r}: the approved call no longer holds: {exc}")
+        except Exception as exc:
+            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+        final = tool.stored_args(validated)
+        if card.args_digest != args_digest(part.name, final):
+            return self._fail(
+                part,
+                f"Refused to run {part.name!r}: its arguments are not the ones that were "
+                f"approved (the approval's digest does not match). Ask for approval again.",
+            )
+        if tool.revalidate is not None:
+            try:
+                checked = tool.revalidate(self._context(part, tool), final)
+                if inspect.isawaitable(checked):
+                    await checked
+            except ModelRetry as exc:
+                return self._fail(part, exc.message)
+            except Exception as exc:
+                return self._fail(
+                    part,
+                    f"Tool {part.name!r}: the approved call no longer holds: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+        part.args = final
+        if tool.executor == "client":
+            if not self.state.client_connected:
+                return self._fail(part, _NO_CLIENT.format(name=part.name))
+            part.status = "waiting"
+            return None
+        part.status = "running"
+        key = part.name + "\x00" + pydantic_core.to_json(final).decode()
+        return _Ready(part, tool, tool.arguments(validated), key)
+
+    async def _execute_ready(self, ready: list[_Ready]) -> AsyncIterator[Event]:
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
@@ -127,10 +223,6 @@ class Dispatcher:
         elif ready:
             async for event in self._execute_many(ready):
                 yield event
-
-        for part, original in copies:
-            self._reuse(part, original, in_batch=True)
-            yield _completed(part)
 
     # -- steps 1 to 6 ---------------------------------------------------------------------
 
@@ -155,29 +247,18 @@ class Dispatcher:
         if tool is None:  # the allow-list: only the agent's tools exist for its model
             return self._fail(part, _unknown_tool(part.name, self.tools))
         part.executor = tool.executor
-        args = part.args
         try:
-            # 2. domain transform
-            if runtime.transform_args is not None:
+            args = part.args
+            if runtime.transform_args is not None:  # 2. domain transform
                 args = runtime.transform_args(tool, dict(args))
-            # 3. bind from the context store: bound values always win over the model's
-            if tool.bindings:
-                args = dict(args)
-                for param, path in tool.bindings.items():
-                    args[param] = self.state.context.get(path)
-            # 4. normalize + validate
-            if tool.normalize is not None:
-                args = tool.normalize(dict(args))
-            validated = validate_arguments(tool.input_model, args)
+            validated = tool.validate(args, self.state.context)  # 3. bind, 4. validate
         except ArgumentsError as exc:
             return self._fail(part, f"Tool {part.name!r}: {exc}")
         except PathError as exc:
             return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
         except Exception as exc:  # a user hook failed: still data, never a crash
             return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
-        part.args = validated.model_dump(
-            mode="json", by_alias=True, exclude=tool.bound_fields or None
-        )
+        part.args = tool.stored_args(validated)
         kwargs = tool.arguments(validated)
 
         # 5. permission policy (the allow-list was checked when the tool was looked up)
@@ -210,7 +291,7 @@ class Dispatcher:
         planned[part.id] = part
 
         if tool.gated or tool.executor in ("human", "client"):
-            part.status = "waiting"
+            self._hold(part, tool)
             return None
         if tool.executor == "provider":
             part.result = part.result or ToolResult(summary="ran at the model provider")
@@ -218,6 +299,26 @@ class Dispatcher:
             return None
         part.status = "running"
         return _Ready(part, tool, kwargs, key)
+
+    def _hold(self, part: ToolCallPart, tool: Tool[Any]) -> None:
+        """Make a call wait for a person or a client, unless it cannot (then it fails)."""
+        state, runtime = self.state, self.runtime
+        if tool.executor == "client" and not state.client_connected:
+            self._fail(part, _NO_CLIENT.format(name=part.name))
+            return
+        if tool.gated:
+            cap = runtime.max_approvals_per_turn
+            if cap is not None and state.approvals >= cap:
+                self._fail(
+                    part,
+                    f"Not asked: this turn already has {cap} call(s) waiting for approval, the "
+                    f"most it allows. Stop calling tools that need approval; summarise what "
+                    f"you have done and what still needs a decision.",
+                )
+                return
+            state.approvals += 1
+        part.status = "waiting"
+        return None
 
     @staticmethod
     def _fail(part: ToolCallPart, error: str) -> _Final:
@@ -237,9 +338,17 @@ class Dispatcher:
         part.status = "completed" if part.result is not None and part.result.ok else "failed"
         part.digest = original.digest
 
-    def _wait(self, part: ToolCallPart, cards: list[ApprovalCardPart]) -> Event:
+    def _wait(
+        self, part: ToolCallPart, cards: list[ApprovalCardPart], *, approved: bool = False
+    ) -> Event:
+        """Raise the card of a waiting call: its event, its placeholder, its pending entry.
+
+        A gated call is asked for approval first; once `approved`, a client tool waits for
+        the client's result.
+        """
         tool = self.tools[part.name]
-        if tool.gated:
+        kind: CardKind
+        if tool.gated and not approved:
             kind = "approval"
             event: Event = ApprovalRequired(
                 tool_call_id=part.id,
@@ -261,16 +370,22 @@ class Dispatcher:
         else:
             kind = "client_exec"
             event = ClientExecRequired(tool_call_id=part.id, name=part.name, args=part.args)
-        cards.append(
-            ApprovalCardPart(
-                tool_call_id=part.id,
-                tool_name=part.name,
-                args=part.args,
-                prompt=tool.prompt,
-                amendable=list(tool.amendable) if tool.gated else [],
-                kind=kind,  # type: ignore[arg-type]
-            )
+        now = self.runtime.clock()
+        ttl = tool.expires_after if tool.expires_after is not None else self.runtime.pending_ttl
+        card = ApprovalCardPart(
+            tool_call_id=part.id,
+            tool_name=part.name,
+            args=part.args,
+            prompt=tool.prompt,
+            amendable=list(tool.amendable) if kind == "approval" else [],
+            kind=kind,
+            executor=tool.executor,
+            created_at=now,
+            expires_at=None if ttl is None else now + ttl,
         )
+        part.result = placeholder(card)
+        self.state.pending[part.id] = card
+        cards.append(card)
         return event
 
     # -- steps 7 to 11 --------------------------------------------------------------------
@@ -309,11 +424,10 @@ class Dispatcher:
     async def _execute(self, ready: _Ready, emit: Emit) -> None:
         """Steps 7-11 for one call; never raises but for cancellation."""
         part, tool = ready.part, ready.tool
-        state = self.state
         begun = time.perf_counter()
         try:
             output = await self._invoke(ready, emit)
-            result = _to_result(tool, output)
+            result = tool.to_result(output)
         except ModelRetry as exc:
             result = ToolResult.failure(exc.message)
         except TimeoutError as exc:
@@ -325,7 +439,16 @@ class Dispatcher:
             )
         except Exception as exc:
             result = ToolResult.failure(f"{type(exc).__name__}: {exc}")
-        if result.ok:
+        await self._finish(part, tool, result, ready.key)
+        part.duration_ms = (time.perf_counter() - begun) * 1000.0
+        emit(_completed(part))
+
+    async def _finish(
+        self, part: ToolCallPart, tool: Tool[Any] | None, result: ToolResult, key: str | None
+    ) -> None:
+        """Steps 8-11: digest, capture, result hooks, stamp."""
+        state = self.state
+        if result.ok and tool is not None:
             if tool.digest is not None:  # 8. digest (and the summary line)
                 try:
                     part.digest = tool.digest(result.data)
@@ -337,32 +460,33 @@ class Dispatcher:
                 except Exception as exc:
                     result.summary = f"(summary failed: {type(exc).__name__}: {exc})"
             state.context.record(part.name, part.id, result.data)  # 9. capture
-            if tool.cache_ttl is not None:
-                state.tool_cache[ready.key] = (part.started_at or 0.0) + tool.cache_ttl, result
+            if tool.cache_ttl is not None and key is not None:
+                state.tool_cache[key] = (part.started_at or 0.0) + tool.cache_ttl, result
         result = await self._hooks(part, result)  # 10. result hooks
         part.result = result  # 11. stamp
         part.status = "completed" if result.ok else "failed"
-        part.duration_ms = (time.perf_counter() - begun) * 1000.0
         state.usage.tool_calls += 1
-        emit(_completed(part))
+
+    def _context(self, part: ToolCallPart, tool: Tool[Any]) -> ToolContext[Any]:
+        state = self.state
+        return ToolContext(
+            deps=self.runtime.deps,
+            context=state.context,
+            agent=self.agent,
+            tool_name=tool.name,
+            tool_call_id=part.id,
+            run_id=state.run_id,
+            org_id=state.org_id,
+            user_id=state.user_id,
+            session_id=state.session_id,
+        )
 
     async def _invoke(self, ready: _Ready, emit: Emit) -> Any:
         tool = ready.tool
         function = tool.function
         assert function is not None  # server tools always have one (checked at definition)
         if tool.takes_ctx:
-            state = self.state
-            context = ToolContext(
-                deps=self.runtime.deps,
-                context=state.context,
-                agent=self.agent,
-                tool_name=tool.name,
-                tool_call_id=ready.part.id,
-                run_id=state.run_id,
-                org_id=state.org_id,
-                user_id=state.user_id,
-                session_id=state.session_id,
-            )
+            context = self._context(ready.part, tool)
             call: Callable[[], Any] = functools.partial(function, context, **ready.kwargs)
         else:
             call = functools.partial(function, **ready.kwargs)
@@ -379,7 +503,7 @@ class Dispatcher:
         output: Any = None
         async for item in call():
             if not isinstance(item, ToolResult):
-                emit(ToolProgress(tool_call_id=call_id, progress=_jsonable(item)))
+                emit(ToolProgress(tool_call_id=call_id, progress=jsonable(item)))
             output = item
         return output
 
@@ -395,31 +519,6 @@ class Dispatcher:
         except Exception as exc:
             return ToolResult.failure(f"a result hook failed: {type(exc).__name__}: {exc}")
         return result
-
-
-def _to_result(tool: Tool[Any], output: Any) -> ToolResult:
-    if isinstance(output, ToolResult):
-        return output
-    adapter = tool.output_adapter
-    if adapter is not None:
-        try:
-            return ToolResult(
-                data=adapter.dump_python(adapter.validate_python(output), mode="json")
-            )
-        except ValidationError as exc:
-            return ToolResult.failure(
-                f"Tool {tool.name!r} returned output that does not match its output type: "
-                f"{exc.error_count()} error(s): {exc.errors(include_url=False)[0]['msg']}"
-            )
-    return ToolResult(data=_jsonable(output))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return pydantic_core.to_jsonable_python(value, fallback=repr)
 
 
 def _completed(part: ToolCallPart) -> ToolCallCompleted:

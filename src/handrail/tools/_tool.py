@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
 
 import docstring_parser
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
+from .._tool_result import ToolResult
 from ..context import ContextStore, check_path
 from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
 from ..models import ToolDefinition
+from ._arguments import validate_arguments
 
 __all__ = ["Approval", "Permission", "Tool", "ToolContext", "tool"]
 
@@ -95,6 +98,12 @@ class Tool(Generic[DepsT]):
         timeout: seconds before the call fails with a timeout error the model can read.
         sequential: run alone, in order, never in parallel with other calls.
         prompt: what to ask the human for a gated or `human` call.
+        revalidate: `(ctx, args) -> None`, sync or async: runs just before an approved call
+            executes, against the state of that moment (the world may have changed while the
+            call waited); raise `ModelRetry` (or any exception) to refuse with a message.
+        expires_after: seconds a pending decision on this tool's calls is accepted; after
+            that the call resolves to an "expired" tool error. Default: the runtime's
+            `pending_ttl` (None: never).
     """
 
     def __init__(
@@ -119,6 +128,8 @@ class Tool(Generic[DepsT]):
         timeout: float | None = None,
         sequential: bool = False,
         prompt: str | None = None,
+        revalidate: Callable[[ToolContext[Any], dict[str, Any]], Any] | None = None,
+        expires_after: float | None = None,
     ) -> None:
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
@@ -189,7 +200,21 @@ class Tool(Generic[DepsT]):
                 f"{label}: cache_ttl= reuses results, which is only safe for a tool that is "
                 f"idempotent; set idempotent=True or drop cache_ttl=."
             )
-        for option, seconds in (("timeout", timeout), ("cache_ttl", cache_ttl)):
+        if revalidate is not None and not self.gated:
+            raise ToolDefinitionError(
+                f"{label}: revalidate= checks an approved call before it runs, so it needs "
+                f"approval='required'; drop revalidate= or gate the tool."
+            )
+        if expires_after is not None and not (self.gated or executor in ("human", "client")):
+            raise ToolDefinitionError(
+                f"{label}: expires_after= bounds how long a call waits for a decision, and "
+                f"this tool never waits; drop it, or gate the tool."
+            )
+        for option, seconds in (
+            ("timeout", timeout),
+            ("cache_ttl", cache_ttl),
+            ("expires_after", expires_after),
+        ):
             if seconds is not None and not seconds > 0:  # `not >` also refuses NaN
                 raise ToolDefinitionError(
                     f"{label}: {option} must be a positive number of seconds."
@@ -212,6 +237,8 @@ class Tool(Generic[DepsT]):
         self.timeout = timeout
         self.sequential = sequential
         self.prompt = prompt
+        self.revalidate = revalidate
+        self.expires_after = expires_after
         self.kind: Literal["sync", "async", "stream"] = _kind(function)
         self.definition = ToolDefinition(
             name=self.name, description=self.description, parameters=self._model_schema()
@@ -220,6 +247,49 @@ class Tool(Generic[DepsT]):
     def _fields(self) -> list[tuple[str, str]]:
         """(field name in the input model, argument name) pairs."""
         return [(field, self.renamed.get(field, field)) for field in self.input_model.model_fields]
+
+    def validate(self, args: dict[str, Any], context: ContextStore) -> BaseModel:
+        """Bind, normalize and validate a call's arguments (steps 3 and 4 of dispatch).
+
+        Bound arguments are read from `context` and always win over what was sent.
+
+        Raises:
+            ArgumentsError: listing every bad field, after lenient repair.
+            PathError: a binding's path does not resolve.
+            Exception: whatever the tool's `normalize` raised.
+        """
+        if self.bindings:
+            args = dict(args)
+            for param, path in self.bindings.items():
+                args[param] = context.get(path)
+        if self.normalize is not None:
+            args = self.normalize(dict(args))
+        return validate_arguments(self.input_model, args)
+
+    def stored_args(self, validated: BaseModel) -> dict[str, Any]:
+        """The arguments as history keeps them: JSON, without the bound ones."""
+        return validated.model_dump(mode="json", by_alias=True, exclude=self.bound_fields or None)
+
+    def to_result(self, output: Any) -> ToolResult:
+        """What the tool returned (or a client or a person answered for it), as a result.
+
+        A `ToolResult` is taken as is; otherwise the output is validated against the output
+        type when there is one (a mismatch is a failed result) and made JSON-compatible.
+        """
+        if isinstance(output, ToolResult):
+            return output
+        adapter = self.output_adapter
+        if adapter is None:
+            return ToolResult(data=jsonable(output))
+        try:
+            return ToolResult(
+                data=adapter.dump_python(adapter.validate_python(output), mode="json")
+            )
+        except ValidationError as exc:
+            return ToolResult.failure(
+                f"Tool {self.name!r} returned output that does not match its output type: "
+                f"{exc.error_count()} error(s): {exc.errors(include_url=False)[0]['msg']}"
+            )
 
     def arguments(self, validated: BaseModel) -> dict[str, Any]:
         """The keyword arguments for the function, from a validated input model."""
@@ -308,6 +378,18 @@ def tool(
         return Tool(fn, **options)
 
     return decorate
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON-compatible data (pydantic models dumped; unknown objects as repr)."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return pydantic_core.to_jsonable_python(value, fallback=repr)
 
 
 def _description(doc: docstring_parser.Docstring | None) -> str:

@@ -1,0 +1,359 @@
+"""`Engine`: agents as an application: sessions, routes, and the human in the loop.
+
+An engine drives turns of stored sessions. `submit` runs one user turn (one read of the session
+at the start, one write at the end, before the terminal event is handed out); `resolve`
+records a decision on a pending call (persisted before it returns); `resume` continues a
+suspended turn once nothing is pending, in the same assistant message, without a new model
+call to decide the decided calls again; `expire_due` sweeps deadlines; `interrupt` stops a
+running turn from another task.
+
+A session belongs to the org and user that created it: any other caller gets
+`SessionNotFoundError`, exactly as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._loop import AgentRun, check_resumable, run_turn
+from .agent import Agent
+from .events import Event
+from .exceptions import ConflictError, SessionBusyError, SessionNotFoundError, UserError
+from .models import Model
+from .runtime import Runtime
+from .state import RunState
+from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
+from .suspension import Decision, decide, expire
+
+__all__ = ["Domain", "Engine", "Resolution"]
+
+_TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
+
+
+@dataclass(kw_only=True)
+class Domain:
+    """The agents of an application and the routes through them.
+
+    Args:
+        agents: every agent of the domain (names must be unique).
+        routes: route name -> the agents that run, in order, for a turn on that route.
+            Default: one route, `default`, through the first agent.
+        default_route: the route a turn takes when none is chosen (default: the first).
+    """
+
+    agents: Sequence[Agent[Any]]
+    routes: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    default_route: str | None = None
+
+    def __post_init__(self) -> None:
+        self.by_name: dict[str, Agent[Any]] = {}
+        for agent in self.agents:
+            if agent.name in self.by_name:
+                raise UserError(f"Domain: two agents are named {agent.name!r}.")
+            self.by_name[agent.name] = agent
+        if not self.by_name:
+            raise UserError("Domain: give at least one agent.")
+        if not self.routes:
+            self.routes = {"default": [self.agents[0].name]}
+        for route, names in self.routes.items():
+            unknown = [n for n in names if n not in self.by_name]
+            if unknown or not names:
+                raise UserError(
+                    f"Domain: route {route!r} names no agent or unknown agents "
+                    f"({', '.join(map(repr, unknown)) or 'empty'}); agents: "
+                    f"{', '.join(self.by_name)}."
+                )
+        if self.default_route is None:
+            self.default_route = next(iter(self.routes))
+        elif self.default_route not in self.routes:
+            raise UserError(
+                f"Domain: default_route {self.default_route!r} is not a route "
+                f"(routes: {', '.join(self.routes)})."
+            )
+
+    def route(self, name: str | None) -> list[Agent[Any]]:
+        """The agents of route `name` (the default route when None)."""
+        key = name if name is not None else self.default_route
+        if key is None or key not in self.routes:
+            raise UserError(f"Unknown route {key!r}; routes: {', '.join(self.routes)}.")
+        return [self.by_name[n] for n in self.routes[key]]
+
+
+@dataclass(kw_only=True, slots=True)
+class Resolution:
+    """What `Engine.resolve` recorded, and what is still pending."""
+
+    decided: list[str]
+    """The calls this resolution decided."""
+    pending: list[str]
+    """The calls still waiting for a decision."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether nothing is pending any more: the turn can `resume`."""
+        return not self.pending
+
+
+class Engine:
+    """Runs the turns of stored sessions through a domain's agents.
+
+    Args:
+        domain: the agents and routes (a lone `Agent` is a domain of one).
+        store: where sessions live (default: a `MemoryStore`, which forgets on exit).
+        runtime: dependencies, hooks, policy, clock and ids, shared by every run.
+    """
+
+    def __init__(
+        self,
+        domain: Domain | Agent[Any],
+        *,
+        store: SessionStore | None = None,
+        runtime: Runtime[Any] | None = None,
+    ) -> None:
+        self.domain = domain if isinstance(domain, Domain) else Domain(agents=[domain])
+        self.store: SessionStore = store if store is not None else MemoryStore()
+        self.runtime: Runtime[Any] = runtime if runtime is not None else Runtime()
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._running: dict[str, AgentRun[Any]] = {}
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        model: Model | None = None,
+        route: str | None = None,
+        client: bool = False,
+    ) -> AgentRun[Any]:
+        """Run one user turn of a session (created on first use) as a stream of events.
+
+        The events end with exactly one of `run-completed`, `run-suspended`, `run-failed`,
+        handed out only once the session is saved.
+
+        Args:
+            session_id: the session.
+            text: the user's message.
+            org_id: the caller's organisation (scope comes from here, never from the model).
+            user_id: the caller.
+            model: a model for this turn, over the agents' and the runtime's.
+            route: the route to take (default: the domain's default route).
+            client: whether the caller can run `client` tools (without, they fail fast).
+        """
+        agents = self.domain.route(route)
+        return self._drive(session_id, text, agents, org_id, user_id, model, client)
+
+    def resume(
+        self,
+        session_id: str,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        model: Model | None = None,
+        client: bool = False,
+    ) -> AgentRun[Any]:
+        """Continue a suspended turn once every pending call is decided.
+
+        Decided calls are settled (approved ones run now), then the suspended agent's loop goes
+        on with its remaining iterations, then the rest of its route.
+
+        Raises (when iterated):
+            UserError: the session has no suspended turn, or a decision is still missing.
+        """
+        return self._drive(session_id, None, None, org_id, user_id, model, client)
+
+    def _drive(
+        self,
+        session_id: str,
+        text: str | None,
+        agents: list[Agent[Any]] | None,
+        org_id: str | None,
+        user_id: str | None,
+        model: Model | None,
+        client: bool,
+    ) -> AgentRun[Any]:
+        holder: list[AgentRun[Any]] = []
+
+        async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
+            async with self._lock(session_id):
+                record, state = await self._load(session_id, org_id, user_id, create=True)
+                route = agents
+                if text is None:
+                    progress = state.progress
+                    if progress is None:
+                        raise UserError(f"Session {session_id!r} has no suspended turn to resume.")
+                    check_resumable(state, None, [progress.agent])
+                    if progress.resumed_by is not None:
+                        raise SessionBusyError(
+                            f"Session {session_id!r} is already being resumed (by run "
+                            f"{progress.resumed_by}); its decided calls run once."
+                        )
+                    route = [self.domain.by_name[n] for n in progress.route or [progress.agent]]
+                    # Claim the resumption before anything runs: of two workers that loaded
+                    # the same version, one loses the compare-and-swap here.
+                    progress.resumed_by = self.runtime.ids("run")
+                    await self._save(record, state, "active")
+                assert route is not None
+                state.client_connected = client
+                inner = run_turn(route, text, state=state, runtime=self.runtime, model=model)
+                holder.append(inner)
+                self._running[session_id] = inner
+                try:
+                    terminal: Event | None = None
+                    async for event in inner:
+                        if event.type in _TERMINAL:
+                            terminal = event
+                        else:
+                            yield event
+                finally:
+                    self._running.pop(session_id, None)
+                    state.client_connected = False
+                result = run._result = inner.result
+                await self._save(record, state, _STATUS[result.outcome])
+                assert terminal is not None
+                yield terminal
+
+        run: AgentRun[Any] = AgentRun(body)
+        return run
+
+    # -- decisions -------------------------------------------------------------------------
+
+    async def resolve(
+        self,
+        session_id: str,
+        tool_call_id: str,
+        decision: Decision,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+    ) -> Resolution:
+        """Record a decision on one pending call; return once it is stored.
+
+        Raises:
+            SessionNotFoundError: no such session for this caller.
+            StaleResolutionError: the call is unknown, already decided or expired; nothing
+                changed.
+            InvalidDecisionError: the decision does not fit the call; nothing changed.
+        """
+        return await self.resolve_many(
+            session_id, {tool_call_id: decision}, org_id=org_id, user_id=user_id
+        )
+
+    async def resolve_many(
+        self,
+        session_id: str,
+        decisions: Mapping[str, Decision],
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+    ) -> Resolution:
+        """Record decisions on several pending calls at once: all of them, or none.
+
+        Raises:
+            as `resolve`, for the first decision that cannot be recorded (then none is).
+        """
+        if not decisions:
+            raise UserError("resolve_many needs at least one decision.")
+        while True:
+            async with self._lock(session_id):
+                record, state = await self._load(session_id, org_id, user_id)
+                now = self.runtime.clock()
+                progress = state.progress
+                tools = self.domain.by_name[progress.agent].tools if progress else {}
+                for tool_call_id, decision in decisions.items():
+                    decide(state, tools, tool_call_id, decision, now=now)
+                try:
+                    await self._save(record, state, record.status)
+                except ConflictError:
+                    continue  # another worker saved in between: decide again on its state
+                return Resolution(decided=list(decisions), pending=list(state.pending))
+
+    async def expire_due(self) -> list[str]:
+        """Expire every pending call past its deadline; return the sessions that changed.
+
+        An expired call resolves to a tool error ("nobody decided in time") when its turn
+        resumes; a session left with nothing pending is ready to `resume`.
+        """
+        now = self.runtime.clock()
+        changed: list[str] = []
+        for summary in await self.store.due(now):
+            async with self._lock(summary.id):
+                record = await self.store.load(summary.id)
+                if record is None:
+                    continue
+                state = RunState.load(record.data)
+                if expire(state, now):
+                    try:
+                        await self._save(record, state, record.status)
+                    except ConflictError:
+                        continue  # it changed meanwhile: the next sweep sees it again
+                    changed.append(summary.id)
+        return changed
+
+    def interrupt(self, session_id: str) -> bool:
+        """Stop the session's running turn, if one runs in this process; True if one did."""
+        run = self._running.get(session_id)
+        if run is None:
+            return False
+        run.interrupt()
+        return True
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def session(
+        self, session_id: str, *, org_id: str | None = None, user_id: str | None = None
+    ) -> RunState:
+        """The session's stored state (messages, pending cards, usage).
+
+        Raises:
+            SessionNotFoundError: no such session for this caller.
+        """
+        _, state = await self._load(session_id, org_id, user_id)
+        return state
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
+    async def _load(
+        self, session_id: str, org_id: str | None, user_id: str | None, *, create: bool = False
+    ) -> tuple[SessionRecord, RunState]:
+        record = await self.store.load(session_id)
+        if record is not None and (record.org_id, record.user_id) != (org_id, user_id):
+            record = None  # another tenant's session is, to this caller, no session
+        if record is None:
+            if not create:
+                raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+            record = SessionRecord(id=session_id, org_id=org_id, user_id=user_id)
+            state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
+            return record, state
+        return record, RunState.load(record.data)
+
+    async def _save(
+        self, record: SessionRecord, state: RunState, status: SessionStatus
+    ) -> SessionRecord:
+        """Compare-and-swap `state` into `record`'s session; `record` follows the new version."""
+        record.data = state.dump()
+        record.status = status
+        deadlines = [c.expires_at for c in state.pending.values() if c.expires_at is not None]
+        record.expires_at = min(deadlines) if deadlines else None
+        saved = await self.store.save(record)
+        record.version = saved.version
+        return saved
+
+
+_STATUS: dict[str, SessionStatus] = {
+    "completed": "completed",
+    "suspended": "suspended",
+    "interrupted": "active",
+    "failed": "failed",
+}

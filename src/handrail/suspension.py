@@ -1,0 +1,318 @@
+"""Suspension: ONE primitive for approval, elicitation and client-executed tools.
+
+A call that must wait (a gated tool, a `human` tool, a `client` tool) gets a *card*
+(`ApprovalCardPart`) on its assistant message and an entry in the state's pending map
+(`RunState.pending`, tool call id -> card); its `ToolCallPart` is `waiting` with a placeholder
+result that says so. The run suspends. Then, for each pending call, somebody decides:
+
+- `Approve` (a gated call; optionally amending the tool's `amendable` arguments, which are
+  validated again),
+- `Reject` (any card; the tool never runs and the model is told, with the reason),
+- `Answer` (a `human` call: validated against the tool's output type),
+- `ClientResult` (a `client` call: untrusted, so an invalid result becomes a tool error).
+
+`decide` validates a decision against the pending map and records it on the card (who, when,
+the original and the amended arguments, and the digest of the exact arguments approved)
+before anything runs. An unknown, already decided or expired call raises
+`StaleResolutionError` and changes nothing, so no decision can make a tool run twice. Once
+nothing is pending, the run resumes: the dispatcher settles the decided calls (an approved call
+runs only if its arguments still hash to the approved digest) and the agent's loop goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
+
+import pydantic_core
+from pydantic import Field, TypeAdapter
+
+from ._tool_result import ToolResult
+from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
+from .messages import ApprovalCardPart, DecisionKind, ToolCallPart
+from .tools._arguments import ArgumentsError
+
+if TYPE_CHECKING:
+    from .state import RunState
+    from .tools import Tool
+
+__all__ = [
+    "DECISION",
+    "Answer",
+    "Approve",
+    "ClientResult",
+    "Decision",
+    "Reject",
+    "args_digest",
+    "decide",
+    "expire",
+    "placeholder",
+    "settle",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class Approve:
+    """Run the gated call, with the arguments as proposed or as amended."""
+
+    amended_args: dict[str, Any] | None = None
+    """New values for some of the tool's `amendable` arguments (the rest stay as proposed)."""
+    by: str | None = None
+    """Who decided (recorded on the card)."""
+    decision: Literal["approve"] = "approve"
+
+
+@dataclass(kw_only=True, slots=True)
+class Reject:
+    """Do not run the call; the model is told, with the reason, and acknowledges it."""
+
+    reason: str | None = None
+    """Why, in words the model can relay to the user."""
+    by: str | None = None
+    """Who decided."""
+    decision: Literal["reject"] = "reject"
+
+
+@dataclass(kw_only=True, slots=True)
+class Answer:
+    """A person's answer for a `human` tool: validated against the tool's output type."""
+
+    output: Any
+    """The answer."""
+    by: str | None = None
+    """Who answered."""
+    decision: Literal["answer"] = "answer"
+
+
+@dataclass(kw_only=True, slots=True)
+class ClientResult:
+    """What the client returned for a `client` tool (untrusted: validated, never believed)."""
+
+    output: Any = None
+    """The output."""
+    error: str | None = None
+    """Set when the client failed to run the tool: the call fails with this error."""
+    by: str | None = None
+    """Who (which client) posted it."""
+    decision: Literal["client_result"] = "client_result"
+
+
+Decision: TypeAlias = Annotated[
+    Approve | Reject | Answer | ClientResult, Field(discriminator="decision")
+]
+DECISION: TypeAdapter[Decision] = TypeAdapter(Decision)
+"""Validate a decision from JSON (an HTTP body): `DECISION.validate_json(raw)`."""
+
+_ACCEPTS: dict[str, tuple[str, ...]] = {
+    "approval": ("approve", "reject"),
+    "elicitation": ("answer", "reject"),
+    "client_exec": ("client_result", "reject"),
+    "recovery": ("approve", "reject"),
+}
+_WAITING = {
+    "approval": "waiting for a person to approve it",
+    "elicitation": "waiting for a person to answer",
+    "client_exec": "waiting for the client to run it",
+    "recovery": "waiting for a person to decide whether to retry it",
+}
+
+
+def args_digest(tool_name: str, args: dict[str, Any]) -> str:
+    """The digest that binds an approval to the exact arguments it approved."""
+    canonical = pydantic_core.to_json([tool_name, _sorted(args)])
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def placeholder(card: ApprovalCardPart) -> ToolResult:
+    """The result a waiting call carries until its decision: never mistaken for a real one."""
+    text = (
+        f"No result yet: this call is {_WAITING[card.kind]}. It has not run; its real "
+        f"result will replace this text."
+    )
+    return ToolResult(ok=False, error=text, summary=_WAITING[card.kind])
+
+
+def decide(
+    state: RunState,
+    tools: Mapping[str, Tool[Any]],
+    tool_call_id: str,
+    decision: Decision,
+    *,
+    now: float,
+) -> ApprovalCardPart:
+    """Check `decision` against the pending map and record it on the card.
+
+    Nothing changes unless every check passes. The card leaves the pending map; the call
+    itself is settled when the run resumes (`settle`).
+
+    Args:
+        state: the suspended session state.
+        tools: the suspended agent's tools, by name.
+        tool_call_id: the call being decided.
+        decision: what was decided.
+        now: the time of the decision (seconds since the epoch).
+
+    Raises:
+        StaleResolutionError: the call is unknown, already decided, or expired.
+        InvalidDecisionError: the decision does not fit the card (a kind it does not accept,
+            an argument that is not amendable, amended arguments or an answer that do not
+            validate).
+    """
+    card = state.pending.get(tool_call_id)
+    if card is None:
+        raise StaleResolutionError(_why_stale(state, tool_call_id), tool_call_id=tool_call_id)
+    if card.expires_at is not None and now >= card.expires_at:
+        raise StaleResolutionError(
+            f"The decision on call {tool_call_id} ({card.tool_name}) expired at "
+            f"{card.expires_at:.0f}; the run goes on without it once the session is swept "
+            f"(Engine.expire_due).",
+            tool_call_id=tool_call_id,
+        )
+    kind = decision.decision
+    if kind not in _ACCEPTS[card.kind]:
+        raise InvalidDecisionError(
+            f"Call {tool_call_id} ({card.tool_name}) waits for a {card.kind} decision, which "
+            f"is one of {', '.join(_ACCEPTS[card.kind])}; got {kind!r}."
+        )
+    tool = tools.get(card.tool_name)
+    if tool is None and not isinstance(decision, Reject):
+        raise InvalidDecisionError(
+            f"Call {tool_call_id} is for tool {card.tool_name!r}, which the agent no longer "
+            f"has: reject it, or deploy the tool again."
+        )
+    amended: dict[str, Any] | None = None
+    output: Any = None
+    if isinstance(decision, Approve):
+        assert tool is not None
+        amended = _amend(state, tool, card, decision.amended_args)
+    elif isinstance(decision, Answer):
+        assert tool is not None
+        output = _answer(tool, card, decision.output)
+    elif isinstance(decision, ClientResult):
+        output = decision.output if decision.error is None else {"error": decision.error}
+
+    card.decision = kind
+    card.decided_by = decision.by
+    card.decided_at = now
+    if isinstance(decision, Reject):
+        card.reason = decision.reason
+    elif isinstance(decision, ClientResult) and decision.error is not None:
+        card.reason = decision.error
+    card.output = output
+    if amended is not None:
+        card.amended_args = amended
+    if isinstance(decision, Approve):
+        card.args_digest = args_digest(card.tool_name, amended or card.args)
+    del state.pending[tool_call_id]
+    return card
+
+
+def expire(state: RunState, now: float) -> list[str]:
+    """Decide every pending card past its deadline as `expire`; return their call ids."""
+    due = [
+        card
+        for card in state.pending.values()
+        if card.expires_at is not None and now >= card.expires_at
+    ]
+    for card in due:
+        card.decision = "expire"
+        card.decided_at = now
+        del state.pending[card.tool_call_id]
+    return [card.tool_call_id for card in due]
+
+
+def _why_stale(state: RunState, tool_call_id: str) -> str:
+    for message in reversed(state.messages):
+        for part in message.parts:
+            if (
+                isinstance(part, ApprovalCardPart)
+                and part.tool_call_id == tool_call_id
+                and part.decision is not None
+            ):
+                who = f" by {part.decided_by}" if part.decided_by else ""
+                return (
+                    f"Call {tool_call_id} ({part.tool_name}) was already decided "
+                    f"({part.decision}{who}); a call is never decided or run twice."
+                )
+    waiting = ", ".join(state.pending) or "none"
+    return f"No pending call {tool_call_id!r} in this session (pending: {waiting})."
+
+
+def _amend(
+    state: RunState, tool: Tool[Any], card: ApprovalCardPart, changes: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    if not changes:
+        return None
+    forbidden = sorted(set(changes) - set(card.amendable))
+    if forbidden:
+        allowed = ", ".join(card.amendable) or "none"
+        raise InvalidDecisionError(
+            f"Call {card.tool_call_id} ({card.tool_name}): {', '.join(forbidden)} cannot be "
+            f"amended (amendable: {allowed})."
+        )
+    try:
+        validated = tool.validate({**card.args, **changes}, state.context)
+    except (ArgumentsError, PathError) as exc:
+        raise InvalidDecisionError(
+            f"Call {card.tool_call_id} ({card.tool_name}): the amended arguments are not "
+            f"valid: {exc}"
+        ) from None
+    return tool.stored_args(validated)
+
+
+def _answer(tool: Tool[Any], card: ApprovalCardPart, output: Any) -> Any:
+    result = tool.to_result(output)
+    if not result.ok:
+        raise InvalidDecisionError(
+            f"Call {card.tool_call_id} ({card.tool_name}): the answer is not valid: {result.error}"
+        )
+    return result.data
+
+
+def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -> ToolResult | None:
+    """The final result of a decided call that does not run here, or None if it must run.
+
+    A rejection, an expiry, an answer and a client result settle the call; an approval
+    returns None (the dispatcher runs it, after checking its digest). `tool` is None when
+    the agent no longer has it (a deploy removed it while the call waited).
+    """
+    if tool is None and card.decision not in ("reject", "expire"):
+        return ToolResult.failure(
+            f"Tool {part.name!r} no longer exists, so the {card.decision} decision on this "
+            f"call cannot be carried out; it did not run."
+        )
+    decision: DecisionKind | None = card.decision
+    if decision == "reject":
+        who = f" by {card.decided_by}" if card.decided_by else ""
+        why = f" Reason: {card.reason}" if card.reason else ""
+        return ToolResult(
+            ok=False,
+            error=(
+                f"The call was rejected{who} and did not run.{why} Do not call it again "
+                f"unless the user asks; tell the user what was not done."
+            ),
+            summary=f"rejected{who}" + (f": {card.reason}" if card.reason else ""),
+        )
+    if decision == "expire":
+        return ToolResult.failure(
+            "Nobody decided on this call before its deadline, so it did not run. Tell the "
+            "user it is still to be done, or ask again."
+        )
+    if decision == "answer":
+        return ToolResult(data=card.output)
+    if decision == "client_result":
+        if card.reason is not None:
+            return ToolResult.failure(f"The client could not run {part.name!r}: {card.reason}")
+        assert tool is not None
+        return tool.to_result(card.output)
+    return None
