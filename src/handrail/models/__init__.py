@@ -3,28 +3,38 @@
 A model streams a `ModelRequest` into chunks (`TextChunk`, `ReasoningChunk`,
 `ToolCallChunk`) and ends the stream with exactly one `ModelResponse` carrying the complete
 parts, the usage and the stop reason. Providers live one per module (`models/openai.py`,
-`models/anthropic.py`); the offline test doubles are `ScriptedModel` and `FunctionModel`
-(also exported from `handrail.testing`).
+`models/anthropic.py`), each behind its extra and loaded lazily on first use:
+`from handrail.models import OpenAIModel` needs `pip install "handrail[openai]"`. `infer`
+turns a string such as `"openai:gpt-4o-mini"` into a model. The offline test doubles are
+`ScriptedModel` and `FunctionModel` (also exported from `handrail.testing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
+from ._infer import infer
+
+if TYPE_CHECKING:
+    from .anthropic import AnthropicModel
+    from .openai import OpenAIModel
 
 __all__ = [
+    "AnthropicModel",
     "Model",
     "ModelChunk",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
     "ReasoningChunk",
     "TextChunk",
     "ToolCallChunk",
     "ToolDefinition",
     "Usage",
+    "infer",
 ]
 
 
@@ -54,6 +64,8 @@ class Usage:
     """Prompt tokens served from the provider's cache."""
     tool_calls: int = 0
     """Tool calls dispatched."""
+    invalid_tool_calls: int = 0
+    """Tool calls whose arguments were not JSON even after repair (sent back as tool errors)."""
 
     def add(self, other: Usage) -> None:
         """Add `other` into this usage, in place."""
@@ -62,6 +74,7 @@ class Usage:
         self.output_tokens += other.output_tokens
         self.cached_tokens += other.cached_tokens
         self.tool_calls += other.tool_calls
+        self.invalid_tool_calls += other.invalid_tool_calls
 
 
 @dataclass(kw_only=True, slots=True)
@@ -142,3 +155,16 @@ class Model(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the answer to `request`."""
         ...
+
+
+def __getattr__(name: str) -> Any:
+    # The providers import their SDKs: load them only when asked for.
+    if name == "OpenAIModel":
+        from .openai import OpenAIModel
+
+        return OpenAIModel
+    if name == "AnthropicModel":
+        from .anthropic import AnthropicModel
+
+        return AnthropicModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,361 @@
+"""`AnthropicModel`: Anthropic's Messages API.
+
+```python
+model = AnthropicModel("claude-sonnet-4-5")  # the key from ANTHROPIC_API_KEY
+thinking = AnthropicModel(
+    "claude-sonnet-4-5",
+    max_tokens=16000,
+    settings={"thinking": {"type": "enabled", "budget_tokens": 8000}},
+)
+```
+
+Text, thinking (as reasoning parts carrying their signature, replayed to Anthropic on the next
+request as the API requires during tool use) and tool-call arguments stream as they come.
+A structured answer arrives as the input of a forced tool and leaves as a text part of JSON,
+streamed as text. How messages are converted is `_anthropic_format`; retries are
+`RetryPolicy`'s alone (the SDK's own are off).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any, Literal, cast
+
+import pydantic_core
+
+from ..exceptions import ConfigError
+from ..messages import ReasoningPart, TextPart, ToolCallPart
+from . import (
+    ModelChunk,
+    ModelRequest,
+    ModelResponse,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    Usage,
+)
+from ._anthropic_format import PROVIDER, anthropic_request, output_is_wrapped
+from ._openai_format import request_tool_names
+from ._sdk import describe_sdk_error
+from ._wire import ToolNames
+from .retry import Failure, RetryPolicy
+
+try:
+    import anthropic
+    from anthropic.types import (
+        InputJSONDelta,
+        RawContentBlockDeltaEvent,
+        RawContentBlockStartEvent,
+        RawContentBlockStopEvent,
+        RawMessageDeltaEvent,
+        RawMessageStartEvent,
+        RawMessageStreamEvent,
+        RedactedThinkingBlock,
+        SignatureDelta,
+        TextBlock,
+        TextDelta,
+        ThinkingBlock,
+        ThinkingDelta,
+        ToolUseBlock,
+    )
+    from anthropic.types import Message as AnthropicMessage
+except ImportError as _error:  # pragma: no cover - exercised without the extra installed
+    raise ImportError(
+        'AnthropicModel needs anthropic: pip install "handrail[anthropic]"'
+    ) from _error
+
+__all__ = ["AnthropicModel"]
+
+API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
+
+Parts = list[TextPart | ReasoningPart | ToolCallPart]
+
+
+class AnthropicModel:
+    """A Claude model over Anthropic's Messages API.
+
+    Args:
+        model: the model's name (`claude-sonnet-4-5`).
+        api_key: the API key; by default `ANTHROPIC_API_KEY`. Without either, a
+            `ConfigError` says which variable to set.
+        base_url: another endpoint (a proxy or gateway that speaks the Messages API).
+        client: an `AsyncAnthropic` client of your own; it is used with its retries off, and
+            closing this model leaves it open.
+        retry: the retry policy (one policy for every provider).
+        timeout: seconds to connect, and to wait for each piece of the response.
+        max_tokens: the most tokens the answer may have (the API requires a bound).
+        stream: stream the answer (default), or ask for it in one piece.
+        settings: more request parameters, sent as they are (`thinking`, `temperature`,
+            `metadata`, `extra_headers`, ...).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: anthropic.AsyncAnthropic | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 600.0,
+        max_tokens: int = 4096,
+        stream: bool = True,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model_name = model
+        self.provider = PROVIDER
+        self.retry = retry or RetryPolicy()
+        self.max_tokens = max_tokens
+        self.streaming = stream
+        self.settings = dict(settings or {})
+        self._owns_client = client is None
+        if client is None:
+            api_key = api_key or os.environ.get(API_KEY_VARIABLE)
+            if not api_key:
+                raise ConfigError(
+                    f"AnthropicModel({model!r}) needs an API key: set the environment variable "
+                    f"{API_KEY_VARIABLE}, or pass api_key=."
+                )
+            client = anthropic.AsyncAnthropic(
+                api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
+            )
+        else:
+            client = client.with_options(max_retries=0)
+        self.client = client
+
+    @property
+    def name(self) -> str:
+        """`anthropic:model`, e.g. `anthropic:claude-sonnet-4-5`."""
+        return f"{self.provider}:{self.model_name}"
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel({self.model_name!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (unless it was handed in)."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> AnthropicModel:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Stream the answer to `request`: chunks, then one `ModelResponse`.
+
+        Raises:
+            ModelHTTPError: the API failed for good (see `RetryPolicy`).
+        """
+        names = request_tool_names(request.tools, request.messages)
+        body = anthropic_request(request, names)
+        body.setdefault("max_tokens", self.max_tokens)
+        body.update(self.settings)
+        output = _Output(body, request.output_schema)
+        attempt = self._stream if self.streaming else self._complete
+        return self.retry.stream(
+            self.provider, lambda: attempt(body, names, output), self._describe
+        )
+
+    def _describe(self, exc: Exception) -> Failure | None:
+        return describe_sdk_error(
+            exc,
+            status_error=anthropic.APIStatusError,
+            connection_error=anthropic.APIConnectionError,
+            api_error=anthropic.APIError,
+            now=self.retry.clock(),
+        )
+
+    async def _stream(
+        self, body: dict[str, Any], names: ToolNames, output: _Output
+    ) -> AsyncGenerator[ModelChunk, None]:
+        stream = await self.client.messages.create(model=self.model_name, stream=True, **body)
+        blocks: dict[int, _Block] = {}
+        usage = Usage(requests=1)
+        stop: str | None = None
+        model_name: str | None = None
+        calls = 0
+        async with stream:
+            event: RawMessageStreamEvent
+            async for event in stream:
+                if isinstance(event, RawContentBlockDeltaEvent):
+                    block = blocks[event.index]
+                    delta = event.delta
+                    if isinstance(delta, TextDelta):
+                        block.pieces.append(delta.text)
+                        yield TextChunk(text=delta.text)
+                    elif isinstance(delta, InputJSONDelta):
+                        block.pieces.append(delta.partial_json)
+                        if block.kind == "call":
+                            yield ToolCallChunk(index=block.call, args_delta=delta.partial_json)
+                        elif not output.wrapped and delta.partial_json:
+                            yield TextChunk(text=delta.partial_json)
+                    elif isinstance(delta, ThinkingDelta):
+                        block.pieces.append(delta.thinking)
+                        yield ReasoningChunk(text=delta.thinking)
+                    elif isinstance(delta, SignatureDelta):
+                        block.signature = (block.signature or "") + delta.signature
+                elif isinstance(event, RawContentBlockStartEvent):
+                    content = event.content_block
+                    if isinstance(content, TextBlock):
+                        block = blocks[event.index] = _Block("text")
+                        if content.text:
+                            block.pieces.append(content.text)
+                            yield TextChunk(text=content.text)
+                    elif isinstance(content, ThinkingBlock):
+                        block = blocks[event.index] = _Block("thinking", content.signature or None)
+                        if content.thinking:
+                            block.pieces.append(content.thinking)
+                            yield ReasoningChunk(text=content.thinking)
+                    elif isinstance(content, RedactedThinkingBlock):
+                        blocks[event.index] = _Block("thinking", content.data)
+                    elif isinstance(content, ToolUseBlock) and content.name == output.name:
+                        blocks[event.index] = _Block("output")
+                    elif isinstance(content, ToolUseBlock):
+                        name = names.handrail(content.name)
+                        blocks[event.index] = _Block("call", id=content.id, name=name, call=calls)
+                        yield ToolCallChunk(index=calls, id=content.id, name=name)
+                        calls += 1
+                    else:  # a server tool's block: not handrail's to run or replay
+                        blocks[event.index] = _Block("other")
+                elif isinstance(event, RawContentBlockStopEvent):
+                    block = blocks[event.index]
+                    if block.kind == "output" and output.wrapped:
+                        yield TextChunk(text=output.text(block.text))
+                elif isinstance(event, RawMessageStartEvent):
+                    model_name = event.message.model
+                    _count(usage, event.message.usage)
+                elif isinstance(event, RawMessageDeltaEvent):
+                    stop = event.delta.stop_reason or stop
+                    _count(usage, event.usage)
+        parts: Parts = []
+        for _, block in sorted(blocks.items()):
+            if block.kind == "text":
+                parts.append(TextPart(text=block.text))
+            elif block.kind == "thinking":
+                parts.append(
+                    ReasoningPart(text=block.text, signature=block.signature, provider=PROVIDER)
+                )
+            elif block.kind == "output":
+                parts.append(TextPart(text=output.text(block.text)))
+            elif block.kind == "call":
+                parts.append(ToolCallPart(id=block.id, name=block.name, raw_args=block.text))
+        yield ModelResponse(parts=parts, usage=usage, stop_reason=stop, model_name=model_name)
+
+    async def _complete(
+        self, body: dict[str, Any], names: ToolNames, output: _Output
+    ) -> AsyncGenerator[ModelChunk, None]:
+        message = cast(
+            AnthropicMessage,
+            await self.client.messages.create(model=self.model_name, **body),
+        )
+        usage = Usage(requests=1)
+        _count(usage, message.usage)
+        parts: Parts = []
+        calls = 0
+        for content in message.content:
+            if isinstance(content, TextBlock):
+                parts.append(TextPart(text=content.text))
+                yield TextChunk(text=content.text)
+            elif isinstance(content, ThinkingBlock):
+                parts.append(
+                    ReasoningPart(
+                        text=content.thinking, signature=content.signature, provider=PROVIDER
+                    )
+                )
+                yield ReasoningChunk(text=content.thinking)
+            elif isinstance(content, RedactedThinkingBlock):
+                parts.append(ReasoningPart(text="", signature=content.data, provider=PROVIDER))
+            elif isinstance(content, ToolUseBlock) and content.name == output.name:
+                text = output.text(pydantic_core.to_json(content.input).decode())
+                parts.append(TextPart(text=text))
+                yield TextChunk(text=text)
+            elif isinstance(content, ToolUseBlock):
+                name = names.handrail(content.name)
+                args = cast(dict[str, Any], content.input)
+                parts.append(ToolCallPart(id=content.id, name=name, args=args))
+                yield ToolCallChunk(
+                    index=calls,
+                    id=content.id,
+                    name=name,
+                    args_delta=pydantic_core.to_json(args).decode(),
+                )
+                calls += 1
+        yield ModelResponse(
+            parts=parts, usage=usage, stop_reason=message.stop_reason, model_name=message.model
+        )
+
+
+class _Block:
+    """A content block being streamed."""
+
+    __slots__ = ("call", "id", "kind", "name", "pieces", "signature")
+
+    def __init__(
+        self,
+        kind: Literal["text", "thinking", "call", "output", "other"],
+        signature: str | None = None,
+        *,
+        id: str = "",
+        name: str = "",
+        call: int = 0,
+    ) -> None:
+        self.kind = kind
+        self.signature = signature
+        self.id = id
+        self.name = name
+        self.call = call
+        self.pieces: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class _Output:
+    """The structured-output tool of a request, if it has one."""
+
+    __slots__ = ("name", "wrapped")
+
+    def __init__(self, body: dict[str, Any], schema: dict[str, Any] | None) -> None:
+        # `anthropic_request` appends the output tool last.
+        self.name: str | None = body["tools"][-1]["name"] if schema is not None else None
+        self.wrapped = schema is not None and output_is_wrapped(schema)
+
+    def text(self, arguments: str) -> str:
+        """The answer as JSON text, from the output tool's arguments."""
+        if not self.wrapped:
+            return arguments
+        try:
+            value = pydantic_core.from_json(arguments or "{}")
+        except ValueError:
+            return arguments
+        if not isinstance(value, dict) or "response" not in value:
+            return arguments
+        return pydantic_core.to_json(value["response"]).decode()
+
+
+def _count(usage: Usage, reported: Any) -> None:
+    """Fold Anthropic's (cumulative) usage into `usage`.
+
+    Anthropic counts cache reads and writes apart from `input_tokens`; handrail's
+    `input_tokens` is every prompt token, of which `cached_tokens` were read from the cache.
+    """
+    output = reported.output_tokens
+    if output is not None:
+        usage.output_tokens = output
+    fresh = reported.input_tokens
+    if fresh is None:
+        return
+    read = reported.cache_read_input_tokens or 0
+    written = reported.cache_creation_input_tokens or 0
+    usage.input_tokens = fresh + read + written
+    usage.cached_tokens = read

@@ -1,0 +1,460 @@
+"""A fake model-provider server on 127.0.0.1: OpenAI Chat Completions and Anthropic Messages.
+
+The real SDKs talk to it over real HTTP, so the tests exercise the wire protocols (status
+codes, headers, chunked Server-Sent Events, connections cut midway) rather than a fake client.
+A test scripts the replies to its next requests, in order, and reads back what was sent:
+
+```python
+fake.script(openai_stream([openai_chunk(content="Hi")], usage=openai_usage(5, 1)))
+... run the model ...
+assert fake.requests[0].body["messages"][-1] == {"role": "user", "content": "Hello"}
+```
+
+Replies: `Json` (any status, any headers), `Stream` (SSE frames, optionally cut after some),
+`Hang` (no response until the client gives up) and `Drop` (the connection closes at once).
+The server checks what the real APIs check before anything else (the API key headers, and
+tool names against the pattern both APIs enforce), answering as they would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = [
+    "Drop",
+    "FakeProviders",
+    "Hang",
+    "Json",
+    "Recorded",
+    "Stream",
+    "anthropic_error",
+    "anthropic_message",
+    "anthropic_stream",
+    "openai_chunk",
+    "openai_completion",
+    "openai_error",
+    "openai_stream",
+    "openai_usage",
+    "sse",
+]
+
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass
+class Json:
+    """A JSON reply."""
+
+    body: Any
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Stream:
+    """A Server-Sent Events reply, sent with chunked transfer encoding.
+
+    `cut_after`: close the connection (no final chunk) after this many frames.
+    `chunk_size`: send the body in HTTP chunks of this many bytes instead of one a frame, so
+    reads end mid-line and mid-character.
+    """
+
+    frames: Sequence[bytes]
+    cut_after: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    chunk_size: int | None = None
+
+
+@dataclass
+class Hang:
+    """Read the request, then answer nothing until the client gives up (or `seconds` pass)."""
+
+    seconds: float = 10.0
+
+
+@dataclass
+class Drop:
+    """Read the request, then close the connection without a byte of response."""
+
+
+Reply = Json | Stream | Hang | Drop
+
+
+@dataclass
+class Recorded:
+    """A request the server received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+class FakeProviders:
+    """The server: start once, `reset()` between tests, `close()` at the end."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self._replies: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        fake = self
+
+        class Handler(_Handler):
+            server_fake = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The server's base URL (what the Anthropic SDK takes)."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The base URL the OpenAI SDK takes."""
+        return self.url + "/v1"
+
+    def script(self, *replies: Reply) -> None:
+        """Queue the replies to the next requests, in order."""
+        with self._lock:
+            self._replies.extend(replies)
+
+    @property
+    def unplayed(self) -> int:
+        """Replies scripted but not requested yet."""
+        with self._lock:
+            return len(self._replies)
+
+    def reset(self) -> None:
+        """Forget the requests and the replies left."""
+        with self._lock:
+            self.requests.clear()
+            self._replies.clear()
+
+    def close(self) -> None:
+        """Stop the server (and release every hanging reply)."""
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    def _record(self, recorded: Recorded) -> None:
+        with self._lock:
+            self.requests.append(recorded)
+
+    def _next(self, recorded: Recorded) -> Reply:
+        with self._lock:
+            self.requests.append(recorded)
+            if self._replies:
+                return self._replies.popleft()
+        return Json(
+            {"error": {"message": "fake server: no reply was scripted for this request"}},
+            status=400,
+        )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_fake: FakeProviders
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length)
+        body = json.loads(raw) if raw else None
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        fake = self.server_fake
+        refusal = _refusal(self.path, headers, body)
+        if refusal is not None:
+            fake._record(Recorded("POST", self.path, headers, body))
+            self._json(refusal)
+            return
+        reply = fake._next(Recorded("POST", self.path, headers, body))
+        try:
+            if isinstance(reply, Json):
+                self._json(reply)
+            elif isinstance(reply, Stream):
+                self._stream(reply)
+            elif isinstance(reply, Hang):
+                fake._stop.wait(reply.seconds)
+                self.close_connection = True
+            else:
+                self._drop()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _json(self, reply: Json) -> None:
+        payload = json.dumps(reply.body).encode()
+        self.send_response(reply.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _stream(self, reply: Stream) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.send_header("cache-control", "no-cache")
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        frames = reply.frames if reply.cut_after is None else reply.frames[: reply.cut_after]
+        if reply.chunk_size is not None:
+            body, size = b"".join(frames), reply.chunk_size
+            frames = [body[i : i + size] for i in range(0, len(body), size)]
+        write = self.wfile.write
+        for frame in frames:
+            write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        self.wfile.flush()
+        if reply.cut_after is not None:
+            self._drop()
+            return
+        write(b"0\r\n\r\n")
+
+    def _drop(self) -> None:
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.close_connection = True
+
+
+def _refusal(path: str, headers: dict[str, str], body: Any) -> Json | None:
+    """What the real API answers before looking at the request's content, if anything."""
+    tools = body.get("tools", []) if isinstance(body, dict) else []
+    if path.startswith("/v1/chat/completions"):
+        if not headers.get("authorization", "").startswith("Bearer "):
+            return openai_error(401, "You didn't provide an API key.", "invalid_request_error")
+        names = [t.get("function", {}).get("name", "") for t in tools]
+        kind = openai_error
+    elif path.startswith("/v1/messages"):
+        if "x-api-key" not in headers:
+            return anthropic_error(401, "authentication_error", "x-api-key header is required")
+        if "anthropic-version" not in headers:
+            return anthropic_error(400, "invalid_request_error", "anthropic-version is required")
+        names = [t.get("name", "") for t in tools]
+        kind = None
+    else:
+        return Json({"error": {"message": f"fake server: no route {path}"}}, status=404)
+    for index, name in enumerate(names):
+        if not _TOOL_NAME.match(name):
+            message = f"tools.{index}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+            if kind is None:
+                return anthropic_error(400, "invalid_request_error", message)
+            return openai_error(400, message, "invalid_request_error")
+    return None
+
+
+# -- OpenAI Chat Completions ----------------------------------------------------------------
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One Server-Sent Events frame (`data` is JSON-encoded unless it is a str)."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {text}\n\n".encode()
+
+
+def openai_usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """A Chat Completions `usage` object."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+    }
+
+
+def openai_chunk(
+    *,
+    content: str | None = None,
+    role: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    model: str = "gpt-4o-mini-2024-07-18",
+    **extra: Any,
+) -> dict[str, Any]:
+    """One `chat.completion.chunk` with one choice (extra keys go into the delta)."""
+    delta: dict[str, Any] = dict(extra)
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1_763_800_000,
+        "model": model,
+        "system_fingerprint": "fp_fake",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def openai_stream(
+    chunks: Iterable[dict[str, Any]],
+    *,
+    usage: dict[str, Any] | None = None,
+    cut_after: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Stream:
+    """A streamed completion: the chunks, the usage chunk (empty choices), `[DONE]`."""
+    frames = [sse(c) for c in chunks]
+    if usage is not None:
+        last = openai_chunk()
+        last["choices"] = []
+        last["usage"] = usage
+        frames.append(sse(last))
+    frames.append(sse("[DONE]"))
+    return Stream(frames, cut_after=cut_after, headers=headers or {})
+
+
+def openai_completion(
+    message: dict[str, Any],
+    *,
+    finish_reason: str = "stop",
+    usage: dict[str, Any] | None = None,
+    model: str = "gpt-4o-mini-2024-07-18",
+) -> Json:
+    """A complete (non-streamed) `chat.completion`."""
+    return Json(
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 1_763_800_000,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "refusal": None, **message},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": usage or openai_usage(10, 5),
+            "system_fingerprint": "fp_fake",
+        },
+        headers={"x-request-id": "req_fake"},
+    )
+
+
+def openai_error(
+    status: int, message: str, kind: str, *, headers: dict[str, str] | None = None
+) -> Json:
+    """An error as OpenAI sends it (with a request id)."""
+    return Json(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}},
+        status=status,
+        headers={"x-request-id": f"req_{status}", **(headers or {})},
+    )
+
+
+# -- Anthropic Messages ---------------------------------------------------------------------
+
+
+def anthropic_message(
+    content: list[dict[str, Any]],
+    *,
+    stop_reason: str = "end_turn",
+    usage: dict[str, Any] | None = None,
+    model: str = "claude-sonnet-4-5-20250929",
+) -> Json:
+    """A complete (non-streamed) `message`."""
+    return Json(
+        {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage or {"input_tokens": 10, "output_tokens": 5},
+        },
+        headers={"request-id": "req_fake"},
+    )
+
+
+def anthropic_stream(
+    blocks: Sequence[tuple[dict[str, Any], Sequence[dict[str, Any]]]],
+    *,
+    stop_reason: str = "end_turn",
+    usage: dict[str, Any] | None = None,
+    output_tokens: int = 5,
+    model: str = "claude-sonnet-4-5-20250929",
+    cut_after: int | None = None,
+) -> Stream:
+    """A streamed message: each block is `(content_block_start's block, its deltas)`."""
+    start_usage = {"input_tokens": 10, "output_tokens": 1, **(usage or {})}
+    frames = [
+        sse(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_fake",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+            "message_start",
+        ),
+        sse({"type": "ping"}, "ping"),
+    ]
+    for index, (block, deltas) in enumerate(blocks):
+        frames.append(
+            sse(
+                {"type": "content_block_start", "index": index, "content_block": block},
+                "content_block_start",
+            )
+        )
+        frames.extend(
+            sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta")
+            for d in deltas
+        )
+        frames.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    frames.append(
+        sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+            "message_delta",
+        )
+    )
+    frames.append(sse({"type": "message_stop"}, "message_stop"))
+    return Stream(frames, cut_after=cut_after, headers={"request-id": "req_fake"})
+
+
+def anthropic_error(
+    status: int, kind: str, message: str, *, headers: dict[str, str] | None = None
+) -> Json:
+    """An error as Anthropic sends it (with a request id)."""
+    return Json(
+        {"type": "error", "error": {"type": kind, "message": message}},
+        status=status,
+        headers={"request-id": f"req_{status}", **(headers or {})},
+    )
