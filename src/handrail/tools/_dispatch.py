@@ -242,6 +242,7 @@ class Dispatcher:
                 part.args = parse_arguments(part.raw_args)
                 part.raw_args = None
         except ArgumentsError as exc:
+            self.state.usage.invalid_tool_calls += 1
             return self._fail(part, f"Tool {part.name!r}: {exc}")
         tool = self.tools.get(part.name)
         if tool is None:  # the allow-list: only the agent's tools exist for its model
