@@ -244,7 +244,9 @@ def _refusal(path: str, headers: dict[str, str], body: Any) -> Json | None:
         names = [t.get("function", {}).get("name", "") for t in tools]
         kind = openai_error
     elif path.startswith("/v1/messages"):
-        if "x-api-key" not in headers:
+        if "x-api-key" not in headers and not headers.get("authorization", "").startswith(
+            "Bearer "
+        ):
             return anthropic_error(401, "authentication_error", "x-api-key header is required")
         if "anthropic-version" not in headers:
             return anthropic_error(400, "invalid_request_error", "anthropic-version is required")

@@ -60,7 +60,7 @@ async def anthropic_model(fake: FakeProviders, retry: RetryPolicy) -> AsyncItera
     from handrail.models.anthropic import AnthropicModel
 
     model = AnthropicModel(
-        "claude-sonnet-4-5", api_key="sk-ant-test", base_url=fake.url, retry=retry
+        "claude-sonnet-4-6", api_key="sk-ant-test", base_url=fake.url, retry=retry
     )
     yield model
     await model.aclose()

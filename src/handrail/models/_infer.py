@@ -1,7 +1,7 @@
 """`infer`: a model from one string, so a command line or a config file can name it.
 
 - `openai:gpt-4o-mini`: `OpenAIModel("gpt-4o-mini")`, the key from `OPENAI_API_KEY`;
-- `anthropic:claude-sonnet-4-5`: `AnthropicModel("claude-sonnet-4-5")`, the key from
+- `anthropic:claude-sonnet-4-6`: `AnthropicModel("claude-sonnet-4-6")`, the key from
   `ANTHROPIC_API_KEY`;
 - `openai-compatible:qwen2.5:7b@http://127.0.0.1:11434/v1`: `OpenAIModel` on that server,
   the key from `OPENAI_COMPATIBLE_API_KEY` when it is set (local servers take none).

@@ -1,9 +1,9 @@
 """`AnthropicModel`: Anthropic's Messages API.
 
 ```python
-model = AnthropicModel("claude-sonnet-4-5")  # the key from ANTHROPIC_API_KEY
+model = AnthropicModel("claude-sonnet-4-6")  # the key from ANTHROPIC_API_KEY
 thinking = AnthropicModel(
-    "claude-sonnet-4-5",
+    "claude-sonnet-4-6",
     max_tokens=16000,
     settings={"thinking": {"type": "enabled", "budget_tokens": 8000}},
 )
@@ -77,7 +77,7 @@ class AnthropicModel:
     """A Claude model over Anthropic's Messages API.
 
     Args:
-        model: the model's name (`claude-sonnet-4-5`).
+        model: the model's name (`claude-sonnet-4-6`).
         api_key: the API key; by default `ANTHROPIC_API_KEY`. Without either, a
             `ConfigError` says which variable to set.
         base_url: another endpoint (a proxy or gateway that speaks the Messages API).
@@ -127,7 +127,7 @@ class AnthropicModel:
 
     @property
     def name(self) -> str:
-        """`anthropic:model`, e.g. `anthropic:claude-sonnet-4-5`."""
+        """`anthropic:model`, e.g. `anthropic:claude-sonnet-4-6`."""
         return f"{self.provider}:{self.model_name}"
 
     def __repr__(self) -> str:

@@ -1,19 +1,24 @@
 """Turning what the model sent into a tool's validated arguments, leniently.
 
-Models send arguments that are almost right: `"3"` for an integer, one value where a list is
-expected, `null` for an argument they mean to leave out, a nested object as a JSON string,
-padded strings. Those are repaired; what cannot be repaired becomes ONE error that lists every
-bad field, written so the model can send the call again correctly.
+Models send arguments that are almost right. The text may not quite be JSON: wrapped in a
+code fence or in prose, with trailing commas, single quotes, Python's `True`/`False`/`None`,
+or cut off mid-object when the answer ran out of tokens. `parse_arguments` repairs that
+(valid JSON is never touched). The values may not quite fit: `"3"` for an integer, one value
+where a list is expected, `null` for an argument they mean to leave out, a nested object as a
+JSON string, padded strings. `validate_arguments` repairs those. What cannot be repaired
+becomes ONE error that names the problem (every bad field), written so the model can send the
+call again correctly.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["ArgumentsError", "parse_arguments", "validate_arguments"]
+__all__ = ["ArgumentsError", "parse_arguments", "repair_json", "validate_arguments"]
 
 _CONTAINER_TYPES = frozenset(
     {"list_type", "dict_type", "model_type", "model_attributes_type", "tuple_type", "set_type"}
@@ -25,12 +30,13 @@ class ArgumentsError(Exception):
 
 
 def parse_arguments(raw: str) -> dict[str, Any]:
-    """Parse the JSON arguments of a call into an object.
+    """Parse the JSON arguments of a call into an object, repairing near-JSON.
 
-    An empty string means no arguments (some models send that for a tool without any).
+    An empty string means no arguments (some models send that for a tool without any). Text
+    that is not valid JSON goes through `repair_json` before it is given up on.
 
     Raises:
-        ArgumentsError: the text is not JSON, or not a JSON object.
+        ArgumentsError: the text is not JSON even after repair, or not a JSON object.
     """
     text = raw.strip()
     if not text:
@@ -38,16 +44,107 @@ def parse_arguments(raw: str) -> dict[str, Any]:
     try:
         value = pydantic_core.from_json(text)
     except ValueError as exc:
-        raise ArgumentsError(
-            f"the arguments are not valid JSON ({exc}); send them as one JSON object, "
-            f'like {{"name": "value"}}'
-        ) from None
+        value = _repaired(text)
+        if value is None:
+            raise ArgumentsError(
+                f"the arguments are not valid JSON ({exc}); send them as one JSON object, "
+                f'like {{"name": "value"}}'
+            ) from None
     if not isinstance(value, dict):
         raise ArgumentsError(
             f"the arguments must be a JSON object of named arguments, not a JSON "
             f"{_json_kind(value)}"
         )
     return value
+
+
+_FENCE = re.compile(r"^```[\w-]*[ \t]*\n?(.*?)\n?```$", re.S)
+_PYTHON_WORDS = {"True": "true", "False": "false", "None": "null"}
+
+
+def _repaired(text: str) -> Any:
+    """The value of near-JSON `text` after `repair_json`, or None when even that fails."""
+    try:
+        # A cut-off answer: `allow_partial` keeps every complete member and drops the last,
+        # unfinished one (an unfinished string is kept as far as it goes).
+        return pydantic_core.from_json(repair_json(text), allow_partial="trailing-strings")
+    except ValueError:
+        return None
+
+
+def repair_json(text: str) -> str:
+    """Rewrite near-JSON as JSON, as far as a model's usual slips go.
+
+    Unwraps a Markdown code fence (or prose around the first `{` and the last `}`), turns
+    single-quoted strings into double-quoted ones, Python's `True`/`False`/`None` into JSON's,
+    quotes bare keys, escapes raw control characters in strings and drops trailing commas.
+    Inside strings nothing but the quotes changes. A text cut off midway is left open: parse
+    the result with `pydantic_core.from_json(..., allow_partial="trailing-strings")`, which
+    closes what is open and keeps every complete member.
+    """
+    text = text.strip()
+    fence = _FENCE.match(text)
+    if fence:
+        text = fence.group(1).strip()
+    if not text.startswith(("{", "[")) and "{" in text:
+        end = text.rfind("}")
+        text = text[text.index("{") : end + 1 if end > text.index("{") else len(text)]
+    out: list[str] = []
+    quote = ""  # the quote of the string being read, if any
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if quote:
+            if char == "\\" and i + 1 < n:
+                escaped = text[i + 1]
+                # \' is legal in a single-quoted string, not in JSON; \" needs its backslash.
+                out.append(escaped if escaped == "'" else char + escaped)
+                i += 2
+                continue
+            if char == quote:
+                out.append('"')
+                quote = ""
+            elif char == '"':
+                out.append('\\"')
+            elif char < " ":
+                out.append(f"\\u{ord(char):04x}")
+            else:
+                out.append(char)
+            i += 1
+            continue
+        if char in "\"'":
+            quote = char
+            out.append('"')
+        elif char in "}]":
+            _drop_trailing_comma(out)
+            out.append(char)
+        elif char.isalpha() or char == "_":
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            word = text[i:j]
+            k = j
+            while k < n and text[k] in " \t":
+                k += 1
+            if k < n and text[k] == ":":  # an unquoted key
+                out.append(f'"{word}"')
+            else:
+                out.append(_PYTHON_WORDS.get(word, word))
+            i = j
+            continue
+        else:
+            out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def _drop_trailing_comma(out: list[str]) -> None:
+    """Remove a comma (and the blanks after it) at the end of `out`."""
+    end = len(out)
+    while end and out[end - 1] in (" ", "\t", "\r", "\n"):
+        end -= 1
+    if end and out[end - 1] == ",":
+        del out[end - 1 :]
 
 
 def validate_arguments(model: type[BaseModel], args: dict[str, Any]) -> BaseModel:

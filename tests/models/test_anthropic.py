@@ -1,0 +1,573 @@
+"""`AnthropicModel` against the fake server: the real `anthropic` SDK over real HTTP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_providers import (
+    Drop,
+    FakeProviders,
+    Hang,
+    Json,
+    Stream,
+    anthropic_error,
+    anthropic_message,
+    anthropic_stream,
+    sse,
+)
+from pydantic import BaseModel
+
+from handrail import (
+    Agent,
+    Message,
+    ModelHTTPError,
+    ModelResponse,
+    ReasoningPart,
+    Runtime,
+    TextPart,
+    ToolCallPart,
+    ToolResult,
+    Usage,
+    tool,
+)
+from handrail.models import (
+    ModelChunk,
+    ModelRequest,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolDefinition,
+)
+from handrail.models.anthropic import AnthropicModel
+from handrail.models.retry import RetryPolicy
+from handrail.runtime import sequential_ids
+
+FIXTURES = Path(__file__).parent / "fixtures"
+WEATHER = ToolDefinition(
+    name="weather.today",
+    description="Today's weather in a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+
+
+def ask(text: str = "Hello", **kwargs: Any) -> ModelRequest:
+    return ModelRequest(
+        agent="a",
+        instructions="Be brief.",
+        messages=[Message(id="m1", role="user", parts=[TextPart(text=text)])],
+        **kwargs,
+    )
+
+
+async def collect(model: AnthropicModel, request: ModelRequest | None = None) -> list[ModelChunk]:
+    return [chunk async for chunk in model.stream(request or ask())]
+
+
+def text_block(*pieces: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    return {"type": "text", "text": ""}, [{"type": "text_delta", "text": p} for p in pieces]
+
+
+def tool_block(id: str, name: str, *pieces: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    return (
+        {"type": "tool_use", "id": id, "name": name, "input": {}},
+        [{"type": "input_json_delta", "partial_json": p} for p in pieces],
+    )
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+async def test_text_streams_then_one_response_with_usage(fake: FakeProviders, anthropic_model):
+    fake.script(
+        anthropic_stream(
+            [text_block("Hel", "lo!")],
+            usage={
+                "input_tokens": 4,
+                "cache_read_input_tokens": 8,
+                "cache_creation_input_tokens": 2,
+            },
+            output_tokens=3,
+        )
+    )
+
+    assert await collect(anthropic_model) == [
+        TextChunk(text="Hel"),
+        TextChunk(text="lo!"),
+        ModelResponse(
+            parts=[TextPart(text="Hello!")],
+            usage=Usage(requests=1, input_tokens=14, output_tokens=3, cached_tokens=8),
+            stop_reason="end_turn",
+            model_name="claude-sonnet-4-5-20250929",
+        ),
+    ]
+    (sent,) = fake.requests
+    assert sent.path == "/v1/messages"
+    assert sent.headers["authorization"] == "Bearer sk-ant-test"
+    assert sent.headers["x-stainless-retry-count"] == "0"
+    assert sent.body == {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 4096,
+        "stream": True,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}],
+    }
+
+
+async def test_thinking_then_parallel_calls_with_awkward_argument_splits(
+    fake: FakeProviders, anthropic_model
+):
+    first = '{"city": "Z\\u00fcrich \\ud83c\\udf27"}'
+    pieces = ['{"ci', 'ty": "Z\\u00', "fcrich \\ud83c", '\\udf27"}']
+    thinking = (
+        {"type": "thinking", "thinking": "", "signature": ""},
+        [
+            {"type": "thinking_delta", "thinking": "Two cities, "},
+            {"type": "thinking_delta", "thinking": "two calls."},
+            {"type": "signature_delta", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3h"},
+        ],
+    )
+    stream = anthropic_stream(
+        [
+            thinking,
+            tool_block("toolu_01", "weather_today", *pieces),
+            tool_block("toolu_02", "weather_today", '{"city": "Gen', 'ève ☔"}'),
+        ],
+        stop_reason="tool_use",
+    )
+    stream.chunk_size = 5
+    fake.script(stream)
+
+    out = await collect(anthropic_model, ask(tools=[WEATHER]))
+
+    assert out[:2] == [ReasoningChunk(text="Two cities, "), ReasoningChunk(text="two calls.")]
+    calls = [c for c in out if isinstance(c, ToolCallChunk)]
+    assert calls[0] == ToolCallChunk(index=0, id="toolu_01", name="weather.today")
+    assert "".join(c.args_delta for c in calls if c.index == 0) == first
+    assert out[-1] == ModelResponse(
+        parts=[
+            ReasoningPart(
+                text="Two cities, two calls.",
+                signature="EqQBCgIYAhIM1gbcDa9GJwZA2b3h",
+                provider="anthropic",
+            ),
+            ToolCallPart(id="toolu_01", name="weather.today", raw_args=first),
+            ToolCallPart(id="toolu_02", name="weather.today", raw_args='{"city": "Genève ☔"}'),
+        ],
+        usage=Usage(requests=1, input_tokens=10, output_tokens=5),
+        stop_reason="tool_use",
+        model_name="claude-sonnet-4-5-20250929",
+    )
+    body = fake.requests[0].body
+    assert body["tools"] == [
+        {
+            "name": "weather_today",
+            "description": "Today's weather in a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    assert body["tool_choice"] == {"type": "auto"}
+
+
+async def test_a_complete_answer_without_streaming(fake: FakeProviders, retry: RetryPolicy):
+    fake.script(
+        anthropic_message(
+            [
+                {"type": "thinking", "thinking": "Oslo.", "signature": "sig1"},
+                {"type": "redacted_thinking", "data": "ENCRYPTED"},
+                {"type": "text", "text": "Checking."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "weather_today",
+                    "input": {"city": "Oslo"},
+                },
+            ],
+            stop_reason="tool_use",
+            usage={"input_tokens": 30, "output_tokens": 9, "cache_read_input_tokens": 100},
+        )
+    )
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=retry, stream=False
+    ) as model:
+        out = await collect(model, ask(tools=[WEATHER]))
+
+    assert out == [
+        ReasoningChunk(text="Oslo."),
+        TextChunk(text="Checking."),
+        ToolCallChunk(index=0, id="toolu_1", name="weather.today", args_delta='{"city":"Oslo"}'),
+        ModelResponse(
+            parts=[
+                ReasoningPart(text="Oslo.", signature="sig1", provider="anthropic"),
+                ReasoningPart(text="", signature="ENCRYPTED", provider="anthropic"),
+                TextPart(text="Checking."),
+                ToolCallPart(id="toolu_1", name="weather.today", args={"city": "Oslo"}),
+            ],
+            usage=Usage(requests=1, input_tokens=130, output_tokens=9, cached_tokens=100),
+            stop_reason="tool_use",
+            model_name="claude-sonnet-4-5-20250929",
+        ),
+    ]
+
+
+# -- what is sent -----------------------------------------------------------------------------
+
+
+async def test_history_alternates_with_results_first_and_thinking_replayed(
+    fake: FakeProviders, anthropic_model
+):
+    history = [
+        Message(id="m0", role="system", parts=[TextPart(text="Today is Monday.")]),
+        Message(id="m1", role="user", parts=[TextPart(text="Refund A1")]),
+        Message(
+            id="m2",
+            role="assistant",
+            parts=[
+                ReasoningPart(text="Look it up.", signature="sig", provider="anthropic"),
+                ReasoningPart(text="elsewhere", provider="openai"),
+                ReasoningPart(text="", signature="REDACTED", provider="anthropic"),
+                TextPart(text="Looking."),
+                ToolCallPart(
+                    id="c1",
+                    name="orders.lookup",
+                    args={"id": "A1"},
+                    status="completed",
+                    result=ToolResult(data={"total": 5}),
+                ),
+                ToolCallPart(
+                    id="c2",
+                    name="orders.lookup",
+                    raw_args="{oops",
+                    status="failed",
+                    result=ToolResult.failure("not JSON"),
+                ),
+            ],
+        ),
+        Message(id="m3", role="user", parts=[TextPart(text="Use your tools.", synthetic=True)]),
+        Message(
+            id="m4",
+            role="assistant",
+            parts=[ToolCallPart(id="c3", name="orders.refund", args={}, status="waiting")],
+        ),
+    ]
+    fake.script(anthropic_stream([text_block("ok")]))
+
+    await collect(anthropic_model, ModelRequest(agent="a", instructions="Help.", messages=history))
+
+    body = fake.requests[0].body
+    assert body["system"] == "Help.\n\nToday is Monday."
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Refund A1"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Look it up.", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "REDACTED"},
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "c1", "name": "orders_lookup", "input": {"id": "A1"}},
+                {
+                    "type": "tool_use",
+                    "id": "c2",
+                    "name": "orders_lookup",
+                    "input": {"invalid_json": "{oops"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": '{"total":5}'},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c2",
+                    "content": "Error: not JSON",
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Use your tools."},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "c3", "name": "orders_refund", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c3",
+                    "content": "This call has not run yet: it is waiting for a decision (a "
+                    "person's approval or answer, or a client's result). Do not assume an outcome.",
+                }
+            ],
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "sent"),
+    [("auto", {"type": "auto"}), ("required", {"type": "any"}), ("none", {"type": "none"})],
+)
+async def test_tool_choice_is_mapped(fake: FakeProviders, anthropic_model, choice: str, sent: Any):
+    fake.script(anthropic_stream([text_block("ok")]))
+    await collect(anthropic_model, ask(tools=[WEATHER], tool_choice=choice))
+    assert fake.requests[0].body["tool_choice"] == sent
+
+
+class Answer(BaseModel):
+    city: str
+    degrees: int
+
+
+async def test_structured_output_is_a_forced_tool_whose_input_streams_as_text(
+    fake: FakeProviders, anthropic_model
+):
+    schema = Answer.model_json_schema()
+    fake.script(
+        anthropic_stream(
+            [tool_block("toolu_9", "final_output", '{"city": "Oslo", ', '"degrees": 21}')],
+            stop_reason="tool_use",
+        )
+    )
+
+    out = await collect(anthropic_model, ask(output_schema=schema))
+
+    assert out == [
+        TextChunk(text='{"city": "Oslo", '),
+        TextChunk(text='"degrees": 21}'),
+        ModelResponse(
+            parts=[TextPart(text='{"city": "Oslo", "degrees": 21}')],
+            usage=Usage(requests=1, input_tokens=10, output_tokens=5),
+            stop_reason="tool_use",
+            model_name="claude-sonnet-4-5-20250929",
+        ),
+    ]
+    body = fake.requests[0].body
+    assert body["tools"] == [
+        {
+            "name": "final_output",
+            "description": "Give your final answer. Call this only when you have the answer.",
+            "input_schema": schema,
+        }
+    ]
+    assert body["tool_choice"] == {"type": "tool", "name": "final_output"}
+
+
+async def test_a_structured_answer_that_is_not_an_object_is_wrapped(
+    fake: FakeProviders, anthropic_model
+):
+    fake.script(
+        anthropic_stream([tool_block("toolu_9", "final_output", '{"response": [1, 2]}')]),
+        anthropic_stream([tool_block("toolu_9", "final_output", '{"response": [3]}')]),
+    )
+    schema = {"type": "array", "items": {"type": "integer"}}
+
+    out = await collect(anthropic_model, ask(tools=[WEATHER], output_schema=schema))
+    assert out == [TextChunk(text="[1,2]"), out[-1]]
+    assert out[-1].parts == [TextPart(text="[1,2]")]
+    assert fake.requests[0].body["tool_choice"] == {"type": "any"}
+    assert fake.requests[0].body["tools"][-1]["input_schema"] == {
+        "type": "object",
+        "properties": {"response": schema},
+        "required": ["response"],
+    }
+
+    out = await collect(
+        anthropic_model, ask(tools=[WEATHER], tool_choice="none", output_schema=schema)
+    )
+    assert out[-1].parts == [TextPart(text="[3]")]
+    assert fake.requests[1].body["tool_choice"] == {"type": "tool", "name": "final_output"}
+
+
+# -- failures and retries ---------------------------------------------------------------------
+
+
+async def test_429_with_an_http_date_then_success(fake: FakeProviders, anthropic_model, sleeper):
+    # The retry fixture's clock says 1_000_000.0 (1970-01-12 13:46:40 UTC): the date is 3 s on.
+    date = "Mon, 12 Jan 1970 13:46:43 GMT"
+    fake.script(
+        anthropic_error(429, "rate_limit_error", "Slow down", headers={"retry-after": date}),
+        anthropic_stream([text_block("ok")]),
+    )
+
+    out = await collect(anthropic_model)
+
+    assert out[-1].parts == [TextPart(text="ok")]
+    assert sleeper.waits == [3.0]
+
+
+async def test_overloaded_and_500_then_success(fake: FakeProviders, anthropic_model, sleeper):
+    fake.script(
+        anthropic_error(529, "overloaded_error", "Overloaded"),
+        anthropic_error(500, "api_error", "Internal server error"),
+        anthropic_stream([text_block("ok")]),
+    )
+    out = await collect(anthropic_model)
+    assert out[-1].parts == [TextPart(text="ok")]
+    assert sleeper.waits == [0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error")],
+)
+async def test_client_errors_are_not_retried(
+    fake: FakeProviders, anthropic_model, sleeper, status: int, kind: str
+):
+    fake.script(anthropic_error(status, kind, f"Nope ({kind})"))
+
+    with pytest.raises(ModelHTTPError) as caught:
+        await collect(anthropic_model)
+
+    error = caught.value
+    assert (error.status, error.provider, error.request_id, error.message) == (
+        status,
+        "anthropic",
+        f"req_{status}",
+        f"Nope ({kind})",
+    )
+    assert sleeper.waits == []
+
+
+async def test_an_overloaded_event_inside_the_stream_is_retried_before_output(
+    fake: FakeProviders, anthropic_model
+):
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.script(Stream([sse(error, "error")]), anthropic_stream([text_block("ok")]))
+    out = await collect(anthropic_model)
+    assert out[-1].parts == [TextPart(text="ok")]
+
+
+async def test_a_stream_cut_before_output_is_retried(fake: FakeProviders, anthropic_model):
+    fake.script(
+        anthropic_stream([text_block("never")], cut_after=3),  # start, ping, block start
+        Drop(),
+        anthropic_stream([text_block("whole")]),
+    )
+    out = await collect(anthropic_model)
+    assert out[0] == TextChunk(text="whole")
+    assert len(fake.requests) == 3
+
+
+async def test_a_stream_cut_after_output_fails_the_run_keeping_the_text(
+    fake: FakeProviders, anthropic_model
+):
+    fake.script(anthropic_stream([text_block("It is su", "nny")], cut_after=4))
+    agent = Agent("forecaster")
+
+    run = agent.run_stream("Weather?", runtime=Runtime(model=anthropic_model))
+    events = [e async for e in run]
+
+    assert [e.type for e in events] == [
+        "run-started",
+        "agent-started",
+        "text-delta",
+        "run-failed",
+    ]
+    assert "the stream broke after output had started" in events[-1].error
+    assert run.result.state.messages[-1].text == "It is su"
+    assert len(fake.requests) == 1
+
+
+async def test_a_response_that_never_comes_times_out(fake: FakeProviders, sleeper):
+    fake.script(Hang())
+    policy = RetryPolicy(max_attempts=1, sleep=sleeper)
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=policy, timeout=0.2
+    ) as model:
+        with pytest.raises(ModelHTTPError, match="anthropic: no response: Request timed out"):
+            await collect(model)
+
+
+# -- recorded responses -----------------------------------------------------------------------
+
+
+async def test_recorded_stream_with_thinking_and_a_tool_call_replays(
+    fake: FakeProviders, anthropic_model
+):
+    recorded = json.loads((FIXTURES / "anthropic_stream_thinking_tool_use.json").read_text())
+    fake.script(Stream([sse(e, e["type"]) for e in recorded["events"]]))
+
+    out = await collect(anthropic_model, ask(tools=[WEATHER]))
+
+    assert out[-1] == ModelResponse(
+        parts=[
+            ReasoningPart(
+                text="The user wants the weather in Paris. I'll call the weather tool.",
+                signature="EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds",
+                provider="anthropic",
+            ),
+            TextPart(text="I'll check the weather in Paris for you."),
+            ToolCallPart(
+                id="toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+                name="weather.today",
+                raw_args='{"city": "Paris"}',
+            ),
+        ],
+        usage=Usage(requests=1, input_tokens=1030, output_tokens=144, cached_tokens=600),
+        stop_reason="tool_use",
+        model_name="claude-sonnet-4-5-20250929",
+    )
+
+
+async def test_recorded_message_replays(fake: FakeProviders, retry: RetryPolicy):
+    recorded = json.loads((FIXTURES / "anthropic_message.json").read_text())
+    fake.script(Json(recorded))
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=retry, stream=False
+    ) as model:
+        out = await collect(model)
+    assert out[-1] == ModelResponse(
+        parts=[TextPart(text="Hi! My name is Claude.")],
+        usage=Usage(requests=1, input_tokens=2095, output_tokens=503, cached_tokens=0),
+        stop_reason="end_turn",
+        model_name="claude-sonnet-4-5-20250929",
+    )
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+
+@tool(name="weather.today")
+def weather(city: str) -> str:
+    """Today's weather in a city."""
+    return f"Sunny in {city}"
+
+
+async def test_an_agent_runs_its_tool_through_anthropic(fake: FakeProviders, anthropic_model):
+    fake.script(
+        anthropic_stream(
+            [
+                text_block("Let me check."),
+                tool_block("toolu_1", "weather_today", '{"city": ', '"Oslo"}'),
+                tool_block("toolu_2", "weather_today", "{'city': 'Bergen',}"),
+            ],
+            stop_reason="tool_use",
+        ),
+        anthropic_stream([text_block("Sunny in both.")], output_tokens=4),
+    )
+    agent = Agent("forecaster", instructions="Use your tools.", tools=[weather])
+
+    result = await agent.run(
+        "Weather in Oslo and Bergen?",
+        runtime=Runtime(model=anthropic_model, ids=sequential_ids()),
+    )
+
+    assert result.output == "Sunny in both."
+    assert result.state.usage == Usage(requests=2, input_tokens=20, output_tokens=9, tool_calls=2)
+    sent = fake.requests[1].body["messages"]
+    assert sent[-1] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny in Oslo"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "Sunny in Bergen"},
+        ],
+    }
+    assert sent[-2]["content"][-1] == {
+        "type": "tool_use",
+        "id": "toolu_2",
+        "name": "weather_today",
+        "input": {"city": "Bergen"},
+    }
