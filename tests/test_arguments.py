@@ -1,4 +1,4 @@
-"""Parsing a model's tool-call arguments: valid JSON untouched, near-JSON repaired, the rest named."""
+"""Parsing tool-call arguments: valid JSON untouched, near-JSON repaired, the rest named."""
 
 from __future__ import annotations
 

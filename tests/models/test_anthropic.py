@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
+
 from fake_providers import (
     Drop,
     FakeProviders,
@@ -18,8 +20,6 @@ from fake_providers import (
     anthropic_stream,
     sse,
 )
-from pydantic import BaseModel
-
 from handrail import (
     Agent,
     Message,
