@@ -189,8 +189,8 @@ def test_retry_after_reads_seconds_milliseconds_and_http_dates(
 
 @pytest.mark.parametrize(
     ("status", "retryable"),
-    [(400, False), (401, False), (403, False), (404, False), (422, False), (408, True)]
-    + [(409, True), (429, True), (500, True), (502, True), (503, True), (529, True)],
+    [(status, False) for status in (400, 401, 403, 404, 422)]
+    + [(status, True) for status in (408, 409, 429, 500, 502, 503, 529)],
 )
 def test_which_statuses_are_retried(status: int, retryable: bool):
     assert is_retryable_status(status) is retryable
