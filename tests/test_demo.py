@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from handrail import ContextStore, ModelRetry, ToolContext
+from handrail import Approve, ContextStore, ModelRetry, Reject, ToolContext
 from handrail.demo import CUSTOMER_MESSAGE, Desk, build_scenario
 from handrail.demo.__main__ import main
 from handrail.demo.support_desk import lookup_order, refund_order, refund_policy
@@ -20,7 +20,7 @@ from handrail.demo.support_desk import lookup_order, refund_order, refund_policy
 
 async def play() -> tuple[Any, list[Any], Any]:
     scenario = build_scenario()
-    run = scenario.run_stream()
+    run = scenario.submit()
     events = [e async for e in run]
     return scenario, events, run.result
 
@@ -65,9 +65,40 @@ async def test_the_scenario_looks_up_in_parallel_streams_then_suspends_on_the_re
     assert events[-1].pending == [approval.tool_call_id] == result.pending
 
     assert result.outcome == "suspended"
-    scenario.model.assert_complete()
     assert len(scenario.model.calls) == 2
     assert scenario.desk.refunds == []
+
+
+@pytest.mark.parametrize(
+    ("decision", "refunds", "reply"),
+    [
+        (
+            Approve(amended_args={"amount": 40}),
+            ["€40.00"],
+            "Good news: your refund R0001 of €40.00 for order A1042 has been approved",
+        ),
+        (Approve(), ["€84.00"], "your refund R0001 of €84.00"),
+        (
+            Reject(reason="we need photos first"),
+            [],
+            "did not approve the refund this time (we need photos first)",
+        ),
+    ],
+)
+async def test_the_refund_runs_as_decided_when_the_turn_resumes(
+    decision: Any, refunds: list[str], reply: str
+):
+    scenario, _, _ = await play()
+    resolution = await scenario.resolve(decision)
+    assert resolution.ready
+    run = scenario.resume()
+    events = [e async for e in run]
+    assert events[-1].type == "run-completed"
+    assert reply in events[-1].output
+    assert [r["amount"] for r in scenario.desk.refunds] == refunds
+    assert len(scenario.model.calls) == 3  # the decided call was not re-decided by a model
+    messages = run.result.state.messages
+    assert [m.role for m in messages] == ["user", "assistant", "assistant", "assistant"]
 
 
 async def test_both_lookups_are_one_model_turn():
@@ -120,25 +151,25 @@ def test_a_bad_refund_is_an_error_the_model_can_read(order_id: str, amount: floa
     assert desk.refunds == []
 
 
-def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+def run_demo(*args: str, db: Any) -> subprocess.CompletedProcess[str]:
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS")
     }
     return subprocess.run(
-        [sys.executable, "-m", "handrail.demo", *args],
+        [sys.executable, "-m", "handrail.demo", "--db", str(db), *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         encoding="utf-8",
-        env={**env, "PYTHONIOENCODING": "utf-8"},
+        env={**env, "PYTHONIOENCODING": "utf-8", "COLUMNS": "200"},
         timeout=30,
     )
 
 
-def test_python_m_handrail_demo_runs_offline_without_a_terminal():
-    done = run_demo()
+def test_python_m_handrail_demo_runs_offline_and_rejects_when_nobody_can_answer(tmp_path: Any):
+    done = run_demo(db=tmp_path / "demo.db")
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     out = done.stdout
@@ -149,11 +180,52 @@ def test_python_m_handrail_demo_runs_offline_without_a_terminal():
     assert "Refund this order?" in out
     assert "amendable fields: amount" in out
     assert "Run suspended" in out
+    assert "standard input is not a terminal, so the refund is rejected by default" in out
+    assert "✗ orders.refund → rejected by the demo: nobody was there to approve it" in out
+    assert "refunds made  0" in out
+    assert "is saved in" in out and (tmp_path / "demo.db").exists()
     assert "\x1b[" not in out  # no colours or cursor moves in a pipe
 
 
-def test_model_flag_is_refused_until_real_providers_exist(capsys: pytest.CaptureFixture[str]):
-    done = run_demo("--model", "x")
+def test_yes_approves_and_the_refund_is_made(tmp_path: Any):
+    done = run_demo("--yes", db=tmp_path / "demo.db")
+    assert done.returncode == 0, done.stderr
+    assert "--yes: approved as proposed." in done.stdout
+    assert "✓ orders.refund → refund R0001 · order A1042 · amount €84.00" in done.stdout
+    assert "refunds made  1" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("answers", "said", "made"),
+    [
+        (["40"], "You approved the refund, amended to €40.00.", "amount €40.00"),
+        (["what?", "y"], "You approved the refund as proposed.", "amount €84.00"),
+        (["n", "need photos"], "You rejected the refund.", "(need photos)"),
+    ],
+)
+def test_the_person_at_the_terminal_decides(
+    tmp_path: Any, answers: list[str], said: str, made: str
+):
+    asked: list[str] = []
+    replies = iter(answers)
+
+    def ask(question: str) -> str:
+        asked.append(question)
+        return next(replies)
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=100, color_system=None)
+    assert main(["--db", str(tmp_path / "d.db")], console=console, ask=ask) == 0
+    assert asked[0].startswith("Approve the refund of €84.00?")
+    out = buffer.getvalue()
+    assert said in out
+    assert made in out
+
+
+def test_model_flag_is_refused_until_real_providers_exist(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+):
+    done = run_demo("--model", "x", db=tmp_path / "demo.db")
     assert (done.returncode, done.stdout) == (2, "")
     assert "real model providers are not available in this version" in done.stderr
     assert main(["--model", "x"]) == 2  # the same, in process
@@ -164,7 +236,7 @@ def test_model_flag_is_refused_until_real_providers_exist(capsys: pytest.Capture
 
 
 @pytest.mark.parametrize("interactive", [False, True])
-def test_the_demo_draws_the_same_story_live_or_line_by_line(interactive: bool):
+def test_the_demo_draws_the_same_story_live_or_line_by_line(interactive: bool, tmp_path: Any):
     buffer = io.StringIO()
     console = Console(
         file=buffer,
@@ -173,10 +245,11 @@ def test_the_demo_draws_the_same_story_live_or_line_by_line(interactive: bool):
         force_interactive=interactive,
         color_system=None,
     )
-    assert main([], console=console) == 0
+    assert main(["--db", str(tmp_path / "d.db"), "--yes"], console=console) == 0
     out = buffer.getvalue()
     assert "✓ policy.refunds → reason damaged · refund full · window 30 days" in out
     assert "colleague will approve it shortly." in out
     assert "⏸ orders.refund → waiting for approval" in out
-    assert "tool calls    3 (2 ran, 1 waiting for approval)" in out
-    assert "session       3 messages" in out
+    assert "✓ orders.refund → refund R0001 · order A1042 · amount €84.00" in out
+    assert "tool calls    3 (1 asked for approval)" in out
+    assert "session       4 messages" in out

@@ -294,7 +294,7 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
     decision: DecisionKind | None = card.decision
     if decision == "reject":
         who = f" by {card.decided_by}" if card.decided_by else ""
-        why = f" Reason: {card.reason}" if card.reason else ""
+        why = f" Reason: {card.reason.rstrip('.')}." if card.reason else ""
         return ToolResult(
             ok=False,
             error=(

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,9 +29,13 @@ except ImportError:  # pragma: no cover - rich ships with the dev and demo extra
 
 from handrail import (
     AgentResult,
+    AgentRun,
     AgentStarted,
     ApprovalRequired,
+    Approve,
+    Decision,
     Event,
+    Reject,
     RunCompleted,
     RunFailed,
     RunSuspended,
@@ -39,6 +44,7 @@ from handrail import (
     ToolCallStarted,
 )
 from handrail.demo.support_desk import Scenario, build_scenario
+from handrail.store import SqliteStore
 
 NO_REAL_MODELS = (
     "--model {model}: real model providers are not available in this version of handrail.\n"
@@ -48,12 +54,23 @@ NO_REAL_MODELS = (
 )
 
 
-def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
+Ask = Callable[[str], str]
+"""Asks the person at the terminal a question and returns their answer (`Console.input`)."""
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    console: Console | None = None,
+    ask: Ask | None = None,
+) -> int:
     """Run the demo from the command line.
 
     Args:
         argv: the arguments (default: `sys.argv[1:]`).
         console: where to draw (default: a `Console` on standard output).
+        ask: how to ask for the approval decision (default: the terminal, when standard input
+            is one; otherwise nobody is asked and the refund is rejected by default).
 
     Returns:
         The exit status: 0 when the scenario ran as scripted, 1 when the run failed, 2 for
@@ -66,8 +83,27 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         )
         return 2
     console = console or Console()
-    scenario = build_scenario(latency=0.6 if args.slow else 0.0)
-    return asyncio.run(play(scenario, console, pace=0.04 if args.slow else 0.0))
+    if ask is None and sys.stdin is not None and sys.stdin.isatty():
+        ask = console.input
+    decide = _decider(args.decision, ask)
+    return asyncio.run(_run(args, console, decide))
+
+
+async def _run(args: argparse.Namespace, console: Console, decide: Decide) -> int:
+    store = SqliteStore(args.db)
+    try:
+        scenario = build_scenario(
+            latency=0.6 if args.slow else 0.0,
+            store=store,
+            session_id=f"support-{os.urandom(4).hex()}",
+        )
+        status = await play(scenario, console, decide, pace=0.04 if args.slow else 0.0)
+    finally:
+        await store.close()
+    console.print(
+        Text(f"Session {scenario.session_id} is saved in {args.db} (SQLite).", style="dim")
+    )
+    return status
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,27 +119,110 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--slow", action="store_true", help="pause in tools and between words, to watch it live"
     )
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--yes",
+        dest="decision",
+        action="store_const",
+        const="approve",
+        help="approve the refund as proposed, without asking",
+    )
+    choice.add_argument(
+        "--no",
+        dest="decision",
+        action="store_const",
+        const="reject",
+        help="reject the refund, without asking",
+    )
+    parser.add_argument(
+        "--db",
+        default="handrail-demo.db",
+        metavar="PATH",
+        help="the SQLite file the session is saved in (default: %(default)s)",
+    )
     return parser
 
 
-async def play(scenario: Scenario, console: Console, *, pace: float = 0.0) -> int:
-    """Render the scenario's run on `console` and return the exit status.
+Decide = Callable[[ApprovalRequired], tuple[Decision, str]]
+"""Turns an approval card into a decision and a line saying how it was made."""
+
+NOBODY = (
+    "Nobody to ask: standard input is not a terminal, so the refund is rejected by default. "
+    "Run `make demo` in a terminal to decide, or pass --yes to approve."
+)
+
+
+def _decider(preset: str | None, ask: Ask | None) -> Decide:
+    def decide(card: ApprovalRequired) -> tuple[Decision, str]:
+        if preset == "approve":
+            return Approve(by="you (--yes)"), "--yes: approved as proposed."
+        if preset == "reject":
+            return Reject(reason="rejected with --no", by="you (--no)"), "--no: rejected."
+        if ask is None:
+            return Reject(reason="nobody was there to approve it", by="the demo"), NOBODY
+        return _ask(card, ask)
+
+    return decide
+
+
+def _ask(card: ApprovalRequired, ask: Ask) -> tuple[Decision, str]:
+    amount = card.args.get("amount")
+    question = (
+        f"Approve the refund of €{amount:.2f}? [bold]y[/]es / [bold]n[/]o / "
+        f"or type another amount (e.g. 40): "
+    )
+    while True:
+        try:
+            answer = ask(question).strip().lower()
+        except EOFError:
+            return Reject(reason="nobody answered", by="the demo"), NOBODY
+        if answer in ("", "y", "yes"):
+            return Approve(by="you"), "You approved the refund as proposed."
+        if answer in ("n", "no"):
+            try:
+                reason = ask("Why (the agent tells the customer)? ").strip()
+            except EOFError:
+                reason = ""
+            return Reject(reason=reason or None, by="you"), "You rejected the refund."
+        try:
+            new = float(answer.lstrip("€"))
+        except ValueError:
+            continue
+        amended = Approve(amended_args={"amount": new}, by="you")
+        return amended, f"You approved the refund, amended to €{new:.2f}."
+
+
+async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: float = 0.0) -> int:
+    """Render the scenario on `console`: the turn, the approval, the resumed turn.
 
     Args:
         scenario: the scenario to run.
         console: where to draw.
+        decide: turns the refund's approval card into a decision.
         pace: seconds to wait after each text delta (0: as fast as the model streams).
+
+    Returns:
+        The exit status: 1 when a run failed, else 0.
     """
     console.print(_header())
     console.print(Text.assemble(("Customer  ", "bold cyan"), scenario.prompt))
     transcript = Transcript(console, pace=pace)
-    run = scenario.run_stream()
+    result = await _show(scenario.submit(), transcript)
+    if result.outcome == "suspended" and transcript.card is not None:
+        decision, how = decide(transcript.card)
+        await scenario.resolve(decision)
+        console.print(Text.assemble(("✔ Decision recorded", "bold"), f": {how}"))
+        console.print(Text("Resuming the same turn…", style="dim"))
+        result = await _show(scenario.resume(), transcript)
+    console.print(_summary(transcript, result, refunds=len(scenario.desk.refunds)))
+    return 1 if result.outcome == "failed" else 0
+
+
+async def _show(run: AgentRun[Any], transcript: Transcript) -> AgentResult[Any]:
     async for event in run:
         await transcript.show(event)
     transcript.close()
-    result = run.result
-    console.print(_summary(transcript, result, refunds=len(scenario.desk.refunds)))
-    return 1 if result.outcome == "failed" else 0
+    return run.result
 
 
 def _header() -> Panel:
@@ -157,7 +276,9 @@ class Transcript:
         self.console = console
         self.pace = pace
         self.interactive = console.is_interactive
-        self.started = self.ran = self.waiting = 0
+        self.ran = self.waiting = 0
+        self.seen: set[str] = set()
+        self.card: ApprovalRequired | None = None
         self._calls: dict[str, _Call] = {}
         self._reply: Text | None = None
         self._live: Live | None = None
@@ -173,7 +294,7 @@ class Transcript:
             case ToolCallStarted(tool_call_id=call_id, name=name, args=args):
                 if self._reply is not None:
                     self.close()
-                self.started += 1
+                self.seen.add(call_id)
                 call = self._calls[call_id] = _Call(name, args)
                 self._draw(Text.assemble(("  … ", "cyan"), call.line()))
             case ToolCallCompleted(tool_call_id=call_id) as done:
@@ -184,6 +305,7 @@ class Transcript:
                 self._draw(Text.assemble("  ", call.line()))
             case ApprovalRequired(tool_call_id=call_id) as asked:
                 self.waiting += 1
+                self.card = asked
                 call = self._calls.setdefault(call_id, _Call(asked.name, asked.args))
                 call.state, call.note = "waiting", "waiting for approval"
                 self._draw(Text.assemble("  ", call.line()))
@@ -206,9 +328,8 @@ class Transcript:
                 out.print(
                     Text.assemble(
                         ("⏸ Run suspended", "bold yellow"),
-                        f": {len(pending)} call(s) wait for a decision ({', '.join(pending)}).\n"
-                        "Resuming (approve, amend or reject, then continue the same turn) "
-                        "arrives with the suspension feature; the demo stops here for now.",
+                        f": {len(pending)} call(s) wait for a decision ({', '.join(pending)}). "
+                        "The session is saved: this could wait for days, or a restart.",
                     )
                 )
             case RunCompleted(output=output):
@@ -302,7 +423,7 @@ def _summary(transcript: Transcript, result: AgentResult[Any], *, refunds: int) 
     table.add_column()
     table.add_row(
         "tool calls",
-        f"{transcript.started} ({transcript.ran} ran, {transcript.waiting} waiting for approval)",
+        f"{len(transcript.seen)} ({transcript.waiting} asked for approval)",
     )
     table.add_row("model calls", str(result.state.usage.requests))
     table.add_row("session", f"{len(result.state.messages)} messages")
@@ -321,6 +442,8 @@ def _value(value: Any) -> str:
 
 
 def _digest(done: ToolCallCompleted) -> str:
+    if done.status == "rejected":
+        return done.summary or "rejected"
     if not done.ok:
         return done.error or "failed"
     if isinstance(done.digest, dict):

@@ -5,8 +5,11 @@ can replay the same scenario that `python -m handrail.demo` renders:
 
 ```python
 scenario = build_scenario()
-result = await scenario.run_stream().finish()
+result = await scenario.submit().finish()
 assert result.outcome == "suspended" and scenario.desk.refunds == []
+await scenario.resolve(Approve(amended_args={"amount": 40.0}))
+result = await scenario.resume().finish()
+assert result.outcome == "completed" and scenario.desk.refunds[0]["amount"] == "€40.00"
 ```
 """
 
@@ -18,8 +21,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from handrail import Agent, AgentRun, ModelRetry, Runtime, ToolContext, tool
-from handrail.testing import ScriptedModel, Step, call, sequential_ids
+from handrail import (
+    Agent,
+    AgentRun,
+    ApprovalCardPart,
+    Decision,
+    Engine,
+    MemoryStore,
+    Message,
+    ModelRetry,
+    Resolution,
+    Runtime,
+    SessionStore,
+    ToolContext,
+    tool,
+)
+from handrail.models import ModelRequest
+from handrail.testing import FunctionModel, Step, call, sequential_ids
 
 __all__ = [
     "CUSTOMER_MESSAGE",
@@ -27,6 +45,7 @@ __all__ = [
     "Desk",
     "Scenario",
     "build_scenario",
+    "closing",
     "lookup_order",
     "refund_order",
     "refund_policy",
@@ -198,7 +217,10 @@ support_agent: Agent[str] = Agent(
 
 
 def script() -> list[Step]:
-    """The scripted model's turns: both lookups at once, then the reply and the refund."""
+    """The scripted model's first turns: both lookups at once, then the reply and the refund.
+
+    Its last turn, after the refund was decided, is computed from the decision (`answer`).
+    """
     return [
         [
             call("orders.lookup", order_id="A1042"),
@@ -214,36 +236,79 @@ def script() -> list[Step]:
     ]
 
 
+def closing(message: Message) -> str:
+    """The scripted model's last turn, from the message holding the decided refund call."""
+    refund = message.tool_calls[-1]
+    if refund.status == "completed" and refund.result is not None:
+        data = refund.result.data
+        return (
+            f"Good news: your refund {data['refund']} of {data['amount']} for order "
+            f"{data['order']} has been approved and is on its way. Sorry again for the trouble!"
+        )
+    if refund.status == "rejected":
+        card = next(p for p in message.parts if isinstance(p, ApprovalCardPart) and p.decision)
+        why = f" ({card.reason.rstrip('.')})" if card.reason else ""
+        return (
+            f"I'm sorry: my colleague did not approve the refund this time{why}. I've passed "
+            f"your case on, and we'll be in touch soon."
+        )
+    return "I couldn't complete the refund just now; a colleague will follow up with you."
+
+
 @dataclass(kw_only=True, slots=True)
 class Scenario:
     """One support-desk conversation, ready to run: fresh database, fresh script."""
 
-    agent: Agent[str]
-    """The support agent."""
-    model: ScriptedModel
-    """The scripted model (check `model.assert_complete()` after a run)."""
-    runtime: Runtime[Desk]
-    """The runtime: the scripted model, the desk as deps, a fixed clock, sequential ids."""
+    engine: Engine
+    """The engine: the support agent, the session store, the runtime."""
+    model: FunctionModel
+    """The scripted model (its `calls` are the requests it answered)."""
     desk: Desk
     """The database the tools read and write."""
+    session_id: str = "support-1"
+    """The conversation's session."""
     prompt: str = CUSTOMER_MESSAGE
     """The customer's message."""
 
-    def run_stream(self) -> AgentRun[str]:
+    def submit(self) -> AgentRun[Any]:
         """Start the customer's turn; iterate the result for events, then read `.result`."""
-        return self.agent.run_stream(self.prompt, runtime=self.runtime)
+        return self.engine.submit(self.session_id, self.prompt)
+
+    async def resolve(self, decision: Decision) -> Resolution:
+        """Decide the pending refund (the only pending call)."""
+        state = await self.engine.session(self.session_id)
+        (call_id,) = state.pending
+        return await self.engine.resolve(self.session_id, call_id, decision)
+
+    def resume(self) -> AgentRun[Any]:
+        """Continue the suspended turn once the refund is decided."""
+        return self.engine.resume(self.session_id)
 
 
-def build_scenario(*, latency: float = 0.0) -> Scenario:
+def build_scenario(
+    *, latency: float = 0.0, store: SessionStore | None = None, session_id: str = "support-1"
+) -> Scenario:
     """Build the support-desk scenario on the scripted model (offline, deterministic).
 
     Args:
         latency: seconds each tool call sleeps, for a watchable live demo (0 by default).
+        store: where the session lives (default: a fresh `MemoryStore`).
+        session_id: the conversation's session id.
 
     Returns:
-        A `Scenario` whose `run_stream()` plays the customer's turn.
+        A `Scenario`: `submit()` plays the customer's turn up to the refund's approval card;
+        `resolve(decision)` then `resume()` finish it.
     """
     desk = Desk(latency=latency)
-    model = ScriptedModel(script())
+    steps = script()
+
+    def answer(request: ModelRequest) -> Step:
+        turns = sum(1 for m in request.messages if m.role == "assistant")
+        if turns < len(steps):
+            return steps[turns]
+        return closing(request.messages[-1])
+
+    model = FunctionModel(answer, name="scripted")
     runtime = Runtime(model=model, deps=desk, clock=lambda: TODAY.timestamp(), ids=sequential_ids())
-    return Scenario(agent=support_agent, model=model, runtime=runtime, desk=desk)
+    engine = Engine(support_agent, store=store or MemoryStore(), runtime=runtime)
+    return Scenario(engine=engine, model=model, desk=desk, session_id=session_id)
