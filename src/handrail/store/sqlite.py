@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -200,20 +201,35 @@ class SqliteStore:
         except sqlite3.Error as error:
             raise self._error(error, None) from error
         try:
-            mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            # Switching a new file to WAL while another connection does the same fails at once
+            # with "database is locked" (SQLite's busy handler does not cover it), so retry.
+            mode = self._retry_busy(
+                lambda: connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            )
             if mode != "wal" and self.path != ":memory:":
                 raise StoreError(
                     f"SQLite database {self.path!r} cannot use WAL mode (journal_mode is "
                     f"{mode!r}): put it on a local file system."
                 )
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
-            migrate(connection, self.clock())
+            self._retry_busy(lambda: migrate(connection, self.clock()))
         except BaseException as error:
             connection.close()
             if isinstance(error, sqlite3.Error):
                 raise self._error(error, None) from error
             raise
         return connection
+
+    def _retry_busy(self, step: Callable[[], T]) -> T:  # in the store's thread
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as error:
+                busy = error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.005)
 
     def _error(self, error: sqlite3.Error, session_id: str | None) -> StoreError:
         where = f"session {session_id!r} in " if session_id else ""
@@ -612,7 +628,8 @@ def _transaction(db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iter
     try:
         yield
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
 
