@@ -1,0 +1,114 @@
+"""`Engine` and `Domain`: sessions, routes, interruption, through the public API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from handrail import Agent, Domain, Engine, Runtime, UserError, tool
+from handrail.store import MemoryStore
+from handrail.testing import ScriptedModel, call, sequential_ids
+
+
+def engine_for(steps: list[Any], domain: Any, **kwargs: Any) -> Engine:
+    runtime = Runtime(model=ScriptedModel(steps), ids=sequential_ids())
+    return Engine(domain, runtime=runtime, **kwargs)
+
+
+async def events_of(run: Any) -> list[Any]:
+    return [e async for e in run]
+
+
+def test_a_domain_checks_its_routes_when_it_is_made():
+    a, b = Agent("a"), Agent("b")
+    assert Domain(agents=[a, b]).routes == {"default": ["a"]}
+    with pytest.raises(UserError, match="two agents are named 'a'"):
+        Domain(agents=[a, Agent("a")])
+    with pytest.raises(UserError, match="route 'r' names no agent or unknown agents \\('c'\\)"):
+        Domain(agents=[a, b], routes={"r": ["a", "c"]})
+    with pytest.raises(UserError, match="default_route 'x' is not a route"):
+        Domain(agents=[a], routes={"r": ["a"]}, default_route="x")
+    with pytest.raises(UserError, match="at least one agent"):
+        Domain(agents=[])
+
+
+async def test_turns_take_the_chosen_route_and_sessions_keep_their_history():
+    domain = Domain(
+        agents=[Agent("planner"), Agent("responder")],
+        routes={"simple": ["responder"], "planned": ["planner", "responder"]},
+    )
+    engine = engine_for(["Hi!", "Plan: answer.", "Answered."], domain)
+    first = await events_of(engine.submit("s1", "hello", route="simple"))
+    assert [e.agent for e in first if e.type == "agent-started"] == ["responder"]
+    second = await events_of(engine.submit("s1", "and now?", route="planned"))
+    assert [e.agent for e in second if e.type == "agent-started"] == ["planner", "responder"]
+    assert second[-1].output == "Answered."
+    state = await engine.session("s1")
+    assert [m.text for m in state.messages] == [
+        "hello",
+        "Hi!",
+        "and now?",
+        "Plan: answer.",
+        "Answered.",
+    ]
+    assert state.turn == 2
+    with pytest.raises(UserError, match="Unknown route 'nope'; routes: simple, planned"):
+        engine.submit("s1", "x", route="nope")
+
+
+async def test_sessions_are_saved_with_their_status_and_scope():
+    store = MemoryStore()
+    engine = engine_for(["Hi."], Agent("a"), store=store)
+    events = await events_of(engine.submit("s1", "hello", org_id="acme", user_id="u1"))
+    assert events[-1].type == "run-completed"
+    record = await store.load("s1")
+    assert record is not None
+    assert (record.org_id, record.user_id, record.status, record.version) == (
+        "acme",
+        "u1",
+        "completed",
+        1,
+    )
+
+
+async def test_a_failed_run_is_saved_as_failed_with_its_history():
+    store = MemoryStore()
+    engine = engine_for([], Agent("a"), store=store)  # the script is empty: the model fails
+    events = await events_of(engine.submit("s1", "hello"))
+    assert events[-1].type == "run-failed"
+    assert "ScriptedModel ran out of steps" in (events[-1].error or "")
+    record = await store.load("s1")
+    assert record is not None and record.status == "failed"
+    assert [m.text for m in (await engine.session("s1")).messages] == ["hello"]
+
+
+async def test_interrupt_stops_a_running_turn_and_persists_a_valid_history():
+    started = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Takes forever."""
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    engine = engine_for([[call("slow")]], Agent("a", tools=[slow]))
+    assert not engine.interrupt("s1")  # nothing runs yet
+    run = engine.submit("s1", "go")
+
+    async def interrupt_when_started() -> None:
+        await started.wait()
+        assert engine.interrupt("s1")
+
+    task = asyncio.create_task(interrupt_when_started())
+    events = await events_of(run)
+    await task
+    assert events[-1].type == "run-failed" and events[-1].reason == "interrupted"
+    state = await engine.session("s1")
+    part = state.messages[-1].tool_calls[0]
+    assert part.status == "interrupted"
+    assert part.result is not None and "interrupted" in (part.result.error or "")
+    record = await engine.store.load("s1")
+    assert record is not None and record.status == "active"
