@@ -28,7 +28,7 @@ from handrail import (
     tool,
 )
 from handrail.models import ModelRequest
-from handrail.store import MemoryStore
+from handrail.store import MemoryStore, SessionRecord
 from handrail.testing import FunctionModel, ScriptedModel, call, sequential_ids
 
 # -- tools ---------------------------------------------------------------------------------
@@ -650,3 +650,113 @@ async def test_a_reloaded_session_keeps_every_card_decision_and_digest():
 async def test_a_state_from_a_newer_handrail_is_refused():
     with pytest.raises(UserError, match="schema_version=99"):
         RunState.load({"schema_version": 99})
+
+
+# -- deploys, races and edge cases -----------------------------------------------------------------
+
+
+async def test_a_call_whose_tool_was_removed_by_a_deploy_can_only_be_rejected():
+    store = MemoryStore()
+    before, _ = engine_for(
+        [[call("orders.refund", order_id="A1", amount=5), call("ask_size", question="?")]],
+        store=store,
+    )
+    await suspended(before)
+    await before.resolve("s1", "call_2", Answer(output={"size": "M"}))
+    after, _ = engine_for(["Sorry."], store=store, agents=Agent("support", tools=[lookup]))
+    with pytest.raises(InvalidDecisionError, match="no longer has: reject it"):
+        await after.resolve("s1", "call_1", Approve())
+    await after.resolve("s1", "call_1", Reject(reason="tool gone"))
+    assert (await events_of(after.resume("s1")))[-1].type == "run-completed"
+    first, second = call_parts(await after.session("s1"))
+    assert first.status == "rejected"
+    assert second.status == "failed"
+    assert "Tool 'ask_size' no longer exists" in (second.result.error or "")  # type: ignore[union-attr]
+    assert effects == []
+
+
+async def test_a_turn_suspended_in_an_agent_that_is_gone_cannot_resume():
+    store = MemoryStore()
+    before, _ = engine_for([[call("orders.refund", order_id="A1", amount=5)]], store=store)
+    await suspended(before)
+    await before.resolve("s1", "call_1", Approve())
+    after, _ = engine_for([], store=store, agents=Agent("other"))
+    with pytest.raises(UserError, match="agent\\(s\\) 'support', which this engine's domain"):
+        await events_of(after.resume("s1"))
+    assert effects == []
+
+
+async def test_an_approved_call_whose_binding_no_longer_resolves_does_not_run():
+    @tool(name="cart.checkout", permission="write", bindings={"cart": "var:cart"})
+    def checkout(cart: dict[str, Any], note: str) -> str:
+        """Check the cart out."""
+        effects.append(("checkout", cart))
+        return "ok"
+
+    engine, _ = engine_for(
+        [[call("cart.checkout", note="asap")], "Could not."],
+        agents=Agent("support", tools=[checkout]),
+    )
+    state = RunState()
+    state.context.set("var:cart", {"id": "c1"})
+    record = await engine.store.save(
+        SessionRecord(id="s1", data=state.dump())  # a session that has a cart
+    )
+    assert record.version == 1
+    await suspended(engine)
+    # While the call waits, the cart is emptied out of the session.
+    saved = await engine.store.load("s1")
+    assert saved is not None
+    saved.data["context"]["vars"] = {}
+    await engine.store.save(saved)
+    await engine.resolve("s1", "call_1", Approve())
+    await events_of(engine.resume("s1"))
+    part = call_parts(await engine.session("s1"))[0]
+    assert effects == []
+    assert "the approved call no longer holds" in (part.result.error or "")  # type: ignore[union-attr]
+
+
+async def test_a_decision_racing_another_workers_save_is_decided_again_on_the_new_state():
+    class RacingStore(MemoryStore):
+        """Before the first save after `race` is armed, another worker saves first."""
+
+        race = False
+
+        async def save(self, record: SessionRecord) -> SessionRecord:
+            if self.race:
+                self.race = False
+                other = await self.load(record.id)
+                assert other is not None
+                await super().save(other)  # the other worker's (unrelated) change lands first
+            return await super().save(record)
+
+    store = RacingStore()
+    engine, _ = engine_for(
+        [[call("orders.refund", order_id="A1", amount=5), call("ask_size", question="?")], "ok"],
+        store=store,
+    )
+    await suspended(engine)
+    store.race = True
+    resolution = await engine.resolve("s1", "call_1", Approve(amended_args={"amount": "4"}))
+    assert resolution.pending == ["call_2"]
+    record = await store.load("s1")
+    assert record is not None and record.version == 3  # suspend, the other worker, this one
+    card = cards(await engine.session("s1"))[0]
+    assert card.amended_args == {"order_id": "A1", "amount": 4.0}
+
+
+def test_the_approval_digest_ignores_key_order_but_not_values():
+    from handrail.suspension import args_digest
+
+    one = args_digest("t", {"b": [{"y": 1, "x": 2}], "a": 1})
+    assert one == args_digest("t", {"a": 1, "b": [{"x": 2, "y": 1}]})
+    assert one != args_digest("t", {"a": 1, "b": [{"x": 2, "y": 2}]})
+    assert one != args_digest("u", {"a": 1, "b": [{"x": 2, "y": 1}]})
+
+
+async def test_resolve_many_needs_a_decision():
+    engine, _ = engine_for([])
+    with pytest.raises(UserError, match="at least one decision"):
+        await engine.resolve_many("s1", {})
+    with pytest.raises(SessionNotFoundError):
+        await engine.resolve("nope", "call_1", Approve())

@@ -195,7 +195,7 @@ class Engine:
                             f"Session {session_id!r} is already being resumed (by run "
                             f"{progress.resumed_by}); its decided calls run once."
                         )
-                    route = [self.domain.by_name[n] for n in progress.route or [progress.agent]]
+                    route = self._agents(progress.route or [progress.agent])
                     # Claim the resumption before anything runs: of two workers that loaded
                     # the same version, one loses the compare-and-swap here.
                     progress.resumed_by = self.runtime.ids("run")
@@ -266,7 +266,8 @@ class Engine:
                 record, state = await self._load(session_id, org_id, user_id)
                 now = self.runtime.clock()
                 progress = state.progress
-                tools = self.domain.by_name[progress.agent].tools if progress else {}
+                agent = self.domain.by_name.get(progress.agent) if progress else None
+                tools = agent.tools if agent is not None else {}
                 for tool_call_id, decision in decisions.items():
                     decide(state, tools, tool_call_id, decision, now=now)
                 try:
@@ -317,6 +318,16 @@ class Engine:
         """
         _, state = await self._load(session_id, org_id, user_id)
         return state
+
+    def _agents(self, names: list[str]) -> list[Agent[Any]]:
+        missing = [n for n in names if n not in self.domain.by_name]
+        if missing:
+            raise UserError(
+                f"The suspended turn runs through agent(s) {', '.join(map(repr, missing))}, "
+                f"which this engine's domain does not have (a deploy removed or renamed them?). "
+                f"Deploy them again, or start a new session."
+            )
+        return [self.domain.by_name[n] for n in names]
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
