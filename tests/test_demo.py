@@ -222,17 +222,22 @@ def test_the_person_at_the_terminal_decides(
     assert made in out
 
 
-def test_model_flag_is_refused_until_real_providers_exist(
-    capsys: pytest.CaptureFixture[str], tmp_path: Any
+def test_a_model_that_cannot_be_used_is_a_usage_error_naming_the_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ):
     done = run_demo("--model", "x", db=tmp_path / "demo.db")
     assert (done.returncode, done.stdout) == (2, "")
-    assert "real model providers are not available in this version" in done.stderr
-    assert main(["--model", "x"]) == 2  # the same, in process
+    assert "--model x: Model 'x': write it as provider:model" in done.stderr
+    assert main(["--model", "acme:big"]) == 2  # the same, in process
     out, err = capsys.readouterr()
     assert out == ""
-    assert "--model x: real model providers are not available in this version" in err
+    assert "unknown provider 'acme'; known providers: openai, anthropic, openai-compatible" in err
     assert 'pip install "handrail[openai]"' in err
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["--model", "openai:gpt-4o-mini"]) == 2
+    _, err = capsys.readouterr()
+    assert "set the environment variable OPENAI_API_KEY" in err
 
 
 @pytest.mark.parametrize("interactive", [False, True])

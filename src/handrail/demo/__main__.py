@@ -33,6 +33,7 @@ from handrail import (
     AgentStarted,
     ApprovalRequired,
     Approve,
+    ConfigError,
     Decision,
     Event,
     Reject,
@@ -44,11 +45,12 @@ from handrail import (
     ToolCallStarted,
 )
 from handrail.demo.support_desk import Scenario, build_scenario
+from handrail.models import Model, infer
 from handrail.store import SqliteStore
 
-NO_REAL_MODELS = (
-    "--model {model}: real model providers are not available in this version of handrail.\n"
-    "They are coming with the openai/anthropic extras:\n"
+NO_MODEL = (
+    "--model {spec}: {error}\n"
+    "Real models come with the openai/anthropic extras, for example:\n"
     '  pip install "handrail[openai]"; export OPENAI_API_KEY=...; --model openai:gpt-4o-mini\n'
     "Run without --model for the offline scripted demo."
 )
@@ -74,22 +76,31 @@ def main(
 
     Returns:
         The exit status: 0 when the scenario ran as scripted, 1 when the run failed, 2 for
-        a usage error (such as `--model`, which is not wired yet).
+        a usage error (such as a `--model` that cannot be used: the message says why).
     """
     args = _parser().parse_args(argv)
+    model: Model | None = None
     if args.model is not None:
-        Console(stderr=True).print(
-            NO_REAL_MODELS.format(model=args.model), style="red", markup=False, soft_wrap=True
-        )
-        return 2
+        try:
+            model = infer(args.model)
+        except ConfigError as exc:
+            Console(stderr=True).print(
+                NO_MODEL.format(spec=args.model, error=exc),
+                style="red",
+                markup=False,
+                soft_wrap=True,
+            )
+            return 2
     console = console or Console()
     if ask is None and sys.stdin is not None and sys.stdin.isatty():
         ask = console.input
     decide = _decider(args.decision, ask)
-    return asyncio.run(_run(args, console, decide))
+    return asyncio.run(_run(args, console, decide, model))
 
 
-async def _run(args: argparse.Namespace, console: Console, decide: Decide) -> int:
+async def _run(
+    args: argparse.Namespace, console: Console, decide: Decide, model: Model | None
+) -> int:
     store = SqliteStore(args.db)
     try:
         scenario = build_scenario(
@@ -97,9 +108,14 @@ async def _run(args: argparse.Namespace, console: Console, decide: Decide) -> in
             store=store,
             session_id=f"support-{os.urandom(4).hex()}",
         )
+        if model is not None:  # the same agent, tools and engine: only the model changes
+            scenario.engine.runtime.model = model
         status = await play(scenario, console, decide, pace=0.04 if args.slow else 0.0)
     finally:
         await store.close()
+        close = getattr(model, "aclose", None)
+        if close is not None:
+            await close()
     console.print(
         Text(f"Session {scenario.session_id} is saved in {args.db} (SQLite).", style="dim")
     )
@@ -109,12 +125,14 @@ async def _run(args: argparse.Namespace, console: Console, decide: Decide) -> in
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m handrail.demo",
-        description="An offline support-desk agent on a scripted model.",
+        description="A support-desk agent: on a scripted model (offline), or on a real one.",
     )
     parser.add_argument(
         "--model",
-        metavar="PROVIDER:NAME",
-        help="a real model, e.g. openai:gpt-4o-mini (coming soon: not available yet)",
+        metavar="SPEC",
+        help="a real model instead of the script: openai:gpt-4o-mini, "
+        "anthropic:claude-sonnet-4-6, or openai-compatible:MODEL@BASE_URL (needs its API key "
+        "in the environment)",
     )
     parser.add_argument(
         "--slow", action="store_true", help="pause in tools and between words, to watch it live"
@@ -204,7 +222,7 @@ async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: fl
     Returns:
         The exit status: 1 when a run failed, else 0.
     """
-    console.print(_header())
+    console.print(_header(scenario.engine.runtime.model))
     console.print(Text.assemble(("Customer  ", "bold cyan"), scenario.prompt))
     transcript = Transcript(console, pace=pace)
     result = await _show(scenario.submit(), transcript)
@@ -225,18 +243,24 @@ async def _show(run: AgentRun[Any], transcript: Transcript) -> AgentResult[Any]:
     return run.result
 
 
-def _header() -> Panel:
+def _header(model: Model | None) -> Panel:
+    if model is not None and model.name != "scripted":
+        body = Text.assemble(
+            (f"Model: {model.name}", "bold magenta"),
+            " (live): a real model plays the agent, on the same tools, loop and engine as the "
+            "scripted demo. Its answers, and so the story, may differ from run to run.",
+        )
+        return Panel(body, title="handrail demo · support desk", title_align="left", expand=False)
     body = Text.assemble(
         ("Model: SCRIPTED", "bold magenta"),
         " (offline, deterministic): a fixed script plays the model's turns, with no "
         "network and no API key. The tools, the agent loop and the dispatch pipeline are the "
         "real ones.\n\n",
-        ("Real models are coming", "bold"),
-        " with the openai/anthropic extras:\n"
+        ("Run it on a real model", "bold"),
+        " with the openai or anthropic extra:\n"
         '  pip install "handrail[openai]"\n'
         "  export OPENAI_API_KEY=...\n"
-        "  python -m handrail.demo --model openai:gpt-4o-mini\n",
-        ("(--model is not wired in this version yet.)", "dim"),
+        "  python -m handrail.demo --model openai:gpt-4o-mini",
     )
     return Panel(body, title="handrail demo · support desk", title_align="left", expand=False)
 
