@@ -59,9 +59,12 @@ def skip_without_postgres() -> None:
         pytest.skip(reason)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After the summary line, so that nobody misses it.
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
     for reason in sorted(set(_skipped)):
-        terminalreporter.write_sep("!", reason, red=True, bold=True)
+        if reporter is not None:
+            reporter.write_sep("!", reason, red=True, bold=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,140 @@
+"""What is particular to `PostgresStore`: start-up, migration, the server's clock, JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from handrail import SessionRecord, StoreError
+
+from .conftest import PG_DSN, empty_pg_schema, skip_without_postgres
+
+pytestmark = pytest.mark.postgres
+
+try:
+    import psycopg
+
+    from handrail.store import PostgresStore
+    from handrail.store.postgres import SCHEMA_VERSION, mask_dsn
+except ImportError:  # reported loudly by skip_without_postgres
+    pass
+
+
+@pytest.fixture
+async def fresh_schema(pg_schema: str) -> AsyncIterator[str]:
+    """A schema nobody has made yet, dropped after the test."""
+    schema = f"{pg_schema}_fresh"
+    yield schema
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+        await connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+async def store(pg_schema: str) -> AsyncIterator[PostgresStore]:
+    async with PostgresStore(PG_DSN, schema=pg_schema) as store:
+        await empty_pg_schema(pg_schema)
+        yield store
+
+
+@pytest.mark.parametrize(
+    ("dsn", "masked"),
+    [
+        (
+            "postgresql://ann:s3cret@db:5432/app",
+            "user=ann password=*** dbname=app host=db port=5432",
+        ),
+        ("host=db password=s3cret user=ann", "user=ann password=*** host=db"),
+        ("postgresql://ann@db/app", "user=ann dbname=app host=db"),
+        ("not a dsn password=s3cret", "not a dsn password=***"),
+    ],
+)
+def test_a_dsns_password_is_masked(dsn: str, masked: str) -> None:
+    skip_without_postgres()
+    assert mask_dsn(dsn) == masked
+
+
+async def test_an_unreachable_server_fails_at_start_up_with_the_fix() -> None:
+    skip_without_postgres()
+    dsn = "postgresql://postgres:s3cret@127.0.0.1:1/test"
+    with pytest.raises(StoreError) as caught:
+        await PostgresStore.connect(dsn, connect_timeout=2)
+    message = str(caught.value)
+    assert "s3cret" not in message
+    assert "password=***" in message and "port=1" in message
+    assert "Check that the server is running" in message
+
+
+def test_a_schema_must_be_a_plain_name() -> None:
+    skip_without_postgres()
+    with pytest.raises(ValueError, match="schema"):
+        PostgresStore(PG_DSN, schema='x"; DROP TABLE y; --')
+
+
+async def test_workers_starting_at_once_make_the_schema_once(fresh_schema: str) -> None:
+    stores = await asyncio.gather(
+        *(PostgresStore.connect(PG_DSN, schema=fresh_schema, pool_size=1) for _ in range(6))
+    )
+    try:
+        await stores[0].save(SessionRecord(id="s-1"))
+        assert await stores[5].load("s-1") is not None
+    finally:
+        for store in stores:
+            await store.close()
+    async with await psycopg.AsyncConnection.connect(PG_DSN) as connection:
+        cursor = await connection.execute(
+            f'SELECT version FROM "{fresh_schema}".handrail_schema_version'
+        )
+        assert await cursor.fetchall() == [(SCHEMA_VERSION,)]
+
+
+async def test_a_schema_from_a_newer_handrail_is_refused(fresh_schema: str) -> None:
+    async with PostgresStore(PG_DSN, schema=fresh_schema) as store:
+        await store.save(SessionRecord(id="s-1"))
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+        await connection.execute(
+            f'INSERT INTO "{fresh_schema}".handrail_schema_version VALUES (%s, 0)',
+            (SCHEMA_VERSION + 1,),
+        )
+    with pytest.raises(StoreError, match=r"version 2, newer .* upgrade handrail"):
+        await PostgresStore.connect(PG_DSN, schema=fresh_schema)
+
+
+async def test_by_default_times_come_from_the_servers_clock(store: PostgresStore) -> None:
+    before = time.time()
+    saved = await store.save(SessionRecord(id="s-1"))
+    assert before - 5 < saved.created_at == saved.updated_at < time.time() + 5
+    assert await store.acquire_lease("s-1", "w1", ttl=60)
+    assert not await store.acquire_lease("s-1", "w2", ttl=60)
+
+
+async def test_a_row_that_is_not_an_object_raises_a_store_error(store: PostgresStore) -> None:
+    await store.save(SessionRecord(id="bad", data={"n": 1}))
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+        await connection.execute(
+            f"UPDATE \"{store.schema}\".handrail_sessions SET data = '[1]' WHERE id = 'bad'"
+        )
+    with pytest.raises(StoreError, match=r"Session 'bad'.*JSON list, not an object"):
+        await store.load("bad")
+
+
+async def test_the_store_opens_on_first_use(pg_schema: str) -> None:
+    store = PostgresStore(PG_DSN, schema=pg_schema)
+    try:
+        assert await store.load("nope") is None
+    finally:
+        await store.close()
+
+
+async def test_a_listener_whose_connection_dies_is_told(store: PostgresStore) -> None:
+    async with store.listen() as wakeups:
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as admin:
+            await admin.execute(  # only this test's listener: the server is shared
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
+                (f'LISTEN "{store.channel}"',),
+            )
+        with pytest.raises(StoreError, match="Lost the PostgreSQL connection"):
+            async with asyncio.timeout(5):
+                await anext(wakeups)

@@ -1,0 +1,241 @@
+"""What is particular to `SqliteStore`: the file, WAL, the thread, locks, corrupt rows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handrail import SessionRecord, StoreError
+from handrail.store import SqliteStore
+from handrail.store.sqlite import SCHEMA_VERSION
+
+from .conftest import Clock
+
+
+def raw(path: Path) -> contextlib.closing[sqlite3.Connection]:
+    """A connection of the test's own, like another process's; closed after the `with`."""
+    return contextlib.closing(sqlite3.connect(path, isolation_level=None))
+
+
+async def test_the_default_file_is_handrail_db_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with SqliteStore() as store:
+        assert not (tmp_path / "handrail.db").exists()  # created on first use
+        await store.save(SessionRecord(id="s-1"))
+    assert (tmp_path / "handrail.db").exists()
+
+
+@pytest.mark.parametrize(("synchronous", "level"), [("FULL", 2), ("NORMAL", 1)])
+async def test_the_file_is_in_wal_mode_with_the_chosen_sync(
+    tmp_path: Path, synchronous: Any, level: int
+) -> None:
+    async with SqliteStore(tmp_path / "s.db", synchronous=synchronous) as store:
+        await store.save(SessionRecord(id="s-1"))
+        assert (
+            await store._call(lambda db: db.execute("PRAGMA synchronous").fetchone()[0], None)
+            == level
+        )
+    with raw(tmp_path / "s.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_synchronous_is_full_or_normal(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteStore(tmp_path / "s.db", synchronous="OFF")  # type: ignore[arg-type]
+
+
+async def test_sessions_and_logs_survive_a_reopen(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        saved = await store.save(SessionRecord(id="s-1", org_id="acme", data={"n": [1, 2]}))
+        await store.log_started("s-1", "c-1", key="k", tool="t", args={"a": 1})
+        log = await store.tool_log("s-1")
+    async with SqliteStore(tmp_path / "s.db") as store:
+        assert await store.load("s-1") == saved
+        assert await store.tool_log("s-1") == log
+
+
+async def test_all_sqlite_work_happens_on_the_stores_thread_not_the_loops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: set[int] = set()
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        threads.add(threading.get_ident())
+        connection = connect(*args, **kwargs)
+        connection.set_trace_callback(lambda _: threads.add(threading.get_ident()))
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    async with SqliteStore(tmp_path / "s.db") as store:
+        saved = await store.save(SessionRecord(id="s-1", data={"n": 1}))
+        await store.save(saved)
+        await store.load("s-1")
+        await store.list(org_id="x")
+        await store.due(0)
+        await store.log_started("s-1", "c-1", key="k", tool="t", args={})
+        await store.log_finished("s-1", "c-1", {})
+        await store.import_(await store.export("s-1"), overwrite=True)
+        await store.acquire_lease("s-1", "w", 1)
+        await store.release_lease("s-1", "w")
+        async with store.listen() as wakeups:
+            await store.notify("s-1")
+            assert await anext(wakeups) == "s-1"
+        await store.delete("s-1")
+        assert threads == {store.thread_ident}
+    assert threading.get_ident() not in threads
+
+
+async def test_the_loop_keeps_running_while_a_save_waits_for_another_writer(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        await store.save(SessionRecord(id="warm-up"))
+        other = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            save = asyncio.create_task(store.save(SessionRecord(id="s-1")))
+            started = time.perf_counter()
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+            assert time.perf_counter() - started < 1.0  # the loop was never stuck
+            assert not save.done()
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert (await save).version == 1
+
+
+async def test_a_writer_holding_the_lock_past_busy_timeout_gives_a_store_error(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(tmp_path / "s.db", busy_timeout=0.1) as store:
+        await store.save(SessionRecord(id="warm-up"))
+        other = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreError, match=r"session 's-1'.*busy_timeout") as caught:
+                await store.save(SessionRecord(id="s-1"))
+            assert caught.value.session_id == "s-1"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert (await store.save(SessionRecord(id="s-1"))).version == 1
+
+
+@pytest.mark.parametrize(
+    ("corruption", "message"),
+    [("{not json", "not valid JSON"), ("[1, 2]", "JSON list, not an object")],
+)
+async def test_a_corrupt_row_raises_a_store_error_and_is_left_alone(
+    tmp_path: Path, corruption: str, message: str
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        good = await store.save(SessionRecord(id="good", data={"n": 1}))
+        await store.save(SessionRecord(id="bad", data={"n": 2}))
+        with raw(tmp_path / "s.db") as db:
+            db.execute("UPDATE handrail_sessions SET data = ? WHERE id = 'bad'", (corruption,))
+
+        with pytest.raises(StoreError, match=rf"Session 'bad'.*{message}.*left as it is") as caught:
+            await store.load("bad")
+        assert caught.value.session_id == "bad"
+        with pytest.raises(StoreError, match="Session 'bad'"):
+            await store.export("bad")
+        assert await store.load("good") == good
+        assert [s.id for s in await store.list()] == ["bad", "good"]
+        assert await store.delete("bad")  # the way out the message names
+    with raw(tmp_path / "s.db") as db:
+        assert db.execute("SELECT count(*) FROM handrail_sessions").fetchone()[0] == 1
+
+
+async def test_a_corrupt_log_entry_raises_a_store_error_naming_the_session(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        await store.log_started("s-1", "c-1", key="k", tool="t", args={})
+        with raw(tmp_path / "s.db") as db:
+            db.execute("UPDATE handrail_tool_log SET args = 'oops'")
+        with pytest.raises(StoreError, match=r"Session 's-1': the stored tool-call arguments"):
+            await store.tool_log("s-1")
+
+
+async def test_the_schema_is_made_once_and_versioned(tmp_path: Path, clock: Clock) -> None:
+    for _ in range(2):
+        async with SqliteStore(tmp_path / "s.db", clock=clock) as store:
+            await store.load("s-1")
+    with raw(tmp_path / "s.db") as db:
+        rows = db.execute("SELECT version, applied_at FROM handrail_schema_version").fetchall()
+    assert rows == [(SCHEMA_VERSION, clock.now)]
+
+
+async def test_a_database_from_a_newer_handrail_is_refused_untouched(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        await store.save(SessionRecord(id="s-1"))
+    with raw(tmp_path / "s.db") as db:
+        db.execute("INSERT INTO handrail_schema_version VALUES (?, 0)", (SCHEMA_VERSION + 1,))
+    async with SqliteStore(tmp_path / "s.db") as store:
+        with pytest.raises(StoreError, match=r"schema version 2, newer .* upgrade handrail"):
+            await store.load("s-1")
+    with raw(tmp_path / "s.db") as db:
+        assert db.execute("SELECT count(*) FROM handrail_sessions").fetchone()[0] == 1
+
+
+async def test_a_missing_directory_is_named_and_the_store_can_try_again(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "s.db"
+    async with SqliteStore(path) as store:
+        with pytest.raises(StoreError, match=r"missing/s\.db.*directory exists"):
+            await store.load("s-1")
+        path.parent.mkdir()
+        assert await store.load("s-1") is None
+
+
+async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "s.db").write_bytes(b"this is not a database, it is a text file" * 100)
+    async with SqliteStore(tmp_path / "s.db") as store:
+        with pytest.raises(StoreError, match="not a SQLite database"):
+            await store.load("s-1")
+
+
+async def test_a_cancelled_call_leaves_the_store_usable(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        await store.save(SessionRecord(id="s-1"))
+        load = asyncio.create_task(store.load("s-1"))
+        await asyncio.sleep(0)
+        load.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await load
+        assert (await store.load("s-1")) is not None
+
+
+async def test_closing_ends_the_stores_thread(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "s.db")
+    await store.load("s-1")
+    [thread] = [t for t in threading.enumerate() if t.ident == store.thread_ident]
+    await store.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+async def test_old_wakeups_are_pruned(tmp_path: Path, clock: Clock) -> None:
+    async with SqliteStore(tmp_path / "s.db", clock=clock) as store:
+        await store.notify("s-1")
+        await store.notify("s-2")
+        clock.advance(61)
+        await store.notify("s-3")
+    with raw(tmp_path / "s.db") as db:
+        assert db.execute("SELECT session_id FROM handrail_wakeups").fetchall() == [("s-3",)]
+
+
+async def test_an_in_memory_database_works_for_one_store() -> None:
+    async with SqliteStore(":memory:") as store:
+        saved = await store.save(SessionRecord(id="s-1", data={"n": 1}))
+        assert await store.load("s-1") == saved
