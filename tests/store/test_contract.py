@@ -410,6 +410,14 @@ async def test_import_refuses_a_malformed_session(
     assert await store.list() == []
 
 
+async def test_import_refuses_a_log_with_a_call_twice(store: SessionStore) -> None:
+    fixture = json.loads((FIXTURES / "export_v1.json").read_text())
+    fixture["tool_log"][1]["tool_call_id"] = fixture["tool_log"][0]["tool_call_id"]
+    with pytest.raises(StoreError, match="appears twice"):
+        await store.import_(json.dumps(fixture))
+    assert await store.list() == []
+
+
 async def test_a_version_1_export_still_imports(store: SessionStore) -> None:
     imported = await store.import_((FIXTURES / "export_v1.json").read_text())
     assert imported == SessionRecord(

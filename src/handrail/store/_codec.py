@@ -180,7 +180,10 @@ def parse_export(document: str) -> tuple[SessionRecord, list[ToolLogEntry]]:
             f"(up to {EXPORT_SCHEMA_VERSION}): upgrade handrail to import it."
         )
     try:
-        return _session(parsed["session"]), [_entry(e) for e in parsed["tool_log"]]
+        record, log = _session(parsed["session"]), [_entry(e) for e in parsed["tool_log"]]
+        if len({e.tool_call_id for e in log}) != len(log):
+            raise ValueError("a tool_call_id appears twice in tool_log")
+        return record, log
     except (KeyError, TypeError, ValueError) as error:
         session = parsed.get("session")
         name = session.get("id") if isinstance(session, dict) else None

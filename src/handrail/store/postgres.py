@@ -269,9 +269,11 @@ class PostgresStore:
             raise StoreError(f"This PostgresStore ({self.masked_dsn}) is closed: make a new one.")
         if self._pool is None:
             await self.open()
-        assert self._pool is not None
+        pool = self._pool
+        if pool is None:  # closed while opening
+            raise StoreError(f"This PostgresStore ({self.masked_dsn}) is closed: make a new one.")
         try:
-            async with self._pool.connection() as connection:
+            async with pool.connection() as connection:
                 yield connection
         except psycopg.Error as error:
             raise self._error(error, session_id) from error
@@ -340,7 +342,9 @@ class PostgresStore:
                     data = %(data)s::json
                 WHERE id = %(id)s AND version = %(version)s
                 RETURNING created_at, updated_at"""
-        async with self._connection(record.id) as connection:
+        # The copy is made before the await: the caller may change `record` meanwhile.
+        saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
+        async with self._connection(saved.id) as connection:
             row = await (await connection.execute(query, params)).fetchone()
             if row is None:
                 cursor = await connection.execute(
@@ -348,9 +352,10 @@ class PostgresStore:
                 )
                 found = await cursor.fetchone()
                 raise ConflictError(
-                    record.id, expected=record.version, actual=None if found is None else found[0]
+                    saved.id, expected=saved.version - 1, actual=None if found is None else found[0]
                 )
-        return stamped(record, version=record.version + 1, created_at=row[0], updated_at=row[1])
+        saved.created_at, saved.updated_at = row
+        return saved
 
     async def list(
         self,

@@ -233,20 +233,19 @@ class SqliteStore:
 
     def _error(self, error: sqlite3.Error, session_id: str | None) -> StoreError:
         where = f"session {session_id!r} in " if session_id else ""
-        hint = "See the SQLite message above"
+        hint = ""
         if "unable to open" in str(error):
-            hint = "Check that the file's directory exists and is writable, or pass another path="
+            hint = " Check that the file's directory exists and is writable, or pass another path=."
         elif isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
             hint = (
-                f"Another process held the database longer than busy_timeout "
+                f" Another process held the database longer than busy_timeout "
                 f"({self.busy_timeout} s): raise busy_timeout= or shorten that process's "
-                f"transactions"
+                f"transactions."
             )
-        elif isinstance(error, sqlite3.DatabaseError) and "not a database" in str(error):
-            hint = "The file is not a SQLite database: pass another path="
+        elif "not a database" in str(error):
+            hint = " The file is not a SQLite database: pass another path=."
         return StoreError(
-            f"SQLite store failed on {where}{self.path!r}: {error}. {hint}.",
-            session_id=session_id,
+            f"SQLite store failed on {where}{self.path!r}: {error}.{hint}", session_id=session_id
         )
 
     # -- sessions -------------------------------------------------------------------------
@@ -293,8 +292,9 @@ class SqliteStore:
                 session_id, expected=expected, actual=None if row is None else row[0]
             )
 
-        created_at = await self._call(save, session_id)
-        return stamped(record, version=expected + 1, created_at=created_at, updated_at=now)
+        saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
+        saved.created_at = await self._call(save, session_id)
+        return saved
 
     async def list(
         self,
