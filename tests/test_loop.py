@@ -342,9 +342,16 @@ async def test_tool_call_chunks_are_accepted_and_the_response_is_what_counts():
             else:
                 yield ModelResponse(parts=[TextPart(text="done")])
 
-    result = await Agent("a", tools=[lookup]).run(
+    run = Agent("a", tools=[lookup]).run_stream(
         "go", runtime=Runtime(model=Chunky(lambda r: "unused"))
     )
+    deltas = [
+        (e.index, e.tool_call_id, e.name, e.args_delta)
+        async for e in run
+        if e.type == "tool-call-delta"
+    ]
+    result = run.result
+    assert deltas == [(0, "c1", "lookup", '{"order_id": '), (0, None, None, '"A1"}')] * 2
     assert result.output == "done"
     assert result.state.messages[1].tool_calls[0].result == ToolResult(
         data={"id": "A1", "status": "shipped"}

@@ -34,11 +34,19 @@ from .events import (
     RunStarted,
     RunSuspended,
     TextDelta,
+    ToolCallDelta,
     UsageEvent,
 )
 from .exceptions import ConfigError, ModelError, UserError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
-from .models import Model, ModelRequest, ModelResponse, ReasoningChunk, TextChunk
+from .models import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+)
 from .runtime import Runtime
 from .state import Progress, RunState
 from .tools._dispatch import Dispatcher
@@ -378,6 +386,15 @@ async def _agent_loop(
                     yield TextDelta(agent=name, message_id=message_id, delta=chunk.text)  # type: ignore[union-attr]
                 elif kind is ReasoningChunk:
                     yield ReasoningDelta(agent=name, message_id=message_id, delta=chunk.text)  # type: ignore[union-attr]
+                elif kind is ToolCallChunk:
+                    yield ToolCallDelta(
+                        agent=name,
+                        message_id=message_id,
+                        index=chunk.index,  # type: ignore[union-attr]
+                        tool_call_id=chunk.id,  # type: ignore[union-attr]
+                        name=chunk.name,  # type: ignore[union-attr]
+                        args_delta=chunk.args_delta,  # type: ignore[union-attr]
+                    )
                 elif kind is ModelResponse:
                     response = chunk  # type: ignore[assignment]
                 if interrupt.requested:

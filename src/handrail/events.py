@@ -28,6 +28,7 @@ __all__ = [
     "RunSuspended",
     "TextDelta",
     "ToolCallCompleted",
+    "ToolCallDelta",
     "ToolCallStarted",
     "ToolProgress",
     "UsageEvent",
@@ -78,6 +79,25 @@ class ReasoningDelta:
     delta: str
     """The new text."""
     type: Literal["reasoning-delta"] = "reasoning-delta"
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call the model is still writing (its arguments arrive in pieces)."""
+
+    agent: str
+    """The agent whose model is writing the call."""
+    message_id: str
+    """The assistant message the call will belong to."""
+    index: int
+    """Which call of the response this piece belongs to."""
+    tool_call_id: str | None = None
+    """The call's id, on the first piece (when the provider gives it)."""
+    name: str | None = None
+    """The tool's name, on the first piece."""
+    args_delta: str = ""
+    """More of the JSON arguments."""
+    type: Literal["tool-call-delta"] = "tool-call-delta"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -238,6 +258,7 @@ Event: TypeAlias = Annotated[
     | AgentStarted
     | TextDelta
     | ReasoningDelta
+    | ToolCallDelta
     | ToolCallStarted
     | ToolProgress
     | ToolCallCompleted
