@@ -38,6 +38,7 @@ typecheck: $(STAMP) ## mypy --strict on src/
 bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.stores
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.suspend
 

@@ -71,10 +71,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             expires_at double precision,
             data json NOT NULL
         )""",
+        # Every save moves updated_at in each index below, so there are only those that let
+        # list() read its page in order: by org, org and user, status, or nothing (and time).
+        # By user alone (rare: scope starts at the org) it walks the updated_at index. The
+        # tool-call log is read through its unique (session_id, tool_call_id) index, a
+        # session's few entries sorted by seq.
         "CREATE INDEX handrail_sessions_updated ON {s}.handrail_sessions (updated_at, id)",
-        """CREATE INDEX handrail_sessions_org
+        """CREATE INDEX handrail_sessions_org_user
             ON {s}.handrail_sessions (org_id, user_id, updated_at, id)""",
-        "CREATE INDEX handrail_sessions_user ON {s}.handrail_sessions (user_id, updated_at, id)",
+        "CREATE INDEX handrail_sessions_org ON {s}.handrail_sessions (org_id, updated_at, id)",
         "CREATE INDEX handrail_sessions_status ON {s}.handrail_sessions (status, updated_at, id)",
         """CREATE INDEX handrail_sessions_expires ON {s}.handrail_sessions (expires_at, id)
             WHERE expires_at IS NOT NULL""",
@@ -91,7 +96,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             finished_at double precision,
             UNIQUE (session_id, tool_call_id)
         )""",
-        "CREATE INDEX handrail_tool_log_session ON {s}.handrail_tool_log (session_id, seq)",
         """CREATE TABLE {s}.handrail_leases (
             session_id text PRIMARY KEY,
             owner text NOT NULL,

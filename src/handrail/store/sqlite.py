@@ -63,9 +63,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             expires_at REAL,
             data TEXT NOT NULL
         )""",
+        # Every save moves updated_at in each index below, so there are only those that let
+        # list() read its page in order: by org, org and user, status, or nothing (and time).
+        # By user alone (rare: scope starts at the org) it walks the updated_at index. The
+        # tool-call log is read through its unique (session_id, tool_call_id) index, a
+        # session's few entries sorted by seq.
         "CREATE INDEX handrail_sessions_updated ON handrail_sessions (updated_at, id)",
-        "CREATE INDEX handrail_sessions_org ON handrail_sessions (org_id, user_id, updated_at, id)",
-        "CREATE INDEX handrail_sessions_user ON handrail_sessions (user_id, updated_at, id)",
+        """CREATE INDEX handrail_sessions_org_user
+            ON handrail_sessions (org_id, user_id, updated_at, id)""",
+        "CREATE INDEX handrail_sessions_org ON handrail_sessions (org_id, updated_at, id)",
         "CREATE INDEX handrail_sessions_status ON handrail_sessions (status, updated_at, id)",
         """CREATE INDEX handrail_sessions_expires ON handrail_sessions (expires_at, id)
             WHERE expires_at IS NOT NULL""",
@@ -82,7 +88,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             finished_at REAL,
             UNIQUE (session_id, tool_call_id)
         )""",
-        "CREATE INDEX handrail_tool_log_session ON handrail_tool_log (session_id, seq)",
         """CREATE TABLE handrail_leases (
             session_id TEXT PRIMARY KEY,
             owner TEXT NOT NULL,
