@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handrail import ConflictError, SessionNotFoundError, SessionRecord, StoreError
+from handrail import ConflictError, MemoryStore, SessionNotFoundError, SessionRecord, StoreError
 from handrail.store import (
     EXPORT_SCHEMA_VERSION,
     SessionStore,
@@ -180,6 +180,7 @@ async def test_a_document_that_is_not_json_is_refused(store: SessionStore, data:
         (SessionRecord(id=""), "non-empty"),
         (SessionRecord(id="s", status="paused"), "status"),  # type: ignore[arg-type]
         (SessionRecord(id="s", version=-1), "version"),
+        (SessionRecord(id="s", version=True), "version must be an int"),
         (SessionRecord(id="s", expires_at=math.inf), "expires_at"),
     ],
 )
@@ -410,6 +411,13 @@ async def test_import_refuses_a_malformed_session(
     assert await store.list() == []
 
 
+async def test_import_refuses_a_log_entry_with_an_unknown_status(store: SessionStore) -> None:
+    fixture = json.loads((FIXTURES / "export_v1.json").read_text())
+    fixture["tool_log"][0]["status"] = "running"
+    with pytest.raises(StoreError, match=r"malformed.*running"):
+        await store.import_(json.dumps(fixture))
+
+
 async def test_import_refuses_a_log_with_a_call_twice(store: SessionStore) -> None:
     fixture = json.loads((FIXTURES / "export_v1.json").read_text())
     fixture["tool_log"][1]["tool_call_id"] = fixture["tool_log"][0]["tool_call_id"]
@@ -613,6 +621,19 @@ async def test_listeners_hear_every_notify_after_they_subscribe(make_store: Stor
         assert await next_wakeups(second, 2) == ["s-1", "s-2"]
 
 
+async def test_wakeups_can_be_read_with_async_for(store: SessionStore) -> None:
+    heard = []
+    async with store.listen() as wakeups:
+        for n in range(3):
+            await store.notify(f"s-{n}")
+        async with asyncio.timeout(5):
+            async for session_id in wakeups:
+                heard.append(session_id)
+                if len(heard) == 3:
+                    break
+    assert heard == ["s-0", "s-1", "s-2"]
+
+
 async def test_a_listener_may_time_out_and_wait_again(store: SessionStore) -> None:
     async with store.listen() as wakeups:
         with pytest.raises(TimeoutError):
@@ -642,3 +663,17 @@ async def test_a_closed_store_refuses_work(store: SessionStore) -> None:
         await store.load("s-1")
     with pytest.raises(StoreError, match="closed"):
         await store.save(SessionRecord(id="s-2"))
+
+
+async def test_stores_close_at_the_end_of_an_async_with() -> None:
+    async with MemoryStore() as store:
+        await store.save(SessionRecord(id="s-1"))
+    with pytest.raises(StoreError, match="closed"):
+        await store.load("s-1")
+
+
+def test_the_store_package_has_no_other_lazy_names() -> None:
+    import handrail.store
+
+    with pytest.raises(AttributeError, match="NoSuchStore"):
+        _ = handrail.store.NoSuchStore  # type: ignore[attr-defined]

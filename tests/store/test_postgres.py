@@ -73,6 +73,24 @@ def test_a_schema_must_be_a_plain_name() -> None:
         PostgresStore(PG_DSN, schema='x"; DROP TABLE y; --')
 
 
+def test_a_pool_has_at_least_one_connection() -> None:
+    skip_without_postgres()
+    with pytest.raises(ValueError, match="pool_size"):
+        PostgresStore(PG_DSN, pool_size=0)
+
+
+async def test_opening_twice_is_harmless_and_a_closed_store_stays_closed(pg_schema: str) -> None:
+    store = PostgresStore(PG_DSN, schema=pg_schema)
+    await store.open()
+    await store.open()
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.open()
+    with pytest.raises(StoreError, match="closed"):
+        async with store.listen():
+            pass
+
+
 async def test_workers_starting_at_once_make_the_schema_once(fresh_schema: str) -> None:
     stores = await asyncio.gather(
         *(PostgresStore.connect(PG_DSN, schema=fresh_schema, pool_size=1) for _ in range(6))

@@ -134,10 +134,14 @@ async def test_a_writer_holding_the_lock_past_busy_timeout_gives_a_store_error(
 
 @pytest.mark.parametrize(
     ("corruption", "message"),
-    [("{not json", "not valid JSON"), ("[1, 2]", "JSON list, not an object")],
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON list, not an object"),
+        (b"\xff\xfe", "not valid JSON"),  # a blob that is not even UTF-8
+    ],
 )
 async def test_a_corrupt_row_raises_a_store_error_and_is_left_alone(
-    tmp_path: Path, corruption: str, message: str
+    tmp_path: Path, corruption: str | bytes, message: str
 ) -> None:
     async with SqliteStore(tmp_path / "s.db") as store:
         good = await store.save(SessionRecord(id="good", data={"n": 1}))
