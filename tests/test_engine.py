@@ -65,11 +65,12 @@ async def test_sessions_are_saved_with_their_status_and_scope():
     assert events[-1].type == "run-completed"
     record = await store.load("s1")
     assert record is not None
+    # Two writes: the user's message when the turn starts, the turn when it ends.
     assert (record.org_id, record.user_id, record.status, record.version) == (
         "acme",
         "u1",
         "completed",
-        1,
+        2,
     )
 
 

@@ -47,6 +47,7 @@ from .models import (
     TextChunk,
     ToolCallChunk,
 )
+from .recovery import Journal
 from .runtime import Runtime
 from .state import Progress, RunState
 from .tools._dispatch import Dispatcher
@@ -201,6 +202,11 @@ def check_resumable(state: RunState, prompt: str | None, agents: Sequence[str]) 
     progress = state.progress
     if progress is None:
         return
+    if prompt is not None and progress.status == "running":
+        raise UserError(
+            "The session's previous turn was cut off while it ran (a crash, or a worker that "
+            "stopped): recover it (Engine.recover) before sending a new message."
+        )
     if prompt is not None:
         raise UserError(
             f"The session's turn is suspended, waiting on {_ids(state)}: resolve those "
@@ -228,6 +234,7 @@ def run_turn(
     state: RunState | None = None,
     runtime: Runtime[Any] | None = None,
     model: Model | None = None,
+    journal: Journal | None = None,
 ) -> AgentRun[Any]:
     """One user turn: `run-started`, each agent's events in order, one terminal event.
 
@@ -235,6 +242,10 @@ def run_turn(
     conversation; the turn's output is the last agent's. When an agent suspends, the turn
     suspends with it; with `prompt=None` on a suspended state whose calls are all decided,
     the turn resumes in that agent, where it stopped, then runs the rest of the route.
+
+    With a `journal` (the engine's), the turn checkpoints the session when it starts and
+    before each batch of side effects, and logs each side-effecting call, so a crash loses
+    nothing and never runs a side effect twice (see `handrail.recovery`).
     """
     agents = [route] if isinstance(route, Agent) else list(route)
     if not agents:
@@ -245,7 +256,8 @@ def run_turn(
     models = [_model_for(a, runtime, model) for a in agents]
     interrupt = Interrupt()
     return AgentRun(
-        lambda run: _turn(run, agents, models, prompt, state, runtime, interrupt), interrupt
+        lambda run: _turn(run, agents, models, prompt, state, runtime, interrupt, journal),
+        interrupt,
     )
 
 
@@ -267,42 +279,54 @@ async def _turn(
     state: RunState,
     runtime: Runtime[Any],
     interrupt: Interrupt,
+    journal: Journal | None,
 ) -> AsyncGenerator[Event, None]:
     state.run_id = runtime.ids("run")
     state.context.update_sys(state.sys_values(runtime.clock()))
+    names = [a.name for a in agents]
     first = 0
-    if state.progress is not None:  # resuming: start in the agent that suspended
-        first = [a.name for a in agents].index(state.progress.agent)
-    elif prompt is not None:  # None: continue the conversation as it is
-        state.new_turn()
-        state.messages.append(
-            Message(id=runtime.ids("msg"), role="user", parts=[TextPart(text=prompt)])
-        )
+    if state.progress is not None:  # resuming (a suspension, a crash): where it stopped
+        first = names.index(state.progress.agent)
+        state.progress.status = "running"
+    else:
+        if prompt is not None:  # None: continue the conversation as it is
+            state.new_turn()
+            state.messages.append(
+                Message(id=runtime.ids("msg"), role="user", parts=[TextPart(text=prompt)])
+            )
+        state.progress = Progress(agent=names[0], route=names)
+        if journal is not None:  # the user's message is saved before the run acknowledges it
+            await journal.checkpoint()
     yield RunStarted(run_id=state.run_id, session_id=state.session_id)
     result: AgentResult[Any] = AgentResult(outcome="completed", state=state)
     try:
         for step in range(first, len(agents)):
             agent = agents[step]
+            if step != first:
+                state.progress = Progress(agent=agent.name, route=names, step=step)
             inner: AgentRun[Any] = AgentRun(
-                lambda r, a=agent, m=models[step]: _agent_loop(r, a, state, runtime, m),  # type: ignore[misc]
+                lambda r, a=agent, m=models[step]: _agent_loop(r, a, state, runtime, m, journal),  # type: ignore[misc]
                 interrupt,
             )
             async for event in inner:
                 yield event
             result = inner.result
-            if result.outcome == "suspended":
-                assert state.progress is not None
-                state.progress.route = [a.name for a in agents]
-                state.progress.step = step
             if result.outcome != "completed":
                 break
     except Exception as exc:
+        state.progress = None  # the turn is over: it failed
         run._result = AgentResult(
             outcome="failed", state=state, error=f"{type(exc).__name__}: {exc}"
         )
         yield RunFailed(reason="error", error=run._result.error)
         return
+    except BaseException:
+        if journal is None:  # nothing can recover a bare run: end the turn as it stands
+            state.progress = None
+        raise
     run._result = result
+    if result.outcome != "suspended":
+        state.progress = None  # the turn is over
     if result.outcome == "completed":
         yield RunCompleted(output=_jsonable_output(result.output))
     elif result.outcome == "suspended":
@@ -317,16 +341,16 @@ async def _agent_loop(
     state: RunState,
     runtime: Runtime[Any],
     model: Model,
+    journal: Journal | None = None,
 ) -> AsyncGenerator[Event, None]:
     interrupt = run._interrupt
     interrupt._enter()
     name = agent.name
     ids = runtime.ids
-    dispatcher = Dispatcher(agent.tools, state, runtime, name)
-    resumed = (
-        state.progress if state.progress is not None and state.progress.agent == name else None
-    )
-    progress = resumed or Progress(agent=name, message_id="", iterations=0)
+    dispatcher = Dispatcher(agent.tools, state, runtime, name, journal)
+    progress = state.progress
+    if progress is None or progress.agent != name:
+        progress = state.progress = Progress(agent=name)
     tool_choice: Literal["auto", "none"] = "auto"
     partial: list[str] = []
     message_id = ""
@@ -335,9 +359,9 @@ async def _agent_loop(
         message: Message | None = None
         calls: list[ToolCallPart] = []
         cards: list[ApprovalCardPart] = []
-        if resumed is not None:  # a suspended turn goes on: settle its decided calls first
-            state.progress = progress.resumed_by = None
-            message = next(m for m in reversed(state.messages) if m.id == resumed.message_id)
+        if progress.message_id:  # the turn goes on: settle the calls it left first
+            progress.status = "running"
+            message = next(m for m in reversed(state.messages) if m.id == progress.message_id)
             calls = message.tool_calls
             async for event in dispatcher.resume(message, cards):
                 yield event
@@ -345,8 +369,7 @@ async def _agent_loop(
             if message is not None and calls:  # the calls of the last response are settled
                 if cards:
                     message.parts.extend(cards)
-                    progress.message_id = message.id
-                    state.progress = progress
+                    progress.status = "suspended"
                     run._result = AgentResult(
                         outcome="suspended", state=state, pending=list(state.pending)
                     )
@@ -419,6 +442,7 @@ async def _agent_loop(
             if calls:
                 if interrupt.requested:
                     raise _Interrupted
+                progress.message_id = message.id
                 async for event in dispatcher.run(calls, cards):
                     yield event
                 progress.calls_made += len(calls)

@@ -14,16 +14,21 @@ A session belongs to the org and user that created it: any other caller gets
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import weakref
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._loop import AgentRun, check_resumable, run_turn
+from ._tool_result import ToolResult
 from .agent import Agent
-from .events import Event
+from .events import ApprovalRequired, Event, RunStarted, RunSuspended
 from .exceptions import ConflictError, SessionBusyError, SessionNotFoundError, UserError
+from .messages import ApprovalCardPart, ToolCallPart
 from .models import Model
+from .recovery import reconcile, result_record
 from .runtime import Runtime
 from .state import RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
@@ -105,6 +110,9 @@ class Engine:
         domain: the agents and routes (a lone `Agent` is a domain of one).
         store: where sessions live (default: a `MemoryStore`, which forgets on exit).
         runtime: dependencies, hooks, policy, clock and ids, shared by every run.
+        worker_id: this worker's name in session leases (default: a random one).
+        lease_ttl: seconds a worker's lease on a session lasts unless renewed (it is renewed
+            while a turn runs); a dead worker's sessions are taken over after it.
     """
 
     def __init__(
@@ -113,10 +121,16 @@ class Engine:
         *,
         store: SessionStore | None = None,
         runtime: Runtime[Any] | None = None,
+        worker_id: str | None = None,
+        lease_ttl: float = 30.0,
     ) -> None:
+        if not lease_ttl > 0:
+            raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
         self.domain = domain if isinstance(domain, Domain) else Domain(agents=[domain])
         self.store: SessionStore = store if store is not None else MemoryStore()
         self.runtime: Runtime[Any] = runtime if runtime is not None else Runtime()
+        self.worker_id = worker_id or f"worker-{os.urandom(6).hex()}"
+        self.lease_ttl = lease_ttl
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
 
@@ -166,8 +180,31 @@ class Engine:
 
         Raises (when iterated):
             UserError: the session has no suspended turn, or a decision is still missing.
+            SessionBusyError: another worker drives the session right now.
         """
         return self._drive(session_id, None, None, org_id, user_id, model, client)
+
+    def recover(
+        self,
+        session_id: str,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        model: Model | None = None,
+        client: bool = False,
+    ) -> AgentRun[Any]:
+        """Finish a turn that was cut off while it ran (the worker crashed or was killed).
+
+        The calls it left are settled from the tool-call log (`handrail.recovery`): a logged
+        result is used, never run again; a call that may have run is run again only when its
+        tool is idempotent, and otherwise becomes a `recovery` card, and the turn suspends for
+        a person to decide (retry or skip). Then the turn goes on where it stopped.
+
+        Raises (when iterated):
+            UserError: the session has no turn cut off while running.
+            SessionBusyError: a live worker still drives it (its lease has not expired).
+        """
+        return self._drive(session_id, None, None, org_id, user_id, model, client, recover=True)
 
     def _drive(
         self,
@@ -178,32 +215,34 @@ class Engine:
         user_id: str | None,
         model: Model | None,
         client: bool,
+        *,
+        recover: bool = False,
     ) -> AgentRun[Any]:
-        holder: list[AgentRun[Any]] = []
-
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
-            async with self._lock(session_id):
+            async with self._lock(session_id), self._leased(session_id):
                 record, state = await self._load(session_id, org_id, user_id, create=True)
                 route = agents
                 if text is None:
                     progress = state.progress
-                    if progress is None:
-                        raise UserError(f"Session {session_id!r} has no suspended turn to resume.")
-                    check_resumable(state, None, [progress.agent])
-                    if progress.resumed_by is not None:
-                        raise SessionBusyError(
-                            f"Session {session_id!r} is already being resumed (by run "
-                            f"{progress.resumed_by}); its decided calls run once."
-                        )
+                    expected = "running" if recover else "suspended"
+                    if progress is None or progress.status != expected:
+                        raise UserError(_NOTHING[expected].format(session=session_id))
                     route = self._agents(progress.route or [progress.agent])
-                    # Claim the resumption before anything runs: of two workers that loaded
-                    # the same version, one loses the compare-and-swap here.
-                    progress.resumed_by = self.runtime.ids("run")
-                    await self._save(record, state, "active")
+                    if recover:
+                        cards = await self._reconcile(state, route[progress.step])
+                        if cards:
+                            progress.status = "suspended"
+                            await self._save(record, state, "suspended")
+                            for event in _recovery_events(state, cards):
+                                yield event
+                            return
+                    check_resumable(state, None, [progress.agent])
                 assert route is not None
                 state.client_connected = client
-                inner = run_turn(route, text, state=state, runtime=self.runtime, model=model)
-                holder.append(inner)
+                journal = _SessionJournal(self, record, state)
+                inner = run_turn(
+                    route, text, state=state, runtime=self.runtime, model=model, journal=journal
+                )
                 self._running[session_id] = inner
                 try:
                     terminal: Event | None = None
@@ -220,8 +259,37 @@ class Engine:
                 assert terminal is not None
                 yield terminal
 
-        run: AgentRun[Any] = AgentRun(body)
-        return run
+        return AgentRun(body)
+
+    async def _reconcile(self, state: RunState, agent: Agent[Any]) -> list[ApprovalCardPart]:
+        progress = state.progress
+        assert progress is not None
+        if not progress.message_id:
+            return []  # cut off before any call was dispatched: nothing ran
+        message = next(m for m in reversed(state.messages) if m.id == progress.message_id)
+        assert state.session_id is not None
+        log = await self.store.tool_log(state.session_id)
+        return reconcile(state, message, log, agent.tools, now=self.runtime.clock())
+
+    async def recover_stale(self) -> list[str]:
+        """Recover every session whose turn was cut off and whose worker's lease has expired.
+
+        Returns the ids of the sessions recovered (finished, or suspended on recovery cards).
+        """
+        recovered: list[str] = []
+        for summary in await self.store.list(status="active", limit=1_000):
+            record = await self.store.load(summary.id)
+            if record is None or (record.data.get("progress") or {}).get("status") != "running":
+                continue
+            try:
+                async for _ in self.recover(
+                    summary.id, org_id=summary.org_id, user_id=summary.user_id
+                ):
+                    pass
+            except (SessionBusyError, UserError):
+                continue  # a live worker drives it, or another worker got there first
+            recovered.append(summary.id)
+        return recovered
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -274,7 +342,10 @@ class Engine:
                     await self._save(record, state, record.status)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
-                return Resolution(decided=list(decisions), pending=list(state.pending))
+                resolution = Resolution(decided=list(decisions), pending=list(state.pending))
+            if resolution.ready:
+                await self.store.notify(session_id)  # a worker waiting on the store may resume
+            return resolution
 
     async def expire_due(self) -> list[str]:
         """Expire every pending call past its deadline; return the sessions that changed.
@@ -329,6 +400,29 @@ class Engine:
             )
         return [self.domain.by_name[n] for n in names]
 
+    @contextlib.asynccontextmanager
+    async def _leased(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's lease (one worker drives a session), renewed while held."""
+        store, owner, ttl = self.store, self.worker_id, self.lease_ttl
+        if not await store.acquire_lease(session_id, owner, ttl):
+            raise SessionBusyError(
+                f"Session {session_id!r} is being driven by another worker right now; wait "
+                f"for its run to end (or for its lease to expire if that worker died)."
+            )
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(ttl / 3)
+                await store.acquire_lease(session_id, owner, ttl)
+
+        renewal = asyncio.create_task(renew())
+        try:
+            yield
+        finally:
+            renewal.cancel()
+            await asyncio.wait([renewal])
+            await store.release_lease(session_id, owner)
+
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
         if lock is None:
@@ -360,6 +454,46 @@ class Engine:
         saved = await self.store.save(record)
         record.version = saved.version
         return saved
+
+
+_NOTHING = {
+    "suspended": "Session {session!r} has no suspended turn to resume.",
+    "running": "Session {session!r} has no turn cut off while running, so nothing to recover.",
+}
+
+
+class _SessionJournal:
+    """The journal of a run under an engine: checkpoints and the store's tool-call log."""
+
+    __slots__ = ("engine", "record", "state")
+
+    def __init__(self, engine: Engine, record: SessionRecord, state: RunState) -> None:
+        self.engine = engine
+        self.record = record
+        self.state = state
+
+    async def checkpoint(self) -> None:
+        await self.engine._save(self.record, self.state, "active")
+
+    async def started(self, part: ToolCallPart, key: str) -> None:
+        await self.engine.store.log_started(
+            self.record.id, part.id, key=key, tool=part.name, args=part.args
+        )
+
+    async def finished(self, part: ToolCallPart, result: ToolResult) -> None:
+        await self.engine.store.log_finished(self.record.id, part.id, result_record(result))
+
+
+def _recovery_events(state: RunState, cards: list[ApprovalCardPart]) -> list[Event]:
+    events: list[Event] = [RunStarted(run_id=state.run_id, session_id=state.session_id)]
+    events += [
+        ApprovalRequired(
+            tool_call_id=card.tool_call_id, name=card.tool_name, args=card.args, prompt=card.prompt
+        )
+        for card in cards
+    ]
+    events.append(RunSuspended(pending=list(state.pending)))
+    return events
 
 
 _STATUS: dict[str, SessionStatus] = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -30,14 +30,14 @@ SCHEMA_VERSION = 1
 
 @dataclass(kw_only=True, slots=True)
 class Progress:
-    """Where a suspended turn stopped, so that it resumes exactly there."""
+    """Where a turn in flight is: it resumes exactly there after a suspension or a crash."""
 
     agent: str
-    """The agent whose loop suspended."""
-    message_id: str
-    """The assistant message holding the waiting calls (the turn continues it)."""
-    iterations: int
-    """Model calls the agent had made this turn."""
+    """The agent whose loop is running (or suspended)."""
+    message_id: str = ""
+    """The assistant message whose calls were dispatched last (the turn continues it)."""
+    iterations: int = 0
+    """Model calls the agent has made this turn."""
     calls_made: int = 0
     """Tool calls the agent had made this turn (for `min_tool_calls`)."""
     nudged: bool = False
@@ -48,8 +48,9 @@ class Progress:
     """The agents of the turn's route, when an engine runs one."""
     step: int = 0
     """The index of `agent` in `route`."""
-    resumed_by: str | None = None
-    """The run that claimed the resumption (so that two workers never both resume)."""
+    status: Literal["running", "suspended"] = "running"
+    """`running` while a worker drives the turn (still so after a crash: the turn is then
+    recovered), `suspended` while it waits for decisions or for its resumption."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,7 +88,7 @@ class RunState:
     """The pending map: tool call id -> the card waiting for a decision. An index over the
     undecided cards in `messages` (they are the record), rebuilt by `load`."""
     progress: Progress | None = None
-    """Where the turn suspended, while it is suspended."""
+    """Where the turn in flight is (running, or suspended); None between turns."""
     client_connected: bool = False
     """Whether a client that can run `client` tools is attached to this run (not stored:
     set by whoever drives the run). Without one, a client tool fails fast."""
@@ -114,7 +115,7 @@ class RunState:
     @property
     def suspended(self) -> bool:
         """Whether the turn is waiting for decisions or for its resumption."""
-        return self.progress is not None
+        return self.progress is not None and self.progress.status == "suspended"
 
     def dump(self) -> dict[str, Any]:
         """The state as JSON-compatible data: the stored form of a session."""

@@ -292,6 +292,11 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
             f"call cannot be carried out; it did not run."
         )
     decision: DecisionKind | None = card.decision
+    if decision == "reject" and card.kind == "recovery":
+        return ToolResult.failure(
+            "This call may have run before a crash, and a person chose not to retry it, so "
+            "its effect is unknown. Tell the user to check whether it happened."
+        )
     if decision == "reject":
         who = f" by {card.decided_by}" if card.decided_by else ""
         why = f" Reason: {card.reason.rstrip('.')}." if card.reason else ""

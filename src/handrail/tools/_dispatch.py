@@ -50,6 +50,7 @@ from ..events import (
 )
 from ..exceptions import ModelRetry, PathError
 from ..messages import ApprovalCardPart, CardKind, Message, ToolCallPart
+from ..recovery import Journal, idempotency_key
 from ..runtime import Runtime
 from ..state import RunState
 from ..suspension import args_digest, placeholder, settle
@@ -86,15 +87,23 @@ class Dispatcher:
         state: the run state (context store, dedup and cache, scope).
         runtime: hooks, permission policy, clock and dependencies.
         agent: the agent's name (stamped on events and handed to tools).
+        journal: where side effects are recorded before they happen (the engine's); None
+            keeps no record.
     """
 
     def __init__(
-        self, tools: Mapping[str, Tool[Any]], state: RunState, runtime: Runtime[Any], agent: str
+        self,
+        tools: Mapping[str, Tool[Any]],
+        state: RunState,
+        runtime: Runtime[Any],
+        agent: str,
+        journal: Journal | None = None,
     ) -> None:
         self.tools = tools
         self.state = state
         self.runtime = runtime
         self.agent = agent
+        self.journal = journal
 
     async def run(
         self, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
@@ -147,9 +156,16 @@ class Dispatcher:
                 decided[p.tool_call_id] = p
         ready: list[_Ready] = []
         for part in message.parts:
-            if not isinstance(part, ToolCallPart) or part.status != "waiting":
+            if not isinstance(part, ToolCallPart) or part.status not in ("waiting", "running"):
                 continue
             card = decided.get(part.id)
+            if part.status == "running" and (card is None or card.decision != "approve"):
+                outcome = self._rerun(part)  # cut off by a crash: never started, or idempotent
+                if isinstance(outcome, _Ready):
+                    ready.append(outcome)
+                else:
+                    yield _completed(part)
+                continue
             if card is None:  # still pending: the caller resumes only when nothing is
                 continue
             tool = self.tools.get(part.name)
@@ -173,6 +189,17 @@ class Dispatcher:
                 yield _completed(part)
         async for event in self._execute_ready(ready):
             yield event
+
+    def _rerun(self, part: ToolCallPart) -> _Ready | _Final:
+        tool = self.tools.get(part.name)
+        if tool is None:
+            return self._fail(part, _unknown_tool(part.name, self.tools))
+        try:
+            validated = tool.validate(part.args, self.state.context)
+        except Exception as exc:
+            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+        key = part.name + "\x00" + pydantic_core.to_json(part.args).decode()
+        return _Ready(part, tool, tool.arguments(validated), key)
 
     async def _approved(
         self, part: ToolCallPart, tool: Tool[Any], card: ApprovalCardPart
@@ -215,6 +242,13 @@ class Dispatcher:
         return _Ready(part, tool, tool.arguments(validated), key)
 
     async def _execute_ready(self, ready: list[_Ready]) -> AsyncIterator[Event]:
+        journal = self.journal
+        if journal is not None:
+            effects = [r for r in ready if r.tool.permission != "read"]
+            if effects:  # on record before any of them may happen
+                await journal.checkpoint()
+                for item in effects:
+                    await journal.started(item.part, idempotency_key(self.state, item.part))
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
@@ -442,6 +476,8 @@ class Dispatcher:
             result = ToolResult.failure(f"{type(exc).__name__}: {exc}")
         await self._finish(part, tool, result, ready.key)
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
+        if self.journal is not None and tool.permission != "read":
+            await self.journal.finished(part, part.result or result)
         emit(_completed(part))
 
     async def _finish(
@@ -480,6 +516,7 @@ class Dispatcher:
             org_id=state.org_id,
             user_id=state.user_id,
             session_id=state.session_id,
+            idempotency_key=idempotency_key(state, part),
         )
 
     async def _invoke(self, ready: _Ready, emit: Emit) -> Any:

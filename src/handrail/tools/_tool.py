@@ -58,6 +58,9 @@ class ToolContext(Generic[DepsT]):
     """The caller (from the session)."""
     session_id: str | None = None
     """The session."""
+    idempotency_key: str = ""
+    """The same for every attempt to run this call (a retry after a crash included): pass it
+    to APIs that deduplicate (payments, bookings) so an idempotent tool has one effect."""
 
 
 _UNSET: Any = object()

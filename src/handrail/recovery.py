@@ -1,0 +1,126 @@
+"""Crash recovery: a side effect never runs twice, and a call that may have run is not guessed.
+
+While a turn runs under an `Engine`, the dispatcher writes a *journal*: before the first
+side-effecting call of a model response it checkpoints the session (so the calls are on
+record), then logs each call `started` with its idempotency key, runs it, and logs its result.
+A tool is side-effecting unless its permission is `read`.
+
+After a crash (a `kill -9`, a lost machine), the session holds a turn that is still marked
+running, and `reconcile` settles it from the tool-call log:
+
+- a call whose result was logged gets that result, and never runs again;
+- a call logged `started` without a result may or may not have had its effect: an
+  `idempotent` tool runs again with the same idempotency key; any other becomes a `recovery`
+  card ("this call may have run: retry or skip?") for a person to decide;
+- a call never logged never started, and runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import TypeAdapter
+
+from ._tool_result import ToolResult
+from .messages import ApprovalCardPart, Message, ToolCallPart
+from .suspension import placeholder
+
+if TYPE_CHECKING:
+    from .state import RunState
+    from .store import ToolLogEntry
+    from .tools import Tool
+
+__all__ = ["RECOVERY_PROMPT", "Journal", "idempotency_key", "reconcile"]
+
+RECOVERY_PROMPT = (
+    "This call may have run before the worker running it stopped (a crash or a restart), so "
+    "its effect is unknown. Retry it (approve), or skip it (reject)?"
+)
+_RESULT: TypeAdapter[ToolResult] = TypeAdapter(ToolResult)
+
+
+class Journal(Protocol):
+    """Where a run records what it is about to do, so that a crash loses nothing.
+
+    The engine provides one per run; a run without one (a bare `Agent.run`) keeps no journal.
+    """
+
+    async def checkpoint(self) -> None:
+        """Persist the session as it is now (before its first side effect, at a turn's start)."""
+        ...
+
+    async def started(self, part: ToolCallPart, key: str) -> None:
+        """Record that `part` is about to run, with its idempotency key."""
+        ...
+
+    async def finished(self, part: ToolCallPart, result: ToolResult) -> None:
+        """Record the result of `part` (before anything else may depend on it)."""
+        ...
+
+
+def idempotency_key(state: RunState, part: ToolCallPart) -> str:
+    """The idempotency key of a call: the same for every attempt to run it.
+
+    Derived from the session, the turn and the tool call id, so an idempotent tool that is
+    run again after a crash can pass it on (to a payment API, say) and have one effect.
+    """
+    scope = f"{state.session_id or state.run_id}\x00{state.turn}\x00{part.id}"
+    return "hr_" + hashlib.sha256(scope.encode()).hexdigest()[:32]
+
+
+def result_record(result: ToolResult) -> dict[str, Any]:
+    """A result as the tool-call log stores it."""
+    return _RESULT.dump_python(result, mode="json")  # type: ignore[no-any-return]
+
+
+def reconcile(
+    state: RunState,
+    message: Message,
+    log: Sequence[ToolLogEntry],
+    tools: Mapping[str, Tool[Any]],
+    *,
+    now: float,
+) -> list[ApprovalCardPart]:
+    """Settle the calls a crash left running in `message`, from the tool-call log.
+
+    Results found in the log are stamped on their calls; calls that may have run and are not
+    idempotent get a `recovery` card, placed on `message` and in the pending map. The calls
+    left `running` are safe to run (again) when the turn resumes.
+
+    Returns:
+        The new recovery cards (none: the turn can resume at once).
+    """
+    entries = {entry.tool_call_id: entry for entry in log}
+    cards: list[ApprovalCardPart] = []
+    for part in message.tool_calls:
+        if part.status != "running":
+            continue
+        entry = entries.get(part.id)
+        if entry is None:
+            continue  # never started: it runs when the turn resumes
+        if entry.status == "finished" and entry.result is not None:
+            part.result = _RESULT.validate_python(entry.result)
+            part.status = "completed" if part.result.ok else "failed"
+            if part.result.ok:
+                state.context.record(part.name, part.id, part.result.data)
+            continue
+        tool = tools.get(part.name)
+        if tool is not None and tool.idempotent:
+            continue  # it runs again, with the same idempotency key
+        card = ApprovalCardPart(
+            tool_call_id=part.id,
+            tool_name=part.name,
+            args=part.args,
+            prompt=RECOVERY_PROMPT,
+            kind="recovery",
+            executor=part.executor,
+            created_at=now,
+        )
+        part.status = "waiting"
+        part.result = placeholder(card)
+        state.pending[part.id] = card
+        message.parts.append(card)
+        cards.append(card)
+    return cards

@@ -1,0 +1,208 @@
+"""Crash recovery in one process: a worker stops mid-turn, another finishes the turn.
+
+A stopped worker is simulated by cancelling the task that drives the turn at a chosen point:
+the store then holds exactly what a killed process would leave (the last checkpoint and the
+tool-call log). `tests/test_crash.py` kills real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from handrail import (
+    Agent,
+    Approve,
+    Engine,
+    Reject,
+    Runtime,
+    SessionBusyError,
+    ToolContext,
+    UserError,
+    tool,
+)
+from handrail.models import ModelRequest
+from handrail.recovery import RECOVERY_PROMPT
+from handrail.store import MemoryStore
+from handrail.testing import FunctionModel, call, sequential_ids
+
+effects: list[tuple[str, str]] = []
+hang = asyncio.Event()  # replaced per test
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    global hang
+    effects.clear()
+    hang = asyncio.Event()
+
+
+@tool(permission="write", approval="auto")
+async def charge(ctx: ToolContext[None], order: str) -> str:
+    """Charge an order (not idempotent)."""
+    effects.append(("charge", ctx.idempotency_key))
+    if order == "hang" and len(effects) == 1:
+        await asyncio.sleep(3600)  # the worker dies in here (the first time)
+    return f"charged {order}"
+
+
+@tool(permission="write", approval="auto", idempotent=True)
+async def book(ctx: ToolContext[None], slot: str) -> str:
+    """Book a slot (idempotent: the provider deduplicates on the key)."""
+    effects.append(("book", ctx.idempotency_key))
+    if len(effects) == 1:
+        await asyncio.sleep(3600)  # the first attempt never finishes
+    return f"booked {slot}"
+
+
+def model(first: Any, after: str = "Done.", *, hang_after_tools: bool = False) -> FunctionModel:
+    async def answer(request: ModelRequest) -> Any:
+        if request.messages[-1].role == "user":
+            return first
+        if hang_after_tools and not hang.is_set():
+            hang.set()
+            await asyncio.sleep(3600)  # the worker dies waiting for the model
+        return after
+
+    return FunctionModel(answer)
+
+
+def engine(store: MemoryStore, m: FunctionModel) -> Engine:
+    agent = Agent("a", tools=[charge, book])
+    return Engine(agent, store=store, runtime=Runtime(model=m, ids=sequential_ids()))
+
+
+async def crash(e: Engine, when: Callable[[], bool], text: str = "go") -> None:
+    """Drive a turn and kill it as soon as `when()` holds (checked at every step)."""
+
+    async def drive() -> None:
+        async for _ in e.submit("s1", text):
+            pass
+
+    task = asyncio.create_task(drive())
+    while not when():
+        assert not task.done(), "the turn ended before the crash point"
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def events_of(run: Any) -> list[Any]:
+    return [e async for e in run]
+
+
+async def test_a_call_whose_result_was_logged_is_never_run_again():
+    store = MemoryStore()
+    await crash(
+        engine(store, model(call("charge", order="A1"), hang_after_tools=True)), hang.is_set
+    )
+    assert effects == [("charge", effects[0][1])]
+    (entry,) = await store.tool_log("s1")
+    assert (entry.status, entry.tool) == ("finished", "charge")
+
+    other = engine(store, model("unused", "Charged A1."))
+    with pytest.raises(UserError, match=r"cut off while it ran .* recover it"):
+        await events_of(other.submit("s1", "hello?"))
+    events = await events_of(other.recover("s1"))
+    assert events[-1].type == "run-completed"
+    assert len(effects) == 1  # not charged twice
+    part = (await other.session("s1")).messages[1].tool_calls[0]
+    assert (part.status, part.result.data) == ("completed", "charged A1")  # type: ignore[union-attr]
+
+
+async def test_a_call_cut_off_mid_run_becomes_a_card_a_person_decides():
+    store = MemoryStore()
+    await crash(engine(store, model(call("charge", order="hang"))), lambda: bool(effects))
+    other = engine(store, model("unused", "Charged again."))
+    events = await events_of(other.recover("s1"))
+    assert [e.type for e in events] == ["run-started", "approval-required", "run-suspended"]
+    assert events[1].prompt == RECOVERY_PROMPT
+    state = await other.session("s1")
+    card = state.pending[events[1].tool_call_id]
+    assert (card.kind, card.tool_name) == ("recovery", "charge")
+
+    await other.resolve("s1", card.tool_call_id, Reject(reason="the bank says it went through"))
+    done = await events_of(other.resume("s1"))
+    assert done[-1].type == "run-completed"
+    part = (await other.session("s1")).messages[1].tool_calls[0]
+    assert part.status == "rejected"
+    assert "its effect is unknown" in (part.result.error or "")  # type: ignore[union-attr]
+    assert len(effects) == 1  # skipped: not run again
+
+
+async def test_a_person_can_retry_a_cut_off_call_with_the_same_key():
+    store = MemoryStore()
+    await crash(engine(store, model(call("charge", order="hang"))), lambda: bool(effects))
+    other = engine(store, model("unused", "Charged."))
+    events = await events_of(other.recover("s1"))
+    await other.resolve("s1", events[1].tool_call_id, Approve(by="ops"))
+    done = await events_of(other.resume("s1"))
+    assert done[-1].type == "run-completed"
+    assert [kind for kind, _ in effects] == ["charge", "charge"]
+    assert effects[0][1] == effects[1][1]  # one idempotency key for both attempts
+    part = (await other.session("s1")).messages[1].tool_calls[0]
+    assert (part.status, part.result.data) == ("completed", "charged hang")  # type: ignore[union-attr]
+
+
+async def test_an_idempotent_call_cut_off_mid_run_runs_again_with_the_same_key():
+    store = MemoryStore()
+    await crash(engine(store, model(call("book", slot="9:00"))), lambda: bool(effects))
+    other = engine(store, model("unused", "Booked."))
+    events = await events_of(other.recover("s1"))
+    assert events[-1].type == "run-completed"
+    assert [kind for kind, _ in effects] == ["book", "book"]
+    assert effects[0][1] == effects[1][1]
+
+
+async def test_a_call_cut_off_before_it_started_just_runs():
+    class StallingStore(MemoryStore):
+        async def log_started(self, session_id: str, tool_call_id: str, **kw: Any) -> bool:
+            hang.set()
+            await asyncio.sleep(3600)  # the worker dies before logging the call
+            raise AssertionError
+
+    store = StallingStore()
+    await crash(engine(store, model(call("charge", order="A1"))), hang.is_set)
+    assert effects == []
+    other = engine(MemoryStore(), model("unused", "Charged."))
+    other.store = store
+    StallingStore.log_started = MemoryStore.log_started  # type: ignore[method-assign]
+    events = await events_of(other.recover("s1"))
+    assert events[-1].type == "run-completed"
+    assert [kind for kind, _ in effects] == ["charge"]
+
+
+async def test_a_turn_cut_off_in_a_model_call_asks_the_model_again():
+    store = MemoryStore()
+
+    async def first(request: ModelRequest) -> Any:
+        hang.set()
+        await asyncio.sleep(3600)
+
+    await crash(engine(store, FunctionModel(first)), hang.is_set)
+    state = await engine(store, model("x")).session("s1")
+    assert [m.text for m in state.messages] == ["go"]  # the user's message was saved first
+    other = engine(store, FunctionModel(lambda r: "Hello!"))
+    events = await events_of(other.recover("s1"))
+    assert events[-1].output == "Hello!"
+
+
+async def test_nothing_to_recover_and_a_live_worker_are_refused():
+    store = MemoryStore()
+    e = engine(store, model("Hi."))
+    await events_of(e.submit("s1", "hello"))
+    with pytest.raises(UserError, match="no turn cut off while running"):
+        await events_of(e.recover("s1"))
+
+    await crash(engine(store, model(call("charge", order="hang"))), lambda: bool(effects))
+    assert await store.acquire_lease("s1", "live-worker", 60)
+    with pytest.raises(SessionBusyError):
+        await events_of(e.recover("s1"))
+    assert await e.recover_stale() == []  # leased by a live worker: left alone
+    await store.release_lease("s1", "live-worker")
+    assert await e.recover_stale() == ["s1"]  # now recovered (suspended on its card)
+    assert (await e.session("s1")).suspended
