@@ -206,3 +206,56 @@ async def test_nothing_to_recover_and_a_live_worker_are_refused():
     await store.release_lease("s1", "live-worker")
     assert await e.recover_stale() == ["s1"]  # now recovered (suspended on its card)
     assert (await e.session("s1")).suspended
+
+
+@tool(permission="write")
+async def pay(ctx: ToolContext[None], amount: int) -> str:
+    """Pay (gated: a person approves every payment)."""
+    effects.append(("pay", ctx.idempotency_key))
+    if len(effects) <= amount:  # the first `amount` attempts never finish
+        await asyncio.sleep(3600)
+    return f"paid {amount}"
+
+
+async def test_a_resumption_cut_off_mid_call_asks_again_and_so_does_a_cut_off_retry():
+    store = MemoryStore()
+    agent = Agent("a", tools=[pay])
+
+    def worker(answer: str = "Paid.") -> Engine:
+        m = model(call("pay", amount=2), answer)
+        return Engine(agent, store=store, runtime=Runtime(model=m, ids=sequential_ids()))
+
+    first = worker()
+    events = await events_of(first.submit("s1", "go"))
+    (call_id,) = events[-1].pending
+    await first.resolve("s1", call_id, Approve())
+
+    async def resume_until(e: Engine, n: int) -> None:
+        task = asyncio.create_task(events_of(e.resume("s1")))
+        while len(effects) < n:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    await resume_until(first, 1)  # the worker dies inside the approved payment
+    second = worker()
+    asked = await events_of(second.resume("s1"))
+    assert [e.type for e in asked] == ["run-started", "approval-required", "run-suspended"]
+    assert asked[1].prompt == RECOVERY_PROMPT
+    await second.resolve("s1", call_id, Approve(by="ops"))
+
+    await resume_until(second, 2)  # and dies again inside the retry
+    third = worker()
+    asked = await events_of(third.resume("s1"))
+    assert asked[1].prompt == RECOVERY_PROMPT  # asked again: the retry may have run too
+    await third.resolve("s1", call_id, Approve(by="ops"))
+    done = await events_of(third.resume("s1"))
+    assert done[-1].type == "run-completed"
+    assert len(effects) == 3 and len({key for _, key in effects}) == 1
+    log = await store.tool_log("s1")
+    assert [(e.tool_call_id, e.status) for e in log] == [
+        (call_id, "started"),
+        (f"{call_id}~1", "started"),
+        (f"{call_id}~2", "finished"),
+    ]

@@ -228,15 +228,16 @@ class Engine:
                     if progress is None or progress.status != expected:
                         raise UserError(_NOTHING[expected].format(session=session_id))
                     route = self._agents(progress.route or [progress.agent])
-                    if recover:
-                        cards = await self._reconcile(state, route[progress.step])
-                        if cards:
-                            progress.status = "suspended"
-                            await self._save(record, state, "suspended")
-                            for event in _recovery_events(state, cards):
-                                yield event
-                            return
                     check_resumable(state, None, [progress.agent])
+                    # A resumption cut off by a crash leaves the turn looking suspended: the
+                    # log says which of its calls already started, or finished.
+                    cards = await self._reconcile(session_id, state, route[progress.step])
+                    if cards:
+                        progress.status = "suspended"
+                        await self._save(record, state, "suspended")
+                        for event in _recovery_events(state, cards):
+                            yield event
+                        return
                 assert route is not None
                 state.client_connected = client
                 journal = _SessionJournal(self, record, state)
@@ -261,14 +262,15 @@ class Engine:
 
         return AgentRun(body)
 
-    async def _reconcile(self, state: RunState, agent: Agent[Any]) -> list[ApprovalCardPart]:
+    async def _reconcile(
+        self, session_id: str, state: RunState, agent: Agent[Any]
+    ) -> list[ApprovalCardPart]:
         progress = state.progress
         assert progress is not None
         if not progress.message_id:
             return []  # cut off before any call was dispatched: nothing ran
         message = next(m for m in reversed(state.messages) if m.id == progress.message_id)
-        assert state.session_id is not None
-        log = await self.store.tool_log(state.session_id)
+        log = await self.store.tool_log(session_id)
         return reconcile(state, message, log, agent.tools, now=self.runtime.clock())
 
     async def recover_stale(self) -> list[str]:
@@ -475,13 +477,13 @@ class _SessionJournal:
     async def checkpoint(self) -> None:
         await self.engine._save(self.record, self.state, "active")
 
-    async def started(self, part: ToolCallPart, key: str) -> None:
+    async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
         await self.engine.store.log_started(
-            self.record.id, part.id, key=key, tool=part.name, args=part.args
+            self.record.id, log_id, key=key, tool=part.name, args=part.args
         )
 
-    async def finished(self, part: ToolCallPart, result: ToolResult) -> None:
-        await self.engine.store.log_finished(self.record.id, part.id, result_record(result))
+    async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
+        await self.engine.store.log_finished(self.record.id, log_id, result_record(result))
 
 
 def _recovery_events(state: RunState, cards: list[ApprovalCardPart]) -> list[Event]:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .store import ToolLogEntry
     from .tools import Tool
 
-__all__ = ["RECOVERY_PROMPT", "Journal", "idempotency_key", "reconcile"]
+__all__ = ["RECOVERY_PROMPT", "Journal", "attempt_id", "idempotency_key", "reconcile"]
 
 RECOVERY_PROMPT = (
     "This call may have run before the worker running it stopped (a crash or a restart), so "
@@ -51,12 +51,12 @@ class Journal(Protocol):
         """Persist the session as it is now (before its first side effect, at a turn's start)."""
         ...
 
-    async def started(self, part: ToolCallPart, key: str) -> None:
-        """Record that `part` is about to run, with its idempotency key."""
+    async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
+        """Record that `part` is about to run (attempt `log_id`), with its idempotency key."""
         ...
 
-    async def finished(self, part: ToolCallPart, result: ToolResult) -> None:
-        """Record the result of `part` (before anything else may depend on it)."""
+    async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
+        """Record the result of attempt `log_id` of `part`."""
         ...
 
 
@@ -68,6 +68,23 @@ def idempotency_key(state: RunState, part: ToolCallPart) -> str:
     """
     scope = f"{state.session_id or state.run_id}\x00{state.turn}\x00{part.id}"
     return "hr_" + hashlib.sha256(scope.encode()).hexdigest()[:32]
+
+
+def attempt_id(message: Message, part: ToolCallPart) -> str:
+    """The tool-call log's id for the current attempt at `part`.
+
+    The first attempt is logged under the call's id; each retry a person approved after a
+    crash gets its own entry (`call_1~1`, ...), so a crash during a retry is noticed too.
+    """
+    retries = sum(
+        1
+        for p in message.parts
+        if isinstance(p, ApprovalCardPart)
+        and p.tool_call_id == part.id
+        and p.kind == "recovery"
+        and p.decision == "approve"
+    )
+    return part.id if not retries else f"{part.id}~{retries}"
 
 
 def result_record(result: ToolResult) -> dict[str, Any]:
@@ -83,23 +100,34 @@ def reconcile(
     *,
     now: float,
 ) -> list[ApprovalCardPart]:
-    """Settle the calls a crash left running in `message`, from the tool-call log.
+    """Settle the calls a crash may have cut off in `message`, from the tool-call log.
 
-    Results found in the log are stamped on their calls; calls that may have run and are not
-    idempotent get a `recovery` card, placed on `message` and in the pending map. The calls
-    left `running` are safe to run (again) when the turn resumes.
+    The calls concerned are those left `running` by a turn cut off mid-batch, and approved
+    calls of a suspended turn whose resumption was cut off (they are in the log, though the
+    stored turn still shows them waiting). Results found in the log are stamped on their
+    calls; calls that may have run and are not idempotent get a `recovery` card, placed on
+    `message` and in the pending map. The other calls are safe to run (again) when the turn
+    resumes.
 
     Returns:
         The new recovery cards (none: the turn can resume at once).
     """
     entries = {entry.tool_call_id: entry for entry in log}
+    decided: dict[str, ApprovalCardPart] = {}
+    for p in message.parts:
+        if isinstance(p, ApprovalCardPart) and p.decision is not None:
+            decided[p.tool_call_id] = p
     cards: list[ApprovalCardPart] = []
     for part in message.tool_calls:
-        if part.status != "running":
-            continue
-        entry = entries.get(part.id)
+        entry = entries.get(attempt_id(message, part))
         if entry is None:
-            continue  # never started: it runs when the turn resumes
+            continue  # this attempt never started: it runs when the turn resumes
+        approval = decided.get(part.id)
+        approved = approval is not None and approval.decision == "approve"
+        if part.status != "running" and not (part.status == "waiting" and approved):
+            continue
+        if approved and approval is not None and approval.amended_args is not None:
+            part.args = approval.amended_args  # what it was started with
         if entry.status == "finished" and entry.result is not None:
             part.result = _RESULT.validate_python(entry.result)
             part.status = "completed" if part.result.ok else "failed"

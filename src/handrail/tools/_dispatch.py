@@ -50,7 +50,7 @@ from ..events import (
 )
 from ..exceptions import ModelRetry, PathError
 from ..messages import ApprovalCardPart, CardKind, Message, ToolCallPart
-from ..recovery import Journal, idempotency_key
+from ..recovery import Journal, attempt_id, idempotency_key
 from ..runtime import Runtime
 from ..state import RunState
 from ..suspension import args_digest, placeholder, settle
@@ -70,13 +70,14 @@ _Final: TypeAlias = None  # what `_prepare` returns for a part that is already f
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("key", "kwargs", "part", "tool")
+    __slots__ = ("key", "kwargs", "log_id", "part", "tool")
 
     def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
         self.part = part
         self.tool = tool
         self.kwargs = kwargs
         self.key = key
+        self.log_id = part.id  # the attempt's id in the tool-call log (a retry has its own)
 
 
 class Dispatcher:
@@ -135,7 +136,7 @@ class Dispatcher:
                 finished.append(part)
         for part in finished:
             yield _completed(part)
-        async for event in self._execute_ready(ready):
+        async for event in self._execute_ready(ready, checkpoint=True):
             yield event
         for part, original in copies:
             self._reuse(part, original, in_batch=True)
@@ -179,6 +180,7 @@ class Dispatcher:
             assert tool is not None  # `settle` settles every call whose tool is gone
             outcome = await self._approved(part, tool, card)
             if isinstance(outcome, _Ready):
+                outcome.log_id = attempt_id(message, part)
                 yield ToolCallStarted(
                     agent=self.agent, tool_call_id=part.id, name=part.name, args=part.args
                 )
@@ -187,7 +189,8 @@ class Dispatcher:
                 yield self._wait(part, cards, approved=True)
             else:
                 yield _completed(part)
-        async for event in self._execute_ready(ready):
+        # The message was stored when the turn stopped, so the calls are already on record.
+        async for event in self._execute_ready(ready, checkpoint=False):
             yield event
 
     def _rerun(self, part: ToolCallPart) -> _Ready | _Final:
@@ -241,14 +244,18 @@ class Dispatcher:
         key = part.name + "\x00" + pydantic_core.to_json(final).decode()
         return _Ready(part, tool, tool.arguments(validated), key)
 
-    async def _execute_ready(self, ready: list[_Ready]) -> AsyncIterator[Event]:
+    async def _execute_ready(
+        self, ready: list[_Ready], *, checkpoint: bool
+    ) -> AsyncIterator[Event]:
         journal = self.journal
         if journal is not None:
             effects = [r for r in ready if r.tool.permission != "read"]
-            if effects:  # on record before any of them may happen
+            if effects and checkpoint:  # the calls on record before any of them may happen
                 await journal.checkpoint()
-                for item in effects:
-                    await journal.started(item.part, idempotency_key(self.state, item.part))
+            for item in effects:
+                await journal.started(
+                    item.log_id, item.part, idempotency_key(self.state, item.part)
+                )
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
@@ -477,7 +484,7 @@ class Dispatcher:
         await self._finish(part, tool, result, ready.key)
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
         if self.journal is not None and tool.permission != "read":
-            await self.journal.finished(part, part.result or result)
+            await self.journal.finished(ready.log_id, part, part.result or result)
         emit(_completed(part))
 
     async def _finish(
