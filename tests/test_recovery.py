@@ -75,20 +75,21 @@ def engine(store: MemoryStore, m: FunctionModel) -> Engine:
     return Engine(agent, store=store, runtime=Runtime(model=m, ids=sequential_ids()))
 
 
-async def crash(e: Engine, when: Callable[[], bool], text: str = "go") -> None:
-    """Drive a turn and kill it as soon as `when()` holds (checked at every step)."""
-
-    async def drive() -> None:
-        async for _ in e.submit("s1", text):
-            pass
-
-    task = asyncio.create_task(drive())
-    while not when():
+async def kill(run: Any, when: Callable[[], bool]) -> None:
+    """Drive `run` and kill it as soon as `when()` holds (checked at every loop step)."""
+    task = asyncio.create_task(events_of(run))
+    # Polled at every step on purpose: the kill must land at that exact point of the turn.
+    while not when():  # noqa: ASYNC110
         assert not task.done(), "the turn ended before the crash point"
         await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def crash(e: Engine, when: Callable[[], bool], text: str = "go") -> None:
+    """Drive a turn of session s1 and kill it as soon as `when()` holds."""
+    await kill(e.submit("s1", text), when)
 
 
 async def events_of(run: Any) -> list[Any]:
@@ -230,22 +231,14 @@ async def test_a_resumption_cut_off_mid_call_asks_again_and_so_does_a_cut_off_re
     (call_id,) = events[-1].pending
     await first.resolve("s1", call_id, Approve())
 
-    async def resume_until(e: Engine, n: int) -> None:
-        task = asyncio.create_task(events_of(e.resume("s1")))
-        while len(effects) < n:
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    await resume_until(first, 1)  # the worker dies inside the approved payment
+    await kill(first.resume("s1"), lambda: len(effects) == 1)  # the worker dies inside the approved payment
     second = worker()
     asked = await events_of(second.resume("s1"))
     assert [e.type for e in asked] == ["run-started", "approval-required", "run-suspended"]
     assert asked[1].prompt == RECOVERY_PROMPT
     await second.resolve("s1", call_id, Approve(by="ops"))
 
-    await resume_until(second, 2)  # and dies again inside the retry
+    await kill(second.resume("s1"), lambda: len(effects) == 2)  # and dies again inside the retry
     third = worker()
     asked = await events_of(third.resume("s1"))
     assert asked[1].prompt == RECOVERY_PROMPT  # asked again: the retry may have run too
