@@ -79,7 +79,7 @@ async def kill(run: Any, when: Callable[[], bool]) -> None:
     """Drive `run` and kill it as soon as `when()` holds (checked at every loop step)."""
     task = asyncio.create_task(events_of(run))
     # Polled at every step on purpose: the kill must land at that exact point of the turn.
-    while not when():  # noqa: ASYNC110
+    while not when():
         assert not task.done(), "the turn ended before the crash point"
         await asyncio.sleep(0)
     task.cancel()
