@@ -231,7 +231,8 @@ async def test_a_resumption_cut_off_mid_call_asks_again_and_so_does_a_cut_off_re
     (call_id,) = events[-1].pending
     await first.resolve("s1", call_id, Approve())
 
-    await kill(first.resume("s1"), lambda: len(effects) == 1)  # the worker dies inside the approved payment
+    # The worker dies inside the approved payment.
+    await kill(first.resume("s1"), lambda: len(effects) == 1)
     second = worker()
     asked = await events_of(second.resume("s1"))
     assert [e.type for e in asked] == ["run-started", "approval-required", "run-suspended"]
