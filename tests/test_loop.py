@@ -408,3 +408,17 @@ async def test_one_interrupt_stops_every_agent_that_shares_it():
     assert second.result.outcome == "interrupted"
     assert interrupt.requested
     assert [m.text for m in state.messages] == ["one"]
+
+
+async def test_a_call_id_the_session_already_used_is_replaced():
+    # Some OpenAI-compatible servers number the calls of each response from zero.
+    model = ScriptedModel(
+        [[call("lookup", id="c0", order_id="A1")], [call("lookup", id="c0", order_id="A2")], "ok"]
+    )
+    state = RunState()
+    await Agent("a", tools=[lookup]).run(
+        "go", state=state, runtime=Runtime(model=model, ids=sequential_ids())
+    )
+    ids = [p.id for m in state.messages for p in m.tool_calls]
+    assert ids[0] == "c0" and ids[1] != "c0" and len(set(ids)) == 2
+    assert RunState.load(state.dump()).call_ids == set(ids)

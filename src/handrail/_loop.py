@@ -438,6 +438,11 @@ async def _agent_loop(
             )
             state.messages.append(message)
             calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
+            taken = state.call_ids
+            for part in calls:
+                if not part.id or part.id in taken:
+                    part.id = ids("call")
+                taken.add(part.id)
 
             if calls:
                 if interrupt.requested:

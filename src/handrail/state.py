@@ -84,6 +84,10 @@ class RunState:
     """This turn's calls by canonical (name, arguments): duplicates reuse their result."""
     tool_cache: dict[str, tuple[float, ToolResult]] = field(default_factory=dict)
     """Idempotent tools' results by canonical call, with their expiry time."""
+    call_ids: set[str] = field(default_factory=set)
+    """Every tool call id of the session: a new call whose id is taken (some servers number
+    their calls per response) gets a fresh one, so the tool-call log never mixes two calls.
+    Rebuilt by `load`."""
     pending: dict[str, ApprovalCardPart] = field(default_factory=dict)
     """The pending map: tool call id -> the card waiting for a decision. An index over the
     undecided cards in `messages` (they are the record), rebuilt by `load`."""
@@ -170,6 +174,7 @@ class RunState:
             progress=doc["progress"],
         )
         parts = {p.id: p for m in state.messages for p in m.parts if isinstance(p, ToolCallPart)}
+        state.call_ids = set(parts)
         state.turn_calls = {
             key: parts[call_id] for key, call_id in doc["turn_calls"].items() if call_id in parts
         }

@@ -1,0 +1,145 @@
+"""A worker process for the crash tests: drives one session to its end, whatever it finds.
+
+`python tests/crash_worker.py DB EFFECTS SESSION [LEASE_TTL]`. The test kills it with SIGKILL
+at a random moment, or the worker kills itself with SIGKILL at the point named by the
+environment variable `CRASH_AT`; then the test starts another one on the same session, which
+must finish the turn with exactly one effect per approved call.
+
+`CRASH_AT`: `charge-started` (inside the charge, before its effect), `charge-done` (inside the
+charge, after its effect), `suspended` (while the charge waits for approval), `after-result`
+(the charge returned; the worker dies before the session is saved again).
+
+The domain: a customer orders; the agent ships the order (`orders.ship`: a side effect,
+idempotent: the carrier deduplicates on the idempotency key) and charges it (`orders.charge`:
+a side effect, not idempotent, gated: a person approves it). Effects are lines appended to the
+EFFECTS file, flushed and fsynced, so they survive the kill. The person in the loop approves
+charges, and when asked about a charge that may have run after a crash, checks the EFFECTS
+file (as one would check the bank) and retries only if it did not happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from handrail import (
+    Agent,
+    Approve,
+    Engine,
+    Reject,
+    Runtime,
+    SessionBusyError,
+    ToolContext,
+    tool,
+)
+from handrail.models import ModelRequest
+from handrail.store import SqliteStore
+from handrail.testing import FunctionModel, call
+
+CRASH_AT = os.environ.get("CRASH_AT", "")
+
+
+def _crash(point: str) -> None:
+    if point == CRASH_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def _jitter() -> None:
+    await asyncio.sleep(random.uniform(0, 0.03))
+
+
+def build(db: Path, effects: Path, lease_ttl: float) -> Engine:
+    @tool(name="orders.ship", permission="write", approval="auto", idempotent=True)
+    async def ship(ctx: ToolContext[None], order: str) -> str:
+        """Ship an order (the carrier deduplicates on the idempotency key)."""
+        await _jitter()
+        if f"ship {order} {ctx.idempotency_key}" not in _lines(effects):
+            _append(effects, f"ship {order} {ctx.idempotency_key}")
+        await _jitter()
+        return f"shipped {order}"
+
+    @tool(name="orders.charge", permission="write")
+    async def charge(order: str) -> str:
+        """Charge an order (not idempotent: a second call charges twice)."""
+        await _jitter()
+        _crash("charge-started")
+        _append(effects, f"charge {order}")
+        _crash("charge-done")
+        await _jitter()
+        return f"charged {order}"
+
+    async def answer(request: ModelRequest) -> Any:
+        await _jitter()
+        done = {p.name for m in request.messages for p in m.tool_calls}
+        order = request.messages[0].text.split()[-1]
+        if "orders.ship" not in done:
+            return call("orders.ship", order=order)
+        if "orders.charge" not in done:
+            return call("orders.charge", order=order)
+        _crash("after-result")
+        return f"Order {order} shipped and charged."
+
+    agent = Agent("desk", tools=[ship, charge])
+    runtime = Runtime(model=FunctionModel(answer))
+    return Engine(agent, store=SqliteStore(db), runtime=runtime, lease_ttl=lease_ttl)
+
+
+async def drive(engine: Engine, session: str, effects: Path) -> str:
+    """Take the session from wherever it is to the end of its turn; return its last event."""
+    while True:
+        try:
+            record = await engine.store.load(session)
+            if record is None:
+                run = engine.submit(session, f"Please process order {session}")
+            else:
+                state = await engine.session(session)
+                progress = state.progress
+                if progress is None:
+                    return record.status
+                if progress.status == "running":
+                    run = engine.recover(session)
+                else:
+                    for call_id, card in list(state.pending.items()):
+                        if card.kind == "recovery":  # did the charge happen? check the bank
+                            ran = f"charge {session}" in _lines(effects)
+                            decision: Any = Reject(reason="it went through") if ran else Approve()
+                        else:
+                            decision = Approve(by="ops")
+                        await engine.resolve(session, call_id, decision)
+                    run = engine.resume(session)
+            async for event in run:
+                if event.type == "run-suspended":
+                    _crash("suspended")
+        except SessionBusyError:
+            await asyncio.sleep(0.05)  # the killed worker's lease has not expired yet
+
+
+async def main(db: str, effects: str, session: str, lease_ttl: float) -> None:
+    engine = build(Path(db), Path(effects), lease_ttl)
+    try:
+        print("started", flush=True)
+        outcome = await drive(engine, session, Path(effects))
+        print(f"done {outcome}", flush=True)
+    finally:
+        await engine.store.close()
+
+
+if __name__ == "__main__":
+    ttl = float(sys.argv[4]) if len(sys.argv) > 4 else 0.5
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], ttl))
