@@ -62,7 +62,7 @@ def public_members(package: types.ModuleType) -> list[str]:
     return sorted(
         (
             name
-            for name, value in vars(package).items()
+            for name, value in list(vars(package).items())
             if not name.startswith("_")
             and not isinstance(value, types.ModuleType)
             and defined_in_handrail(name, value)

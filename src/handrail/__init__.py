@@ -70,6 +70,7 @@ from .state import RunState
 from .store import MemoryStore, SessionRecord, SessionStore
 from .suspension import DECISION, Answer, Approve, ClientResult, Decision, Reject
 from .tools import Tool, ToolContext, ToolResult, tool
+from .worker import Worker
 
 __version__ = "0.1.0"
 
@@ -143,6 +144,7 @@ __all__ = [
     "Usage",
     "UsageEvent",
     "UserError",
+    "Worker",
     "__version__",
     "run_agent",
     "tool",
