@@ -38,7 +38,7 @@ from handrail import (
     tool,
 )
 from handrail.models import ModelRequest
-from handrail.store import SqliteStore
+from handrail.store import SessionStore, SqliteStore
 from handrail.testing import FunctionModel, call
 
 CRASH_AT = os.environ.get("CRASH_AT", "")
@@ -64,7 +64,7 @@ async def _jitter() -> None:
     await asyncio.sleep(random.uniform(0, 0.03))
 
 
-def build(db: Path, effects: Path, lease_ttl: float) -> Engine:
+def build(store: SessionStore, effects: Path, lease_ttl: float) -> Engine:
     @tool(name="orders.ship", permission="write", approval="auto", idempotent=True)
     async def ship(ctx: ToolContext[None], order: str) -> str:
         """Ship an order (the carrier deduplicates on the idempotency key)."""
@@ -97,7 +97,15 @@ def build(db: Path, effects: Path, lease_ttl: float) -> Engine:
 
     agent = Agent("desk", tools=[ship, charge])
     runtime = Runtime(model=FunctionModel(answer))
-    return Engine(agent, store=SqliteStore(db), runtime=runtime, lease_ttl=lease_ttl)
+    return Engine(agent, store=store, runtime=runtime, lease_ttl=lease_ttl)
+
+
+def decide(card: Any, session: str, effects: Path) -> Any:
+    """What the person in the loop decides on a card."""
+    if card.kind == "recovery":  # did the charge happen? check the bank
+        ran = f"charge {session}" in _lines(effects)
+        return Reject(reason="it went through") if ran else Approve()
+    return Approve(by="ops")
 
 
 async def drive(engine: Engine, session: str, effects: Path) -> str:
@@ -116,12 +124,7 @@ async def drive(engine: Engine, session: str, effects: Path) -> str:
                     run = engine.recover(session)
                 else:
                     for call_id, card in list(state.pending.items()):
-                        if card.kind == "recovery":  # did the charge happen? check the bank
-                            ran = f"charge {session}" in _lines(effects)
-                            decision: Any = Reject(reason="it went through") if ran else Approve()
-                        else:
-                            decision = Approve(by="ops")
-                        await engine.resolve(session, call_id, decision)
+                        await engine.resolve(session, call_id, decide(card, session, effects))
                     run = engine.resume(session)
             async for event in run:
                 if event.type == "run-suspended":
@@ -131,7 +134,7 @@ async def drive(engine: Engine, session: str, effects: Path) -> str:
 
 
 async def main(db: str, effects: str, session: str, lease_ttl: float) -> None:
-    engine = build(Path(db), Path(effects), lease_ttl)
+    engine = build(SqliteStore(db), Path(effects), lease_ttl)
     try:
         print("started", flush=True)
         outcome = await drive(engine, session, Path(effects))
