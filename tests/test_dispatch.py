@@ -13,6 +13,7 @@ from handrail import (
     Agent,
     ApprovalCardPart,
     ModelRetry,
+    PathError,
     RunState,
     Runtime,
     ToolCallPart,
@@ -517,7 +518,9 @@ async def test_digest_capture_hooks_and_stamp():
     )
     looked, sku = calls(state)
     assert looked.digest == {"status": "shipped"}
-    assert state.context.get("call:call_1.id") == "A1"
+    assert sku.result is not None  # `first_sku` read the capture of `orders.lookup` ...
+    with pytest.raises(PathError):  # ... which was turn-scoped: dropped when the turn ended
+        state.context.get("call:call_1.id")
     assert observed == [
         ("orders.lookup", {"id": "A1", "status": "shipped", "items": [{"sku": "S1"}]}),
         ("first_sku", "S1"),

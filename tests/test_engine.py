@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from handrail import Agent, Domain, Engine, Runtime, UserError, tool
+from handrail import Agent, Domain, Engine, Runtime, StoreError, UserError, tool
 from handrail.store import MemoryStore
 from handrail.testing import ScriptedModel, call, sequential_ids
 
@@ -113,3 +113,67 @@ async def test_interrupt_stops_a_running_turn_and_persists_a_valid_history():
     assert part.result is not None and "interrupted" in (part.result.error or "")
     record = await engine.store.load("s1")
     assert record is not None and record.status == "active"
+
+
+async def test_a_turn_drops_its_own_outputs_when_it_ends_but_not_while_suspended():
+    @tool
+    def lookup(order: str) -> dict[str, str]:
+        """Look up."""
+        return {"order": order}
+
+    @tool(permission="write")
+    def refund(order: str) -> str:
+        """Refund."""
+        return "ok"
+
+    engine = engine_for(
+        [[call("lookup", order="A1"), call("refund", order="A1")], "Refunded."],
+        Agent("a", tools=[lookup, refund]),
+    )
+    events = await events_of(engine.submit("s1", "go"))
+    suspended = await engine.session("s1")
+    assert suspended.context.get("tool:lookup.order") == "A1"  # kept across the pause
+    from handrail import Approve
+
+    await engine.resolve("s1", events[-1].pending[0], Approve())
+    await events_of(engine.resume("s1"))
+    ended = await engine.session("s1")
+    assert ended.context.get("tool:lookup.order", None) is None
+    assert ended.turn_calls == {}
+
+
+async def test_a_session_that_cannot_be_read_is_a_store_error_naming_it():
+    store = MemoryStore()
+    engine = engine_for(["Hi."], Agent("a"), store=store)
+    await events_of(engine.submit("s1", "hello"))
+    record = await store.load("s1")
+    assert record is not None
+    record.data["messages"][0]["parts"][0]["type"] = "hologram"
+    await store.save(record)
+    with pytest.raises(StoreError) as caught:
+        await engine.session("s1")
+    assert str(caught.value) == (
+        "Session 's1' cannot be read: not a stored session state: at messages.0.parts.0: "
+        "Input tag 'hologram' found using 'type' does not match any of the expected tags: "
+        "'text', 'reasoning', 'tool-call', 'approval'. The stored row is left untouched; "
+        "restore it from an export, or delete the session."
+    )
+    assert caught.value.session_id == "s1"
+    record = await store.load("s1")
+    assert record is not None and record.data["messages"][0]["parts"][0]["type"] == "hologram"
+    record.data["schema_version"] = 99
+    await store.save(record)
+    with pytest.raises(StoreError, match="schema_version=99: this handrail reads version 1"):
+        await engine.session("s1")
+
+
+async def test_prune_deletes_idle_finished_sessions_only():
+    now = [1_000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    runtime = Runtime(model=ScriptedModel(["Hi.", "Hi again."]), clock=lambda: now[0])
+    engine = Engine(Agent("a"), store=store, runtime=runtime)
+    await events_of(engine.submit("old", "hello"))
+    now[0] = 5_000.0
+    await events_of(engine.submit("new", "hello"))
+    assert await engine.prune(idle_for=3_600) == ["old"]
+    assert await store.load("old") is None and await store.load("new") is not None

@@ -314,7 +314,7 @@ async def _turn(
             if result.outcome != "completed":
                 break
     except Exception as exc:
-        state.progress = None  # the turn is over: it failed
+        state.end_turn()  # it failed
         run._result = AgentResult(
             outcome="failed", state=state, error=f"{type(exc).__name__}: {exc}"
         )
@@ -322,11 +322,11 @@ async def _turn(
         return
     except BaseException:
         if journal is None:  # nothing can recover a bare run: end the turn as it stands
-            state.progress = None
+            state.end_turn()
         raise
     run._result = result
     if result.outcome != "suspended":
-        state.progress = None  # the turn is over
+        state.end_turn()
     if result.outcome == "completed":
         yield RunCompleted(output=_jsonable_output(result.output))
     elif result.outcome == "suspended":

@@ -25,7 +25,13 @@ from ._loop import AgentRun, check_resumable, run_turn
 from ._tool_result import ToolResult
 from .agent import Agent
 from .events import ApprovalRequired, Event, RunStarted, RunSuspended
-from .exceptions import ConflictError, SessionBusyError, SessionNotFoundError, UserError
+from .exceptions import (
+    ConflictError,
+    SessionBusyError,
+    SessionNotFoundError,
+    StoreError,
+    UserError,
+)
 from .messages import ApprovalCardPart, ToolCallPart
 from .models import Model
 from .recovery import reconcile, result_record
@@ -362,7 +368,10 @@ class Engine:
                 record = await self.store.load(summary.id)
                 if record is None:
                     continue
-                state = RunState.load(record.data)
+                try:
+                    state = _decode(record)
+                except StoreError:
+                    continue  # a corrupt session stays as it is, for a person to look at
                 if expire(state, now):
                     try:
                         await self._save(record, state, record.status)
@@ -370,6 +379,29 @@ class Engine:
                         continue  # it changed meanwhile: the next sweep sees it again
                     changed.append(summary.id)
         return changed
+
+    async def prune(
+        self,
+        *,
+        idle_for: float,
+        statuses: Sequence[SessionStatus] = ("completed", "failed"),
+    ) -> list[str]:
+        """Delete the sessions in `statuses` that nobody touched for `idle_for` seconds.
+
+        Run it on a schedule to keep the store small. Suspended sessions are kept unless
+        `statuses` names them (their pending calls then go with them).
+
+        Returns:
+            The ids of the deleted sessions.
+        """
+        cutoff = self.runtime.clock() - idle_for
+        deleted: list[str] = []
+        for status in statuses:
+            while page := await self.store.list(status=status, updated_before=cutoff):
+                for summary in page:
+                    if await self.store.delete(summary.id):
+                        deleted.append(summary.id)
+        return deleted
 
     def interrupt(self, session_id: str) -> bool:
         """Stop the session's running turn, if one runs in this process; True if one did."""
@@ -443,7 +475,7 @@ class Engine:
             record = SessionRecord(id=session_id, org_id=org_id, user_id=user_id)
             state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
             return record, state
-        return record, RunState.load(record.data)
+        return record, _decode(record)
 
     async def _save(
         self, record: SessionRecord, state: RunState, status: SessionStatus
@@ -456,6 +488,18 @@ class Engine:
         saved = await self.store.save(record)
         record.version = saved.version
         return saved
+
+
+def _decode(record: SessionRecord) -> RunState:
+    """The session's state, or a `StoreError` naming the session (the row is left as it is)."""
+    try:
+        return RunState.load(record.data)
+    except UserError as exc:
+        raise StoreError(
+            f"Session {record.id!r} cannot be read: {exc}. The stored row is left untouched; "
+            f"restore it from an export, or delete the session.",
+            session_id=record.id,
+        ) from None
 
 
 _NOTHING = {

@@ -116,6 +116,15 @@ class RunState:
         self.turn_calls.clear()
         self.context.new_turn()
 
+    def end_turn(self) -> None:
+        """End a turn: drop what was only for it (this turn's outputs, its dedup).
+
+        A suspended turn keeps them until it ends.
+        """
+        self.progress = None
+        self.turn_calls.clear()
+        self.context.new_turn()
+
     @property
     def suspended(self) -> bool:
         """Whether the turn is waiting for decisions or for its resumption."""
@@ -158,7 +167,12 @@ class RunState:
         try:
             doc = _DOC.validate_python(data)
         except ValidationError as exc:
-            raise UserError(f"not a stored session state: {exc}") from None
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            raise UserError(
+                f"not a stored session state: at {where}: {first['msg']}{more}"
+            ) from None
         state = cls(
             messages=doc["messages"],
             context=ContextStore.load(doc["context"], max_bytes=max_context_bytes),
