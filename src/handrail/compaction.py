@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .exceptions import ConfigError, ModelError
@@ -192,20 +192,20 @@ async def compact(
     def count(view: list[Message]) -> int:
         return count_tokens(view, model, instructions=request.instructions, tools=tools)
 
-    tokens = count(messages)
-    if tokens <= config.max_tokens:
+    start = 0 if summary is None else _after(messages, summary)
+    tokens = _whole(messages, start or 0, count, config.max_tokens)
+    if tokens is not None:
         return Compacted(messages=messages, summary=summary, tokens=tokens)
-
-    turns = _Turns(messages, config, model)
-    start = 0 if summary is None else turns.after(summary)
     if start is None:  # the history no longer holds what it covered: summarise afresh
         summary, start = None, 0
+
+    turns = _Turns(messages, start, config, model)
     view = turns.view(start, summary)
     tokens = count(view)
     if tokens <= config.max_tokens:
         return Compacted(messages=view, summary=summary, tokens=tokens)
 
-    cuts = turns.cuts(start, config.keep_recent_turns)
+    cuts = turns.cuts(config.keep_recent_turns)
     if not cuts:  # nothing more may be summarised
         return Compacted(messages=view, summary=summary, tokens=tokens, over_budget=True)
     # Start at the first cut whose view fits with the summary so far standing in for the new
@@ -250,37 +250,36 @@ async def compact(
 
 
 class _Turns:
-    """A history's user turns: where they start, what may be cut, and pruned copies."""
+    """The user turns of a history from `start` on: where the view may be cut, and pruned copies.
 
-    __slots__ = ("_config", "_model", "_pruned", "current", "messages", "pinned", "starts")
+    What the stored summary covers (before `start`) is out of play.
+    """
 
-    def __init__(self, messages: list[Message], config: Compaction, model: Model) -> None:
+    __slots__ = ("_config", "_model", "_pruned", "current", "messages", "pinned", "start", "starts")
+
+    def __init__(
+        self, messages: list[Message], start: int, config: Compaction, model: Model
+    ) -> None:
         self.messages = messages
-        self.starts = [i for i, m in enumerate(messages) if _starts_turn(m)]
+        self.start = start
+        tail = range(start, len(messages))
+        self.starts = [i for i in tail if _starts_turn(messages[i])]
         # From the current turn's start on, the view is the history itself.
-        self.current = self.starts[-1] if self.starts else 0
+        self.current = self.starts[-1] if self.starts else start
         # No cut may pass a call still waiting for a decision.
-        self.pinned = next((i for i, m in enumerate(messages) if _unsettled(m)), len(messages))
+        self.pinned = next((i for i in tail if _unsettled(messages[i])), len(messages))
         self._config = config
         self._model = model
         self._pruned: dict[int, Message] = {}
 
-    def after(self, summary: Summary) -> int | None:
-        """Where the history goes on after `summary` (None: the summary does not fit it)."""
-        n = summary.messages
-        if not (0 < n <= len(self.messages) and self.messages[n - 1].id == summary.upto):
-            ids = [m.id for m in self.messages]
-            n = ids.index(summary.upto) + 1 if summary.upto in ids else 0
-        return n if n and n in self.starts else None
-
-    def cuts(self, start: int, keep: int) -> list[int]:
-        """Where the view may start after `start`, earliest first: each one a turn's start.
+    def cuts(self, keep: int) -> list[int]:
+        """Where the view may start, earliest first: each one a turn's start.
 
         The first is the start of the `keep`-th most recent turn (or the latest cut a pinned
         message allows); the later ones give up recent turns, down to the current one.
         """
         last = min(self.current, self.pinned)
-        ordered = [s for s in self.starts if start < s <= last]
+        ordered = [s for s in self.starts if self.start < s <= last]
         if not ordered:
             return []
         preferred = self.starts[max(len(self.starts) - max(keep, 1), 0)]
@@ -302,6 +301,37 @@ class _Turns:
                 self.messages[index], age, self._config, self._model
             )
         return pruned
+
+
+def _whole(
+    messages: list[Message], start: int, count: Callable[[list[Message]], int], budget: int
+) -> int | None:
+    """The tokens of the whole request when they are within `budget`, else None.
+
+    A history is counted whole unless part of it is summarised: then the part after the
+    summary is counted first, and ever longer suffixes after it, until one is over budget or
+    the suffix is the whole history. Any suffix costs at most what the whole does, so a long
+    session is never counted much past its budget.
+    """
+    step = max(len(messages) - start, 1)
+    while True:
+        tokens = count(messages[start:])
+        if tokens > budget:
+            return None
+        if start == 0:
+            return tokens
+        start = max(start - step, 0)
+        step *= 2
+
+
+def _after(messages: list[Message], summary: Summary) -> int | None:
+    """Where the history goes on after `summary` (None: the summary does not fit it)."""
+    n = summary.messages
+    if not (0 < n <= len(messages) and messages[n - 1].id == summary.upto):
+        ids = [m.id for m in messages]
+        n = ids.index(summary.upto) + 1 if summary.upto in ids else 0
+    # A summary ends where a user turn starts (and never covers the current one).
+    return n if 0 < n < len(messages) and _starts_turn(messages[n]) else None
 
 
 def _starts_turn(message: Message) -> bool:
