@@ -42,6 +42,7 @@ bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.suspend
 	$(BIN)/python -m bench.durability
+	$(BIN)/python -m bench.compaction
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .coverage
