@@ -255,6 +255,19 @@ async def test_a_stored_summary_that_still_fits_costs_no_summarizer_call():
     assert again.usage == Usage()
 
 
+async def test_a_summarised_history_that_fits_a_bigger_budget_is_sent_whole_again():
+    messages = conversation(30)
+    summarizer = writer("S")
+    small = Compaction(max_tokens=300, summarizer=summarizer, instructions="Summarise.")
+    first = await compact(request(messages), config=small, model=MODEL)
+    assert first.summary is not None and first.summary.messages == 84
+
+    big = Compaction(max_tokens=tokens(messages), summarizer=summarizer)
+    again = await compact(request(messages), config=big, model=MODEL, summary=first.summary)
+
+    assert again == Compacted(messages=messages, summary=first.summary, tokens=tokens(messages))
+
+
 async def test_a_summary_that_no_longer_matches_the_history_is_rewritten_from_the_start():
     messages = conversation(6)
     summarizer = writer("Fresh.")
