@@ -1,9 +1,8 @@
 """The agent loop: model call, tool calls, repeat, until the agent has its answer.
 
 `run_agent` is the inner loop of one agent (`agent-started` ... `agent-completed`);
-`run_turn` wraps it into one user turn of a lone agent (`run-started` ... and exactly one of
-`run-completed`, `run-suspended`, `run-failed`). Both return an `AgentRun`: iterate it for
-events, then read `run.result`.
+`run_turn` (in `_turn.py`) wraps agents into one user turn. Both return an `AgentRun`:
+iterate it for events, then read `run.result`.
 
 Interruption is cooperative and leaves a valid history: `AgentRun.interrupt()` (from any task)
 cancels the model stream or the tool calls in flight, every unfinished call is paired with a
@@ -16,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -29,15 +28,11 @@ from .events import (
     AgentStarted,
     Event,
     ReasoningDelta,
-    RunCompleted,
-    RunFailed,
-    RunStarted,
-    RunSuspended,
     TextDelta,
     ToolCallDelta,
     UsageEvent,
 )
-from .exceptions import ConfigError, ModelError, UserError
+from .exceptions import ConfigError, ModelError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import (
     Model,
@@ -52,7 +47,7 @@ from .runtime import Runtime
 from .state import Progress, RunState
 from .tools._dispatch import Dispatcher
 
-__all__ = ["AgentResult", "AgentRun", "Interrupt", "run_agent", "run_turn"]
+__all__ = ["AgentResult", "AgentRun", "Interrupt", "run_agent"]
 
 OutputT = TypeVar("OutputT")
 Outcome = Literal["completed", "suspended", "interrupted", "failed"]
@@ -192,75 +187,6 @@ def run_agent(
     return AgentRun(lambda run: _agent_loop(run, agent, state, runtime, resolved), interrupt)
 
 
-def check_resumable(state: RunState, prompt: str | None, agents: Sequence[str]) -> None:
-    """Refuse a turn that would talk past a suspended one.
-
-    Raises:
-        UserError: a new prompt while the turn waits for decisions, a resumption while a
-            decision is still missing, or a resumption by an agent that did not suspend.
-    """
-    progress = state.progress
-    if progress is None:
-        return
-    if prompt is not None and progress.status == "running":
-        raise UserError(
-            "The session's previous turn was cut off while it ran (a crash, or a worker that "
-            "stopped): recover it (Engine.recover) before sending a new message."
-        )
-    if prompt is not None:
-        raise UserError(
-            f"The session's turn is suspended, waiting on {_ids(state)}: resolve those "
-            f"calls and resume the turn (prompt=None) before sending a new message."
-        )
-    if state.pending:
-        raise UserError(
-            f"Cannot resume yet: still waiting for a decision on {_ids(state)}. Resolve "
-            f"every pending call first."
-        )
-    if progress.agent not in agents:
-        raise UserError(
-            f"The turn suspended in agent {progress.agent!r}; resume it with that agent."
-        )
-
-
-def _ids(state: RunState) -> str:
-    return ", ".join(state.pending) or "decided calls not yet resumed"
-
-
-def run_turn(
-    route: Agent[Any] | Sequence[Agent[Any]],
-    prompt: str | None,
-    *,
-    state: RunState | None = None,
-    runtime: Runtime[Any] | None = None,
-    model: Model | None = None,
-    journal: Journal | None = None,
-) -> AgentRun[Any]:
-    """One user turn: `run-started`, each agent's events in order, one terminal event.
-
-    `route` is one agent or a pipeline of agents that run one after the other on the same
-    conversation; the turn's output is the last agent's. When an agent suspends, the turn
-    suspends with it; with `prompt=None` on a suspended state whose calls are all decided,
-    the turn resumes in that agent, where it stopped, then runs the rest of the route.
-
-    With a `journal` (the engine's), the turn checkpoints the session when it starts and
-    before each batch of side effects, and logs each side-effecting call, so a crash loses
-    nothing and never runs a side effect twice (see `handrail.recovery`).
-    """
-    agents = [route] if isinstance(route, Agent) else list(route)
-    if not agents:
-        raise UserError("A turn needs at least one agent.")
-    state = state if state is not None else RunState()
-    runtime = runtime or _DEFAULT_RUNTIME
-    check_resumable(state, prompt, [a.name for a in agents])
-    models = [_model_for(a, runtime, model) for a in agents]
-    interrupt = Interrupt()
-    return AgentRun(
-        lambda run: _turn(run, agents, models, prompt, state, runtime, interrupt, journal),
-        interrupt,
-    )
-
-
 def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | None) -> Model:
     resolved = override or agent.model or runtime.model
     if resolved is None:
@@ -271,70 +197,6 @@ def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | None)
     return resolved
 
 
-async def _turn(
-    run: AgentRun[Any],
-    agents: list[Agent[Any]],
-    models: list[Model],
-    prompt: str | None,
-    state: RunState,
-    runtime: Runtime[Any],
-    interrupt: Interrupt,
-    journal: Journal | None,
-) -> AsyncGenerator[Event, None]:
-    state.run_id = runtime.ids("run")
-    state.context.update_sys(state.sys_values(runtime.clock()))
-    names = [a.name for a in agents]
-    first = 0
-    if state.progress is not None:  # resuming (a suspension, a crash): where it stopped
-        first = names.index(state.progress.agent)
-        state.progress.status = "running"
-    else:
-        if prompt is not None:  # None: continue the conversation as it is
-            state.new_turn()
-            state.messages.append(
-                Message(id=runtime.ids("msg"), role="user", parts=[TextPart(text=prompt)])
-            )
-        state.progress = Progress(agent=names[0], route=names)
-        if journal is not None:  # the user's message is saved before the run acknowledges it
-            await journal.checkpoint()
-    yield RunStarted(run_id=state.run_id, session_id=state.session_id)
-    result: AgentResult[Any] = AgentResult(outcome="completed", state=state)
-    try:
-        for step in range(first, len(agents)):
-            agent = agents[step]
-            if step != first:
-                state.progress = Progress(agent=agent.name, route=names, step=step)
-            inner: AgentRun[Any] = AgentRun(
-                lambda r, a=agent, m=models[step]: _agent_loop(r, a, state, runtime, m, journal),  # type: ignore[misc]
-                interrupt,
-            )
-            async for event in inner:
-                yield event
-            result = inner.result
-            if result.outcome != "completed":
-                break
-    except Exception as exc:
-        state.end_turn()  # it failed
-        run._result = AgentResult(
-            outcome="failed", state=state, error=f"{type(exc).__name__}: {exc}"
-        )
-        yield RunFailed(reason="error", error=run._result.error)
-        return
-    except BaseException:
-        if journal is None:  # nothing can recover a bare run: end the turn as it stands
-            state.end_turn()
-        raise
-    run._result = result
-    if result.outcome != "suspended":
-        state.end_turn()
-    if result.outcome == "completed":
-        yield RunCompleted(output=_jsonable_output(result.output))
-    elif result.outcome == "suspended":
-        yield RunSuspended(pending=result.pending)
-    else:  # the loop itself only ends completed, suspended or interrupted; errors raise
-        yield RunFailed(reason="interrupted", error="the run was interrupted")
-
-
 async def _agent_loop(
     run: AgentRun[OutputT],
     agent: Agent[OutputT],
@@ -342,7 +204,14 @@ async def _agent_loop(
     runtime: Runtime[Any],
     model: Model,
     journal: Journal | None = None,
+    *,
+    last: bool = True,
 ) -> AsyncGenerator[Event, None]:
+    """One agent's loop, on the shared conversation or its own scratch messages.
+
+    A `scratch` agent writes to its scratch messages and sees the conversation before them;
+    when it is the `last` agent of its route, its answer is published to the conversation.
+    """
     interrupt = run._interrupt
     interrupt._enter()
     name = agent.name
@@ -351,6 +220,9 @@ async def _agent_loop(
     progress = state.progress
     if progress is None or progress.agent != name:
         progress = state.progress = Progress(agent=name)
+    shared = state.messages
+    history = state.scratch.setdefault(name, []) if agent.scratch else shared
+    turn_cap = runtime.max_turn_iterations
     tool_choice: Literal["auto", "none"] = "auto"
     partial: list[str] = []
     message_id = ""
@@ -361,7 +233,7 @@ async def _agent_loop(
         cards: list[ApprovalCardPart] = []
         if progress.message_id:  # the turn goes on: settle the calls it left first
             progress.status = "running"
-            message = next(m for m in reversed(state.messages) if m.id == progress.message_id)
+            message = next(m for m in reversed(history) if m.id == progress.message_id)
             calls = message.tool_calls
             async for event in dispatcher.resume(message, cards):
                 yield event
@@ -387,6 +259,10 @@ async def _agent_loop(
                 # Every call repeated one already made: ask for the answer instead of looping.
                 tool_choice = "none" if all(p.reused_from for p in calls) else "auto"
             if progress.iterations >= agent.max_iterations:
+                limit = f"agent {name!r} reached its limit of {agent.max_iterations} model calls for this turn"
+                break
+            if turn_cap is not None and state.turn_iterations >= turn_cap:
+                limit = f"this turn reached its limit of {turn_cap} model calls"
                 break
             if interrupt.requested:
                 raise _Interrupted
@@ -395,7 +271,7 @@ async def _agent_loop(
             request = ModelRequest(
                 agent=name,
                 instructions=agent.instructions_for(state),
-                messages=state.messages,
+                messages=[*shared, *history] if history is not shared else shared,
                 tools=agent.tool_definitions,
                 tool_choice=tool_choice,
                 output_schema=agent.output_schema,
@@ -436,7 +312,7 @@ async def _agent_loop(
             message = Message(
                 id=message_id, role="assistant", parts=list(response.parts), agent=name
             )
-            state.messages.append(message)
+            history.append(message)
             calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
             taken = state.call_ids
             for part in calls:
@@ -455,7 +331,7 @@ async def _agent_loop(
 
             if progress.calls_made < agent.min_tool_calls and not progress.nudged:
                 progress.nudged = True
-                _say(state, ids, agent.nudge)
+                _say(history, ids, agent.nudge)
                 continue
             output = message.text
             if agent.output_adapter is not None:
@@ -466,55 +342,48 @@ async def _agent_loop(
                     if progress.retried_output:
                         raise ModelError(problem) from None
                     progress.retried_output = True
-                    _say(state, ids, problem + "\nAnswer again with valid JSON only.")
+                    _say(history, ids, problem + "\nAnswer again with valid JSON only.")
                     continue
+            if last and history is not shared:  # the route's answer is for the user
+                shared.append(message)
             yield AgentCompleted(agent=name, output=_jsonable_output(output))
             run._result = AgentResult(
                 outcome="completed", state=state, output=output, stop_reason="answer"
             )
             return
 
-        text = (
-            f"I stopped before finishing: agent {name!r} reached its limit of "
-            f"{agent.max_iterations} model calls for this turn."
+        text = f"I stopped before finishing: {limit}."
+        stopped = Message(
+            id=ids("msg"), role="assistant", agent=name, parts=[TextPart(text=text, synthetic=True)]
         )
-        state.messages.append(
-            Message(
-                id=ids("msg"),
-                role="assistant",
-                agent=name,
-                parts=[TextPart(text=text, synthetic=True)],
-            )
-        )
-        yield TextDelta(agent=name, message_id=state.messages[-1].id, delta=text)
+        shared.append(stopped)  # the user is told, whoever's loop it was
+        yield TextDelta(agent=name, message_id=stopped.id, delta=text)
         yield AgentCompleted(agent=name, output=text)
         run._result = AgentResult(
             outcome="completed", state=state, output=text, stop_reason="max-iterations"
         )
     except _Interrupted:
-        _repair(state, partial, message_id, name)
+        _repair(history, partial, message_id, name)
         run._result = AgentResult(outcome="interrupted", state=state)
     except asyncio.CancelledError:
-        _repair(state, partial, message_id, name)
+        _repair(history, partial, message_id, name)
         if not interrupt._absorb():
             raise
         run._result = AgentResult(outcome="interrupted", state=state)
     except BaseException:
-        _repair(state, partial, message_id, name)
+        _repair(history, partial, message_id, name)
         raise
 
 
-def _say(state: RunState, ids: Callable[[str], str], text: str) -> None:
-    """Append a synthetic user message (visible in history, marked synthetic)."""
-    state.messages.append(
-        Message(id=ids("msg"), role="user", parts=[TextPart(text=text, synthetic=True)])
-    )
+def _say(history: list[Message], ids: Callable[[str], str], text: str) -> None:
+    """Append a synthetic user message (kept in history, marked synthetic)."""
+    history.append(Message(id=ids("msg"), role="user", parts=[TextPart(text=text, synthetic=True)]))
 
 
-def _repair(state: RunState, partial: list[str], message_id: str, agent: str) -> None:
+def _repair(history: list[Message], partial: list[str], message_id: str, agent: str) -> None:
     """Leave a valid history after a run stopped midway: keep partial text, pair every call."""
     if partial:
-        state.messages.append(
+        history.append(
             Message(
                 id=message_id,
                 role="assistant",
@@ -523,9 +392,9 @@ def _repair(state: RunState, partial: list[str], message_id: str, agent: str) ->
             )
         )
         partial.clear()
-    if not state.messages:
+    if not history:
         return
-    for part in state.messages[-1].parts:
+    for part in history[-1].parts:
         if isinstance(part, ToolCallPart) and part.status in ("pending", "running"):
             part.status = "interrupted"
             part.result = ToolResult.failure(_INTERRUPTED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -41,6 +42,9 @@ class Agent(Generic[OutputT]):
         output_type: a type (usually a pydantic model) the final answer must validate
             against; invalid output is sent back once with the validation error.
         nudge: the text of the `min_tool_calls` nudge (`{n}` is replaced by the minimum).
+        scratch: keep this agent's messages (its tool calls, its nudges, its answer) out of
+            the conversation, in the turn's scratch: the next agent of the route gets its
+            answer as a handoff; as the last agent of a route, its answer is published.
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class Agent(Generic[OutputT]):
         min_tool_calls: int = 0,
         output_type: type[OutputT] | None = None,
         nudge: str = DEFAULT_NUDGE,
+        scratch: bool = False,
     ) -> None:
         if max_iterations < 1:
             raise UserError(f"Agent {name!r}: max_iterations must be at least 1.")
@@ -64,6 +69,7 @@ class Agent(Generic[OutputT]):
         self.model = model
         self.max_iterations = max_iterations
         self.min_tool_calls = min_tool_calls
+        self.scratch = scratch
         self.nudge = nudge.replace("{n}", str(min_tool_calls))
         self.tools: dict[str, Tool[Any]] = {}
         for t in tools:
@@ -82,6 +88,26 @@ class Agent(Generic[OutputT]):
         self.output_schema = (
             self.output_adapter.json_schema() if self.output_adapter is not None else None
         )
+
+    def replace(
+        self,
+        *,
+        tools: Sequence[Tool[Any]] | None = None,
+        output_schema: dict[str, Any] | None = None,
+        scratch: bool | None = None,
+    ) -> Agent[OutputT]:
+        """A copy of this agent with other tools, output schema or scratch setting."""
+        clone: Agent[OutputT] = copy.copy(self)
+        if tools is not None:
+            clone.tools = {}
+            for t in tools:
+                clone.tools[t.name] = t
+            clone.tool_definitions = [t.definition for t in clone.tools.values()]
+        if output_schema is not None:
+            clone.output_schema = output_schema
+        if scratch is not None:
+            clone.scratch = scratch
+        return clone
 
     def instructions_for(self, state: RunState) -> str | None:
         """The system prompt for this state."""
@@ -108,9 +134,10 @@ class Agent(Generic[OutputT]):
             runtime: dependencies, hooks, clock and ids (defaults when None).
             model: a per-turn model override (before the agent's and the runtime's).
         """
-        from ._loop import run_turn
+        from ._turn import run_turn
 
-        return run_turn(self, prompt, state=state, runtime=runtime, model=model)
+        run: AgentRun[OutputT] = run_turn(self, prompt, state=state, runtime=runtime, model=model)
+        return run
 
     async def run(
         self,

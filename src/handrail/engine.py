@@ -21,8 +21,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._loop import AgentRun, check_resumable, run_turn
+from pydantic import BaseModel, ValidationError
+
+from ._loop import AgentRun
 from ._tool_result import ToolResult
+from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
 from .events import ApprovalRequired, Event, RunStarted, RunSuspended
 from .exceptions import (
@@ -35,7 +38,7 @@ from .exceptions import (
 from .messages import ApprovalCardPart, ToolCallPart
 from .models import Model
 from .recovery import reconcile, result_record
-from .runtime import Runtime
+from .runtime import Mode, Runtime, WrapTools, build_runtime
 from .state import RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .suspension import Decision, decide, expire
@@ -47,18 +50,29 @@ _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 
 @dataclass(kw_only=True)
 class Domain:
-    """The agents of an application and the routes through them.
+    """The agents of an application, the routes through them, and the supervisor that picks.
 
     Args:
         agents: every agent of the domain (names must be unique).
-        routes: route name -> the agents that run, in order, for a turn on that route.
-            Default: one route, `default`, through the first agent.
-        default_route: the route a turn takes when none is chosen (default: the first).
+        routes: route name -> the agents that run, in order, for a turn on that route (e.g.
+            `{"simple": ["responder"], "action": ["executor", "responder"]}`). Default: one
+            route, `default`, through the first agent.
+        default_route: the route a turn takes when none is chosen and when the supervisor's
+            output does not parse or names no route (default: the first route).
+        supervisor: an agent whose structured output (`output_type`) is a `RouteDecision` (or
+            a subclass): it picks each turn's route. It runs in scratch: its messages stay out
+            of the conversation. Without one, turns take the default route (or the one
+            `submit` names).
+        initial_state: the domain's typed state for a new session (a pydantic model
+            instance, or a model class whose defaults make one); tools read and change it as
+            `ctx.state`, and it is stored with the session.
     """
 
     agents: Sequence[Agent[Any]]
     routes: Mapping[str, Sequence[str]] = field(default_factory=dict)
     default_route: str | None = None
+    supervisor: Agent[Any] | None = None
+    initial_state: BaseModel | type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         self.by_name: dict[str, Agent[Any]] = {}
@@ -85,6 +99,23 @@ class Domain:
                 f"Domain: default_route {self.default_route!r} is not a route "
                 f"(routes: {', '.join(self.routes)})."
             )
+        supervisor = self.supervisor
+        if supervisor is not None:
+            kind = supervisor.output_type
+            if not (isinstance(kind, type) and issubclass(kind, RouteDecision)):
+                raise UserError(
+                    f"Domain: the supervisor {supervisor.name!r} must answer with a route: "
+                    f"give it output_type=RouteDecision (or a subclass)."
+                )
+            if supervisor.name in self.by_name:
+                raise UserError(
+                    f"Domain: the supervisor is named {supervisor.name!r}, like an agent; "
+                    f"give it a name of its own."
+                )
+        state = self.initial_state
+        self.state_type: type[BaseModel] | None = (
+            None if state is None else state if isinstance(state, type) else type(state)
+        )
 
     def route(self, name: str | None) -> list[Agent[Any]]:
         """The agents of route `name` (the default route when None)."""
@@ -92,6 +123,35 @@ class Domain:
         if key is None or key not in self.routes:
             raise UserError(f"Unknown route {key!r}; routes: {', '.join(self.routes)}.")
         return [self.by_name[n] for n in self.routes[key]]
+
+    def router(self) -> Router | None:
+        """The supervisor with the routes it chooses between (None without a supervisor)."""
+        if self.supervisor is None:
+            return None
+        assert self.default_route is not None
+        schema = dict(self.supervisor.output_schema or {})
+        properties = dict(schema.get("properties", {}))
+        # The model may only name a route that exists.
+        properties["route"] = {**properties.get("route", {}), "enum": list(self.routes)}
+        schema["properties"] = properties
+        return Router(
+            supervisor=self.supervisor.replace(output_schema=schema, scratch=True),
+            routes={name: self.route(name) for name in self.routes},
+            default=self.default_route,
+        )
+
+    def new_state(self) -> Any:
+        """The domain state of a new session (a copy of `initial_state`)."""
+        state = self.initial_state
+        if state is None:
+            return None
+        return state() if isinstance(state, type) else state.model_copy(deep=True)
+
+    def load_state(self, data: Any) -> Any:
+        """The domain state from what a session stored."""
+        if self.state_type is None or data is None:
+            return data if data is not None else self.new_state()
+        return self.state_type.model_validate(data)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,6 +179,9 @@ class Engine:
         worker_id: this worker's name in session leases (default: a random one).
         lease_ttl: seconds a worker's lease on a session lasts unless renewed (it is renewed
             while a turn runs); a dead worker's sessions are taken over after it.
+        mode: `live`, or `mock` for evals and tests (see `build_runtime`).
+        model: the default model for agents that name none (over `runtime.model`).
+        wrap_tools: replaces tools with mocks or wrappers (see `build_runtime`).
     """
 
     def __init__(
@@ -129,12 +192,19 @@ class Engine:
         runtime: Runtime[Any] | None = None,
         worker_id: str | None = None,
         lease_ttl: float = 30.0,
+        mode: Mode = "live",
+        model: Model | None = None,
+        wrap_tools: WrapTools | None = None,
     ) -> None:
         if not lease_ttl > 0:
             raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
-        self.domain = domain if isinstance(domain, Domain) else Domain(agents=[domain])
+        self.assembly = build_runtime(
+            domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
+        )
+        self.domain = self.assembly.domain
+        self.runtime: Runtime[Any] = self.assembly.runtime
+        self._router = self.domain.router()
         self.store: SessionStore = store if store is not None else MemoryStore()
-        self.runtime: Runtime[Any] = runtime if runtime is not None else Runtime()
         self.worker_id = worker_id or f"worker-{os.urandom(6).hex()}"
         self.lease_ttl = lease_ttl
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -167,8 +237,12 @@ class Engine:
             route: the route to take (default: the domain's default route).
             client: whether the caller can run `client` tools (without, they fail fast).
         """
-        agents = self.domain.route(route)
-        return self._drive(session_id, text, agents, org_id, user_id, model, client)
+        plan: list[Agent[Any]] | Router
+        if route is None and self._router is not None:
+            plan = self._router  # the supervisor picks
+        else:
+            plan = self.domain.route(route)
+        return self._drive(session_id, text, plan, org_id, user_id, model, client)
 
     def resume(
         self,
@@ -216,7 +290,7 @@ class Engine:
         self,
         session_id: str,
         text: str | None,
-        agents: list[Agent[Any]] | None,
+        plan: list[Agent[Any]] | Router | None,
         org_id: str | None,
         user_id: str | None,
         model: Model | None,
@@ -227,17 +301,23 @@ class Engine:
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             async with self._lock(session_id), self._leased(session_id):
                 record, state = await self._load(session_id, org_id, user_id, create=True)
-                route = agents
+                route = plan
                 if text is None:
                     progress = state.progress
                     expected = "running" if recover else "suspended"
                     if progress is None or progress.status != expected:
                         raise UserError(_NOTHING[expected].format(session=session_id))
-                    route = self._agents(progress.route or [progress.agent])
                     check_resumable(state, None, [progress.agent])
-                    # A resumption cut off by a crash leaves the turn looking suspended: the
-                    # log says which of its calls already started, or finished.
-                    cards = await self._reconcile(session_id, state, route[progress.step])
+                    router = self._router
+                    if router is not None and progress.agent == router.supervisor.name:
+                        route, cards = router, []  # cut off while choosing: choose again
+                    else:
+                        agents = self._agents(progress.route or [progress.agent])
+                        route = agents
+                        # A resumption cut off by a crash leaves the turn looking suspended:
+                        # the log says which of its calls already started, or finished.
+                        agent = agents[progress.step]
+                        cards = await self._reconcile(session_id, state, agent)
                     if cards:
                         progress.status = "suspended"
                         await self._save(record, state, "suspended")
@@ -248,7 +328,12 @@ class Engine:
                 state.client_connected = client
                 journal = _SessionJournal(self, record, state)
                 inner = run_turn(
-                    route, text, state=state, runtime=self.runtime, model=model, journal=journal
+                    route,
+                    text,
+                    state=state,
+                    runtime=self.runtime,
+                    journal=journal,
+                    models=lambda agent: self.assembly.model_for(agent, model),
                 )
                 self._running[session_id] = inner
                 try:
@@ -474,8 +559,19 @@ class Engine:
                 raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
             record = SessionRecord(id=session_id, org_id=org_id, user_id=user_id)
             state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
+            state.domain_state = self.domain.new_state()
             return record, state
-        return record, _decode(record)
+        state = _decode(record)
+        try:
+            state.domain_state = self.domain.load_state(state.domain_state)
+        except ValidationError as exc:
+            raise StoreError(
+                f"Session {session_id!r}: its domain state does not fit "
+                f"{self.domain.state_type.__name__ if self.domain.state_type else 'the domain'}"
+                f" any more ({exc.error_count()} error(s)); migrate it, or delete the session.",
+                session_id=session_id,
+            ) from None
+        return record, state
 
     async def _save(
         self, record: SessionRecord, state: RunState, status: SessionStatus

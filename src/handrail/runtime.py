@@ -7,21 +7,35 @@ deterministic without patching). One runtime serves many concurrent runs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from .exceptions import ConfigError, ModelRetry
 from .tools._workers import WorkerThreads
 
 if TYPE_CHECKING:
+    from .agent import Agent
+    from .engine import Domain
     from .messages import ToolCallPart
     from .models import Model
     from .tools import Permission, Tool, ToolResult
 
-__all__ = ["IdFactory", "Runtime", "random_ids", "sequential_ids"]
+__all__ = [
+    "Assembly",
+    "IdFactory",
+    "Mock",
+    "Mode",
+    "Runtime",
+    "WrapTools",
+    "build_runtime",
+    "random_ids",
+    "sequential_ids",
+]
 
 DepsT = TypeVar("DepsT")
 IdFactory = Callable[[str], str]
@@ -59,6 +73,9 @@ class Runtime(Generic[DepsT]):
     """Where sync tools run (shared by default; give a runtime its own to isolate it)."""
     allowed_permissions: frozenset[Permission] | None = None
     """When set, calls to tools with another permission fail (e.g. a read-only run)."""
+    max_turn_iterations: int | None = 50
+    """Model calls one turn may make across its agents (each agent also has its own
+    `max_iterations`); reaching it ends the turn with a message that says so (None: no cap)."""
     max_approvals_per_turn: int | None = None
     """Past this many calls waiting for approval in one turn, further gated calls get a tool
     error telling the model to stop and summarise (None: no cap)."""
@@ -71,3 +88,116 @@ class Runtime(Generic[DepsT]):
     """Observe each result (logging, metrics) before it is stamped on its part."""
     transform_tool_result: Callable[[ToolCallPart, ToolResult], ToolResult] | None = None
     """Rewrite each result before the model sees it (redaction, truncation)."""
+
+
+Mode = Literal["live", "capture", "mock"]
+"""How tools run: for real (`live`), captured for a later batch (`capture`, the capture
+issue), or replaced by mocks (`mock`: a tool without a mock fails with a tool error)."""
+Mock = Callable[[dict[str, Any]], Any] | Any
+"""A mocked tool output: a function of the call's arguments, or the output itself."""
+WrapTools = Callable[["Tool[Any]"], "Tool[Any] | None"] | Mapping[str, Mock]
+
+
+@dataclass(kw_only=True, slots=True)
+class Assembly:
+    """A domain assembled for one mode: the agents as they run, and how models resolve."""
+
+    domain: Domain
+    """The domain, its agents' tools wrapped or mocked as the mode says."""
+    runtime: Runtime[Any]
+    """The runtime the runs use."""
+    mode: Mode
+    """The mode it was built for."""
+    default_model: Model | None = None
+    """The engine's default model (over the runtime's)."""
+
+    def model_for(self, agent: Agent[Any], override: Model | None = None) -> Model:
+        """The model `agent` uses: the per-turn override, else the agent's, else the default.
+
+        Raises:
+            ConfigError: none of them is set.
+        """
+        model = override or agent.model or self.default_model or self.runtime.model
+        if model is None:
+            raise ConfigError(
+                f"Agent {agent.name!r} has no model: pass model= to the Agent, to the "
+                f"engine, to Runtime(model=...), or give one for the turn."
+            )
+        return model
+
+
+def build_runtime(
+    config: Domain | Agent[Any],
+    *,
+    runtime: Runtime[Any] | None = None,
+    mode: Mode = "live",
+    model: Model | None = None,
+    wrap_tools: WrapTools | None = None,
+) -> Assembly:
+    """Assemble a domain for a mode: the ONE place a run's models and tools are put together.
+
+    Live runs, evals and tests all go through it (`Engine` calls it).
+
+    Args:
+        config: the domain (a lone agent is a domain of one).
+        runtime: dependencies, hooks, policy, clock and ids (default: a new `Runtime`).
+        mode: `live`, `mock` (every tool without a mock in `wrap_tools` fails with a tool
+            error instead of running) or `capture` (arrives with the capture issue).
+        model: the default model for agents that name none (over `runtime.model`).
+        wrap_tools: replaces tools: a function `tool -> new tool (or None to keep it)`, or a
+            mapping `tool name -> mock output (or a function of the arguments)`.
+
+    Raises:
+        ConfigError: an unknown mode, `capture` (not available yet), or mocks for tools that
+            no agent has.
+    """
+    from .agent import Agent as AgentType
+    from .engine import Domain as DomainType
+
+    domain = config if isinstance(config, DomainType) else DomainType(agents=[config])
+    runtime = runtime if runtime is not None else Runtime()
+    if mode == "capture":
+        raise ConfigError(
+            "mode='capture' is not available yet (it arrives with capture and batch apply); "
+            "use 'live' or 'mock'."
+        )
+    if mode not in ("live", "mock"):
+        raise ConfigError(f"build_runtime(mode={mode!r}): the modes are live, mock, capture.")
+    everyone = [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]
+    if isinstance(wrap_tools, Mapping):
+        known = {t for agent in everyone for t in agent.tools}
+        unknown = sorted(set(wrap_tools) - known)
+        if unknown:
+            raise ConfigError(
+                f"wrap_tools mocks {', '.join(map(repr, unknown))}, which no agent has "
+                f"(tools: {', '.join(sorted(known)) or 'none'})."
+            )
+
+    def wrap(tool: Tool[Any]) -> Tool[Any]:
+        if callable(wrap_tools) and not isinstance(wrap_tools, Mapping):
+            return wrap_tools(tool) or tool
+        if isinstance(wrap_tools, Mapping) and tool.name in wrap_tools:
+            return tool.mocked(wrap_tools[tool.name])
+        if mode == "mock" and tool.executor == "server":
+            return tool.mocked(_no_mock(tool.name))
+        return tool
+
+    def rebuilt(agent: AgentType[Any]) -> AgentType[Any]:
+        if wrap_tools is None and mode == "live":
+            return agent
+        return agent.replace(tools=[wrap(t) for t in agent.tools.values()])
+
+    if wrap_tools is not None or mode != "live":
+        domain = dataclasses.replace(
+            domain,
+            agents=[rebuilt(a) for a in domain.agents],
+            supervisor=rebuilt(domain.supervisor) if domain.supervisor else None,
+        )
+    return Assembly(domain=domain, runtime=runtime, mode=mode, default_model=model)
+
+
+def _no_mock(name: str) -> Callable[[dict[str, Any]], Any]:
+    def unmocked(args: dict[str, Any]) -> Any:
+        raise ModelRetry(f"Tool {name!r} has no mock in this run (mode='mock'), so it did not run.")
+
+    return unmocked

@@ -5,14 +5,16 @@
 run resumes after a restart exactly where it stopped.
 
 Schema versions:
-    1: messages, context store, usage, turn counters, dedup and cache, pending progress.
+    1: messages, context store, usage, turn counters, dedup and cache, pending progress;
+       later (still 1: the new keys are optional) scratch messages, route, domain state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -23,7 +25,7 @@ from .exceptions import UserError
 from .messages import ApprovalCardPart, Message, ToolCallPart
 from .models import Usage
 
-__all__ = ["Progress", "RunState"]
+__all__ = ["Progress", "RouteChoice", "RunState"]
 
 SCHEMA_VERSION = 1
 
@@ -51,6 +53,20 @@ class Progress:
     status: Literal["running", "suspended"] = "running"
     """`running` while a worker drives the turn (still so after a crash: the turn is then
     recovered), `suspended` while it waits for decisions or for its resumption."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RouteChoice:
+    """Which route a turn took, and why."""
+
+    route: str
+    """The route's name."""
+    reason: str = ""
+    """The supervisor's reason, or why the default route was taken instead."""
+    hints: dict[str, str] = field(default_factory=dict)
+    """Agent name -> the supervisor's note for that agent (it reads it before it starts)."""
+    fallback: bool = False
+    """The supervisor's output did not parse or named an unknown route: the default was used."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -84,6 +100,15 @@ class RunState:
     """This turn's calls by canonical (name, arguments): duplicates reuse their result."""
     tool_cache: dict[str, tuple[float, ToolResult]] = field(default_factory=dict)
     """Idempotent tools' results by canonical call, with their expiry time."""
+    scratch: dict[str, list[Message]] = field(default_factory=dict)
+    """Agent name -> the messages of this turn that agent keeps out of the conversation
+    (`Agent(scratch=True)`, the supervisor): what it saw besides the conversation, what it
+    called, what it said before its answer. Cleared when the next turn starts."""
+    route: RouteChoice | None = None
+    """The route this turn took, and why (the supervisor's decision, or the fallback)."""
+    domain_state: Any = None
+    """The domain's typed state (`Domain(initial_state=...)`): tools read and change it as
+    `ctx.state`; stored with the session as JSON."""
     call_ids: set[str] = field(default_factory=set)
     """Every tool call id of the session: a new call whose id is taken (some servers number
     their calls per response) gets a fresh one, so the tool-call log never mixes two calls.
@@ -114,7 +139,22 @@ class RunState:
         self.turn_iterations = 0
         self.approvals = 0
         self.turn_calls.clear()
+        self.scratch.clear()
+        self.route = None
         self.context.new_turn()
+
+    def all_messages(self) -> Iterator[Message]:
+        """The conversation's messages, then every agent's scratch messages."""
+        yield from self.messages
+        for messages in self.scratch.values():
+            yield from messages
+
+    def find_message(self, message_id: str) -> Message:
+        """The message (of the conversation or a scratch list) with this id."""
+        for message in self.all_messages():
+            if message.id == message_id:
+                return message
+        raise KeyError(message_id)
 
     def end_turn(self) -> None:
         """End a turn: drop what was only for it (this turn's outputs, its dedup).
@@ -147,6 +187,9 @@ class RunState:
             "turn_calls": {key: part.id for key, part in self.turn_calls.items()},
             "tool_cache": [(k, t, r) for k, (t, r) in self.tool_cache.items()],
             "progress": self.progress,
+            "scratch": self.scratch,
+            "route": self.route,
+            "domain_state": self.domain_state,
         }
         return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
 
@@ -186,17 +229,22 @@ class RunState:
             approvals=doc["approvals"],
             tool_cache={k: (t, r) for k, t, r in doc["tool_cache"]},
             progress=doc["progress"],
+            scratch=doc.get("scratch", {}),
+            route=doc.get("route"),
+            domain_state=doc.get("domain_state"),
         )
-        parts = {p.id: p for m in state.messages for p in m.parts if isinstance(p, ToolCallPart)}
+        parts = {
+            p.id: p for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)
+        }
         state.call_ids = set(parts)
         state.turn_calls = {
             key: parts[call_id] for key, call_id in doc["turn_calls"].items() if call_id in parts
         }
-        state.pending = _undecided(state.messages)
+        state.pending = _undecided(state.all_messages())
         return state
 
 
-def _undecided(messages: list[Message]) -> dict[str, ApprovalCardPart]:
+def _undecided(messages: Iterable[Message]) -> dict[str, ApprovalCardPart]:
     pending: dict[str, ApprovalCardPart] = {}
     for message in messages:
         for part in message.parts:
@@ -223,6 +271,9 @@ class _Doc(TypedDict):
     turn_calls: dict[str, str]
     tool_cache: list[tuple[str, float, ToolResult]]
     progress: Progress | None
+    scratch: NotRequired[dict[str, list[Message]]]
+    route: NotRequired[RouteChoice | None]
+    domain_state: NotRequired[Any]
 
 
 _DOC: TypeAdapter[_Doc] = TypeAdapter(_Doc)

@@ -523,6 +523,7 @@ class Dispatcher:
             org_id=state.org_id,
             user_id=state.user_id,
             session_id=state.session_id,
+            state=state.domain_state,
             idempotency_key=idempotency_key(state, part),
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import re
@@ -58,6 +59,9 @@ class ToolContext(Generic[DepsT]):
     """The caller (from the session)."""
     session_id: str | None = None
     """The session."""
+    state: Any = None
+    """The domain's typed state (`Domain(initial_state=...)`), stored with the session: read
+    it, change its fields; the change is saved with the session."""
     idempotency_key: str = ""
     """The same for every attempt to run this call (a retry after a crash included): pass it
     to APIs that deduplicate (payments, bookings) so an idempotent tool has one effect."""
@@ -293,6 +297,26 @@ class Tool(Generic[DepsT]):
                 f"Tool {self.name!r} returned output that does not match its output type: "
                 f"{exc.error_count()} error(s): {exc.errors(include_url=False)[0]['msg']}"
             )
+
+    def mocked(self, mock: Any) -> Tool[DepsT]:
+        """A copy of this tool whose implementation is `mock`.
+
+        It keeps the name, schema and policy, so the rest of the pipeline (validation,
+        gates, digest) runs as in production.
+
+        Args:
+            mock: the output itself, or a function of the validated arguments (a dict) that
+                returns it (it may raise `ModelRetry` to fail the call).
+        """
+        clone = copy.copy(self)
+
+        async def run(**kwargs: Any) -> Any:
+            return mock(kwargs) if callable(mock) else copy.deepcopy(mock)
+
+        clone.function = run
+        clone.kind = "async"
+        clone.takes_ctx = False
+        return clone
 
     def arguments(self, validated: BaseModel) -> dict[str, Any]:
         """The keyword arguments for the function, from a validated input model."""

@@ -1,0 +1,306 @@
+"""One user turn: route it, run the route's agents one after the other, end it once.
+
+`run_turn` streams `run-started`, then (when a `Router` is given) the supervisor's decision,
+then each agent's events, and exactly one of `run-completed`, `run-suspended`, `run-failed`.
+
+What each agent of a route sees is explicit: the shared conversation; a *handoff* when it
+starts (the previous agent's answer, if that agent kept its messages in scratch, and the
+supervisor's hint for it), as a synthetic message; and its own scratch messages when it is a
+`scratch` agent. The last agent's answer is the turn's output and is always in the
+conversation.
+
+A suspended turn resumes in the agent that suspended (its route, its step, its handoff are
+stored with the turn's `Progress`); a turn cut off by a crash resumes from its last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ._loop import (
+    _DEFAULT_RUNTIME,
+    AgentResult,
+    AgentRun,
+    Interrupt,
+    _agent_loop,
+    _jsonable_output,
+    _model_for,
+)
+from .agent import Agent
+from .events import AgentCompleted, Event, RunCompleted, RunFailed, RunStarted, RunSuspended
+from .exceptions import ModelError, UserError
+from .messages import Message, TextPart
+from .models import Model
+from .recovery import Journal
+from .runtime import Runtime
+from .state import Progress, RouteChoice, RunState
+
+__all__ = ["RouteDecision", "Router", "check_resumable", "run_turn"]
+
+
+class RouteDecision(BaseModel):
+    """What a supervisor decides: the `output_type` of a supervisor agent (or a subclass)."""
+
+    route: str = Field(description="The name of the route to take.")
+    reason: str = Field(default="", description="Why, in a sentence.")
+    hints: dict[str, str] = Field(
+        default_factory=dict,
+        description="Optional notes for the route's agents, by agent name.",
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class Router:
+    """A supervisor agent and the routes it chooses between."""
+
+    supervisor: Agent[Any]
+    """Decides the route: its structured output is a `RouteDecision`."""
+    routes: Mapping[str, Sequence[Agent[Any]]]
+    """Route name -> its agents, in order."""
+    default: str
+    """The route taken when the supervisor's output does not parse or names no route."""
+
+
+def check_resumable(state: RunState, prompt: str | None, agents: Sequence[str]) -> None:
+    """Refuse a turn that would talk past a suspended or cut-off one.
+
+    Raises:
+        UserError: a new prompt while a turn waits for decisions or was cut off, a resumption
+            while a decision is still missing, or by an agent that did not suspend.
+    """
+    progress = state.progress
+    if progress is None:
+        return
+    if prompt is not None and progress.status == "running":
+        raise UserError(
+            "The session's previous turn was cut off while it ran (a crash, or a worker that "
+            "stopped): recover it (Engine.recover) before sending a new message."
+        )
+    if prompt is not None:
+        raise UserError(
+            f"The session's turn is suspended, waiting on {_ids(state)}: resolve those "
+            f"calls and resume the turn (prompt=None) before sending a new message."
+        )
+    if state.pending:
+        raise UserError(
+            f"Cannot resume yet: still waiting for a decision on {_ids(state)}. Resolve "
+            f"every pending call first."
+        )
+    if progress.agent not in agents:
+        raise UserError(
+            f"The turn suspended in agent {progress.agent!r}; resume it with that agent."
+        )
+
+
+def _ids(state: RunState) -> str:
+    return ", ".join(state.pending) or "decided calls not yet resumed"
+
+
+def run_turn(
+    route: Agent[Any] | Sequence[Agent[Any]] | Router,
+    prompt: str | None,
+    *,
+    state: RunState | None = None,
+    runtime: Runtime[Any] | None = None,
+    model: Model | None = None,
+    journal: Journal | None = None,
+    models: Callable[[Agent[Any]], Model] | None = None,
+) -> AgentRun[Any]:
+    """One user turn: `run-started`, the agents' events in order, one terminal event.
+
+    Args:
+        route: one agent, a pipeline of agents that run one after the other, or a `Router`
+            whose supervisor picks the pipeline.
+        prompt: the user's message (None: resume a suspended turn, or continue as is).
+        state: the session state (a new one when None), changed in place.
+        runtime: dependencies, hooks, policy, clock and ids.
+        model: a model for this turn, over the agents' and the runtime's.
+        journal: the engine's journal: the turn checkpoints the session when it starts and
+            before each batch of side effects, and logs each side-effecting call, so a crash
+            loses nothing (see `handrail.recovery`).
+        models: resolves each agent's model (default: `model`, then the agent's, then the
+            runtime's); the engine's runtime builder passes its own.
+    """
+    state = state if state is not None else RunState()
+    runtime = runtime or _DEFAULT_RUNTIME
+    resolve: Callable[[Agent[Any]], Model] = models or (
+        lambda agent: _model_for(agent, runtime, model)
+    )
+    if isinstance(route, Router):
+        candidates = [route.supervisor, *(a for r in route.routes.values() for a in r)]
+    else:
+        route = [route] if isinstance(route, Agent) else list(route)
+        if not route:
+            raise UserError("A turn needs at least one agent.")
+        candidates = route
+    check_resumable(state, prompt, [a.name for a in candidates])
+    for agent in candidates:
+        resolve(agent)  # a missing model is a ConfigError now, not mid-turn
+    interrupt = Interrupt()
+    plan = route
+    return AgentRun(
+        lambda run: _turn(run, plan, resolve, prompt, state, runtime, interrupt, journal),
+        interrupt,
+    )
+
+
+async def _turn(
+    run: AgentRun[Any],
+    route: list[Agent[Any]] | Router,
+    resolve: Callable[[Agent[Any]], Model],
+    prompt: str | None,
+    state: RunState,
+    runtime: Runtime[Any],
+    interrupt: Interrupt,
+    journal: Journal | None,
+) -> AsyncGenerator[Event, None]:
+    state.run_id = runtime.ids("run")
+    state.context.update_sys(state.sys_values(runtime.clock()))
+    resumed = state.progress is not None
+    if resumed:
+        assert state.progress is not None
+        state.progress.status = "running"
+    elif prompt is not None:  # None: continue the conversation as it is
+        state.new_turn()
+        state.messages.append(
+            Message(id=runtime.ids("msg"), role="user", parts=[TextPart(text=prompt)])
+        )
+    if not resumed:
+        first = route.supervisor.name if isinstance(route, Router) else route[0].name
+        state.progress = Progress(agent=first)
+        if journal is not None:  # the user's message is saved before the run acknowledges it
+            await journal.checkpoint()
+    yield RunStarted(run_id=state.run_id, session_id=state.session_id)
+    result: AgentResult[Any] = AgentResult(outcome="completed", state=state)
+    try:
+        agents = route if isinstance(route, list) else None
+        if agents is None:
+            assert isinstance(route, Router)
+            if resumed and state.route is not None:
+                agents = list(route.routes[state.route.route])
+            else:
+                async for event in _choose(route, resolve, state, runtime, interrupt):
+                    yield event
+                assert state.route is not None
+                agents = list(route.routes[state.route.route])
+        names = [a.name for a in agents]
+        first_step = 0
+        if resumed and state.progress is not None and state.progress.agent in names:
+            first_step = names.index(state.progress.agent)
+        else:
+            _start(state, agents, 0, None, runtime)
+        for step in range(first_step, len(agents)):
+            agent = agents[step]
+            if step != first_step:
+                _start(state, agents, step, result.output, runtime)
+            is_last = step == len(agents) - 1
+            inner: AgentRun[Any] = AgentRun(
+                lambda r, a=agent, end=is_last: _agent_loop(  # type: ignore[misc]
+                    r, a, state, runtime, resolve(a), journal, last=end
+                ),
+                interrupt,
+            )
+            async for event in inner:
+                yield event
+            result = inner.result
+            if result.outcome != "completed" or result.stop_reason == "max-iterations":
+                break
+    except Exception as exc:
+        state.end_turn()  # it failed
+        run._result = AgentResult(
+            outcome="failed", state=state, error=f"{type(exc).__name__}: {exc}"
+        )
+        yield RunFailed(reason="error", error=run._result.error)
+        return
+    except BaseException:
+        if journal is None:  # nothing can recover a bare run: end the turn as it stands
+            state.end_turn()
+        raise
+    run._result = result
+    if result.outcome != "suspended":
+        state.end_turn()
+    if result.outcome == "completed":
+        yield RunCompleted(output=_jsonable_output(result.output))
+    elif result.outcome == "suspended":
+        yield RunSuspended(pending=result.pending)
+    else:  # the loop itself only ends completed, suspended or interrupted; errors raise
+        yield RunFailed(reason="interrupted", error="the run was interrupted")
+
+
+def _start(
+    state: RunState,
+    agents: list[Agent[Any]],
+    step: int,
+    previous_output: Any,
+    runtime: Runtime[Any],
+) -> None:
+    """Make agent `step` of the route the current one, with its handoff message."""
+    agent = agents[step]
+    state.progress = Progress(agent=agent.name, route=[a.name for a in agents], step=step)
+    notes: list[str] = []
+    if step and agents[step - 1].scratch and previous_output is not None:
+        output = previous_output if isinstance(previous_output, str) else _json(previous_output)
+        notes.append(f"{agents[step - 1].name} handed over: {output}")
+    if state.route is not None and (hint := state.route.hints.get(agent.name)):
+        notes.append(f"Note from the supervisor: {hint}")
+    if notes:
+        history = state.scratch.setdefault(agent.name, []) if agent.scratch else state.messages
+        text = "\n\n".join(notes)
+        history.append(
+            Message(id=runtime.ids("msg"), role="user", parts=[TextPart(text=text, synthetic=True)])
+        )
+
+
+async def _choose(
+    router: Router,
+    resolve: Callable[[Agent[Any]], Model],
+    state: RunState,
+    runtime: Runtime[Any],
+    interrupt: Interrupt,
+) -> AsyncGenerator[Event, None]:
+    """Run the supervisor (in scratch) and record the route it chose, or the fallback."""
+    supervisor = router.supervisor
+    state.progress = Progress(agent=supervisor.name)
+    decision: Any = None
+    problem = ""
+    inner: AgentRun[Any] = AgentRun(
+        lambda r: _agent_loop(r, supervisor, state, runtime, resolve(supervisor), last=False),
+        interrupt,
+    )
+    state.scratch.pop(supervisor.name, None)  # a decision cut off by a crash starts over
+    try:
+        async for event in inner:
+            if isinstance(event, AgentCompleted):
+                continue  # reported below, with the route actually taken
+            yield event
+        decision = inner.result.output
+    except ModelError as exc:  # its output did not parse, even after one retry
+        problem = f"the supervisor's answer was not a decision ({exc})"
+    route = getattr(decision, "route", None)
+    if isinstance(route, str) and route in router.routes:
+        choice = RouteChoice(
+            route=route,
+            reason=str(getattr(decision, "reason", "")),
+            hints=dict(getattr(decision, "hints", {}) or {}),
+        )
+    else:
+        problem = problem or f"the supervisor chose {route!r}, which is not a route"
+        choice = RouteChoice(
+            route=router.default, reason=f"fell back to the default route: {problem}", fallback=True
+        )
+    state.route = choice
+    yield AgentCompleted(
+        agent=supervisor.name,
+        output={"route": choice.route, "reason": choice.reason, "fallback": choice.fallback},
+    )
+
+
+def _json(value: Any) -> str:
+    import pydantic_core
+
+    return pydantic_core.to_json(value).decode()
