@@ -13,7 +13,9 @@ def lookup(order_id: str) -> dict:
 from __future__ import annotations
 
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
+from ._turn import RouteDecision
 from .agent import Agent
+from .compaction import Compaction
 from .context import ContextStore
 from .engine import Domain, Engine, Resolution
 from .events import (
@@ -65,8 +67,8 @@ from .messages import (
     ToolCallPart,
 )
 from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
-from .runtime import Runtime
-from .state import RunState
+from .runtime import Runtime, build_runtime
+from .state import RouteChoice, RunState
 from .store import MemoryStore, SessionRecord, SessionStore
 from .suspension import DECISION, Answer, Approve, ClientResult, Decision, Reject
 from .tools import Tool, ToolContext, ToolResult, tool
@@ -90,6 +92,7 @@ __all__ = [
     "Approve",
     "ClientExecRequired",
     "ClientResult",
+    "Compaction",
     "ConfigError",
     "ConflictError",
     "ContextFullError",
@@ -116,6 +119,8 @@ __all__ = [
     "ReasoningPart",
     "Reject",
     "Resolution",
+    "RouteChoice",
+    "RouteDecision",
     "RunCompleted",
     "RunError",
     "RunFailed",
@@ -146,6 +151,7 @@ __all__ = [
     "UserError",
     "Worker",
     "__version__",
+    "build_runtime",
     "run_agent",
     "tool",
 ]

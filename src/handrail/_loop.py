@@ -17,7 +17,7 @@ import asyncio
 import types
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
@@ -43,6 +43,9 @@ from .models import (
     ToolCallChunk,
 )
 from .recovery import Journal
+
+if TYPE_CHECKING:
+    from .compaction import Compaction
 from .runtime import Runtime
 from .state import Progress, RunState
 from .tools._dispatch import Dispatcher
@@ -259,7 +262,10 @@ async def _agent_loop(
                 # Every call repeated one already made: ask for the answer instead of looping.
                 tool_choice = "none" if all(p.reused_from for p in calls) else "auto"
             if progress.iterations >= agent.max_iterations:
-                limit = f"agent {name!r} reached its limit of {agent.max_iterations} model calls for this turn"
+                limit = (
+                    f"agent {name!r} reached its limit of {agent.max_iterations} model calls "
+                    f"for this turn"
+                )
                 break
             if turn_cap is not None and state.turn_iterations >= turn_cap:
                 limit = f"this turn reached its limit of {turn_cap} model calls"
@@ -276,6 +282,8 @@ async def _agent_loop(
                 tool_choice=tool_choice,
                 output_schema=agent.output_schema,
             )
+            if runtime.compaction is not None:
+                await _compact(request, runtime.compaction, model, state)
             message_id = ids("msg")
             response: ModelResponse | None = None
             async for chunk in model.stream(request):
@@ -373,6 +381,22 @@ async def _agent_loop(
     except BaseException:
         _repair(history, partial, message_id, name)
         raise
+
+
+async def _compact(
+    request: ModelRequest, config: Compaction, model: Model, state: RunState
+) -> None:
+    """Fit the request into its token budget: history becomes `[summary, recent]`.
+
+    The stored history is never changed; the summary is stored with the session and extended
+    incrementally.
+    """
+    from .compaction import compact
+
+    compacted = await compact(request, config=config, model=model, summary=state.summary)
+    request.messages = compacted.messages
+    state.summary = compacted.summary
+    state.usage.add(compacted.usage)
 
 
 def _say(history: list[Message], ids: Callable[[str], str], text: str) -> None:

@@ -20,6 +20,7 @@ from .tools._workers import WorkerThreads
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .compaction import Compaction
     from .engine import Domain
     from .messages import ToolCallPart
     from .models import Model
@@ -73,6 +74,9 @@ class Runtime(Generic[DepsT]):
     """Where sync tools run (shared by default; give a runtime its own to isolate it)."""
     allowed_permissions: frozenset[Permission] | None = None
     """When set, calls to tools with another permission fail (e.g. a read-only run)."""
+    compaction: Compaction | None = None
+    """When set, each model request over its token budget is compacted first: history
+    becomes `[summary, recent turns]` (see `handrail.compaction`)."""
     max_turn_iterations: int | None = 50
     """Model calls one turn may make across its agents (each agent also has its own
     `max_iterations`); reaching it ends the turn with a message that says so (None: no cap)."""

@@ -6,7 +6,8 @@ run resumes after a restart exactly where it stopped.
 
 Schema versions:
     1: messages, context store, usage, turn counters, dedup and cache, pending progress;
-       later (still 1: the new keys are optional) scratch messages, route, domain state.
+       later (still 1: the new keys are optional) scratch messages, route, domain state,
+       compaction summary.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from ._tool_result import ToolResult
+from .compaction import Summary
 from .context import ContextStore
 from .exceptions import UserError
 from .messages import ApprovalCardPart, Message, ToolCallPart
@@ -106,6 +108,8 @@ class RunState:
     called, what it said before its answer. Cleared when the next turn starts."""
     route: RouteChoice | None = None
     """The route this turn took, and why (the supervisor's decision, or the fallback)."""
+    summary: Summary | None = None
+    """The compaction summary of the start of the conversation (see `handrail.compaction`)."""
     domain_state: Any = None
     """The domain's typed state (`Domain(initial_state=...)`): tools read and change it as
     `ctx.state`; stored with the session as JSON."""
@@ -190,6 +194,7 @@ class RunState:
             "scratch": self.scratch,
             "route": self.route,
             "domain_state": self.domain_state,
+            "summary": self.summary,
         }
         return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
 
@@ -232,6 +237,7 @@ class RunState:
             scratch=doc.get("scratch", {}),
             route=doc.get("route"),
             domain_state=doc.get("domain_state"),
+            summary=doc.get("summary"),
         )
         parts = {
             p.id: p for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)
@@ -274,6 +280,7 @@ class _Doc(TypedDict):
     scratch: NotRequired[dict[str, list[Message]]]
     route: NotRequired[RouteChoice | None]
     domain_state: NotRequired[Any]
+    summary: NotRequired[Summary | None]
 
 
 _DOC: TypeAdapter[_Doc] = TypeAdapter(_Doc)
