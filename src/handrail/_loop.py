@@ -45,6 +45,8 @@ from .models import (
 from .recovery import Journal
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from .compaction import Compaction
 from .runtime import Runtime
 from .state import Progress, RunState
@@ -209,6 +211,7 @@ async def _agent_loop(
     journal: Journal | None = None,
     *,
     last: bool = True,
+    trace: Span | None = None,
 ) -> AsyncGenerator[Event, None]:
     """One agent's loop, on the shared conversation or its own scratch messages.
 
@@ -219,7 +222,8 @@ async def _agent_loop(
     interrupt._enter()
     name = agent.name
     ids = runtime.ids
-    dispatcher = Dispatcher(agent.tools, state, runtime, name, journal)
+    tracing = runtime.tracing if trace is not None else None
+    dispatcher = Dispatcher(agent.tools, state, runtime, name, journal, trace)
     progress = state.progress
     if progress is None or progress.agent != name:
         progress = state.progress = Progress(agent=name)
@@ -286,31 +290,54 @@ async def _agent_loop(
                 await _compact(request, runtime.compaction, model, state)
             message_id = ids("msg")
             response: ModelResponse | None = None
-            async for chunk in model.stream(request):
-                kind = type(chunk)
-                if kind is TextChunk:
-                    partial.append(chunk.text)  # type: ignore[union-attr]
-                    yield TextDelta(agent=name, message_id=message_id, delta=chunk.text)  # type: ignore[union-attr]
-                elif kind is ReasoningChunk:
-                    yield ReasoningDelta(agent=name, message_id=message_id, delta=chunk.text)  # type: ignore[union-attr]
-                elif kind is ToolCallChunk:
-                    yield ToolCallDelta(
-                        agent=name,
-                        message_id=message_id,
-                        index=chunk.index,  # type: ignore[union-attr]
-                        tool_call_id=chunk.id,  # type: ignore[union-attr]
-                        name=chunk.name,  # type: ignore[union-attr]
-                        args_delta=chunk.args_delta,  # type: ignore[union-attr]
-                    )
-                elif kind is ModelResponse:
-                    response = chunk  # type: ignore[assignment]
-                if interrupt.requested:
-                    raise _Interrupted
+            chat = None
+            if tracing is not None:
+                chat = tracing.start(
+                    f"chat {model.name}",
+                    trace,
+                    {"gen_ai.operation.name": "chat", "gen_ai.request.model": model.name},
+                )
+            try:
+                async for chunk in model.stream(request):
+                    kind = type(chunk)
+                    if kind is TextChunk:
+                        partial.append(chunk.text)  # type: ignore[union-attr]
+                        yield TextDelta(agent=name, message_id=message_id, delta=chunk.text)  # type: ignore[union-attr]
+                    elif kind is ReasoningChunk:
+                        yield ReasoningDelta(agent=name, message_id=message_id, delta=chunk.text)  # type: ignore[union-attr]
+                    elif kind is ToolCallChunk:
+                        yield ToolCallDelta(
+                            agent=name,
+                            message_id=message_id,
+                            index=chunk.index,  # type: ignore[union-attr]
+                            tool_call_id=chunk.id,  # type: ignore[union-attr]
+                            name=chunk.name,  # type: ignore[union-attr]
+                            args_delta=chunk.args_delta,  # type: ignore[union-attr]
+                        )
+                    elif kind is ModelResponse:
+                        response = chunk  # type: ignore[assignment]
+                    if interrupt.requested:
+                        raise _Interrupted
+            except BaseException as exc:
+                if chat is not None:
+                    assert tracing is not None
+                    tracing.fail(chat, f"{type(exc).__name__}: {exc}")
+                    chat.end()
+                raise
             if response is None:
                 raise ModelError(f"Model {model.name!r} ended its stream without a response.")
             partial.clear()
             usage = response.usage
             state.usage.add(usage)
+            if chat is not None:
+                chat.set_attributes(
+                    {
+                        "gen_ai.usage.input_tokens": usage.input_tokens,
+                        "gen_ai.usage.output_tokens": usage.output_tokens,
+                        "gen_ai.response.finish_reasons": [response.stop_reason or ""],
+                    }
+                )
+                chat.end()
             yield UsageEvent(
                 agent=name,
                 input_tokens=usage.input_tokens,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -39,6 +39,9 @@ from .models import Model
 from .recovery import Journal
 from .runtime import Runtime
 from .state import Progress, RouteChoice, RunState
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["RouteDecision", "Router", "check_resumable", "run_turn"]
 
@@ -159,6 +162,45 @@ async def _turn(
     interrupt: Interrupt,
     journal: Journal | None,
 ) -> AsyncGenerator[Event, None]:
+    tracing = runtime.tracing
+    if tracing is None:
+        async for event in _steps(run, route, resolve, prompt, state, runtime, interrupt, journal):
+            yield event
+        return
+    span = tracing.start("handrail.turn", None, {"handrail.session.id": state.session_id or ""})
+    try:
+        async for event in _steps(
+            run, route, resolve, prompt, state, runtime, interrupt, journal, span
+        ):
+            if isinstance(event, RunSuspended):
+                tracing.start(
+                    "handrail.suspension", span, {"handrail.pending": event.pending}
+                ).end()
+            yield event
+    finally:
+        result = run._result
+        span.set_attributes(
+            {
+                "handrail.run.id": state.run_id,
+                "handrail.outcome": result.outcome if result is not None else "cancelled",
+            }
+        )
+        if result is not None and result.outcome == "failed":
+            tracing.fail(span, result.error or "failed")
+        span.end()
+
+
+async def _steps(
+    run: AgentRun[Any],
+    route: list[Agent[Any]] | Router,
+    resolve: Callable[[Agent[Any]], Model],
+    prompt: str | None,
+    state: RunState,
+    runtime: Runtime[Any],
+    interrupt: Interrupt,
+    journal: Journal | None,
+    trace: Span | None = None,
+) -> AsyncGenerator[Event, None]:
     state.run_id = runtime.ids("run")
     state.context.update_sys(state.sys_values(runtime.clock()))
     resumed = state.progress is not None
@@ -184,7 +226,7 @@ async def _turn(
             if resumed and state.route is not None:
                 agents = list(route.routes[state.route.route])
             else:
-                async for event in _choose(route, resolve, state, runtime, interrupt):
+                async for event in _choose(route, resolve, state, runtime, interrupt, trace):
                     yield event
                 assert state.route is not None
                 agents = list(route.routes[state.route.route])
@@ -198,12 +240,8 @@ async def _turn(
             agent = agents[step]
             if step != first_step:
                 _start(state, agents, step, result.output, runtime)
-            is_last = step == len(agents) - 1
-            inner: AgentRun[Any] = AgentRun(
-                lambda r, a=agent, end=is_last: _agent_loop(  # type: ignore[misc]
-                    r, a, state, runtime, resolve(a), journal, last=end
-                ),
-                interrupt,
+            inner = _agent_run(
+                agent, state, runtime, resolve, journal, interrupt, trace, step == len(agents) - 1
             )
             async for event in inner:
                 yield event
@@ -256,22 +294,55 @@ def _start(
         )
 
 
+def _agent_run(
+    agent: Agent[Any],
+    state: RunState,
+    runtime: Runtime[Any],
+    resolve: Callable[[Agent[Any]], Model],
+    journal: Journal | None,
+    interrupt: Interrupt,
+    trace: Span | None,
+    last: bool,
+) -> AgentRun[Any]:
+    """One agent's loop as a run of the turn (in its own `invoke_agent` span when tracing)."""
+    model = resolve(agent)
+    tracing = runtime.tracing
+    if trace is None or tracing is None:
+        return AgentRun(
+            lambda r: _agent_loop(r, agent, state, runtime, model, journal, last=last), interrupt
+        )
+    span = tracing.start(
+        f"invoke_agent {agent.name}",
+        trace,
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name},
+    )
+
+    async def traced(r: AgentRun[Any]) -> AsyncGenerator[Event, None]:
+        try:
+            async for event in _agent_loop(
+                r, agent, state, runtime, model, journal, last=last, trace=span
+            ):
+                yield event
+        finally:
+            span.end()
+
+    return AgentRun(traced, interrupt)
+
+
 async def _choose(
     router: Router,
     resolve: Callable[[Agent[Any]], Model],
     state: RunState,
     runtime: Runtime[Any],
     interrupt: Interrupt,
+    trace: Span | None,
 ) -> AsyncGenerator[Event, None]:
     """Run the supervisor (in scratch) and record the route it chose, or the fallback."""
     supervisor = router.supervisor
     state.progress = Progress(agent=supervisor.name)
     decision: Any = None
     problem = ""
-    inner: AgentRun[Any] = AgentRun(
-        lambda r: _agent_loop(r, supervisor, state, runtime, resolve(supervisor), last=False),
-        interrupt,
-    )
+    inner = _agent_run(supervisor, state, runtime, resolve, None, interrupt, trace, False)
     state.scratch.pop(supervisor.name, None)  # a decision cut off by a crash starts over
     try:
         async for event in inner:
@@ -294,6 +365,12 @@ async def _choose(
             route=router.default, reason=f"fell back to the default route: {problem}", fallback=True
         )
     state.route = choice
+    if trace is not None and runtime.tracing is not None:
+        runtime.tracing.start(
+            "handrail.route",
+            trace,
+            {"handrail.route": choice.route, "handrail.route.fallback": choice.fallback},
+        ).end()
     yield AgentCompleted(
         agent=supervisor.name,
         output={"route": choice.route, "reason": choice.reason, "fallback": choice.fallback},

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .messages import ToolCallPart
     from .models import Model
     from .tools import Permission, Tool, ToolResult
+    from .tracing import Tracing
 
 __all__ = [
     "Assembly",
@@ -74,6 +75,9 @@ class Runtime(Generic[DepsT]):
     """Where sync tools run (shared by default; give a runtime its own to isolate it)."""
     allowed_permissions: frozenset[Permission] | None = None
     """When set, calls to tools with another permission fail (e.g. a read-only run)."""
+    tracing: Tracing | None = None
+    """When set (`Tracing()`, the `otel` extra), turns, routing, agents, model calls, tool
+    calls and suspensions are OpenTelemetry spans (see `handrail.tracing`)."""
     compaction: Compaction | None = None
     """When set, each model request over its token budget is compacted first: history
     becomes `[summary, recent turns]` (see `handrail.compaction`)."""

@@ -34,7 +34,7 @@ import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pydantic_core
 
@@ -51,6 +51,10 @@ from ..events import (
 from ..exceptions import ModelRetry, PathError
 from ..messages import ApprovalCardPart, CardKind, Message, ToolCallPart
 from ..recovery import Journal, attempt_id, idempotency_key
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 from ..runtime import Runtime
 from ..state import RunState
 from ..suspension import args_digest, placeholder, settle
@@ -90,6 +94,7 @@ class Dispatcher:
         agent: the agent's name (stamped on events and handed to tools).
         journal: where side effects are recorded before they happen (the engine's); None
             keeps no record.
+        trace: the agent's span, when the runtime traces: each execution gets a child span.
     """
 
     def __init__(
@@ -99,12 +104,14 @@ class Dispatcher:
         runtime: Runtime[Any],
         agent: str,
         journal: Journal | None = None,
+        trace: Span | None = None,
     ) -> None:
         self.tools = tools
         self.state = state
         self.runtime = runtime
         self.agent = agent
         self.journal = journal
+        self.trace = trace
 
     async def run(
         self, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
@@ -465,6 +472,33 @@ class Dispatcher:
 
     async def _execute(self, ready: _Ready, emit: Emit) -> None:
         """Steps 7-11 for one call; never raises but for cancellation."""
+        if self.trace is not None:
+            await self._traced(ready, emit)
+            return
+        await self._execute_untraced(ready, emit)
+
+    async def _traced(self, ready: _Ready, emit: Emit) -> None:
+        tracing = self.runtime.tracing
+        assert tracing is not None
+        part = ready.part
+        span = tracing.start(
+            f"execute_tool {part.name}",
+            self.trace,
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": part.name,
+                "gen_ai.tool.call.id": part.id,
+            },
+        )
+        try:
+            await self._execute_untraced(ready, emit)
+        finally:
+            span.set_attribute("handrail.tool.status", part.status)
+            if part.result is not None and not part.result.ok:
+                tracing.fail(span, part.result.error or "failed")
+            span.end()
+
+    async def _execute_untraced(self, ready: _Ready, emit: Emit) -> None:
         part, tool = ready.part, ready.tool
         begun = time.perf_counter()
         try:
