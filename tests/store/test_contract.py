@@ -293,14 +293,17 @@ async def test_due_gives_sessions_whose_deadline_has_come_earliest_first(
     assert [s.id for s in await store.due(50)] == ["tie", "late"]
 
 
-async def test_delete_removes_the_session_its_log_and_its_lease(store: SessionStore) -> None:
+async def test_delete_removes_the_session_its_logs_and_its_lease(store: SessionStore) -> None:
     await store.save(SessionRecord(id="s-1"))
     await store.save(SessionRecord(id="s-2"))
     await store.log_started("s-1", "c-1", key="k", tool="t", args={})
+    await store.append_events("s-1", [{"type": "run-started"}])
     await store.acquire_lease("s-1", "w1", 30)
     assert await store.delete("s-1") is True
     assert await store.load("s-1") is None
     assert await store.tool_log("s-1") == []
+    assert await store.events("s-1") == []
+    assert await store.append_events("s-1", []) == 0  # numbering starts again
     assert await store.acquire_lease("s-1", "w2", 30) is True  # the lease went with it
     assert await store.delete("s-1") is False
     assert await store.load("s-2") is not None
@@ -321,6 +324,8 @@ async def test_export_then_import_gives_back_the_session_and_its_log(
     await store.log_finished("s-1", "c-1", {"ok": True, "data": {"id": "R-1"}})
     await store.log_started("s-1", "c-2", key="s-1:1:c-2", tool="orders.lookup", args={})
     log = await store.tool_log("s-1")
+    await store.append_events("s-1", [{"type": "run-started"}, {"type": "text-delta", "d": "é"}])
+    events = await store.events("s-1")
 
     exported = await store.export("s-1")
     parsed = json.loads(exported)
@@ -332,6 +337,7 @@ async def test_export_then_import_gives_back_the_session_and_its_log(
     assert imported == saved
     assert await store.load("s-1") == saved
     assert await store.tool_log("s-1") == log
+    assert await store.events("s-1") == events
     assert await store.export("s-1") == exported
 
 
@@ -346,6 +352,7 @@ async def test_import_refuses_an_existing_session_unless_told_to_overwrite(
     await store.save(SessionRecord(id="s-1", data={"n": 1}))
     exported = await store.export("s-1")
     await store.log_started("s-1", "c-1", key="k", tool="t", args={})
+    await store.append_events("s-1", [{"type": "run-started"}])
     current = await store.save(SessionRecord(id="s-1", version=1, data={"n": 2}))
     current = await store.save(current)
     assert current.version == 3
@@ -358,7 +365,8 @@ async def test_import_refuses_an_existing_session_unless_told_to_overwrite(
     assert imported.version == 4  # past both: copies loaded before the import are stale
     assert imported.data == {"n": 1}
     assert await store.load("s-1") == imported
-    assert await store.tool_log("s-1") == []  # the log was replaced with the export's
+    assert await store.tool_log("s-1") == []  # the logs were replaced with the export's
+    assert await store.events("s-1") == []
     with pytest.raises(ConflictError):
         await store.save(current)
 
@@ -386,7 +394,7 @@ async def test_import_refuses_an_export_newer_than_this_code(store: SessionStore
     newer = json.loads(await store.export("s-1"))
     newer["schema_version"] = EXPORT_SCHEMA_VERSION + 1
     await store.delete("s-1")
-    with pytest.raises(StoreError, match=r"schema_version 2, newer .* upgrade handrail"):
+    with pytest.raises(StoreError, match=rf"schema_version {EXPORT_SCHEMA_VERSION + 1}, newer .*"):
         await store.import_(json.dumps(newer))
     assert await store.load("s-1") is None
 
@@ -426,6 +434,34 @@ async def test_import_refuses_a_log_with_a_call_twice(store: SessionStore) -> No
     assert await store.list() == []
 
 
+@pytest.mark.parametrize(
+    "events",
+    [
+        [{"seq": 2, "event": {}}, {"seq": 2, "event": {}}],
+        [{"seq": 0, "event": {}}],
+        [{"seq": 1, "event": []}],
+        [{"seq": "1", "event": {}}],
+        {"seq": 1},
+    ],
+)
+async def test_import_refuses_a_malformed_event_log(store: SessionStore, events: Any) -> None:
+    fixture = json.loads((FIXTURES / "export_v2.json").read_text())
+    fixture["events"] = events
+    with pytest.raises(StoreError, match="malformed"):
+        await store.import_(json.dumps(fixture))
+    assert await store.list() == []
+
+
+async def test_a_version_2_export_imports_with_its_event_log(store: SessionStore) -> None:
+    imported = await store.import_((FIXTURES / "export_v2.json").read_text())
+    assert imported.id == "sess-v2"
+    assert await store.events("sess-v2") == [
+        (1, {"type": "run-started", "run_id": "run_1", "session_id": "sess-v2"}),
+        (2, {"type": "run-suspended", "pending": ["call_1"]}),
+    ]
+    assert await store.append_events("sess-v2", [{"type": "run-started"}]) == 3
+
+
 async def test_a_version_1_export_still_imports(store: SessionStore) -> None:
     imported = await store.import_((FIXTURES / "export_v1.json").read_text())
     assert imported == SessionRecord(
@@ -446,6 +482,7 @@ async def test_a_version_1_export_still_imports(store: SessionStore) -> None:
             args={"to": "a@example.com"}, status="started", started_at=1700000042.0,
         ),
     ]  # fmt: skip
+    assert await store.events("sess-v1") == []  # version 1 had no event log
 
 
 json_values = st.recursive(
@@ -548,6 +585,65 @@ async def test_arguments_that_are_not_json_are_refused(store: SessionStore) -> N
     with pytest.raises(StoreError, match="not JSON-compatible"):
         await store.log_started("s-1", "c-1", key="k", tool="t", args={"x": object()})
     assert await store.tool_log("s-1") == []
+
+
+# -- event log ------------------------------------------------------------------------------
+
+
+async def test_events_are_numbered_per_session_from_1(store: SessionStore) -> None:
+    assert await store.append_events("s-1", [{"n": 1}, {"n": 2}]) == 2
+    assert await store.append_events("s-2", [{"n": 1}]) == 1
+    assert await store.append_events("s-1", [{"n": 3}]) == 3
+    assert await store.events("s-1") == [(1, {"n": 1}), (2, {"n": 2}), (3, {"n": 3})]
+    assert await store.events("s-2") == [(1, {"n": 1})]
+    assert await store.events("nope") == []
+
+
+async def test_appending_nothing_gives_the_number_of_the_last_event(store: SessionStore) -> None:
+    assert await store.append_events("s-1", []) == 0
+    await store.append_events("s-1", [{"n": 1}, {"n": 2}])
+    assert await store.append_events("s-1", []) == 2
+    assert await store.events("s-1") == [(1, {"n": 1}), (2, {"n": 2})]
+
+
+async def test_events_are_read_after_a_number_a_page_at_a_time(store: SessionStore) -> None:
+    await store.append_events("s-1", [{"n": n} for n in range(1, 8)])
+    assert await store.events("s-1", after=5) == [(6, {"n": 6}), (7, {"n": 7})]
+    assert await store.events("s-1", after=2, limit=2) == [(3, {"n": 3}), (4, {"n": 4})]
+    assert await store.events("s-1", after=7) == []
+    assert await store.events("s-1", after=99) == []
+    assert await store.events("s-1", limit=0) == []
+
+
+async def test_an_event_that_is_not_json_appends_nothing(store: SessionStore) -> None:
+    await store.append_events("s-1", [{"n": 1}])
+    with pytest.raises(StoreError, match="Session 's-1': event is not JSON-compatible"):
+        await store.append_events("s-1", [{"n": 2}, {"bad": {1, 2}}])
+    assert await store.events("s-1") == [(1, {"n": 1})]
+
+
+async def test_reading_events_refuses_a_negative_number_or_page(store: SessionStore) -> None:
+    with pytest.raises(ValueError, match="after and limit"):
+        await store.events("s-1", after=-1)
+    with pytest.raises(ValueError, match="after and limit"):
+        await store.events("s-1", limit=-1)
+
+
+async def test_concurrent_appends_never_share_or_skip_a_number(make_store: StoreFactory) -> None:
+    stores = [await make_store() for _ in range(3)]
+    lasts = await asyncio.gather(
+        *(
+            stores[n % 3].append_events("s-1", [{"batch": n, "i": i} for i in range(3)])
+            for n in range(12)
+        )
+    )
+    events = await stores[0].events("s-1", limit=100)
+    assert [seq for seq, _ in events] == list(range(1, 37))
+    assert sorted(lasts) == list(range(3, 37, 3))
+    for last in lasts:  # each batch got consecutive numbers, in its order
+        batch = [event for seq, event in events if last - 3 < seq <= last]
+        assert [e["i"] for e in batch] == [0, 1, 2]
+        assert len({e["batch"] for e in batch}) == 1
 
 
 # -- leases ---------------------------------------------------------------------------------

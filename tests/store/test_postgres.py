@@ -18,7 +18,7 @@ try:
     import psycopg
 
     from handrail.store import PostgresStore
-    from handrail.store.postgres import SCHEMA_VERSION, mask_dsn
+    from handrail.store.postgres import MIGRATIONS, SCHEMA_VERSION, mask_dsn
 except ImportError:  # reported loudly by skip_without_postgres
     pass
 
@@ -105,7 +105,32 @@ async def test_workers_starting_at_once_make_the_schema_once(fresh_schema: str) 
         cursor = await connection.execute(
             f'SELECT version FROM "{fresh_schema}".handrail_schema_version'
         )
-        assert await cursor.fetchall() == [(SCHEMA_VERSION,)]
+        assert await cursor.fetchall() == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+async def test_a_version_1_schema_is_migrated_and_keeps_its_sessions(fresh_schema: str) -> None:
+    s = f'"{fresh_schema}"'
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+        await connection.execute(f"CREATE SCHEMA {s}")
+        await connection.execute(
+            f"CREATE TABLE {s}.handrail_schema_version "
+            f"(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
+        )
+        for statement in MIGRATIONS[1]:
+            await connection.execute(statement.format(s=s))
+        await connection.execute(f"INSERT INTO {s}.handrail_schema_version VALUES (1, 0)")
+        await connection.execute(
+            f"INSERT INTO {s}.handrail_sessions "
+            f"VALUES ('s-1', NULL, NULL, 'active', 1, 0, 0, NULL, '{{}}')"
+        )
+    async with PostgresStore(PG_DSN, schema=fresh_schema) as store:
+        assert await store.load("s-1") is not None
+        assert await store.append_events("s-1", [{"type": "run-started"}]) == 1
+    async with await psycopg.AsyncConnection.connect(PG_DSN) as connection:
+        cursor = await connection.execute(
+            f"SELECT version FROM {s}.handrail_schema_version ORDER BY version"
+        )
+        assert await cursor.fetchall() == [(1,), (2,)]
 
 
 async def test_a_schema_from_a_newer_handrail_is_refused(fresh_schema: str) -> None:
@@ -116,7 +141,7 @@ async def test_a_schema_from_a_newer_handrail_is_refused(fresh_schema: str) -> N
             f'INSERT INTO "{fresh_schema}".handrail_schema_version VALUES (%s, 0)',
             (SCHEMA_VERSION + 1,),
         )
-    with pytest.raises(StoreError, match=r"version 2, newer .* upgrade handrail"):
+    with pytest.raises(StoreError, match=rf"version {SCHEMA_VERSION + 1}, newer .* upgrade"):
         await PostgresStore.connect(PG_DSN, schema=fresh_schema)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from handrail import SessionRecord, StoreError
 from handrail.store import SqliteStore
-from handrail.store.sqlite import SCHEMA_VERSION
+from handrail.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 
 from .conftest import Clock
 
@@ -178,7 +178,30 @@ async def test_the_schema_is_made_once_and_versioned(tmp_path: Path, clock: Cloc
             await store.load("s-1")
     with raw(tmp_path / "s.db") as db:
         rows = db.execute("SELECT version, applied_at FROM handrail_schema_version").fetchall()
-    assert rows == [(SCHEMA_VERSION, clock.now)]
+    assert rows == [(version, clock.now) for version in range(1, SCHEMA_VERSION + 1)]
+
+
+async def test_a_version_1_database_is_migrated_and_keeps_its_sessions(
+    tmp_path: Path, clock: Clock
+) -> None:
+    with raw(tmp_path / "s.db") as db:
+        db.execute(
+            "CREATE TABLE handrail_schema_version "
+            "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+        )
+        for statement in MIGRATIONS[1]:
+            db.execute(statement)
+        db.execute("INSERT INTO handrail_schema_version VALUES (1, 0)")
+        db.execute(
+            "INSERT INTO handrail_sessions "
+            "VALUES ('s-1', NULL, NULL, 'active', 1, 0, 0, NULL, '{}')"
+        )
+    async with SqliteStore(tmp_path / "s.db", clock=clock) as store:
+        assert (await store.load("s-1")) is not None
+        assert await store.append_events("s-1", [{"type": "run-started"}]) == 1
+    with raw(tmp_path / "s.db") as db:
+        rows = db.execute("SELECT version, applied_at FROM handrail_schema_version").fetchall()
+    assert rows == [(1, 0.0), (2, clock.now)]
 
 
 async def test_a_database_from_a_newer_handrail_is_refused_untouched(tmp_path: Path) -> None:
@@ -187,7 +210,8 @@ async def test_a_database_from_a_newer_handrail_is_refused_untouched(tmp_path: P
     with raw(tmp_path / "s.db") as db:
         db.execute("INSERT INTO handrail_schema_version VALUES (?, 0)", (SCHEMA_VERSION + 1,))
     async with SqliteStore(tmp_path / "s.db") as store:
-        with pytest.raises(StoreError, match=r"schema version 2, newer .* upgrade handrail"):
+        newer = rf"schema version {SCHEMA_VERSION + 1}, newer .* upgrade handrail"
+        with pytest.raises(StoreError, match=newer):
             await store.load("s-1")
     with raw(tmp_path / "s.db") as db:
         assert db.execute("SELECT count(*) FROM handrail_sessions").fetchone()[0] == 1

@@ -3,7 +3,8 @@
 A store is deliberately ignorant of what a session contains: it keeps one opaque JSON
 document a session (`SessionRecord.data`) next to the metadata it can index and query (scope,
 status, times), a log of tool calls for crash recovery, leases so that one worker at a time
-drives a session, and a wake-up channel between workers.
+drives a session, an event log that a client reconnecting to a run reads from, and a wake-up
+channel between workers.
 """
 
 from __future__ import annotations
@@ -185,11 +186,11 @@ class SessionStore(Protocol):
         ...
 
     async def delete(self, session_id: str) -> bool:
-        """Delete a session with its tool-call log and lease; `False` if there was none."""
+        """Delete a session with its tool-call log, event log and lease; `False` if none."""
         ...
 
     async def export(self, session_id: str) -> str:
-        """One JSON document with the session and its tool-call log, for `import_`.
+        """One JSON document with the session, its tool-call log and event log, for `import_`.
 
         The document carries a `schema_version` so that a newer handrail can read it and an
         older one refuses it.
@@ -200,7 +201,7 @@ class SessionStore(Protocol):
         ...
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store a session exported by `export` (from this store or another), with its log.
+        """Store a session exported by `export` (from this store or another), with its logs.
 
         The session keeps the version it was exported at; replacing a session
         (`overwrite=True`) moves the version past both, so that copies loaded before the
@@ -245,6 +246,38 @@ class SessionStore(Protocol):
 
     async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
         """The session's logged tool calls, in the order they started."""
+        ...
+
+    async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
+        """Append events to the session's event log, numbering them.
+
+        Events are numbered per session, consecutively from 1, in the order given; appends
+        from several tasks or processes never share or skip a number. A store never looks
+        inside an event.
+
+        Args:
+            session_id: the session (the log does not need the session to be saved yet).
+            events: JSON-compatible dicts, as `EVENT.dump_python(event, mode="json")` gives.
+
+        Returns:
+            The number of the last event in the log after the append (0 for an empty log, so
+            appending nothing tells the log's length).
+
+        Raises:
+            StoreError: an event is not JSON-compatible (then nothing is appended).
+        """
+        ...
+
+    async def events(
+        self, session_id: str, *, after: int = 0, limit: int = 1000
+    ) -> builtins.list[tuple[int, dict[str, Any]]]:
+        """The session's logged events numbered above `after`, as `(number, event)`, in order.
+
+        Args:
+            session_id: the session.
+            after: skip the events numbered up to this one (a client's `Last-Event-ID`).
+            limit: at most this many; read again after the last one for the next page.
+        """
         ...
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:

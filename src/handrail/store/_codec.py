@@ -6,6 +6,7 @@ same values and give back equal ones.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -15,11 +16,15 @@ from typing import Any
 from ..exceptions import StoreError
 from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
 
-EXPORT_SCHEMA_VERSION = 1
+EXPORT_SCHEMA_VERSION = 2
 """The version of the `export` document. One line a bump:
 
 1: `{"schema_version", "kind", "session": {metadata..., "data"}, "tool_log": [entries...]}`.
+2: adds `"events": [{"seq", "event"}...]`, the event log (a version 1 document has none).
 """
+
+LoggedEvents = list[tuple[int, dict[str, Any]]]
+"""A page of a session's event log: `(number, event)` pairs in order."""
 EXPORT_KIND = "handrail.session"
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -101,6 +106,17 @@ def check_status(status: str | None) -> None:
         raise ValueError(f"status must be one of {sorted(SESSION_STATUSES)}, not {status!r}")
 
 
+def check_events_page(after: int, limit: int) -> None:
+    """Refuse a negative event number or page size."""
+    if after < 0 or limit < 0:
+        raise ValueError(f"after and limit must be 0 or more, not {after} and {limit}")
+
+
+def encode_events(session_id: str, events: list[dict[str, Any]]) -> list[str]:
+    """Each event as JSON text; a `StoreError` before anything is stored if one is not JSON."""
+    return [encode(session_id, event, what="event") for event in events]
+
+
 def check_ttl(ttl: float) -> None:
     """Refuse a lease that would be expired the moment it is taken."""
     if not ttl > 0 or not math.isfinite(ttl):
@@ -125,8 +141,8 @@ def not_started_error(session_id: str, tool_call_id: str) -> StoreError:
     )
 
 
-def export_document(record: SessionRecord, log: list[ToolLogEntry]) -> str:
-    """The `export` document of a session and its tool-call log."""
+def export_document(record: SessionRecord, log: list[ToolLogEntry], events: LoggedEvents) -> str:
+    """The `export` document of a session, its tool-call log and its event log."""
     session: dict[str, Any] = {
         "id": record.id,
         "org_id": record.org_id,
@@ -156,12 +172,13 @@ def export_document(record: SessionRecord, log: list[ToolLogEntry]) -> str:
         "kind": EXPORT_KIND,
         "session": session,
         "tool_log": entries,
+        "events": [{"seq": seq, "event": event} for seq, event in events],
     }
     return encode(record.id, document, what="export")
 
 
-def parse_export(document: str) -> tuple[SessionRecord, list[ToolLogEntry]]:
-    """The session and log in an `export` document, or a `StoreError` saying what is wrong."""
+def parse_export(document: str) -> tuple[SessionRecord, list[ToolLogEntry], LoggedEvents]:
+    """The session and logs in an `export` document, or a `StoreError` saying what is wrong."""
     try:
         parsed = json.loads(document)
     except ValueError as error:
@@ -183,7 +200,10 @@ def parse_export(document: str) -> tuple[SessionRecord, list[ToolLogEntry]]:
         record, log = _session(parsed["session"]), [_entry(e) for e in parsed["tool_log"]]
         if len({e.tool_call_id for e in log}) != len(log):
             raise ValueError("a tool_call_id appears twice in tool_log")
-        return record, log
+        events = [_event(e) for e in parsed["events"]] if version >= 2 else []
+        if any(a[0] >= b[0] for a, b in itertools.pairwise(events)):
+            raise ValueError("the events' seq numbers do not increase")
+        return record, log, events
     except (KeyError, TypeError, ValueError) as error:
         session = parsed.get("session")
         name = session.get("id") if isinstance(session, dict) else None
@@ -225,6 +245,13 @@ def _entry(fields: dict[str, Any]) -> ToolLogEntry:
         started_at=float(_typed(fields, "started_at", (int, float))),
         finished_at=_float_or_none(_typed(fields, "finished_at", (int, float), optional=True)),
     )
+
+
+def _event(fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    seq = _typed(fields, "seq", int)
+    if seq < 1:
+        raise ValueError(f"event seq {seq} (they start at 1)")
+    return seq, _typed(fields, "event", dict)
 
 
 def _typed(fields: dict[str, Any], name: str, kind: Any, *, optional: bool = False) -> Any:

@@ -8,6 +8,7 @@ too, and a caller changing a dict it saved or loaded cannot change what is store
 from __future__ import annotations
 
 import asyncio
+import bisect
 import builtins
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -16,12 +17,15 @@ from typing import Any
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
+    LoggedEvents,
+    check_events_page,
     check_page,
     check_record,
     check_status,
     check_ttl,
     decode,
     encode,
+    encode_events,
     exists_error,
     export_document,
     not_started_error,
@@ -59,6 +63,7 @@ class MemoryStore:
         self.clock = clock
         self._sessions: dict[str, _Session] = {}
         self._logs: dict[str, dict[str, _Logged]] = {}
+        self._events: dict[str, builtins.list[tuple[int, str]]] = {}  # events as JSON text
         self._leases: dict[str, tuple[str, float]] = {}
         self._subscriptions: set[_Subscription] = set()
         self._closed = False
@@ -156,23 +161,26 @@ class MemoryStore:
         return [replace(s) for s in found[:limit]]
 
     async def delete(self, session_id: str) -> bool:
-        """Delete a session, its log and its lease; see `SessionStore.delete`."""
+        """Delete a session, its logs and its lease; see `SessionStore.delete`."""
         self._check_open()
         self._logs.pop(session_id, None)
+        self._events.pop(session_id, None)
         self._leases.pop(session_id, None)
         return self._sessions.pop(session_id, None) is not None
 
     async def export(self, session_id: str) -> str:
-        """The session and its log as one JSON document; see `SessionStore.export`."""
+        """The session and its logs as one JSON document; see `SessionStore.export`."""
         record = await self.load(session_id)
         if record is None:
             raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
-        return export_document(record, await self.tool_log(session_id))
+        events = await self.events(session_id, limit=len(self._events.get(session_id, ())))
+        return export_document(record, await self.tool_log(session_id), events)
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its log; see `SessionStore.import_`."""
+        """Store an exported session with its logs; see `SessionStore.import_`."""
         self._check_open()
-        record, log = parse_export(document)
+        record, log, events = parse_export(document)
+        texts = encode_events(record.id, [event for _, event in events])
         stored = self._sessions.get(record.id)
         if stored is not None:
             if not overwrite:
@@ -189,6 +197,9 @@ class MemoryStore:
             )
             for e in log
         }
+        self._events[record.id] = [
+            (seq, text) for (seq, _), text in zip(events, texts, strict=True)
+        ]
         return record
 
     async def log_started(
@@ -242,6 +253,26 @@ class MemoryStore:
             for logged in self._logs.get(session_id, {}).values()
         ]
 
+    async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
+        """Number and append events; see `SessionStore.append_events`."""
+        self._check_open()
+        texts = encode_events(session_id, events)
+        log = self._events.setdefault(session_id, [])
+        last = log[-1][0] if log else 0
+        log.extend(enumerate(texts, last + 1))
+        return last + len(texts)
+
+    async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
+        """The events numbered above `after`, in order; see `SessionStore.events`."""
+        self._check_open()
+        check_events_page(after, limit)
+        log = self._events.get(session_id, [])
+        start = bisect.bisect_right(log, after, key=lambda logged: logged[0])
+        return [
+            (seq, decode(session_id, text, what="event"))
+            for seq, text in log[start : start + limit]
+        ]
+
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Take or renew a session's lease; see `SessionStore.acquire_lease`."""
         self._check_open()
@@ -280,6 +311,7 @@ class MemoryStore:
         self._subscriptions.clear()
         self._sessions.clear()
         self._logs.clear()
+        self._events.clear()
         self._leases.clear()
 
 

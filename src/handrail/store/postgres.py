@@ -29,11 +29,15 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
 from ._codec import (
+    LoggedEvents,
+    check_events_page,
     check_page,
     check_record,
     check_status,
     check_ttl,
+    decode,
     encode,
+    encode_events,
     exists_error,
     export_document,
     log_entry_from_row,
@@ -46,10 +50,11 @@ from ._codec import (
 
 __all__ = ["PostgresStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases.
+2: the event log, `handrail_events`.
 """
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,53}")  # 54: "handrail_" + it fits in 63
@@ -100,6 +105,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             session_id text PRIMARY KEY,
             owner text NOT NULL,
             expires_at double precision NOT NULL
+        )""",
+    ),
+    2: (
+        """CREATE TABLE {s}.handrail_events (
+            session_id text NOT NULL,
+            seq bigint NOT NULL CHECK (seq > 0),
+            event json NOT NULL,
+            PRIMARY KEY (session_id, seq)
         )""",
     ),
 }
@@ -406,9 +419,10 @@ class PostgresStore:
         return [summary_from_row(row) for row in rows]
 
     async def delete(self, session_id: str) -> bool:
-        """Delete a session, its log and its lease (one statement); see `SessionStore.delete`."""
+        """Delete a session, its logs and its lease (one statement); see `SessionStore.delete`."""
         rows = await self._fetch(
             f"""WITH log AS (DELETE FROM {self._s}.handrail_tool_log WHERE session_id = %(id)s),
+                events AS (DELETE FROM {self._s}.handrail_events WHERE session_id = %(id)s),
                 lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s)
             DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1""",
             {"id": session_id},
@@ -417,10 +431,10 @@ class PostgresStore:
         return bool(rows)
 
     async def export(self, session_id: str) -> str:
-        """The session and its log as one JSON document; see `SessionStore.export`."""
+        """The session and its logs as one JSON document; see `SessionStore.export`."""
         params = {"id": session_id}
         async with self._connection(session_id) as connection, connection.transaction():
-            # One snapshot for the session and its log.
+            # One snapshot for the session and its logs.
             await connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cursor = await connection.execute(
                 f"SELECT {_SUMMARY}, data::text FROM {self._s}.handrail_sessions WHERE id = %(id)s",
@@ -428,13 +442,15 @@ class PostgresStore:
             )
             row = await cursor.fetchone()
             log = await self._read_log(connection, session_id) if row else []
+            events = await self._read_events(connection, session_id, 0, None) if row else []
         if row is None:
             raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
-        return export_document(record_from_row(row), log)
+        return export_document(record_from_row(row), log, events)
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its log, in one transaction; see `import_`."""
-        record, log = parse_export(document)
+        """Store an exported session with its logs, in one transaction; see `import_`."""
+        record, log, events = parse_export(document)
+        texts = encode_events(record.id, [event for _, event in events])
         session_id = record.id
         params: dict[str, Any] = {
             "id": session_id,
@@ -485,6 +501,9 @@ class PostgresStore:
                     await connection.execute(
                         f"DELETE FROM {s}.handrail_tool_log WHERE session_id = %(id)s", params
                     )
+                    await connection.execute(
+                        f"DELETE FROM {s}.handrail_events WHERE session_id = %(id)s", params
+                    )
                     break
                 cursor = await connection.execute(
                     f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data)
@@ -507,6 +526,13 @@ class PostgresStore:
                                 %(finished_at)s)""",
                         entries,
                     )
+            if events:
+                await connection.execute(
+                    f"""INSERT INTO {s}.handrail_events (session_id, seq, event)
+                    SELECT %(id)s, e.seq, e.event::json
+                    FROM unnest(%(seqs)s::bigint[], %(texts)s::text[]) AS e(seq, event)""",
+                    {"id": session_id, "seqs": [seq for seq, _ in events], "texts": texts},
+                )
         record.version = params["version"]
         return record
 
@@ -585,6 +611,67 @@ class PostgresStore:
             {"id": session_id},
         )
         return [log_entry_from_row(session_id, row) for row in await cursor.fetchall()]
+
+    # -- event log ------------------------------------------------------------------------
+
+    async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
+        """Number and append events in one statement; see `SessionStore.append_events`.
+
+        Two concurrent appends to one session read the same last number; the primary key
+        makes the second fail once the first commits, and it is retried on a fresh snapshot.
+        """
+        texts = encode_events(session_id, events)
+        params = {"id": session_id, "texts": texts}
+        if not texts:
+            rows = await self._fetch(
+                f"SELECT COALESCE(MAX(seq), 0) FROM {self._s}.handrail_events "
+                f"WHERE session_id = %(id)s",
+                params,
+                session_id,
+            )
+            last: int = rows[0][0]
+            return last
+        query = f"""WITH last AS (
+                SELECT COALESCE(MAX(seq), 0) AS seq FROM {self._s}.handrail_events
+                WHERE session_id = %(id)s
+            ), appended AS (
+                INSERT INTO {self._s}.handrail_events (session_id, seq, event)
+                SELECT %(id)s, last.seq + e.n, e.event::json
+                FROM last, unnest(%(texts)s::text[]) WITH ORDINALITY AS e(event, n)
+                RETURNING seq
+            )
+            SELECT MAX(seq) FROM appended"""
+        while True:
+            try:
+                rows = await self._fetch(query, params, session_id)
+            except StoreError as error:
+                if isinstance(error.__cause__, psycopg.errors.UniqueViolation):
+                    continue
+                raise
+            appended: int = rows[0][0]
+            return appended
+
+    async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
+        """The events numbered above `after`, in order; see `SessionStore.events`."""
+        check_events_page(after, limit)
+        async with self._connection(session_id) as connection:
+            return await self._read_events(connection, session_id, after, limit)
+
+    async def _read_events(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        session_id: str,
+        after: int,
+        limit: int | None,
+    ) -> LoggedEvents:
+        cursor = await connection.execute(
+            f"SELECT seq, event::text FROM {self._s}.handrail_events "
+            f"WHERE session_id = %(id)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s",
+            {"id": session_id, "after": after, "limit": limit},
+        )
+        return [
+            (seq, decode(session_id, text, what="event")) for seq, text in await cursor.fetchall()
+        ]
 
     # -- leases and wake-ups --------------------------------------------------------------
 

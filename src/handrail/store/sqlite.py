@@ -23,11 +23,15 @@ from typing import Any, Literal, TypeVar
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
+    LoggedEvents,
+    check_events_page,
     check_page,
     check_record,
     check_status,
     check_ttl,
+    decode,
     encode,
+    encode_events,
     exists_error,
     export_document,
     log_entry_from_row,
@@ -43,10 +47,11 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases, wake-ups.
+2: the event log, `handrail_events`.
 """
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -100,6 +105,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             session_id TEXT NOT NULL,
             created_at REAL NOT NULL
         )""",
+    ),
+    2: (
+        """CREATE TABLE handrail_events (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL CHECK (seq > 0),
+            event TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        ) WITHOUT ROWID""",
     ),
 }
 
@@ -344,11 +357,12 @@ class SqliteStore:
         return [summary_from_row(row) for row in rows]
 
     async def delete(self, session_id: str) -> bool:
-        """Delete a session, its log and its lease; see `SessionStore.delete`."""
+        """Delete a session, its logs and its lease; see `SessionStore.delete`."""
 
         def delete(db: sqlite3.Connection) -> bool:
             with _transaction(db):
                 db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM handrail_leases WHERE session_id = ?", (session_id,))
                 return bool(
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
@@ -357,16 +371,20 @@ class SqliteStore:
         return await self._call(delete, session_id)
 
     async def export(self, session_id: str) -> str:
-        """The session and its log as one JSON document; see `SessionStore.export`."""
+        """The session and its logs as one JSON document; see `SessionStore.export`."""
 
         def export(db: sqlite3.Connection) -> str | None:
-            with _transaction(db, "BEGIN"):  # one snapshot for the session and its log
+            with _transaction(db, "BEGIN"):  # one snapshot for the session and its logs
                 row = db.execute(
                     f"SELECT {_SUMMARY}, data FROM handrail_sessions WHERE id = ?", (session_id,)
                 ).fetchone()
                 if row is None:
                     return None
-                return export_document(record_from_row(row), _read_log(db, session_id))
+                return export_document(
+                    record_from_row(row),
+                    _read_log(db, session_id),
+                    _read_events(db, session_id, after=0, limit=-1),
+                )
 
         document = await self._call(export, session_id)
         if document is None:
@@ -374,8 +392,9 @@ class SqliteStore:
         return document
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its log; see `SessionStore.import_`."""
-        record, log = parse_export(document)
+        """Store an exported session with its logs; see `SessionStore.import_`."""
+        record, log, events = parse_export(document)
+        texts = encode_events(record.id, [event for _, event in events])
         session_id = record.id
         text = encode(session_id, record.data)
         entries = [
@@ -405,6 +424,7 @@ class SqliteStore:
                     version = max(version, row[0]) + 1
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
+                    db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
                 db.execute(
                     f"INSERT INTO handrail_sessions ({_SUMMARY}, data) "
                     f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -424,6 +444,10 @@ class SqliteStore:
                     f"INSERT INTO handrail_tool_log (session_id, {_LOG}) "
                     f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     entries,
+                )
+                db.executemany(
+                    "INSERT INTO handrail_events (session_id, seq, event) VALUES (?, ?, ?)",
+                    [(session_id, seq, text) for (seq, _), text in zip(events, texts, strict=True)],
                 )
                 return version
 
@@ -482,6 +506,35 @@ class SqliteStore:
     async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
         """The session's logged calls in start order; see `SessionStore.tool_log`."""
         return await self._call(lambda db: _read_log(db, session_id), session_id)
+
+    # -- event log ------------------------------------------------------------------------
+
+    async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
+        """Number and append events, in one transaction; see `SessionStore.append_events`."""
+        texts = encode_events(session_id, events)
+
+        def append(db: sqlite3.Connection) -> int:
+            # BEGIN IMMEDIATE holds the write lock from the read of the last number on, so two
+            # appends (from any process) cannot both take the same one.
+            with _transaction(db):
+                last: int = db.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM handrail_events WHERE session_id = ?",
+                    (session_id,),
+                ).fetchone()[0]
+                db.executemany(
+                    "INSERT INTO handrail_events (session_id, seq, event) VALUES (?, ?, ?)",
+                    [(session_id, seq, text) for seq, text in enumerate(texts, last + 1)],
+                )
+                return last + len(texts)
+
+        return await self._call(append, session_id)
+
+    async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
+        """The events numbered above `after`, in order; see `SessionStore.events`."""
+        check_events_page(after, limit)
+        return await self._call(
+            lambda db: _read_events(db, session_id, after=after, limit=limit), session_id
+        )
 
     # -- leases and wake-ups --------------------------------------------------------------
 
@@ -645,6 +698,18 @@ def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
         f"SELECT {_LOG} FROM handrail_tool_log WHERE session_id = ? ORDER BY seq", (session_id,)
     ).fetchall()
     return [log_entry_from_row(session_id, row) for row in rows]
+
+
+def _read_events(
+    db: sqlite3.Connection, session_id: str, *, after: int, limit: int
+) -> LoggedEvents:
+    """Events above `after`; `limit=-1` reads them all (SQLite's "no limit")."""
+    rows = db.execute(
+        "SELECT seq, event FROM handrail_events WHERE session_id = ? AND seq > ? "
+        "ORDER BY seq LIMIT ?",
+        (session_id, after, limit),
+    ).fetchall()
+    return [(seq, decode(session_id, text, what="event")) for seq, text in rows]
 
 
 def _nothing(db: sqlite3.Connection) -> None:
