@@ -13,13 +13,14 @@ scripted and instant, so the numbers are the frameworks' and the stores' own cos
    `RunState.dump()` + `store.save()` (what the engine does at a checkpoint) and `store.load()`
    + `RunState.load()`; LangGraph `aput` of the thread's checkpoint under a new id with every
    channel at a new version (what a superstep writes; making that checkpoint is not timed) and
-   `aget_tuple` of the thread's latest. Each call is timed with `perf_counter_ns`; saves/s and
-   loads/s are 1 / the median, after a warm-up. Bytes: what the database holds for the session,
-   payload columns only (documents and blobs, not ids), as stored (SQLite `length`, PostgreSQL
-   `pg_column_size`, so after TOAST compression): handrail the session document plus its
-   tool-call log rows; LangGraph its latest checkpoint with the channel blobs and pending writes
-   it points to. LangGraph also keeps a checkpoint per superstep: the "whole thread" line counts
-   everything the conversation left in the database (handrail keeps one row and its log).
+   `aget_tuple` of the thread's latest. Each call is timed with `perf_counter_ns`, handrail's
+   and LangGraph's taking turns; saves/s and loads/s are 1 / the median, after a warm-up.
+   Bytes: what the database holds for the session, payload columns only (documents and blobs,
+   not ids), as stored (SQLite `length`, PostgreSQL `pg_column_size`, so after TOAST
+   compression): handrail the session document plus its tool-call log rows; LangGraph its
+   latest checkpoint with the channel blobs and pending writes it points to. LangGraph also
+   keeps a checkpoint per superstep: the "whole thread" line counts everything the
+   conversation left in the database (handrail keeps one row and its log).
 2. Across processes. Process A (a subprocess) submits N turns that each ship an order and then
    pause for approval of the charge, and exits. A fresh process B then resumes them one after
    the other: handrail `resolve(Approve)` then `resume` until `run-completed` (the pending call
@@ -27,7 +28,8 @@ scripted and instant, so the numbers are the frameworks' and the stores' own cos
    `ainvoke(Command(resume="approve"))` on a persistent checkpointer. Timed per session from
    before `resolve` (before `ainvoke`) to the terminal event (`ainvoke`'s return), after B has
    opened the store and resumed one untimed warm-up session; interpreter start-up and imports
-   are not timed. Median and 95th percentile.
+   are not timed. In three rounds, handrail's A and B then LangGraph's, so that a spell of load
+   on the machine falls on both; median and 95th percentile of all rounds' sessions.
 3. Fleet. 1,000 sessions (200 with --quick) suspended on the charge and approved, not resumed.
    Four worker processes each run `Worker(engine, poll_interval=0.05)`, which finds ready
    sessions itself and takes a lease on each; LangGraph: four processes each resume a quarter
@@ -75,6 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent  # where `-m bench.durability` res
 WORKERS = 4
 POLL = 0.05  # seconds: the workers' sweep interval, and how often the fleet's progress is read
 BATCH = 20  # sessions set up concurrently
+ROUNDS = 3  # part 2: its sessions in this many rounds of process A then B
 SIZES = (20, 200)  # handrail messages in a part-1 session
 
 
@@ -400,40 +403,54 @@ class Throughput:
     messages: int
 
 
-async def _rate(
-    step: Callable[[], Awaitable[Any]],
-    count: int,
-    warmup: int,
-    prepare: Callable[[], Any] | None = None,
-) -> float:
-    """Calls per second of `step()`: 1 / the median time of `count` calls after `warmup`."""
-    samples: list[int] = []
+@dataclass
+class Subject:
+    """One framework's session, ready to be saved and loaded again and again."""
+
+    save: Callable[[], Awaitable[Any]]
+    load: Callable[[], Awaitable[Any]]
+    before_save: Callable[[], Any]  # untimed
+    messages: int
+
+
+async def _rates(
+    steps: list[tuple[Callable[[], Awaitable[Any]], Callable[[], Any]]], count: int, warmup: int
+) -> list[float]:
+    """Calls per second of each `step()` (after its untimed `prepare()`): 1 / the median time of
+    `count` calls after `warmup`. The steps take turns, so a spell of load falls on all."""
+    samples: list[list[int]] = [[] for _ in steps]
     for i in range(warmup + count):
-        if prepare is not None:
+        for (step, prepare), times in zip(steps, samples, strict=True):
             prepare()
-        start = time.perf_counter_ns()
-        await step()
-        if i >= warmup:
-            samples.append(time.perf_counter_ns() - start)
-    return 1e9 / statistics.median(samples)
+            start = time.perf_counter_ns()
+            await step()
+            if i >= warmup:
+                times.append(time.perf_counter_ns() - start)
+    return [1e9 / statistics.median(times) for times in samples]
 
 
-async def handrail_throughput(kind: str, where: str, size: int, settings: Settings) -> Throughput:
+def _nothing() -> None:
+    return None
+
+
+@contextlib.asynccontextmanager
+async def handrail_session(kind: str, where: str, size: int) -> AsyncIterator[Subject]:
+    """The conversation run through an engine on the store, then a copy saved as the engine
+    saves (`RunState.dump()`, `store.save()`) and loaded as it loads (`load`, `RunState.load`)."""
     from handrail.state import RunState
     from handrail.store import SessionRecord
 
     async with handrail_store(kind, where) as store:
         engine = chat_engine(store)
-        session = f"chat-{size}"
         for text in _chat_texts(size):
-            event = await _last(engine.submit(session, text))
+            event = await _last(engine.submit(f"chat-{size}", text))
             assert event.type == "run-completed", event
-        record = await store.load(session)
+        record = await store.load(f"chat-{size}")
         state = RunState.load(record.data)
         assert len(state.messages) == size, len(state.messages)
-        target = SessionRecord(id=f"{session}-again")
+        target = SessionRecord(id=f"chat-{size}-again")
 
-        async def save() -> None:  # as `Engine._save` does it
+        async def save() -> None:
             target.data = state.dump()
             target.version = (await store.save(target)).version
 
@@ -441,29 +458,28 @@ async def handrail_throughput(kind: str, where: str, size: int, settings: Settin
             loaded = await store.load(target.id)
             RunState.load(loaded.data)
 
-        repeat, warmup = settings.repeat[size], settings.warmup[size]
-        saves = await _rate(save, repeat, warmup)
-        loads = await _rate(load, repeat, warmup)
-    stored = await _handrail_bytes(kind, where, session)
-    return Throughput(saves, loads, stored, stored, len(state.messages))
+        yield Subject(save, load, _nothing, len(state.messages))
 
 
-async def langgraph_throughput(kind: str, where: str, size: int, settings: Settings) -> Throughput:
+@contextlib.asynccontextmanager
+async def langgraph_thread(kind: str, where: str, size: int) -> AsyncIterator[Subject]:
+    """The conversation run through the agent on the checkpointer, then its latest checkpoint
+    put again and again under a new id with every channel at a new version (as a superstep
+    does; making that checkpoint is untimed) and the thread's latest read back."""
     from langgraph.checkpoint.base import copy_checkpoint
     from langgraph.checkpoint.base.id import uuid6
 
     async with langgraph_saver(kind, where) as saver:
         agent = chat_agent(saver)
-        thread = f"chat-{size}"
         for text in _chat_texts(size):
-            result = await agent.ainvoke({"messages": [("user", text)]}, _thread(thread))
+            result = await agent.ainvoke({"messages": [("user", text)]}, _thread(f"chat-{size}"))
             assert result["messages"][-1].content == _reply_text(_turn_of(text))
-        latest = await saver.aget_tuple(_thread(thread))
+        latest = await saver.aget_tuple(_thread(f"chat-{size}"))
         checkpoint, meta = latest.checkpoint, latest.metadata
-        config = _thread(f"{thread}-again")
+        config = _thread(f"chat-{size}-again")
         versions: dict[str, Any] = {}
 
-        def next_checkpoint() -> None:  # what the graph's loop makes before it saves: untimed
+        def next_checkpoint() -> None:
             nonlocal checkpoint, versions
             checkpoint = copy_checkpoint(checkpoint)
             checkpoint["id"] = str(uuid6(clock_seq=0))
@@ -478,14 +494,10 @@ async def langgraph_throughput(kind: str, where: str, size: int, settings: Setti
             config = await saver.aput(config, checkpoint, meta, versions)
 
         async def load() -> None:
-            await saver.aget_tuple(_thread(f"{thread}-again"))
+            await saver.aget_tuple(_thread(f"chat-{size}-again"))
 
-        repeat, warmup = settings.repeat[size], settings.warmup[size]
-        saves = await _rate(save, repeat, warmup, next_checkpoint)
-        loads = await _rate(load, repeat, warmup)
-        messages = len(latest.checkpoint["channel_values"]["messages"])
-    stored, whole = await _langgraph_bytes(kind, where, thread)
-    return Throughput(saves, loads, stored, whole, messages)
+        messages = len(checkpoint["channel_values"]["messages"])
+        yield Subject(save, load, next_checkpoint, messages)
 
 
 _HR_BYTES = {
@@ -561,16 +573,28 @@ async def _scalars(kind: str, where: str, queries: list[str], params: Any) -> li
     return values
 
 
-async def save_load(kind: str, places: Places, settings: Settings) -> dict[int, tuple[Any, Any]]:
-    results: dict[int, tuple[Any, Any]] = {}
+async def save_load(
+    kind: str, places: Places, settings: Settings
+) -> dict[int, tuple[Throughput, Throughput]]:
+    results: dict[int, tuple[Throughput, Throughput]] = {}
     for size in SIZES:
-        ours = await handrail_throughput(
-            kind, await places.location(kind, f"p1_hr_{size}"), size, settings
+        ours_at = await places.location(kind, f"p1_hr_{size}")
+        theirs_at = await places.location(kind, f"p1_lg_{size}")
+        repeat, warmup = settings.repeat[size], settings.warmup[size]
+        async with (
+            handrail_session(kind, ours_at, size) as ours,
+            langgraph_thread(kind, theirs_at, size) as theirs,
+        ):
+            saves = await _rates(
+                [(ours.save, ours.before_save), (theirs.save, theirs.before_save)], repeat, warmup
+            )
+            loads = await _rates([(ours.load, _nothing), (theirs.load, _nothing)], repeat, warmup)
+        stored = await _handrail_bytes(kind, ours_at, f"chat-{size}")
+        latest, whole = await _langgraph_bytes(kind, theirs_at, f"chat-{size}")
+        results[size] = (
+            Throughput(saves[0], loads[0], stored, stored, ours.messages),
+            Throughput(saves[1], loads[1], latest, whole, theirs.messages),
         )
-        theirs = await langgraph_throughput(
-            kind, await places.location(kind, f"p1_lg_{size}"), size, settings
-        )
-        results[size] = (ours, theirs)
     return results
 
 
@@ -636,23 +660,36 @@ class Latency:
 
 
 async def across_processes(kind: str, places: Places, settings: Settings) -> dict[str, Latency]:
-    results: dict[str, Latency] = {}
-    count = settings.sessions + 1  # one warm-up
-    for framework in ("handrail", "langgraph"):
-        job = {
-            "framework": framework,
-            "kind": kind,
-            "where": await places.location(kind, f"p2_{framework}"),
-            "effects": places.effects(f"p2_{kind}_{framework}"),
-            "prefix": "p2",
-            "count": count,
-        }
-        suspended = await run_role("suspend", job)
-        resumed = await run_role("resume", {**job, "pending": suspended["pending"]})
-        ms = resumed["ms"]
-        check = exactly_once(job["effects"], _orders("p2", count))
-        results[framework] = Latency(statistics.median(ms), _p95(ms), check)
-    return results
+    """Rounds of A then B, handrail's and LangGraph's in turn, so that a spell of load on the
+    machine falls on both; the samples of all rounds are pooled."""
+    frameworks = ("handrail", "langgraph")
+    where = {f: await places.location(kind, f"p2_{f}") for f in frameworks}
+    samples: dict[str, list[float]] = {f: [] for f in frameworks}
+    orders: list[str] = []
+    per_round = -(-settings.sessions // ROUNDS)
+    for r in range(ROUNDS):
+        count = min(per_round, settings.sessions - r * per_round) + 1  # one warm-up
+        orders += _orders(f"p2r{r}", count)
+        for framework in frameworks:
+            job = {
+                "framework": framework,
+                "kind": kind,
+                "where": where[framework],
+                "effects": places.effects(f"p2_{kind}_{framework}"),
+                "prefix": f"p2r{r}",
+                "count": count,
+            }
+            suspended = await run_role("suspend", job)
+            resumed = await run_role("resume", {**job, "pending": suspended["pending"]})
+            samples[framework] += resumed["ms"]
+    return {
+        f: Latency(
+            statistics.median(samples[f]),
+            _p95(samples[f]),
+            exactly_once(places.effects(f"p2_{kind}_{f}"), orders),
+        )
+        for f in frameworks
+    }
 
 
 def _p95(samples: list[float]) -> float:
