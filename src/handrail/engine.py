@@ -360,7 +360,7 @@ class Engine:
         assert progress is not None
         if not progress.message_id:
             return []  # cut off before any call was dispatched: nothing ran
-        message = next(m for m in reversed(state.messages) if m.id == progress.message_id)
+        message = state.find_message(progress.message_id)  # a scratch agent's, maybe
         log = await self.store.tool_log(session_id)
         return reconcile(state, message, log, agent.tools, now=self.runtime.clock())
 

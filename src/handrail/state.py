@@ -154,10 +154,11 @@ class RunState:
             yield from messages
 
     def find_message(self, message_id: str) -> Message:
-        """The message (of the conversation or a scratch list) with this id."""
-        for message in self.all_messages():
-            if message.id == message_id:
-                return message
+        """The latest message (of a scratch list or the conversation) with this id."""
+        for messages in (*self.scratch.values(), self.messages):
+            for message in reversed(messages):
+                if message.id == message_id:
+                    return message
         raise KeyError(message_id)
 
     def end_turn(self) -> None:

@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - rich ships with the dev and demo extra
     sys.exit('The demo draws with rich: pip install "handrail[demo]"')
 
 from handrail import (
+    AgentCompleted,
     AgentResult,
     AgentRun,
     AgentStarted,
@@ -211,7 +212,9 @@ def _ask(card: ApprovalRequired, ask: Ask) -> tuple[Decision, str]:
 
 
 async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: float = 0.0) -> int:
-    """Render the scenario on `console`: the turn, the approval, the resumed turn.
+    """Render the scenario on `console`: three turns, each routed by the supervisor.
+
+    The refund pauses for the approval, then the same turn resumes.
 
     Args:
         scenario: the scenario to run.
@@ -223,15 +226,21 @@ async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: fl
         The exit status: 1 when a run failed, else 0.
     """
     console.print(_header(scenario.engine.runtime.model))
-    console.print(Text.assemble(("Customer  ", "bold cyan"), scenario.prompt))
     transcript = Transcript(console, pace=pace)
-    result = await _show(scenario.submit(), transcript)
-    if result.outcome == "suspended" and transcript.card is not None:
-        decision, how = decide(transcript.card)
-        await scenario.resolve(decision)
-        console.print(Text.assemble(("✔ Decision recorded", "bold"), f": {how}"))
-        console.print(Text("Resuming the same turn…", style="dim"))
-        result = await _show(scenario.resume(), transcript)
+    result: AgentResult[Any] | None = None
+    for message in scenario.messages:
+        console.print(Text.assemble(("\nCustomer  ", "bold cyan"), message))
+        transcript.card = None
+        result = await _show(scenario.submit(message), transcript)
+        if result.outcome == "suspended" and transcript.card is not None:
+            decision, how = decide(transcript.card)
+            await scenario.resolve(decision)
+            console.print(Text.assemble(("✔ Decision recorded", "bold"), f": {how}"))
+            console.print(Text("Resuming the same turn…", style="dim"))
+            result = await _show(scenario.resume(), transcript)
+        if result.outcome == "failed":
+            break
+    assert result is not None
     console.print(_summary(transcript, result, refunds=len(scenario.desk.refunds)))
     return 1 if result.outcome == "failed" else 0
 
@@ -314,7 +323,12 @@ class Transcript:
         out = self.console
         match event:
             case AgentStarted(agent=agent):
+                self.close()
                 out.print(f"[dim]agent {agent!r} is on it[/]", highlight=False)
+            case AgentCompleted(agent="supervisor", output={"route": route, "reason": why}):
+                out.print(
+                    Text.assemble(("  ↳ route ", "magenta"), (route, "bold magenta"), f": {why}")
+                )
             case ToolCallStarted(tool_call_id=call_id, name=name, args=args):
                 if self._reply is not None:
                     self.close()
@@ -335,10 +349,14 @@ class Transcript:
                 self._draw(Text.assemble("  ", call.line()))
                 self.close()
                 out.print(approval_card(asked))
-            case TextDelta(delta=delta):
+            case TextDelta(agent="supervisor"):
+                pass  # its decision is drawn when it completes
+            case TextDelta(agent=agent, delta=delta):
                 if self._reply is None:
                     self.close()
-                    out.print(Text("Agent", style="bold green"))
+                    style = "bold green" if agent == "responder" else "dim green"
+                    label = "Agent" if agent == "responder" else f"{agent} (note for the team)"
+                    out.print(Text(label, style=style))
                     self._reply = Text()
                 self._reply.append(delta)
                 if self.interactive:
@@ -356,9 +374,9 @@ class Transcript:
                         "The session is saved: this could wait for days, or a restart.",
                     )
                 )
-            case RunCompleted(output=output):
+            case RunCompleted():
                 self.close()
-                out.print(Text.assemble(("Run completed: ", "bold green"), str(output)))
+                out.print(Text("Run completed.", style="dim green"))
             case RunFailed(reason=reason, error=error):
                 self.close()
                 out.print(Text.assemble((f"Run failed ({reason}): ", "bold red"), str(error)))

@@ -1,11 +1,11 @@
-"""The support-desk scenario: an order database, three tools, an agent and its script.
+"""The support-desk scenario: an order database, three tools, a routed domain and its script.
 
 Everything here is plain handrail, with no terminal in sight, so tests, evals and the server
 can replay the same scenario that `python -m handrail.demo` renders:
 
 ```python
 scenario = build_scenario()
-result = await scenario.submit().finish()
+result = await scenario.submit().finish()  # the refund message (the last of the three)
 assert result.outcome == "suspended" and scenario.desk.refunds == []
 await scenario.resolve(Approve(amended_args={"amount": 40.0}))
 result = await scenario.resume().finish()
@@ -16,6 +16,7 @@ assert result.outcome == "completed" and scenario.desk.refunds[0]["amount"] == "
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,13 +27,16 @@ from handrail import (
     AgentRun,
     ApprovalCardPart,
     Decision,
+    Domain,
     Engine,
     MemoryStore,
     Message,
     ModelRetry,
     Resolution,
+    RouteDecision,
     Runtime,
     SessionStore,
+    TextPart,
     ToolContext,
     tool,
 )
@@ -41,16 +45,19 @@ from handrail.testing import FunctionModel, Step, call, sequential_ids
 
 __all__ = [
     "CUSTOMER_MESSAGE",
+    "CUSTOMER_MESSAGES",
     "ORDERS",
     "Desk",
     "Scenario",
     "build_scenario",
-    "closing",
+    "executor",
     "lookup_order",
     "refund_order",
     "refund_policy",
+    "responder",
     "script",
-    "support_agent",
+    "supervisor",
+    "support_domain",
 ]
 
 CUSTOMER_MESSAGE = "Hi, my order A1042 arrived damaged. Can I get a refund?"
@@ -204,55 +211,143 @@ def refund_order(
     return refund
 
 
-support_agent: Agent[str] = Agent(
-    "support",
+INSTRUCTIONS = (
+    "You are the support desk of a small coffee-gear shop. Be warm and brief; never promise a "
+    "refund before a person approved it."
+)
+
+supervisor: Agent[RouteDecision] = Agent(
+    "supervisor",
     instructions=(
-        "You are the support desk of a small coffee-gear shop. Look orders up and check the "
-        "refund policy before you promise anything; propose refunds with orders.refund (a "
-        "person approves them). Be warm and brief."
+        "Route the customer's latest message: 'simple' for a question you can answer from "
+        "the shop's policies, 'search' when an order must be looked up, 'action' when "
+        "something must be done (a refund)."
+    ),
+    output_type=RouteDecision,
+)
+"""Picks each turn's route (it runs in scratch: its decision is not part of the chat)."""
+
+executor: Agent[str] = Agent(
+    "executor",
+    instructions=(
+        INSTRUCTIONS + " Look orders up and check the refund policy before you propose a "
+        "refund with orders.refund (a person approves every refund). Finish with a short note "
+        "of what you found or did, for your colleague who writes to the customer."
     ),
     tools=[lookup_order, refund_policy, refund_order],
+    scratch=True,
 )
-"""The support agent (it names no model: the runtime, or a per-turn override, gives one)."""
+"""Does the work; its calls and notes stay in scratch and its note is handed to the responder."""
+
+responder: Agent[str] = Agent(
+    "responder",
+    instructions=INSTRUCTIONS + " Write the reply to the customer.",
+)
+"""Writes to the customer, from the conversation and the executor's note."""
+
+support_domain = Domain(
+    agents=[executor, responder],
+    routes={
+        "simple": ["responder"],
+        "search": ["executor", "responder"],
+        "action": ["executor", "responder"],
+    },
+    default_route="simple",
+    supervisor=supervisor,
+)
+"""The support desk: a supervisor routes each message to `simple`, `search` or `action`."""
+
+CUSTOMER_MESSAGES = (
+    "Hi! Do you refund items that arrive damaged?",
+    "Thanks. Where is my order A1042?",
+    CUSTOMER_MESSAGE,
+)
+"""The customer's three messages: a question, a lookup, a refund."""
 
 
-def script() -> list[Step]:
-    """The scripted model's first turns: both lookups at once, then the reply and the refund.
+def script(request: ModelRequest) -> Step:
+    """The scripted model: what each agent answers, from what it sees (deterministic)."""
+    customer = next(
+        m.text for m in reversed(request.messages) if m.role == "user" and not _synthetic(m)
+    )
+    # This turn's messages: after the customer's latest one.
+    turn = request.messages[
+        max(i for i, m in enumerate(request.messages) if m.role == "user" and not _synthetic(m)) :
+    ]
+    if request.agent == "supervisor":
+        return _route(customer)
+    if request.agent == "executor":
+        return _work(customer, turn)
+    return _reply(customer, turn)
 
-    Its last turn, after the refund was decided, is computed from the decision (`answer`).
-    """
-    return [
-        [
+
+def _synthetic(message: Message) -> bool:
+    return all(isinstance(p, TextPart) and p.synthetic for p in message.parts) and bool(
+        message.parts
+    )
+
+
+def _route(customer: str) -> str:
+    text = customer.lower()
+    if "refund" in text and "order" in text:
+        route, reason = "action", "a refund must be proposed"
+        hints = {"executor": "look the order up and check the damaged-item policy first"}
+    elif "order" in text:
+        route, reason, hints = "search", "an order must be looked up", {}
+    else:
+        route, reason, hints = "simple", "a policy question", {}
+    return json.dumps({"route": route, "reason": reason, "hints": hints})
+
+
+def _work(customer: str, turn: list[Message]) -> Step:
+    done = {p.name: p for m in turn for p in m.tool_calls}
+    if "refund" not in customer.lower():
+        if "orders.lookup" not in done:
+            return call("orders.lookup", order_id="A1042")
+        return "Order A1042 (€84.00): delivered on 18 November 2026."
+    if "orders.lookup" not in done:
+        return [
             call("orders.lookup", order_id="A1042"),
             call("policy.refunds", reason="damaged"),
-        ],
-        [
-            "I'm sorry your order arrived damaged, Dana. Order A1042 (€84.00) was delivered on "
-            "18 November, well within our 30-day window, and damaged items are refunded in "
-            "full with no need to send them back. I've proposed a full refund of €84.00; a "
-            "colleague will approve it shortly.",
+        ]
+    if "orders.refund" not in done:
+        return [
+            "Delivered on 18 November, within the 30-day window; damaged items are refunded "
+            "in full. Proposing a full refund of €84.00.",
             call("orders.refund", order_id="A1042", amount=84.0, reason="damaged on arrival"),
-        ],
-    ]
-
-
-def closing(message: Message) -> str:
-    """The scripted model's last turn, from the message holding the decided refund call."""
-    refund = message.tool_calls[-1]
+        ]
+    refund = done["orders.refund"]
     if refund.status == "completed" and refund.result is not None:
         data = refund.result.data
+        return f"Refund {data['refund']} of {data['amount']} for order {data['order']} made."
+    card = next(
+        (p for m in turn for p in m.parts if isinstance(p, ApprovalCardPart) and p.decision),
+        None,
+    )
+    why = card.reason if card is not None and card.reason else "no reason given"
+    return f"The refund was not approved ({why.rstrip('.')}). Nothing was refunded."
+
+
+def _reply(customer: str, turn: list[Message]) -> str:
+    note = next((m.text for m in reversed(turn) if _synthetic(m) and "handed over" in m.text), "")
+    if not note:
         return (
-            f"Good news: your refund {data['refund']} of {data['amount']} for order "
-            f"{data['order']} has been approved and is on its way. Sorry again for the trouble!"
+            "Yes: items that arrive damaged are refunded in full within 30 days of delivery, "
+            "and you don't need to send them back. Just tell me the order number."
         )
-    if refund.status == "rejected":
-        card = next(p for p in message.parts if isinstance(p, ApprovalCardPart) and p.decision)
-        why = f" ({card.reason.rstrip('.')})" if card.reason else ""
+    if "delivered on" in note and "refund" not in customer.lower():
+        return "Your order A1042 (€84.00) was delivered on 18 November. Anything else?"
+    if "made" in note:
+        refund = note.split("Refund ", 1)[1].split(" for order")[0]
         return (
-            f"I'm sorry: my colleague did not approve the refund this time{why}. I've passed "
-            f"your case on, and we'll be in touch soon."
+            f"Good news, Dana: your refund {refund} has been approved and is on its way. "
+            f"Sorry again for the trouble!"
         )
-    return "I couldn't complete the refund just now; a colleague will follow up with you."
+    why = note.split("(", 1)[1].split(")", 1)[0] if "(" in note else "no reason given"
+    return (
+        f"I'm sorry: my colleague did not approve the refund this time ({why}). I've passed "
+        f"your case on, and we'll be in touch soon."
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -260,19 +355,19 @@ class Scenario:
     """One support-desk conversation, ready to run: fresh database, fresh script."""
 
     engine: Engine
-    """The engine: the support agent, the session store, the runtime."""
+    """The engine: the support domain, the session store, the runtime."""
     model: FunctionModel
     """The scripted model (its `calls` are the requests it answered)."""
     desk: Desk
     """The database the tools read and write."""
     session_id: str = "support-1"
     """The conversation's session."""
-    prompt: str = CUSTOMER_MESSAGE
-    """The customer's message."""
+    messages: tuple[str, ...] = CUSTOMER_MESSAGES
+    """The customer's messages, one a turn."""
 
-    def submit(self) -> AgentRun[Any]:
-        """Start the customer's turn; iterate the result for events, then read `.result`."""
-        return self.engine.submit(self.session_id, self.prompt)
+    def submit(self, text: str = CUSTOMER_MESSAGE) -> AgentRun[Any]:
+        """Start a customer's turn; iterate the result for events, then read `.result`."""
+        return self.engine.submit(self.session_id, text)
 
     async def resolve(self, decision: Decision) -> Resolution:
         """Decide the pending refund (the only pending call)."""
@@ -296,19 +391,11 @@ def build_scenario(
         session_id: the conversation's session id.
 
     Returns:
-        A `Scenario`: `submit()` plays the customer's turn up to the refund's approval card;
-        `resolve(decision)` then `resume()` finish it.
+        A `Scenario`: `submit(text)` plays a customer's turn (the refund's stops at its
+        approval card); `resolve(decision)` then `resume()` finish it.
     """
     desk = Desk(latency=latency)
-    steps = script()
-
-    def answer(request: ModelRequest) -> Step:
-        turns = sum(1 for m in request.messages if m.role == "assistant")
-        if turns < len(steps):
-            return steps[turns]
-        return closing(request.messages[-1])
-
-    model = FunctionModel(answer, name="scripted")
+    model = FunctionModel(script, name="scripted")
     runtime = Runtime(model=model, deps=desk, clock=lambda: TODAY.timestamp(), ids=sequential_ids())
-    engine = Engine(support_agent, store=store or MemoryStore(), runtime=runtime)
+    engine = Engine(support_domain, store=store or MemoryStore(), runtime=runtime)
     return Scenario(engine=engine, model=model, desk=desk, session_id=session_id)
