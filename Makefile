@@ -43,6 +43,7 @@ bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
 	$(BIN)/python -m bench.suspend
 	$(BIN)/python -m bench.durability
 	$(BIN)/python -m bench.compaction
+	$(BIN)/python -m bench.supervisor
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .coverage
