@@ -1,4 +1,4 @@
-"""What the `openai` and `anthropic` SDKs share: how their errors read to the retry policy.
+"""What the `openai` and `anthropic` models share: a name, a client, how their errors read.
 
 Both SDKs are generated from one template over `httpx2`: a status error carries the response
 and the provider's error object, a connection error wraps the transport's. A stream cut
@@ -7,13 +7,47 @@ midway may also surface as a bare `httpx2` transport error.
 
 from __future__ import annotations
 
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import httpx2
 
 from .retry import Failure, is_retryable_status, parse_retry_after
 
-__all__ = ["describe_sdk_error"]
+__all__ = ["SDKModel", "describe_sdk_error"]
+
+
+class SDKModel:
+    """The part of a provider model that is not about the wire: its name and its client."""
+
+    provider: str
+    """The provider's name, in the model's name and in errors."""
+    model_name: str
+    """The provider's model name."""
+    client: Any
+    """The SDK's async client."""
+    _owns_client: bool
+
+    @property
+    def name(self) -> str:
+        """`provider:model`, e.g. `openai:gpt-4o-mini`."""
+        return f"{self.provider}:{self.model_name}"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (unless it was handed in)."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 def describe_sdk_error(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from types import TracebackType
 from typing import Any, Literal, cast
 
 import pydantic_core
@@ -38,7 +37,7 @@ from . import (
 )
 from ._anthropic_format import PROVIDER, anthropic_request, output_is_wrapped
 from ._openai_format import request_tool_names
-from ._sdk import describe_sdk_error
+from ._sdk import SDKModel, describe_sdk_error
 from ._wire import ToolNames
 from .retry import Failure, RetryPolicy
 
@@ -73,7 +72,7 @@ API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 Parts = list[TextPart | ReasoningPart | ToolCallPart]
 
 
-class AnthropicModel:
+class AnthropicModel(SDKModel):
     """A Claude model over Anthropic's Messages API.
 
     Args:
@@ -125,29 +124,8 @@ class AnthropicModel:
             client = client.with_options(max_retries=0)
         self.client = client
 
-    @property
-    def name(self) -> str:
-        """`anthropic:model`, e.g. `anthropic:claude-sonnet-4-6`."""
-        return f"{self.provider}:{self.model_name}"
-
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model_name!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (unless it was handed in)."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> AnthropicModel:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the answer to `request`: chunks, then one `ModelResponse`.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from types import TracebackType
 from typing import Any, cast
 
 from ..exceptions import ConfigError
@@ -31,7 +30,7 @@ from . import (
     Usage,
 )
 from ._openai_format import openai_request, request_tool_names
-from ._sdk import describe_sdk_error
+from ._sdk import SDKModel, describe_sdk_error
 from ._wire import ToolNames
 from .retry import Failure, RetryPolicy
 
@@ -47,7 +46,7 @@ __all__ = ["OpenAIModel"]
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 
 
-class OpenAIModel:
+class OpenAIModel(SDKModel):
     """A model served over OpenAI's Chat Completions API.
 
     Args:
@@ -101,29 +100,8 @@ class OpenAIModel:
             client = client.with_options(max_retries=0)
         self.client = client
 
-    @property
-    def name(self) -> str:
-        """`provider:model`, e.g. `openai:gpt-4o-mini`."""
-        return f"{self.provider}:{self.model_name}"
-
     def __repr__(self) -> str:
         return f"OpenAIModel({self.model_name!r}, base_url={str(self.client.base_url)!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (unless it was handed in)."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> OpenAIModel:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the answer to `request`: chunks, then one `ModelResponse`.
