@@ -385,9 +385,12 @@ async def _postgres_version() -> str | None:
 
 
 def _pg_server() -> str:
-    from psycopg.conninfo import conninfo_to_dict
+    try:
+        from psycopg.conninfo import conninfo_to_dict
 
-    params = conninfo_to_dict(PG_DSN)
+        params = conninfo_to_dict(PG_DSN)
+    except Exception:  # no psycopg, or a DSN it cannot read
+        return PG_DSN
     return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
 
 
@@ -756,9 +759,9 @@ async def handrail_fleet(kind: str, places: Places, count: int) -> Fleet:
         await _gather_batches(suspend_and_approve, orders)
         assert len(await store.list(status="suspended", limit=count + 1)) == count
         job = {"kind": kind, "where": where, "effects": effects}
-        async with fleet_of("worker", [job] * WORKERS) as go:
-            start = await go()
-            await _until_completed(store, count)
+        async with fleet_of("worker", [job] * WORKERS) as workers:
+            start = await workers.go()
+            await _until_completed(store, count, workers)
             seconds = time.perf_counter() - start
         failed = len(await store.list(status="failed", limit=count + 1))
         completed = len(await store.list(status="completed", limit=count + 1))
@@ -768,11 +771,12 @@ async def handrail_fleet(kind: str, places: Places, count: int) -> Fleet:
     return Fleet(seconds, check)
 
 
-async def _until_completed(store: Any, count: int) -> None:
+async def _until_completed(store: Any, count: int, workers: Processes) -> None:
     """Read the store's completed sessions every `POLL` seconds until there are `count`."""
     while True:
         if len(await store.list(status="completed", limit=count + 1)) >= count:
             return
+        workers.check()
         await asyncio.sleep(POLL)
 
 
@@ -791,8 +795,8 @@ async def langgraph_fleet(kind: str, places: Places, count: int) -> Fleet:
 
         await _gather_batches(suspend, orders)
     job = {"kind": kind, "where": where, "effects": effects, "prefix": "p3", "count": count}
-    async with fleet_of("lg-resume", [{**job, "share": k} for k in range(WORKERS)]) as go:
-        start = await go()
+    async with fleet_of("lg-resume", [{**job, "share": k} for k in range(WORKERS)]) as shares:
+        start = await shares.go()
         seconds = time.perf_counter() - start  # `go` returned when all of them were done
     return Fleet(seconds, exactly_once(effects, orders))
 
@@ -853,42 +857,51 @@ async def run_role(role: str, job: dict[str, Any]) -> dict[str, Any]:
             await process.wait()
 
 
-@contextlib.asynccontextmanager
-async def fleet_of(
-    role: str, jobs: list[dict[str, Any]]
-) -> AsyncIterator[Callable[[], Awaitable[float]]]:
-    """Start one process per job; `await go()` starts them all at once and returns the clock.
+@dataclass
+class Processes:
+    """Processes of one role, started together by `go()`."""
 
-    For `lg-resume`, `go()` returns once every process is done; workers run until the block
-    ends, then they are told to stop.
-    """
-    processes = [await _spawn(role, job) for job in jobs]
-    started = 0.0
+    role: str
+    processes: list[asyncio.subprocess.Process]
 
-    async def go() -> float:
-        nonlocal started
-        for process in processes:
+    async def go(self) -> float:
+        """Wait until all are ready, tell them to go, and return the clock at that moment.
+
+        For `lg-resume`, return only once every process is done.
+        """
+        for process in self.processes:
             assert (await _message(process)).get("ready")
         started = time.perf_counter()
-        for process in processes:
+        for process in self.processes:
             _send(process, "go")
-        if role == "lg-resume":
-            for process in processes:
+        if self.role == "lg-resume":
+            for process in self.processes:
                 await _message(process)
         return started
 
+    def check(self) -> None:
+        """Raise if one of them has exited (a worker runs until it is told to stop)."""
+        for process in self.processes:
+            if process.returncode is not None:
+                raise RuntimeError(f"a {self.role} process exited ({process.returncode})")
+
+
+@contextlib.asynccontextmanager
+async def fleet_of(role: str, jobs: list[dict[str, Any]]) -> AsyncIterator[Processes]:
+    """One process per job; workers are told to stop when the block ends."""
+    fleet = Processes(role, [await _spawn(role, job) for job in jobs])
     try:
-        yield go
+        yield fleet
         if role == "worker":
-            for process in processes:
+            for process in fleet.processes:
                 _send(process, "stop")
-            for process in processes:
+            for process in fleet.processes:
                 await _message(process)
-        for process in processes:
+        for process in fleet.processes:
             if await process.wait():
                 raise RuntimeError(f"a {role} process failed ({process.returncode})")
     finally:
-        for process in processes:
+        for process in fleet.processes:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
