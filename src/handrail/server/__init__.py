@@ -1,0 +1,25 @@
+"""The HTTP API: sessions, turns streamed as Server-Sent Events, decisions, auth.
+
+```python
+from handrail.server import ApiKeyAuthenticator, Caller, create_app
+
+app = create_app(engine, authenticator=ApiKeyAuthenticator({key: Caller("acme", "ana")}))
+```
+
+It needs the `server` extra: `pip install "handrail[server]"`. See docs/server.md.
+"""
+
+from __future__ import annotations
+
+try:
+    import sse_starlette  # noqa: F401
+    import starlette  # noqa: F401
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'handrail.server needs starlette, uvicorn and sse-starlette: pip install "handrail[server]"'
+    ) from error
+
+from ._app import create_app
+from ._auth import ApiKeyAuthenticator, Authenticator, Caller
+
+__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller", "create_app"]

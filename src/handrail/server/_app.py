@@ -1,0 +1,355 @@
+"""`create_app`: the Starlette app of an engine: sessions, turns, event streams, decisions."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic_core
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..engine import Engine
+from ..state import RunState
+from ..store import SessionRecord
+from ._auth import Authenticator, Caller
+from ._bodies import (
+    ClientQuery,
+    EventsQuery,
+    InterruptBody,
+    ListQuery,
+    ResolutionBody,
+    ResolveBody,
+    SessionBody,
+    SessionsBody,
+    SessionSummaryBody,
+    TurnAccepted,
+    TurnBody,
+)
+from ._errors import EXCEPTION_HANDLERS, ApiError
+from ._openapi import Operation, openapi
+from ._runs import Runs
+
+__all__ = ["create_app"]
+
+STATIC = Path(__file__).parent / "static"
+"""The web page's files, served at `/` when the directory exists."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _no_chunks(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("chunk:")
+
+
+# sse-starlette logs each chunk it sends at DEBUG, and an event may carry tool arguments.
+logging.getLogger("sse_starlette.sse").addFilter(_no_chunks)
+
+
+def create_app(
+    engine: Engine,
+    *,
+    authenticator: Authenticator,
+    max_body_size: int = 1_000_000,
+    static_dir: str | os.PathLike[str] | None = STATIC,
+    poll_interval: float = 1.0,
+    ping_interval: float = 15.0,
+    send_timeout: float | None = 30.0,
+    shutdown_grace: float = 5.0,
+) -> Starlette:
+    """The HTTP API of `engine`, as an ASGI app (run it with uvicorn: `handrail serve`).
+
+    Turns run in tasks the app owns (ended at shutdown: interrupted, then after
+    `shutdown_grace` seconds cancelled), and every event is logged in the session's event
+    log, so a stream can be left and picked up again (`Last-Event-ID`).
+
+    Args:
+        engine: runs the turns; its store keeps the sessions and their event logs.
+        authenticator: turns each request into its caller (`ApiKeyAuthenticator`, or yours).
+        max_body_size: bytes a request body may have; a larger one answers 413.
+        static_dir: files served at `/` (the web page), if the directory exists; None: none.
+        poll_interval: seconds a quiet stream waits before it reads the event log again (it
+            then picks up events that another server process logged).
+        ping_interval: seconds between keep-alive comments on a quiet stream.
+        send_timeout: seconds a stream may wait for a slow reader before dropping it (the
+            client reconnects with `Last-Event-ID` and misses nothing); None: forever.
+        shutdown_grace: seconds running turns get to stop at shutdown.
+    """
+    runs = Runs(engine, poll_interval=poll_interval)
+    api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout)
+    operations = api.operations()
+    document = openapi(operations, title="handrail", version=_version())
+    routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in operations]
+    routes.append(Route("/openapi.json", lambda _: JSONResponse(document), methods=["GET"]))
+    if static_dir is not None and Path(static_dir).is_dir():
+        routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await runs.aclose(grace=shutdown_grace)
+
+    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    app.state.runs = runs
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("handrail")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0"
+
+
+def _json(body: BaseModel, status: int = 200) -> Response:
+    return Response(body.model_dump_json(), status_code=status, media_type="application/json")
+
+
+class _Api:
+    """The endpoints: each authenticates, validates, and leaves scope to the engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        runs: Runs,
+        authenticator: Authenticator,
+        max_body_size: int,
+        ping_interval: float,
+        send_timeout: float | None,
+    ) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.runs = runs
+        self.authenticator = authenticator
+        self.max_body_size = max_body_size
+        self.ping_interval = ping_interval
+        self.send_timeout = send_timeout
+
+    def operations(self) -> list[Operation]:
+        """Every endpoint, with what OpenAPI says about it."""
+        session = "/sessions/{session_id}"
+        return [
+            Operation("POST", "/sessions", self.create_session, "Create a session",
+                      status=201, response=SessionBody),
+            Operation("GET", "/sessions", self.list_sessions, "List the caller's sessions",
+                      query=ListQuery, response=SessionsBody),
+            Operation("GET", session, self.read_session,
+                      "Read a session: its messages, pending cards and status",
+                      response=SessionBody, errors=(404,)),
+            Operation("DELETE", session, self.delete_session,
+                      "Delete a session with its logs", status=204, errors=(404, 409)),
+            Operation("GET", f"{session}/export", self.export_session,
+                      "Export a session with its logs (for `handrail sessions import`)",
+                      errors=(404,)),
+            Operation("POST", f"{session}/turns", self.submit_turn,
+                      "Send a message: the turn runs in the background", status=202,
+                      body=TurnBody, query=ClientQuery, response=TurnAccepted,
+                      errors=(404, 409, 413, 422)),
+            Operation("GET", f"{session}/events", self.stream_events,
+                      "Stream the session's events (Server-Sent Events)", query=EventsQuery,
+                      stream=True, errors=(404, 422)),
+            Operation("POST", f"{session}/resolve", self.resolve,
+                      "Decide pending calls; once none is left, the turn resumes",
+                      body=ResolveBody, query=ClientQuery, response=ResolutionBody,
+                      errors=(404, 409, 413, 422)),
+            Operation("POST", f"{session}/interrupt", self.interrupt,
+                      "Stop the session's running turn", status=202, response=InterruptBody,
+                      errors=(404, 409)),
+        ]  # fmt: skip
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _caller(self, request: Request) -> Caller:
+        caller = await self.authenticator.authenticate(request)
+        if caller is None:
+            raise ApiError(
+                401,
+                "unauthorized",
+                "Send an API key: `Authorization: Bearer <key>`.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return caller
+
+    async def _session(self, request: Request) -> tuple[Caller, str, RunState]:
+        """The caller, and the session of the path if it is the caller's (else 404)."""
+        caller = await self._caller(request)
+        session_id = request.path_params["session_id"]
+        state = await self.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
+        return caller, session_id, state
+
+    async def _body(self, request: Request, model: type[M]) -> M:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_size:
+            raise self._too_large()
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body_size:
+                raise self._too_large()
+        return model.model_validate_json(bytes(body))
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413, "body_too_large", f"The request body is over {self.max_body_size} bytes."
+        )
+
+    @staticmethod
+    def _query(request: Request, model: type[M]) -> M:
+        return model.model_validate(dict(request.query_params))
+
+    def _events_url(self, session_id: str, after: int) -> str:
+        return f"/sessions/{session_id}/events?after={after}"
+
+    async def _view(self, session_id: str, state: RunState) -> SessionBody:
+        record = await self.store.load(session_id)
+        if record is None:  # deleted in between
+            raise ApiError(404, "not_found", f"No session {session_id!r} for this caller.")
+        return SessionBody(
+            **self._summary(record).model_dump(),
+            messages=state.messages,
+            pending=list(state.pending.values()),
+        )
+
+    def _summary(self, record: Any) -> SessionSummaryBody:
+        return SessionSummaryBody(
+            id=record.id,
+            status=record.status,
+            running=self.runs.running(record.id),
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def create_session(self, request: Request) -> Response:
+        """`POST /sessions`: a new, empty session of the caller's."""
+        org_id, user_id = await self._caller(request)
+        session_id = self.engine.runtime.ids("session")
+        state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
+        await self.store.save(
+            SessionRecord(id=session_id, org_id=org_id, user_id=user_id, data=state.dump())
+        )
+        return _json(await self._view(session_id, state), 201)
+
+    async def list_sessions(self, request: Request) -> Response:
+        """`GET /sessions`: a page of the caller's sessions, most recently updated first."""
+        org_id, user_id = await self._caller(request)
+        query = self._query(request, ListQuery)
+        found = await self.store.list(
+            org_id=org_id,
+            user_id=user_id,
+            status=query.status,
+            limit=query.limit,
+            offset=query.offset,
+        )
+        return _json(SessionsBody(sessions=[self._summary(s) for s in found]))
+
+    async def read_session(self, request: Request) -> Response:
+        """`GET /sessions/{id}`: messages, pending cards, status."""
+        _, session_id, state = await self._session(request)
+        return _json(await self._view(session_id, state))
+
+    async def delete_session(self, request: Request) -> Response:
+        """`DELETE /sessions/{id}`: the session, its logs and its lease."""
+        _, session_id, _ = await self._session(request)
+        if self.runs.running(session_id):
+            raise ApiError(
+                409, "turn_in_progress", "A turn of this session is running: interrupt it first."
+            )
+        await self.store.delete(session_id)
+        return Response(status_code=204)
+
+    async def export_session(self, request: Request) -> Response:
+        """`GET /sessions/{id}/export`: the session and its logs as one JSON document."""
+        _, session_id, _ = await self._session(request)
+        document = await self.store.export(session_id)
+        return Response(document, media_type="application/json")
+
+    # -- turns ----------------------------------------------------------------------------
+
+    async def submit_turn(self, request: Request) -> Response:
+        """`POST /sessions/{id}/turns`: start a turn; 202 once it runs."""
+        (org_id, user_id), session_id, _ = await self._session(request)
+        body = await self._body(request, TurnBody)
+        client = self._query(request, ClientQuery).client
+        if body.route is not None and body.route not in self.engine.domain.routes:
+            routes = ", ".join(self.engine.domain.routes)
+            raise ApiError(
+                422, "invalid_request", f"route: no route {body.route!r} (routes: {routes})."
+            )
+        run = self.engine.submit(
+            session_id, body.text, org_id=org_id, user_id=user_id, route=body.route, client=client
+        )
+        after = await self.runs.start(session_id, run)
+        accepted = TurnAccepted(
+            session_id=session_id, after=after, events=self._events_url(session_id, after)
+        )
+        return _json(accepted, 202)
+
+    async def stream_events(self, request: Request) -> Response:
+        """`GET /sessions/{id}/events`: the events after `Last-Event-ID`, then live ones."""
+        _, session_id, _ = await self._session(request)
+        query = self._query(request, EventsQuery)
+        after = query.after
+        if after is None:
+            last = request.headers.get("last-event-id", "0").strip() or "0"
+            if not last.isdigit():
+                raise ApiError(
+                    422, "invalid_request", f"Last-Event-ID: not an event number: {last!r}."
+                )
+            after = int(last)
+        events = self.runs.follow(session_id, after, forever=query.follow)
+
+        async def frames() -> AsyncIterator[ServerSentEvent]:
+            async with contextlib.aclosing(events):
+                async for seq, event in events:
+                    yield ServerSentEvent(data=pydantic_core.to_json(event).decode(), id=str(seq))
+
+        return EventSourceResponse(
+            frames(),
+            ping=self.ping_interval,
+            send_timeout=self.send_timeout,
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def resolve(self, request: Request) -> Response:
+        """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
+        caller = await self._caller(request)
+        session_id = request.path_params["session_id"]
+        body = (await self._body(request, ResolveBody)).root
+        items = body if isinstance(body, list) else [body]
+        decisions = {
+            item.tool_call_id: dataclasses.replace(item.decision, by=caller.user_id)
+            for item in items
+        }
+        if len(decisions) < len(items):
+            raise ApiError(422, "invalid_request", "A tool_call_id is decided twice.")
+        client = self._query(request, ClientQuery).client
+        resolution, after = await self.runs.resolve(session_id, decisions, caller, client=client)
+        answer = ResolutionBody(
+            decided=resolution.decided,
+            pending=resolution.pending,
+            resumed=after is not None,
+            after=after,
+            events=None if after is None else self._events_url(session_id, after),
+        )
+        return _json(answer)
+
+    async def interrupt(self, request: Request) -> Response:
+        """`POST /sessions/{id}/interrupt`: stop the running turn."""
+        _, session_id, _ = await self._session(request)
+        if not self.runs.interrupt(session_id):
+            raise ApiError(409, "not_running", "No turn of this session is running here.")
+        return _json(InterruptBody(), 202)

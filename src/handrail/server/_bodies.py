@@ -1,0 +1,149 @@
+"""The HTTP API's request and response bodies (pydantic: validated in, described in OpenAPI)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from ..messages import ApprovalCardPart, Message
+from ..store import SessionStatus
+from ..suspension import Decision
+
+__all__ = [
+    "ClientQuery",
+    "ErrorBody",
+    "EventsQuery",
+    "ListQuery",
+    "ResolutionBody",
+    "ResolveBody",
+    "ResolveItem",
+    "SessionBody",
+    "SessionSummaryBody",
+    "SessionsBody",
+    "TurnAccepted",
+    "TurnBody",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+class TurnBody(_Strict):
+    """A user message: the turn it starts runs in the background."""
+
+    text: str = Field(min_length=1, description="The user's message.")
+    route: str | None = Field(None, description="The domain's route to take (default: its own).")
+
+
+class ResolveItem(_Strict):
+    """A decision on one pending call. `by` is always the authenticated user."""
+
+    tool_call_id: str = Field(min_length=1, description="The pending call.")
+    decision: Decision = Field(
+        description="approve (amending `amendable` arguments), reject, "
+        "answer (a human tool) or client_result (a client tool)."
+    )
+
+
+class ResolveBody(RootModel[ResolveItem | Annotated[list[ResolveItem], Field(min_length=1)]]):
+    """One decision, or several recorded together (all of them, or none)."""
+
+
+class ClientQuery(_Strict):
+    """Whether the caller can run `client` tools."""
+
+    client: bool = Field(
+        False,
+        description="The caller runs client tools: their calls wait for it to post the result "
+        "(without it they fail at once).",
+    )
+
+
+class ListQuery(_Strict):
+    """A page of the caller's sessions."""
+
+    status: SessionStatus | None = Field(None, description="Only sessions in this status.")
+    limit: int = Field(50, ge=1, le=500, description="At most this many.")
+    offset: int = Field(0, ge=0, description="Skip this many first.")
+
+
+class EventsQuery(_Strict):
+    """Where a stream of a session's events starts, and whether it ends."""
+
+    after: int | None = Field(
+        None, ge=0, description="Start after this event (default: `Last-Event-ID`, else 0)."
+    )
+    follow: bool = Field(
+        False, description="Keep streaming after the turn ends (default: end after it)."
+    )
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+class SessionSummaryBody(BaseModel):
+    """A session without its conversation."""
+
+    id: str
+    status: SessionStatus = Field(description="active, suspended, completed or failed.")
+    running: bool = Field(description="A turn of the session is running on this server.")
+    created_at: float
+    updated_at: float
+
+
+class SessionsBody(BaseModel):
+    """A page of the caller's sessions, most recently updated first."""
+
+    sessions: list[SessionSummaryBody]
+
+
+class SessionBody(SessionSummaryBody):
+    """A session: its conversation and the calls waiting for a decision."""
+
+    messages: list[Message]
+    pending: list[ApprovalCardPart] = Field(description="The cards waiting for a decision.")
+
+
+class TurnAccepted(BaseModel):
+    """A turn started: stream its events from `after`."""
+
+    session_id: str
+    after: int = Field(description="The number of the event before the turn's first.")
+    events: str = Field(description="The URL of the stream of the turn's events.")
+
+
+class ResolutionBody(BaseModel):
+    """What a resolution decided, and whether the turn resumed."""
+
+    decided: list[str]
+    pending: list[str]
+    resumed: bool = Field(description="Nothing was left pending, and the turn resumed.")
+    after: int | None = Field(
+        None, description="When resumed: the number of the event before the resumption's first."
+    )
+    events: str | None = Field(None, description="When resumed: the URL of its stream.")
+
+
+class _Error(BaseModel):
+    type: str = Field(description="A stable name: not_found, stale_resolution, ...")
+    message: str = Field(description="What went wrong, for a person.")
+    details: list[dict[str, Any]] | None = Field(
+        None, description="For invalid_request: each problem, with where it is (`loc`)."
+    )
+
+
+class ErrorBody(BaseModel):
+    """Every error answers this."""
+
+    error: _Error
+
+
+class InterruptBody(BaseModel):
+    """The turn was asked to stop; its stream ends with `run-failed` (interrupted)."""
+
+    interrupted: Literal[True] = True

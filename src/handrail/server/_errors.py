@@ -1,0 +1,114 @@
+"""Errors as JSON: `{"error": {"type": ..., "message": ...}}`, with the status each deserves."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..exceptions import (
+    InvalidDecisionError,
+    SessionBusyError,
+    SessionNotFoundError,
+    StaleResolutionError,
+    StoreError,
+    UserError,
+)
+from ._runs import TurnInProgressError
+
+__all__ = ["EXCEPTION_HANDLERS", "ApiError"]
+
+_log = logging.getLogger("handrail.server")
+
+
+class ApiError(Exception):
+    """An error the API answers with `status` and a JSON body."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int,
+    kind: str,
+    message: str,
+    details: list[dict[str, object]] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The JSON body every error answers: `{"error": {"type": kind, "message": ...}}`."""
+    error: dict[str, object] = {"type": kind, "message": message}
+    if details is not None:
+        error["details"] = details
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+# A handrail error -> (status, type). Looked up along the exception's classes, most specific
+# first, as Starlette does.
+_STATUS: dict[type[Exception], tuple[int, str]] = {
+    SessionNotFoundError: (404, "not_found"),
+    StaleResolutionError: (409, "stale_resolution"),
+    SessionBusyError: (409, "session_busy"),
+    TurnInProgressError: (409, "turn_in_progress"),
+    InvalidDecisionError: (422, "invalid_decision"),
+    UserError: (409, "conflict"),  # what the engine refuses in this state (e.g. suspended)
+}
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.kind, exc.message, headers=exc.headers)
+
+
+async def _handrail_error(request: Request, exc: Exception) -> Response:
+    status, kind = next(_STATUS[k] for k in type(exc).__mro__ if k in _STATUS)
+    return error_response(status, kind, str(exc))
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    _log.error("Session store failed on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "store_unavailable", "The session store failed; try again later.")
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    # No `input`: a rejected value may be a secret.
+    details = exc.errors(include_url=False, include_input=False, include_context=False)
+    first = details[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+    return error_response(
+        422, "invalid_request", f"{where}: {first['msg']}{more}", details=list(map(dict, details))
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    names = {404: "not_found", 405: "method_not_allowed"}
+    return error_response(
+        exc.status_code, names.get(exc.status_code, "http_error"), exc.detail, headers=exc.headers
+    )
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: _api_error,
+    StoreError: _store_error,
+    ValidationError: _validation_error,
+    HTTPException: _http_error,
+    **dict.fromkeys(_STATUS, _handrail_error),
+}
+"""Starlette's `exception_handlers`: every error the API answers, as JSON."""

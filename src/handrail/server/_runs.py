@@ -1,0 +1,212 @@
+"""The turns a server drives, each in a task the app owns, and the streams that follow them.
+
+A turn (a new message, or the resumption once the last pending call is decided) runs in a
+background task, so a client that disconnects does not stop it. Each event is appended to
+the session's event log, which numbers it, before it is handed to the streams listening in
+this process. A stream first reads the log after the client's last event, then follows the
+live events; when it falls behind (a slow reader whose queue filled up) or hears nothing for
+`poll_interval`, it reads the log again. So a client that reconnects with `Last-Event-ID`
+gets exactly the events it missed, then the live ones, and events written by another
+process reach it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+from .._loop import AgentRun
+from ..engine import Engine, Resolution
+from ..events import EVENT, RunFailed
+from ..exceptions import SessionBusyError, UserError
+from ..suspension import Decision
+from ._auth import Caller
+
+__all__ = ["TERMINAL", "Runs", "TurnInProgressError"]
+
+TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
+"""The events that end a turn (or its part up to a suspension)."""
+
+_PAGE = 500
+_log = logging.getLogger("handrail.server")
+
+Logged = tuple[int, dict[str, Any]]
+
+
+class TurnInProgressError(UserError):
+    """A turn of the session is already running in this server."""
+
+
+class Runs:
+    """The turns this server runs, by session, and the live streams of their events.
+
+    Args:
+        engine: runs the turns; its store keeps the event logs.
+        poll_interval: seconds a stream waits for a live event before reading the log again.
+        queue_size: live events a stream may fall behind before it reads the log instead.
+    """
+
+    def __init__(self, engine: Engine, *, poll_interval: float = 1.0, queue_size: int = 256):
+        self.engine = engine
+        self.poll_interval = poll_interval
+        self.queue_size = queue_size
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
+
+    def running(self, session_id: str) -> bool:
+        """Whether a turn of the session runs in this server now."""
+        return session_id in self._tasks
+
+    async def start(self, session_id: str, run: AgentRun[Any]) -> int:
+        """Run `run` in the background once it has started; the number of the event before it.
+
+        Returns once the run's first event is logged, so that what the engine refuses before
+        it starts (a session that waits for decisions, another worker driving it) is raised
+        here, to the request, and then nothing runs.
+
+        Raises:
+            TurnInProgressError: a turn of this session already runs here.
+            HandrailError: what the run raised before its first event.
+        """
+        if session_id in self._tasks:
+            raise TurnInProgressError(
+                f"A turn of session {session_id!r} is running: wait for it to end, or interrupt it."
+            )
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        # Retrieve the outcome even if the request that waits for it has gone away.
+        started.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._tasks[session_id] = asyncio.create_task(
+            self._drive(session_id, run, started), name=f"handrail turn {session_id}"
+        )
+        return await asyncio.shield(started)
+
+    async def _drive(
+        self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
+    ) -> None:
+        try:
+            async for event in run:
+                seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
+                if not started.done():
+                    started.set_result(seq - 1)
+        except Exception as error:
+            if not started.done():
+                started.set_exception(error)
+                return
+            # The engine ends a turn with an event; an exception means a store or a bug
+            # failed it midway. Say so in the log, so that its streams end.
+            _log.exception("The turn of session %r failed", session_id)
+            failed = RunFailed(reason="error", error="The server failed while running this turn.")
+            try:
+                await self._append(session_id, EVENT.dump_python(failed, mode="json"))
+            except Exception:
+                _log.exception("Could not log the failure of session %r", session_id)
+        finally:
+            # Synchronously with the run's end (which freed the session), so that a decision
+            # made the moment after can start the resumption.
+            del self._tasks[session_id]
+            if not started.done():
+                started.cancel()
+
+    async def _append(self, session_id: str, event: dict[str, Any]) -> int:
+        seq = await self.engine.store.append_events(session_id, [event])
+        for queue in self._listeners.get(session_id, ()):
+            # A slow reader's queue is full: it sees the gap and reads the log instead.
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait((seq, event))
+        return seq
+
+    async def resolve(
+        self,
+        session_id: str,
+        decisions: Mapping[str, Decision],
+        caller: Caller,
+        *,
+        client: bool = False,
+    ) -> tuple[Resolution, int | None]:
+        """Record decisions; once nothing is pending, resume the turn in the background.
+
+        Returns:
+            The resolution, and the number of the event before the resumption's first (None
+            when the turn did not resume here: calls are still pending, or another worker
+            resumed it first).
+        """
+        org_id, user_id = caller
+        resolution = await self.engine.resolve_many(
+            session_id, decisions, org_id=org_id, user_id=user_id
+        )
+        if not resolution.ready:
+            return resolution, None
+        resume = self.engine.resume(session_id, org_id=org_id, user_id=user_id, client=client)
+        try:
+            return resolution, await self.start(session_id, resume)
+        except (SessionBusyError, UserError):
+            return resolution, None  # another worker got there first
+
+    async def follow(
+        self, session_id: str, after: int, *, forever: bool
+    ) -> AsyncGenerator[Logged, None]:
+        """The session's events numbered above `after`: logged ones, then live ones.
+
+        Ends after the first event that ends a turn, unless `forever`. Close it (`aclosing`)
+        to stop listening.
+        """
+        queue: asyncio.Queue[Logged] = asyncio.Queue(self.queue_size)
+        listeners = self._listeners.setdefault(session_id, set())
+        listeners.add(queue)  # before reading the log, so that nothing falls in between
+        try:
+            last = after
+            while True:
+                page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
+                for seq, event in page:
+                    yield seq, event
+                    last = seq
+                    if not forever and event.get("type") in TERMINAL:
+                        return
+                if len(page) == _PAGE:
+                    continue
+                while True:  # caught up with the log: follow live events while none is missed
+                    try:
+                        seq, event = await asyncio.wait_for(queue.get(), self.poll_interval)
+                    except TimeoutError:
+                        break
+                    if seq <= last:
+                        continue
+                    if seq > last + 1:
+                        break
+                    yield seq, event
+                    last = seq
+                    if not forever and event.get("type") in TERMINAL:
+                        return
+        finally:
+            listeners.discard(queue)
+            if not listeners:
+                self._listeners.pop(session_id, None)
+
+    def interrupt(self, session_id: str) -> bool:
+        """Stop the session's running turn, if it runs here; True if one did."""
+        return session_id in self._tasks and self.engine.interrupt(session_id)
+
+    async def join(self, session_id: str) -> None:
+        """Wait until no turn of the session runs here."""
+        while (task := self._tasks.get(session_id)) is not None:
+            await asyncio.wait([task])
+
+    async def aclose(self, *, grace: float = 5.0) -> None:
+        """Interrupt every running turn, wait `grace` seconds for them to end, cancel the rest.
+
+        An interrupted turn is saved and ends with `run-failed` (reason `interrupted`); a
+        cancelled one is cut off and recovered later (`Engine.recover`).
+        """
+        tasks = list(self._tasks.values())
+        for session_id in list(self._tasks):
+            self.engine.interrupt(session_id)
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=grace)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)

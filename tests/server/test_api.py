@@ -1,0 +1,545 @@
+"""The HTTP API on the scripted support desk: a refund proposed, streamed, approved, resumed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+import httpx
+import pytest
+from dirty_equals import IsStr
+
+from handrail import ApprovalCardPart
+from handrail.demo.support_desk import CUSTOMER_MESSAGE
+
+from .conftest import ANA, BOB, Server, frames
+
+SUSPENDED = [  # runs of one type counted once (a reply streams as many text deltas)
+    "run-started",
+    "agent-started",  # the supervisor routes the refund to the executor
+    "text-delta",
+    "usage",
+    "agent-completed",
+    "agent-started",  # the executor looks the order and the policy up, proposes the refund
+    "usage",
+    "tool-call-started",
+    "tool-call-completed",
+    "text-delta",
+    "usage",
+    "tool-call-started",
+    "approval-required",
+    "run-suspended",
+]
+
+
+async def suspended(server: Server) -> tuple[str, str]:
+    """A session whose turn waits for the refund's approval, and the refund's call id."""
+    session_id = await server.new_session()
+    after = await server.submit(session_id)
+    events = await server.events(session_id, after)
+    assert events[-1].type == "run-suspended"
+    (call_id,) = events[-1].data["pending"]
+    return session_id, call_id
+
+
+def approve(call_id: str, **amended: Any) -> dict[str, Any]:
+    return {"tool_call_id": call_id, "decision": {"decision": "approve", "amended_args": amended}}
+
+
+# -- a turn, streamed ------------------------------------------------------------------------
+
+
+async def test_a_turn_streams_its_events_until_it_suspends(server: Server) -> None:
+    session_id = await server.new_session()
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", json={"text": CUSTOMER_MESSAGE}, headers=ANA
+    )
+    assert response.status_code == 202
+    assert response.json() == {
+        "session_id": session_id,
+        "after": 0,
+        "events": f"/sessions/{session_id}/events?after=0",
+    }
+
+    events = await server.events(session_id, after=0)
+    assert [t for t, _ in itertools.groupby(e.type for e in events)] == SUSPENDED
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    card = next(e for e in events if e.type == "approval-required")
+    assert card.data["args"] == {
+        "order_id": "A1042",
+        "amount": 84.0,
+        "reason": "damaged on arrival",
+    }
+    assert server.scenario.desk.refunds == []
+
+
+async def test_the_pending_card_is_read_with_the_session(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    response = await server.client.get(f"/sessions/{session_id}", headers=ANA)
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["id"], body["status"], body["running"]) == (session_id, "suspended", False)
+    assert [(m["role"], m["parts"][0]["text"]) for m in body["messages"]] == [
+        ("user", CUSTOMER_MESSAGE)
+    ]
+    (card,) = body["pending"]
+    assert card | {"created_at": None} == {
+        "type": "approval",
+        "tool_call_id": call_id,
+        "tool_name": "orders.refund",
+        "args": {"order_id": "A1042", "amount": 84.0, "reason": "damaged on arrival"},
+        "prompt": "Refund this order?",
+        "amendable": ["amount"],
+        "kind": "approval",
+        "executor": "server",
+        "decision": None,
+        "decided_by": None,
+        "decided_at": None,
+        "amended_args": None,
+        "reason": None,
+        "args_digest": None,
+        "output": None,
+        "created_at": None,
+        "expires_at": None,
+    }
+
+
+async def test_an_amended_approval_resumes_the_turn_to_completion(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    response = await server.client.post(
+        f"/sessions/{session_id}/resolve", json=approve(call_id, amount=40), headers=ANA
+    )
+    assert response.status_code == 200, response.text
+    resolution = response.json()
+    assert resolution == {
+        "decided": [call_id],
+        "pending": [],
+        "resumed": True,
+        "after": resolution["after"],
+        "events": f"/sessions/{session_id}/events?after={resolution['after']}",
+    }
+
+    events = await server.events(session_id, resolution["after"])
+    assert events[0].id == resolution["after"] + 1
+    assert (events[0].type, events[-1].type) == ("run-started", "run-completed")
+    refund = next(e for e in events if e.type == "tool-call-completed")
+    assert refund.data["digest"] == {"refund": "R0001", "order": "A1042", "amount": "€40.00"}
+    assert "€40.00" in events[-1].data["output"]
+    assert server.scenario.desk.refunds[0]["amount"] == "€40.00"
+
+    state = await server.scenario.engine.session(session_id, org_id="acme", user_id="ana")
+    (card,) = [p for m in state.all_messages() for p in m.parts if isinstance(p, ApprovalCardPart)]
+    assert (card.decision, card.decided_by, card.amended_args) == (
+        "approve",
+        "ana",  # the authenticated user, whatever the body said
+        {"order_id": "A1042", "amount": 40.0, "reason": "damaged on arrival"},
+    )
+
+
+async def test_a_followed_stream_carries_the_turn_across_its_suspension(server: Server) -> None:
+    session_id = await server.new_session()
+    seen: list[str] = []
+
+    async def watch() -> None:
+        async with server.streaming.stream(
+            "GET", f"/sessions/{session_id}/events?follow=1", headers=ANA
+        ) as response:
+            async for frame in frames(response):
+                seen.append(frame.type)
+                if frame.type == "run-suspended":
+                    (call_id,) = frame.data["pending"]
+                    answer = await server.client.post(
+                        f"/sessions/{session_id}/resolve",
+                        json=approve(call_id, amount=40),
+                        headers=ANA,
+                    )
+                    assert answer.status_code == 200
+                if frame.type == "run-completed":
+                    return
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0.05)  # the stream is open before the turn starts
+    await server.submit(session_id)
+    async with asyncio.timeout(5):
+        await watcher
+    assert seen.count("run-started") == 2
+    assert seen[-1] == "run-completed"
+    assert server.scenario.desk.refunds[0]["amount"] == "€40.00"
+
+
+async def test_a_rejection_resumes_the_turn_and_nothing_is_refunded(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    decision = {"decision": "reject", "reason": "photos first"}
+    response = await server.client.post(
+        f"/sessions/{session_id}/resolve",
+        json=[{"tool_call_id": call_id, "decision": decision}],
+        headers=ANA,
+    )
+    assert response.json()["resumed"] is True
+    events = await server.events(session_id, response.json()["after"])
+    assert "photos first" in str([e.data for e in events])
+    assert server.scenario.desk.refunds == []
+
+
+# -- reconnecting, disconnecting -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("latency", [0.2])
+async def test_a_reconnection_gets_exactly_the_missed_events_then_the_live_ones(
+    server: Server,
+) -> None:
+    session_id = await server.new_session()
+    after = await server.submit(session_id)
+    async with server.streaming.stream(
+        "GET", f"/sessions/{session_id}/events", params={"after": after}, headers=ANA
+    ) as response:
+        first = []
+        async for frame in frames(response):
+            first.append(frame)
+            if len(first) == 3:
+                break  # the connection drops
+
+    await asyncio.sleep(0.02)  # events go on meanwhile
+    assert server.app.state.runs.running(session_id)  # the rest will be live
+    async with server.streaming.stream(
+        "GET",
+        f"/sessions/{session_id}/events",
+        headers={**ANA, "Last-Event-ID": str(first[-1].id)},
+    ) as response:
+        rest = [frame async for frame in frames(response)]
+
+    logged = await server.scenario.engine.store.events(session_id)
+    assert [(f.id, f.data) for f in first + rest] == logged
+    assert rest[-1].type == "run-suspended"
+
+
+@pytest.mark.parametrize("latency", [0.05])
+async def test_a_client_that_disconnects_does_not_stop_the_run(server: Server) -> None:
+    session_id = await server.new_session()
+    after = await server.submit(session_id)
+    async with server.streaming.stream(
+        "GET", f"/sessions/{session_id}/events?after={after}", headers=ANA
+    ) as response:
+        async for _ in frames(response):
+            break
+    assert server.app.state.runs.running(session_id)
+
+    await server.join(session_id)
+    assert len(await server.pending(session_id)) == 1
+    logged = await server.scenario.engine.store.events(session_id)
+    assert logged[-1][1]["type"] == "run-suspended"
+
+
+async def test_a_stream_of_a_finished_turn_replays_it_from_the_log(server: Server) -> None:
+    session_id, _ = await suspended(server)
+    replay = await server.events(session_id, 0)
+    assert [f.id for f in replay] == list(range(1, len(replay) + 1))
+    assert replay[-1].type == "run-suspended"
+    tail = await server.events(session_id, replay[-2].id)
+    assert [f.type for f in tail] == ["run-suspended"]
+
+
+async def test_a_last_event_id_that_is_not_a_number_is_refused(server: Server) -> None:
+    session_id = await server.new_session()
+    response = await server.client.get(
+        f"/sessions/{session_id}/events", headers={**ANA, "Last-Event-ID": "abc"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["type"] == "invalid_request"
+
+
+@pytest.mark.parametrize("latency", [0.2])
+async def test_interrupting_a_running_turn_ends_its_stream(server: Server) -> None:
+    session_id = await server.new_session()
+    after = await server.submit(session_id)
+    response = await server.client.post(f"/sessions/{session_id}/interrupt", headers=ANA)
+    assert (response.status_code, response.json()) == (202, {"interrupted": True})
+    events = await server.events(session_id, after)
+    assert events[-1].data == {"type": "run-failed", "reason": "interrupted", "error": IsStr()}
+
+    response = await server.client.post(f"/sessions/{session_id}/interrupt", headers=ANA)
+    assert response.status_code == 409
+    assert response.json()["error"]["type"] == "not_running"
+
+
+# -- conflicts -------------------------------------------------------------------------------
+
+
+async def test_a_duplicate_resolution_is_a_conflict_with_the_reason(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    first = await server.client.post(
+        f"/sessions/{session_id}/resolve", json=approve(call_id, amount=40), headers=ANA
+    )
+    assert first.status_code == 200
+    again = await server.client.post(
+        f"/sessions/{session_id}/resolve", json=approve(call_id, amount=10), headers=ANA
+    )
+    assert again.status_code == 409
+    assert again.json() == {
+        "error": {
+            "type": "stale_resolution",
+            "message": IsStr(regex=rf".*{call_id}.*"),
+        }
+    }
+    await server.join(session_id)
+    assert [r["amount"] for r in server.scenario.desk.refunds] == ["€40.00"]
+
+
+async def test_a_new_message_while_the_turn_waits_is_a_conflict(server: Server) -> None:
+    session_id, _ = await suspended(server)
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", json={"text": "hello?"}, headers=ANA
+    )
+    assert response.status_code == 409
+    assert response.json()["error"]["type"] == "conflict"
+    assert "waiting on" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("latency", [0.1])
+async def test_a_second_turn_while_one_runs_is_a_conflict(server: Server) -> None:
+    session_id = await server.new_session()
+    await server.submit(session_id)
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", json={"text": "again"}, headers=ANA
+    )
+    assert response.status_code == 409
+    assert response.json()["error"]["type"] == "turn_in_progress"
+    deleting = await server.client.delete(f"/sessions/{session_id}", headers=ANA)
+    assert deleting.status_code == 409
+    await server.join(session_id)
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+async def test_the_caller_lists_only_its_own_sessions(server: Server) -> None:
+    mine = [await server.new_session() for _ in range(2)]
+    await server.new_session(BOB)
+    response = await server.client.get("/sessions", headers=ANA)
+    assert response.status_code == 200
+    assert sorted(s["id"] for s in response.json()["sessions"]) == sorted(mine)
+    assert response.json()["sessions"][0] == {
+        "id": IsStr(),
+        "status": "active",
+        "running": False,
+        "created_at": pytest.approx(server.scenario.engine.runtime.clock(), abs=1e9),
+        "updated_at": pytest.approx(server.scenario.engine.runtime.clock(), abs=1e9),
+    }
+    page = await server.client.get("/sessions?limit=1&status=active", headers=ANA)
+    assert len(page.json()["sessions"]) == 1
+
+
+async def test_a_session_is_exported_and_deleted_with_its_logs(server: Server) -> None:
+    session_id, _ = await suspended(server)
+    response = await server.client.get(f"/sessions/{session_id}/export", headers=ANA)
+    assert response.status_code == 200
+    document = response.json()
+    assert (document["kind"], document["session"]["id"]) == ("handrail.session", session_id)
+    assert document["events"][-1]["event"]["type"] == "run-suspended"
+
+    assert (await server.client.delete(f"/sessions/{session_id}", headers=ANA)).status_code == 204
+    assert (await server.client.get(f"/sessions/{session_id}", headers=ANA)).status_code == 404
+    assert await server.scenario.engine.store.events(session_id) == []
+
+
+# -- tenants and keys ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "", None),
+        ("DELETE", "", None),
+        ("GET", "/export", None),
+        ("GET", "/events", None),
+        ("POST", "/turns", {"text": "hi"}),
+        ("POST", "/resolve", {"tool_call_id": "c", "decision": {"decision": "reject"}}),
+        ("POST", "/interrupt", None),
+    ],
+)
+async def test_another_tenants_session_is_not_found(
+    server: Server, method: str, path: str, body: Any
+) -> None:
+    session_id, call_id = await suspended(server)
+    if body and "tool_call_id" in body:
+        body = {**body, "tool_call_id": call_id}
+    theirs = await server.client.request(
+        method, f"/sessions/{session_id}{path}", json=body, headers=BOB
+    )
+    nobodys = await server.client.request(method, f"/sessions/nope{path}", json=body, headers=BOB)
+    assert theirs.status_code == nobodys.status_code == 404
+    assert theirs.json() == {
+        "error": {"type": "not_found", "message": f"No session {session_id!r} for this caller."}
+    }
+    assert len(await server.pending(session_id)) == 1  # nothing changed
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Basic key-ana"},
+        {"Authorization": "Bearer"},
+    ],
+)
+async def test_a_request_without_a_valid_key_is_unauthorized(
+    server: Server, headers: dict[str, str]
+) -> None:
+    response = await server.client.get("/sessions", headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"]["type"] == "unauthorized"
+
+
+async def test_nothing_secret_is_logged(server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    session_id, call_id = await suspended(server)
+    await server.client.post(
+        f"/sessions/{session_id}/resolve", json=approve(call_id, amount=40), headers=ANA
+    )
+    await server.join(session_id)
+    await server.client.get("/sessions", headers={"Authorization": "Bearer not-a-key-123"})
+    for secret in ("key-ana", "not-a-key-123", "A1042", "damaged on arrival"):
+        assert secret not in caplog.text
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "loc", "message"),
+    [
+        ("/turns", {}, ["text"], "text: Field required"),
+        ("/turns", {"text": ""}, ["text"], "text: String should have at least 1 character"),
+        ("/turns", {"text": "hi", "extra": 1}, ["extra"], "extra: Extra inputs are not permitted"),
+        (
+            "/turns",
+            {"text": "hi", "route": "nope"},
+            None,
+            "route: no route 'nope' (routes: ",
+        ),
+        ("/resolve", [], [], "List should have at least 1 item"),
+        (
+            "/resolve",
+            {"tool_call_id": "c", "decision": {"decision": "maybe"}},
+            ["ResolveItem", "decision"],
+            "Input tag 'maybe' found using 'decision' does not match any of the expected tags",
+        ),
+    ],
+)
+async def test_a_bad_body_is_422_saying_where(
+    server: Server, path: str, body: Any, loc: list[str] | None, message: str
+) -> None:
+    session_id = await server.new_session()
+    response = await server.client.post(f"/sessions/{session_id}{path}", json=body, headers=ANA)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert any(
+        message in text
+        for text in [error["message"], *(d["msg"] for d in error.get("details", []))]
+    )
+    if loc:
+        assert error["details"][0]["loc"][: len(loc)] == loc
+        assert "input" not in error["details"][0]
+
+
+async def test_a_body_that_is_not_json_is_422(server: Server) -> None:
+    session_id = await server.new_session()
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", content=b"{nope", headers=ANA
+    )
+    assert response.status_code == 422
+    assert "Invalid JSON" in response.json()["error"]["message"]
+
+
+async def test_a_decision_that_does_not_fit_the_card_is_422(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    response = await server.client.post(
+        f"/sessions/{session_id}/resolve", json=approve(call_id, order_id="B2001"), headers=ANA
+    )
+    assert response.status_code == 422
+    assert response.json()["error"] == {
+        "type": "invalid_decision",
+        "message": IsStr(regex=r".*order_id cannot be amended \(amendable: amount\).*"),
+    }
+    twice = await server.client.post(
+        f"/sessions/{session_id}/resolve", json=[approve(call_id), approve(call_id)], headers=ANA
+    )
+    assert twice.status_code == 422
+    assert twice.json()["error"]["message"] == "A tool_call_id is decided twice."
+
+
+@pytest.mark.parametrize("app_options", [{"max_body_size": 1000}])
+async def test_an_oversized_body_is_413(server: Server) -> None:
+    session_id = await server.new_session()
+    big = {"text": "x" * 2000}
+    response = await server.client.post(f"/sessions/{session_id}/turns", json=big, headers=ANA)
+    assert response.status_code == 413
+    assert response.json()["error"] == {
+        "type": "body_too_large",
+        "message": "The request body is over 1000 bytes.",
+    }
+
+    async def chunked() -> Any:  # no Content-Length: counted as it arrives
+        for _ in range(20):
+            yield b"x" * 100
+
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", content=chunked(), headers=ANA
+    )
+    assert response.status_code == 413
+
+
+async def test_an_unknown_route_and_method_answer_json(server: Server) -> None:
+    missing = await server.client.get("/nope", headers=ANA)
+    assert (missing.status_code, missing.json()["error"]["type"]) == (404, "not_found")
+    wrong = await server.client.put("/sessions", headers=ANA)
+    assert (wrong.status_code, wrong.json()["error"]["type"]) == (405, "method_not_allowed")
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------
+
+
+async def test_the_openapi_document_describes_every_route(server: Server) -> None:
+    response = await server.client.get("/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    routes = {
+        (method.lower(), route.path)
+        for route in server.app.routes
+        for method in getattr(route, "methods", None) or ()
+        if method != "HEAD"
+    }
+    described = {(m, path) for path, ops in document["paths"].items() for m in ops}
+    assert described == routes
+    turns = document["paths"]["/sessions/{session_id}/turns"]["post"]
+    assert turns["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/TurnBody"
+    }
+    assert {"202", "401", "404", "409", "413", "422"} <= set(turns["responses"])
+    schemas = document["components"]["schemas"]
+    assert {"TurnBody", "ResolveBody", "ResolveItem", "Approve", "Event", "ErrorBody"} <= set(
+        schemas
+    )
+
+
+async def test_the_api_key_authenticator_keeps_only_hashes() -> None:
+    from handrail.server import ApiKeyAuthenticator, Caller
+
+    auth = ApiKeyAuthenticator({"s3cret-key": Caller("acme", "ana")}, salt=b"salt")
+    assert "s3cret-key" not in repr(vars(auth)) + repr(auth._callers)
+    assert auth.digest("s3cret-key") in auth._callers
+    other = ApiKeyAuthenticator(salt=b"salt")
+    other.add_digest(auth.digest("s3cret-key"), Caller("acme", "ana"))
+    request = httpx.Request("GET", "http://x", headers={"Authorization": "Bearer s3cret-key"})
+    from starlette.requests import Request
+
+    headers = [(k.lower(), v) for k, v in request.headers.raw]
+    scope = {"type": "http", "headers": headers, "method": "GET", "path": "/"}
+    assert await other.authenticate(Request(scope)) == Caller("acme", "ana")
+    with pytest.raises(ValueError, match="API key"):
+        other.add(" padded ", Caller("a", "b"))
