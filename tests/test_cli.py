@@ -1,0 +1,173 @@
+"""The `handrail` command: sessions in a SQLite store, and `serve` up to uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from handrail import Engine
+from handrail.cli import app
+from handrail.demo.support_desk import CUSTOMER_MESSAGE, build_scenario
+from handrail.store import SqliteStore
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A SQLite store holding one support-desk session, suspended on its refund card."""
+    path = tmp_path / "handrail.db"
+
+    async def make() -> None:
+        async with SqliteStore(path) as store:
+            scenario = build_scenario(store=store)
+            await scenario.engine.submit(
+                "support-1", CUSTOMER_MESSAGE, org_id="acme", user_id="ana"
+            ).finish()
+
+    asyncio.run(make())
+    return path
+
+
+def run(*args: str, input: str | None = None) -> Any:
+    return runner.invoke(app, list(args), input=input)
+
+
+def test_sessions_list_prints_a_table_or_json(db: Path) -> None:
+    table = run("sessions", "list", "--db", str(db))
+    assert table.exit_code == 0, table.output
+    assert "support-1" in table.output and "suspended" in table.output
+    listed = json.loads(run("sessions", "list", "--db", str(db), "--json").output)
+    assert listed == [
+        {
+            "id": "support-1",
+            "org_id": "acme",
+            "user_id": "ana",
+            "status": "suspended",
+            "updated_at": listed[0]["updated_at"],
+        }
+    ]
+    assert json.loads(run("sessions", "list", "--db", str(db), "--org", "x", "--json").output) == []
+
+
+def test_sessions_show_gives_the_conversation_and_the_waiting_card(db: Path) -> None:
+    shown = run("sessions", "show", "support-1", "--db", str(db))
+    assert shown.exit_code == 0, shown.output
+    assert CUSTOMER_MESSAGE in shown.output
+    assert "waiting (approval): orders.refund" in shown.output
+    document = json.loads(run("sessions", "show", "support-1", "--db", str(db), "--json").output)
+    assert document["status"] == "suspended"
+    (card,) = document["pending"]
+    assert (card["tool_name"], card["args"]["amount"]) == ("orders.refund", 84.0)
+
+
+def test_a_session_is_exported_deleted_and_imported_back(db: Path, tmp_path: Path) -> None:
+    target = tmp_path / "s.json"
+    assert run("sessions", "export", "support-1", "--db", str(db), "-o", str(target)).exit_code == 0
+    assert json.loads(target.read_text())["session"]["id"] == "support-1"
+
+    deleted = run("sessions", "delete", "support-1", "--db", str(db), "--yes")
+    assert deleted.exit_code == 0
+    assert json.loads(run("sessions", "list", "--db", str(db), "--json").output) == []
+
+    imported = run("sessions", "import", str(target), "--db", str(db))
+    assert imported.exit_code == 0, imported.output
+    again = run("sessions", "import", "-", "--db", str(db), input=target.read_text())
+    assert again.exit_code == 1
+    assert "already exists" in again.output
+    assert run("sessions", "import", "-", "--db", str(db), "--overwrite",
+               input=target.read_text()).exit_code == 0  # fmt: skip
+
+
+def test_deleting_asks_first_unless_told_yes(db: Path) -> None:
+    refused = run("sessions", "delete", "support-1", "--db", str(db), input="n\n")
+    assert refused.exit_code == 1
+    assert json.loads(run("sessions", "list", "--db", str(db), "--json").output) != []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sessions", "show", "nope"], "error: No session 'nope' in this store."),
+        (["sessions", "delete", "nope", "--yes"], "error: No session 'nope' in this store."),
+        (["sessions", "export", "nope"], "error: Cannot export session 'nope': there is none."),
+        (["sessions", "import", "missing.json"], "error: [Errno 2] No such file or directory"),
+    ],
+)
+def test_errors_print_one_line_and_exit_1(db: Path, args: list[str], message: str) -> None:
+    result = run(*args, "--db", str(db))
+    assert result.exit_code == 1
+    assert result.output.startswith(message)
+    assert len(result.output.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_a_missing_store_is_named(tmp_path: Path) -> None:
+    result = run("sessions", "list", "--db", str(tmp_path / "none.db"))
+    assert result.exit_code == 1
+    assert "error: No store at" in result.output and "--db PATH" in result.output
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    (tmp_path / "deskapp.py").write_text(
+        "from handrail.demo.support_desk import build_scenario\n"
+        "engine = build_scenario().engine\n"
+        "def make():\n    return build_scenario().engine\n"
+        "not_an_engine = 42\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    yield "deskapp"
+    sys.modules.pop("deskapp", None)
+
+
+def test_serve_hands_the_engines_app_to_uvicorn(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: dict[str, Any] = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **options: served.update(app=app, **options))
+    for target in (f"{app_module}:engine", f"{app_module}:make"):
+        result = run("serve", target, "--port", "8123", "--api-key", "acme:ana:k:with:colons")
+        assert result.exit_code == 0, result.output
+        assert (served["host"], served["port"]) == ("127.0.0.1", 8123)
+        assert isinstance(served["app"].state.runs.engine, Engine)
+
+
+def test_serve_without_a_key_makes_one_for_the_run(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("uvicorn.run", lambda app, **options: None)
+    result = run("serve", f"{app_module}:engine")
+    assert result.exit_code == 0
+    assert "No --api-key given: this run accepts `Authorization: Bearer " in result.output
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("deskapp", "'deskapp' is not module:attribute"),
+        ("nomodule:engine", "Cannot import 'nomodule'"),
+        ("deskapp:missing", "Module 'deskapp' has no attribute 'missing'"),
+        ("deskapp:not_an_engine", "deskapp:not_an_engine is a int, not a handrail Engine."),
+    ],
+)
+def test_serve_names_what_is_wrong_with_the_target(
+    app_module: str, target: str, message: str
+) -> None:
+    result = run("serve", target, "--api-key", "a:b:c")
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {message}" or message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_malformed_api_key_is_refused(app_module: str) -> None:
+    result = run("serve", f"{app_module}:engine", "--api-key", "just-a-key")
+    assert result.exit_code == 1
+    assert "ORG:USER:KEY" in result.output
