@@ -177,3 +177,14 @@ async def test_prune_deletes_idle_finished_sessions_only():
     await events_of(engine.submit("new", "hello"))
     assert await engine.prune(idle_for=3_600) == ["old"]
     assert await store.load("old") is None and await store.load("new") is not None
+
+
+async def test_another_tenants_session_id_cannot_be_taken_over_by_a_new_turn():
+    from handrail import SessionNotFoundError
+
+    engine = engine_for(["Hi.", "unused"], Agent("a"))
+    await events_of(engine.submit("s1", "hello", org_id="acme", user_id="u1"))
+    with pytest.raises(SessionNotFoundError, match="No session 's1' for this caller"):
+        await events_of(engine.submit("s1", "mine now", org_id="evil", user_id="u1"))
+    state = await engine.session("s1", org_id="acme", user_id="u1")
+    assert [m.text for m in state.messages] == ["hello", "Hi."]

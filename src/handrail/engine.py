@@ -553,7 +553,8 @@ class Engine:
     ) -> tuple[SessionRecord, RunState]:
         record = await self.store.load(session_id)
         if record is not None and (record.org_id, record.user_id) != (org_id, user_id):
-            record = None  # another tenant's session is, to this caller, no session
+            # Another tenant's session is, to this caller, no session; nor can it be made.
+            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         if record is None:
             if not create:
                 raise SessionNotFoundError(f"No session {session_id!r} for this caller.")

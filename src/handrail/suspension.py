@@ -232,7 +232,7 @@ def expire(state: RunState, now: float) -> list[str]:
 
 
 def _why_stale(state: RunState, tool_call_id: str) -> str:
-    for message in reversed(state.messages):
+    for message in reversed(list(state.all_messages())):
         for part in message.parts:
             if (
                 isinstance(part, ApprovalCardPart)

@@ -16,6 +16,8 @@ await worker.run(stop)  # until `stop` is set
 from __future__ import annotations
 
 import asyncio
+import random
+from typing import Any
 
 from .engine import Engine
 from .exceptions import ConflictError, SessionBusyError, StaleResolutionError, UserError
@@ -72,7 +74,10 @@ class Worker:
         engine = self.engine
         moved = await engine.expire_due()
         moved += await engine.recover_stale()
-        for summary in await engine.store.list(status="suspended", limit=self.batch):
+        ready = await engine.store.list(status="suspended", limit=self.batch)
+        # Workers sweeping together would otherwise all race for the same first session.
+        random.shuffle(ready)
+        for summary in ready:
             if await self.advance(summary.id):
                 moved.append(summary.id)
         return moved
@@ -83,14 +88,29 @@ class Worker:
         record = await engine.store.load(session_id)
         if record is None:
             return False
-        state = await engine.session(session_id, org_id=record.org_id, user_id=record.user_id)
-        progress = state.progress
-        if progress is None or state.pending:
+        progress = record.data.get("progress") or {}  # a cheap look before the lease
+        if not progress or _has_pending(record.data):
             return False  # nothing to drive, or still waiting for people
-        drive = engine.recover if progress.status == "running" else engine.resume
+        drive = engine.recover if progress.get("status") == "running" else engine.resume
         try:
             async for _ in drive(session_id, org_id=record.org_id, user_id=record.user_id):
                 pass
         except _SKIPPED:
             return False
         return True
+
+
+def _has_pending(data: dict[str, Any]) -> bool:
+    """Whether a stored session has an undecided card, read from its raw document.
+
+    The pending map is rebuilt the same way `RunState.load` does it (the latest card of a
+    call counts), without validating the whole state just to decide whether to try.
+    """
+    undecided: dict[str, bool] = {}
+    lists = [data.get("messages") or [], *(data.get("scratch") or {}).values()]
+    for messages in lists:
+        for message in messages:
+            for part in message.get("parts", ()):
+                if part.get("type") == "approval":
+                    undecided[part.get("tool_call_id")] = part.get("decision") is None
+    return any(undecided.values())
