@@ -274,36 +274,28 @@ def stamped(
     return replace(record, version=version, created_at=created_at, updated_at=updated_at)
 
 
-def summary_from_row(row: Sequence[Any]) -> SessionSummary:
-    """A summary from a row of the columns both SQL stores select, in their order.
+_SUMMARY_COLUMNS = (
+    "id",
+    "org_id",
+    "user_id",
+    "status",
+    "version",
+    "created_at",
+    "updated_at",
+    "expires_at",
+)
+"""The columns both SQL stores select for a summary, in their order."""
 
-    The columns: `id, org_id, user_id, status, version, created_at, updated_at, expires_at`.
-    """
-    return SessionSummary(
-        id=row[0],
-        org_id=row[1],
-        user_id=row[2],
-        status=row[3],
-        version=row[4],
-        created_at=row[5],
-        updated_at=row[6],
-        expires_at=row[7],
-    )
+
+def summary_from_row(row: Sequence[Any]) -> SessionSummary:
+    """A summary from a row of the `_SUMMARY_COLUMNS`."""
+    return SessionSummary(**dict(zip(_SUMMARY_COLUMNS, row, strict=False)))
 
 
 def record_from_row(row: Sequence[Any]) -> SessionRecord:
     """A record from the summary's columns followed by the document's JSON text."""
-    return SessionRecord(
-        id=row[0],
-        org_id=row[1],
-        user_id=row[2],
-        status=row[3],
-        version=row[4],
-        created_at=row[5],
-        updated_at=row[6],
-        expires_at=row[7],
-        data=decode(row[0], row[8]),
-    )
+    fields = dict(zip(_SUMMARY_COLUMNS, row, strict=False))
+    return SessionRecord(**fields, data=decode(row[0], row[8]))
 
 
 def log_entry_from_row(session_id: str, row: Sequence[Any]) -> ToolLogEntry:

@@ -208,8 +208,7 @@ class Dispatcher:
             validated = tool.validate(part.args, self.state.context)
         except Exception as exc:
             return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
-        key = part.name + "\x00" + pydantic_core.to_json(part.args).decode()
-        return _Ready(part, tool, tool.arguments(validated), key)
+        return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, part.args))
 
     async def _approved(
         self, part: ToolCallPart, tool: Tool[Any], card: ApprovalCardPart
@@ -248,8 +247,7 @@ class Dispatcher:
             part.status = "waiting"
             return None
         part.status = "running"
-        key = part.name + "\x00" + pydantic_core.to_json(final).decode()
-        return _Ready(part, tool, tool.arguments(validated), key)
+        return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, final))
 
     async def _execute_ready(
         self, ready: list[_Ready], *, checkpoint: bool
@@ -321,7 +319,7 @@ class Dispatcher:
 
         # 6. dedup and the idempotent cache
         # Validated arguments dump in field order, so their JSON is canonical for the tool.
-        key = part.name + "\x00" + pydantic_core.to_json(part.args).decode()
+        key = _call_key(part.name, part.args)
         earlier = self.state.turn_calls.get(key)
         if earlier is not None and earlier is not part:
             if earlier.id in planned:
@@ -599,6 +597,11 @@ class Dispatcher:
         except Exception as exc:
             return ToolResult.failure(f"a result hook failed: {type(exc).__name__}: {exc}")
         return result
+
+
+def _call_key(name: str, args: dict[str, Any]) -> str:
+    """A call's identity for dedup and the idempotent cache: its name and canonical arguments."""
+    return name + "\x00" + pydantic_core.to_json(args).decode()
 
 
 def _completed(part: ToolCallPart) -> ToolCallCompleted:
