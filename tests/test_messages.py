@@ -159,6 +159,7 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
                     "cached": False,
                     "started_at": None,
                     "duration_ms": None,
+                    "captured": None,
                 },
             ],
         }

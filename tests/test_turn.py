@@ -297,8 +297,6 @@ async def test_mock_mode_runs_mocks_and_refuses_unmocked_tools():
 def test_the_builder_refuses_what_it_cannot_build():
     with pytest.raises(ConfigError, match="mocks 'nope', which no agent has"):
         build_runtime(Agent("a", tools=[lookup]), wrap_tools={"nope": 1})
-    with pytest.raises(ConfigError, match="capture' is not available yet"):
-        build_runtime(Agent("a"), mode="capture")
     with pytest.raises(ConfigError, match="the modes are live, mock, capture"):
         build_runtime(Agent("a"), mode="dry")  # type: ignore[arg-type]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
 from ._turn import RouteDecision
 from .agent import Agent
+from .capture import ApplyReport, CapturedAction, HeadlessResult, apply, temp_id
 from .compaction import Compaction
 from .context import ContextStore
 from .engine import Domain, Engine, Resolution
@@ -70,7 +71,7 @@ from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
 from .runtime import Runtime, build_runtime
 from .state import RouteChoice, RunState
 from .store import MemoryStore, SessionRecord, SessionStore
-from .suspension import DECISION, Answer, Approve, ClientResult, Decision, Reject
+from .suspension import DECISION, ActionChoice, Answer, Approve, ClientResult, Decision, Reject
 from .tools import Tool, ToolContext, ToolResult, tool
 from .worker import Worker
 
@@ -81,15 +82,18 @@ __all__ = [
     "EVENT",
     "EVENTS",
     "MESSAGES",
+    "ActionChoice",
     "Agent",
     "AgentCompleted",
     "AgentResult",
     "AgentRun",
     "AgentStarted",
     "Answer",
+    "ApplyReport",
     "ApprovalCardPart",
     "ApprovalRequired",
     "Approve",
+    "CapturedAction",
     "ClientExecRequired",
     "ClientResult",
     "Compaction",
@@ -102,6 +106,7 @@ __all__ = [
     "Engine",
     "Event",
     "HandrailError",
+    "HeadlessResult",
     "InputRequired",
     "Interrupt",
     "InvalidDecisionError",
@@ -151,7 +156,9 @@ __all__ = [
     "UserError",
     "Worker",
     "__version__",
+    "apply",
     "build_runtime",
     "run_agent",
+    "temp_id",
     "tool",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -23,11 +24,21 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ._loop import AgentRun
+from ._loop import AgentResult, AgentRun
 from ._tool_result import ToolResult
 from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
-from .events import ApprovalRequired, Event, RunStarted, RunSuspended
+from .capture import (
+    ApplyReport,
+    CapturedAction,
+    HeadlessResult,
+    approved_plan,
+    batch_card,
+    captured_actions,
+    learn_ids,
+    run_actions,
+)
+from .events import ApprovalRequired, Event, RunCompleted, RunStarted, RunSuspended
 from .exceptions import (
     ConflictError,
     SessionBusyError,
@@ -37,11 +48,14 @@ from .exceptions import (
 )
 from .messages import ApprovalCardPart, ToolCallPart
 from .models import Model
+from .recovery import RESULT as _RESULT
 from .recovery import reconcile, result_record
-from .runtime import Mode, Runtime, WrapTools, build_runtime
-from .state import RunState
+from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
+from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .suspension import Decision, decide, expire
+from .tools import Tool
+from .tools._dispatch import Dispatcher, completed_event
 
 __all__ = ["Domain", "Engine", "Resolution"]
 
@@ -201,6 +215,8 @@ class Engine:
         self.assembly = build_runtime(
             domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
         )
+        self._config = (domain, model, wrap_tools)
+        self._headless: tuple[Assembly, Router | None] | None = None
         self.domain = self.assembly.domain
         self.runtime: Runtime[Any] = self.assembly.runtime
         self._router = self.domain.router()
@@ -286,6 +302,97 @@ class Engine:
         """
         return self._drive(session_id, None, None, org_id, user_id, model, client, recover=True)
 
+    async def run_headless(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        org_id: str | None = None,
+        user_id: str | None = None,
+        model: Model | None = None,
+        route: str | None = None,
+        propose: bool = False,
+    ) -> HeadlessResult:
+        """Run one user turn with nobody present (a cron job, a webhook): in capture mode.
+
+        Gated calls are not run: each is recorded as a `CapturedAction` with its tool's
+        `mint` prediction, which the model sees (see `handrail.capture`); read-only tools
+        run for real. Apply the actions later with `handrail.capture.apply`, or, with
+        `propose=True`, let a person approve them as ONE batch card: the session then waits
+        (`run-suspended`) for `resolve(card, Approve(...) | Reject(...))`, and `resume` (or
+        `apply`) applies what was approved.
+
+        Args:
+            session_id: the session (created on first use).
+            text: the message (the cron job's instruction, the webhook's payload).
+            org_id: the organisation the run acts for.
+            user_id: the user it acts for.
+            model: a model for this turn, over the agents' and the runtime's.
+            route: the route to take (default: the supervisor's choice, or the default route).
+            propose: raise a batch card for the captured actions (when there are any).
+
+        Returns:
+            The final text, the captured actions, the events, and the batch card's id.
+        """
+        assembly, router = self._capture_assembly()
+        plan = router if route is None and router is not None else assembly.domain.route(route)
+        headless = _Headless(propose=propose)
+        run = self._drive(session_id, text, plan, org_id, user_id, model, False, assembly, headless)
+        events = [event async for event in run]
+        result = run.result
+        output = result.output
+        if not isinstance(output, str):
+            last = result.state.messages[-1] if result.state.messages else None
+            answer = last.text if last is not None and last.role == "assistant" else ""
+        return HeadlessResult(
+            text=output if isinstance(output, str) else answer,
+            actions=headless.actions,
+            output=None if isinstance(output, str) else output,
+            outcome=result.outcome,
+            events=events,
+            card=headless.card,
+        )
+
+    async def apply(
+        self, session_id: str, *, org_id: str | None = None, user_id: str | None = None
+    ) -> ApplyReport:
+        """Apply the decided batch card of a session (as `resume` does) and report.
+
+        Raises:
+            UserError: the session has no decided batch card to apply.
+            InvalidDecisionError: the recorded plan does not match what was approved.
+        """
+        async for _ in self.resume(session_id, org_id=org_id, user_id=user_id):
+            pass
+        _, state = await self._load(session_id, org_id, user_id)
+        card = next(
+            (
+                p
+                for m in reversed(state.messages)
+                for p in m.parts
+                if isinstance(p, ApprovalCardPart) and p.kind == "batch" and p.output
+            ),
+            None,
+        )
+        assert card is not None  # resume applied one, or raised
+        actions = [CapturedAction.model_validate(a) for a in card.output["actions"]]
+        report = ApplyReport(actions=actions)
+        for action in actions:
+            if action.status == "applied":
+                learn_ids(action.predicted_output, action.output, report.ids)
+        return report
+
+    def _capture_assembly(self) -> tuple[Assembly, Router | None]:
+        if self.assembly.mode == "capture":
+            return self.assembly, self._router
+        if self._headless is None:
+            domain, model, wrap_tools = self._config
+            assembly = build_runtime(
+                domain, runtime=self.runtime, mode="capture", model=model, wrap_tools=wrap_tools
+            )
+            self._headless = assembly, assembly.domain.router()
+        return self._headless
+
     def _drive(
         self,
         session_id: str,
@@ -295,13 +402,22 @@ class Engine:
         user_id: str | None,
         model: Model | None,
         client: bool,
+        assembly: Assembly | None = None,
+        headless: _Headless | None = None,
         *,
         recover: bool = False,
     ) -> AgentRun[Any]:
+        parts = assembly or self.assembly
+
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             async with self._lock(session_id), self._leased(session_id):
                 record, state = await self._load(session_id, org_id, user_id, create=True)
                 route = plan
+                batch = _batch_to_apply(state) if text is None else None
+                if batch is not None:
+                    async for event in self._apply_batch(run, record, state, batch):
+                        yield event
+                    return
                 if text is None:
                     progress = state.progress
                     expected = "running" if recover else "suspended"
@@ -327,13 +443,14 @@ class Engine:
                 assert route is not None
                 state.client_connected = client
                 journal = _SessionJournal(self, record, state)
+                first_capture = state.captures
                 inner = run_turn(
                     route,
                     text,
                     state=state,
                     runtime=self.runtime,
                     journal=journal,
-                    models=lambda agent: self.assembly.model_for(agent, model),
+                    models=lambda agent: parts.model_for(agent, model),
                 )
                 self._running[session_id] = inner
                 try:
@@ -347,11 +464,85 @@ class Engine:
                     self._running.pop(session_id, None)
                     state.client_connected = False
                 result = run._result = inner.result
+                if headless is not None:
+                    headless.actions = captured_actions(state, first_capture)
+                    if headless.propose and headless.actions and result.outcome == "completed":
+                        card = self._propose(state, headless.actions)
+                        headless.card = card.tool_call_id
+                        run._result = dataclasses.replace(
+                            result, outcome="suspended", pending=[card.tool_call_id]
+                        )
+                        await self._save(record, state, "suspended")
+                        yield _card_event(card)
+                        yield RunSuspended(pending=[card.tool_call_id])
+                        return
                 await self._save(record, state, _STATUS[result.outcome])
                 assert terminal is not None
                 yield terminal
 
         return AgentRun(body)
+
+    def _propose(self, state: RunState, actions: list[CapturedAction]) -> ApprovalCardPart:
+        """Put a captured turn's actions on ONE batch card and suspend the session on it."""
+        message = state.messages[-1]  # the turn's answer
+        card = batch_card(
+            actions,
+            self._tools(),
+            card_id=self.runtime.ids("batch"),
+            now=self.runtime.clock(),
+            ttl=self.runtime.pending_ttl,
+        )
+        message.parts.append(card)
+        state.pending[card.tool_call_id] = card
+        state.progress = Progress(
+            agent=message.agent or "", message_id=message.id, status="suspended"
+        )
+        return card
+
+    async def _apply_batch(
+        self, run: AgentRun[Any], record: SessionRecord, state: RunState, card: ApprovalCardPart
+    ) -> AsyncGenerator[Event, None]:
+        """Apply a decided batch card's actions (going on from a crash, from the log)."""
+        assert state.progress is not None
+        report = ApplyReport(actions=approved_plan(card))
+        yield RunStarted(run_id=state.run_id, session_id=state.session_id)
+        state.progress.status = "running"  # a crash from here on is recovered from the log
+        await self._save(record, state, "active")
+        logged = {e.tool_call_id: e for e in await self.store.tool_log(record.id)}
+        tools = self._tools()
+        dispatcher = Dispatcher(
+            tools, state, self.runtime, "apply", journal=_SessionJournal(self, record, state)
+        )
+
+        async def execute(action: CapturedAction, args: dict[str, Any]) -> ToolCallPart:
+            entry = logged.get(action.call_id)
+            tool = tools.get(action.tool)
+            if entry is None or (entry.result is None and tool is not None and tool.idempotent):
+                return await dispatcher.apply(action, args)
+            part = ToolCallPart(id=action.call_id, name=action.tool, args=entry.args)
+            if entry.result is not None:  # it ran before a crash: its result stands
+                part.result = _RESULT.validate_python(entry.result)
+            else:
+                part.result = ToolResult.failure(
+                    f"Action {action.local_index} ({action.tool}) may have run before the "
+                    f"worker applying it stopped; its effect is unknown, so it is not run "
+                    f"again. Check whether it happened."
+                )
+            part.status = "completed" if part.result.ok else "failed"
+            return part
+
+        async for part in run_actions(report, execute):
+            yield completed_event(part)
+        card.output = {"actions": [a.model_dump(mode="json") for a in report.actions]}
+        summary = _report_text(report)
+        state.progress = None
+        await self._save(record, state, "completed" if report.ok else "failed")
+        run._result = AgentResult(outcome="completed", state=state, output=summary)
+        yield RunCompleted(output=summary)
+
+    def _tools(self) -> dict[str, Tool[Any]]:
+        """Every tool of the domain's agents, by name."""
+        return {name: t for agent in self.domain.agents for name, t in agent.tools.items()}
 
     async def _reconcile(
         self, session_id: str, state: RunState, agent: Agent[Any]
@@ -429,6 +620,8 @@ class Engine:
                 progress = state.progress
                 agent = self.domain.by_name.get(progress.agent) if progress else None
                 tools = agent.tools if agent is not None else {}
+                if any(c.kind == "batch" for c in state.pending.values()):
+                    tools = self._tools()
                 for tool_call_id, decision in decisions.items():
                     decide(state, tools, tool_call_id, decision, now=now)
                 try:
@@ -645,3 +838,46 @@ _STATUS: dict[str, SessionStatus] = {
     "interrupted": "active",
     "failed": "failed",
 }
+
+
+@dataclass(kw_only=True, slots=True)
+class _Headless:
+    """What a headless turn collects besides its events."""
+
+    propose: bool = False
+    actions: list[CapturedAction] = field(default_factory=list)
+    card: str | None = None
+
+
+def _batch_to_apply(state: RunState) -> ApprovalCardPart | None:
+    """The decided batch card the session waits to apply, if that is what it waits for."""
+    progress = state.progress
+    if progress is None or state.pending:
+        return None
+    try:
+        message = state.find_message(progress.message_id)
+    except KeyError:
+        return None
+    for part in message.parts:
+        if isinstance(part, ApprovalCardPart) and part.kind == "batch":
+            return part if part.decision is not None else None
+    return None
+
+
+def _card_event(card: ApprovalCardPart) -> ApprovalRequired:
+    return ApprovalRequired(
+        tool_call_id=card.tool_call_id, name=card.tool_name, args=card.args, prompt=card.prompt
+    )
+
+
+def _report_text(report: ApplyReport) -> str:
+    applied, skipped, failed = len(report.applied), len(report.skipped), report.failed
+    text = f"Applied {applied} of {len(report.actions)} action(s)"
+    if skipped:
+        text += f"; {skipped} skipped"
+    if failed is not None:
+        text += (
+            f"; action {failed.local_index} ({failed.tool}) failed: {failed.error}; "
+            f"{len(report.not_run)} did not run"
+        )
+    return text + "."

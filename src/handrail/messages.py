@@ -42,9 +42,10 @@ ToolCallStatus: TypeAlias = Literal[
 a client (the result is a placeholder until the decision comes); `completed`/`failed`: the
 result is final; `rejected`: a human refused the call, which never ran; `interrupted`: the
 run was cancelled before the call produced a result (the result says so)."""
-CardKind: TypeAlias = Literal["approval", "elicitation", "client_exec", "recovery"]
+CardKind: TypeAlias = Literal["approval", "elicitation", "client_exec", "recovery", "batch"]
 """What a card asks: approve a call, answer for a person (`human` tool), run it in the client,
-or decide about a call that may have run before a crash."""
+decide about a call that may have run before a crash, or approve a captured run's actions as
+one batch (`handrail.capture`)."""
 DecisionKind: TypeAlias = Literal["approve", "reject", "answer", "client_result", "skip", "expire"]
 """How a card was decided (`expire`: nobody decided before its deadline)."""
 
@@ -106,6 +107,9 @@ class ToolCallPart:
     """When dispatch started (seconds since the epoch, from the runtime's clock)."""
     duration_ms: float | None = None
     """How long dispatch took."""
+    captured: int | None = None
+    """Set in capture mode (`handrail.capture`): the call's local index. It did not run; its
+    result is the tool's `mint` prediction, and `apply` runs it later."""
     type: Literal["tool-call"] = "tool-call"
 
 

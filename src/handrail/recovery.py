@@ -38,7 +38,8 @@ RECOVERY_PROMPT = (
     "This call may have run before the worker running it stopped (a crash or a restart), so "
     "its effect is unknown. Retry it (approve), or skip it (reject)?"
 )
-_RESULT: TypeAdapter[ToolResult] = TypeAdapter(ToolResult)
+RESULT: TypeAdapter[ToolResult] = TypeAdapter(ToolResult)
+"""Validates a result as the tool-call log stores it."""
 
 
 class Journal(Protocol):
@@ -89,7 +90,7 @@ def attempt_id(message: Message, part: ToolCallPart) -> str:
 
 def result_record(result: ToolResult) -> dict[str, Any]:
     """A result as the tool-call log stores it."""
-    return _RESULT.dump_python(result, mode="json")  # type: ignore[no-any-return]
+    return RESULT.dump_python(result, mode="json")  # type: ignore[no-any-return]
 
 
 def reconcile(
@@ -129,7 +130,7 @@ def reconcile(
         if approved and approval is not None and approval.amended_args is not None:
             part.args = approval.amended_args  # what it was started with
         if entry.status == "finished" and entry.result is not None:
-            part.result = _RESULT.validate_python(entry.result)
+            part.result = RESULT.validate_python(entry.result)
             part.status = "completed" if part.result.ok else "failed"
             if part.result.ok:
                 state.context.record(part.name, part.id, part.result.data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .models import Model
     from .tools import Permission, Tool, ToolResult
     from .tracing import Tracing
+
+_log = logging.getLogger("handrail")
 
 __all__ = [
     "Assembly",
@@ -99,8 +102,9 @@ class Runtime(Generic[DepsT]):
 
 
 Mode = Literal["live", "capture", "mock"]
-"""How tools run: for real (`live`), captured for a later batch (`capture`, the capture
-issue), or replaced by mocks (`mock`: a tool without a mock fails with a tool error)."""
+"""How tools run: for real (`live`), captured for a later batch (`capture`: gated calls
+are recorded with a predicted output, see `handrail.capture`), or replaced by mocks
+(`mock`: a tool without a mock fails with a tool error)."""
 Mock = Callable[[dict[str, Any]], Any] | Any
 """A mocked tool output: a function of the call's arguments, or the output itself."""
 WrapTools = Callable[["Tool[Any]"], "Tool[Any] | None"] | Mapping[str, Mock]
@@ -150,26 +154,21 @@ def build_runtime(
         config: the domain (a lone agent is a domain of one).
         runtime: dependencies, hooks, policy, clock and ids (default: a new `Runtime`).
         mode: `live`, `mock` (every tool without a mock in `wrap_tools` fails with a tool
-            error instead of running) or `capture` (arrives with the capture issue).
+            error instead of running) or `capture` (gated calls are recorded with their
+            `mint` prediction instead of running; see `handrail.capture`).
         model: the default model for agents that name none (over `runtime.model`).
         wrap_tools: replaces tools: a function `tool -> new tool (or None to keep it)`, or a
             mapping `tool name -> mock output (or a function of the arguments)`.
 
     Raises:
-        ConfigError: an unknown mode, `capture` (not available yet), or mocks for tools that
-            no agent has.
+        ConfigError: an unknown mode, or mocks for tools that no agent has.
     """
     from .agent import Agent as AgentType
     from .engine import Domain as DomainType
 
     domain = config if isinstance(config, DomainType) else DomainType(agents=[config])
     runtime = runtime if runtime is not None else Runtime()
-    if mode == "capture":
-        raise ConfigError(
-            "mode='capture' is not available yet (it arrives with capture and batch apply); "
-            "use 'live' or 'mock'."
-        )
-    if mode not in ("live", "mock"):
+    if mode not in ("live", "mock", "capture"):
         raise ConfigError(f"build_runtime(mode={mode!r}): the modes are live, mock, capture.")
     everyone = [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]
     if isinstance(wrap_tools, Mapping):
@@ -182,6 +181,8 @@ def build_runtime(
             )
 
     def wrap(tool: Tool[Any]) -> Tool[Any]:
+        if mode == "capture" and (tool.gated or tool.executor in ("human", "client")):
+            tool = tool.for_capture()  # a mock in wrap_tools stands in for it in `apply`
         if callable(wrap_tools) and not isinstance(wrap_tools, Mapping):
             return wrap_tools(tool) or tool
         if isinstance(wrap_tools, Mapping) and tool.name in wrap_tools:
@@ -189,6 +190,21 @@ def build_runtime(
         if mode == "mock" and tool.executor == "server":
             return tool.mocked(_no_mock(tool.name))
         return tool
+
+    if mode == "capture":
+        blind = sorted(
+            t.name
+            for agent in everyone
+            for t in agent.tools.values()
+            if t.gated and t.executor == "server" and t.mint is None
+        )
+        if blind:
+            _log.warning(
+                "Capture mode: %s %s gated with no mint=, so a headless run cannot capture "
+                "their calls (they fail with a tool error).",
+                ", ".join(blind),
+                "is" if len(blind) == 1 else "are",
+            )
 
     def rebuilt(agent: AgentType[Any]) -> AgentType[Any]:
         if wrap_tools is None and mode == "live":

@@ -7,7 +7,7 @@ run resumes after a restart exactly where it stopped.
 Schema versions:
     1: messages, context store, usage, turn counters, dedup and cache, pending progress;
        later (still 1: the new keys are optional) scratch messages, route, domain state,
-       compaction summary.
+       compaction summary, the capture counter.
 """
 
 from __future__ import annotations
@@ -117,6 +117,9 @@ class RunState:
     """Every tool call id of the session: a new call whose id is taken (some servers number
     their calls per response) gets a fresh one, so the tool-call log never mixes two calls.
     Rebuilt by `load`."""
+    captures: int = 0
+    """How many calls capture mode has recorded in this session: the next one's local index
+    (it only grows, so temporary ids never repeat; see `handrail.capture`)."""
     pending: dict[str, ApprovalCardPart] = field(default_factory=dict)
     """The pending map: tool call id -> the card waiting for a decision. An index over the
     undecided cards in `messages` (they are the record), rebuilt by `load`."""
@@ -197,6 +200,8 @@ class RunState:
             "domain_state": self.domain_state,
             "summary": self.summary,
         }
+        if self.captures:
+            doc["captures"] = self.captures
         return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
 
     @classmethod
@@ -239,6 +244,7 @@ class RunState:
             route=doc.get("route"),
             domain_state=doc.get("domain_state"),
             summary=doc.get("summary"),
+            captures=doc.get("captures", 0),
         )
         parts = {
             p.id: p for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)
@@ -282,6 +288,7 @@ class _Doc(TypedDict):
     route: NotRequired[RouteChoice | None]
     domain_state: NotRequired[Any]
     summary: NotRequired[Summary | None]
+    captures: NotRequired[int]
 
 
 _DOC: TypeAdapter[_Doc] = TypeAdapter(_Doc)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECISION",
+    "ActionChoice",
     "Answer",
     "Approve",
     "ClientResult",
@@ -54,11 +55,26 @@ __all__ = [
 
 
 @dataclass(kw_only=True, slots=True)
+class ActionChoice:
+    """The decision on one action of a batch card (see `handrail.capture`)."""
+
+    approve: bool = True
+    """Apply it (False: skip it)."""
+    amended_args: dict[str, Any] | None = None
+    """New values for some of its tool's `amendable` arguments."""
+    reason: str | None = None
+    """Why it is skipped."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Approve:
     """Run the gated call, with the arguments as proposed or as amended."""
 
     amended_args: dict[str, Any] | None = None
     """New values for some of the tool's `amendable` arguments (the rest stay as proposed)."""
+    actions: dict[int, ActionChoice] | None = None
+    """For a batch card: decisions per action, by local index (the others are applied as
+    proposed)."""
     by: str | None = None
     """Who decided (recorded on the card)."""
     decision: Literal["approve"] = "approve"
@@ -110,12 +126,14 @@ _ACCEPTS: dict[str, tuple[str, ...]] = {
     "elicitation": ("answer", "reject"),
     "client_exec": ("client_result", "reject"),
     "recovery": ("approve", "reject"),
+    "batch": ("approve", "reject"),
 }
 _WAITING = {
     "approval": "waiting for a person to approve it",
     "elicitation": "waiting for a person to answer",
     "client_exec": "waiting for the client to run it",
     "recovery": "waiting for a person to decide whether to retry it",
+    "batch": "waiting for a person to approve the batch it belongs to",
 }
 
 
@@ -184,6 +202,16 @@ def decide(
             f"Call {tool_call_id} ({card.tool_name}) waits for a {card.kind} decision, which "
             f"is one of {', '.join(_ACCEPTS[card.kind])}; got {kind!r}."
         )
+    if card.kind == "batch":
+        from .capture import decide_batch
+
+        amended_plan = decide_batch(state, tools, card, decision)
+        return _record(state, card, decision, now, amended_plan, None)
+    if isinstance(decision, Approve) and decision.actions is not None:
+        raise InvalidDecisionError(
+            f"Call {tool_call_id} ({card.tool_name}) is one call, not a batch: approve it "
+            f"with amended_args=, not actions=."
+        )
     tool = tools.get(card.tool_name)
     if tool is None and not isinstance(decision, Reject):
         raise InvalidDecisionError(
@@ -200,8 +228,18 @@ def decide(
         output = _answer(tool, card, decision.output)
     elif isinstance(decision, ClientResult):
         output = decision.output if decision.error is None else {"error": decision.error}
+    return _record(state, card, decision, now, amended, output)
 
-    card.decision = kind
+
+def _record(
+    state: RunState,
+    card: ApprovalCardPart,
+    decision: Decision,
+    now: float,
+    amended: dict[str, Any] | None,
+    output: Any,
+) -> ApprovalCardPart:
+    card.decision = decision.decision
     card.decided_by = decision.by
     card.decided_at = now
     if isinstance(decision, Reject):
@@ -213,7 +251,7 @@ def decide(
         card.amended_args = amended
     if isinstance(decision, Approve):
         card.args_digest = args_digest(card.tool_name, amended or card.args)
-    del state.pending[tool_call_id]
+    del state.pending[card.tool_call_id]
     return card
 
 
@@ -253,20 +291,34 @@ def _amend(
 ) -> dict[str, Any] | None:
     if not changes:
         return None
-    forbidden = sorted(set(changes) - set(card.amendable))
+    label = f"Call {card.tool_call_id} ({card.tool_name})"
+    return amend(state, tool, card.args, changes, card.amendable, label)
+
+
+def amend(
+    state: RunState,
+    tool: Tool[Any],
+    args: dict[str, Any],
+    changes: dict[str, Any],
+    amendable: list[str] | tuple[str, ...],
+    label: str,
+) -> dict[str, Any]:
+    """`args` with a person's `changes` to its `amendable` fields, validated again.
+
+    Raises:
+        InvalidDecisionError: a change to a field that is not amendable, or arguments that no
+            longer validate (`label` names the call in the message).
+    """
+    forbidden = sorted(set(changes) - set(amendable))
     if forbidden:
-        allowed = ", ".join(card.amendable) or "none"
+        allowed = ", ".join(amendable) or "none"
         raise InvalidDecisionError(
-            f"Call {card.tool_call_id} ({card.tool_name}): {', '.join(forbidden)} cannot be "
-            f"amended (amendable: {allowed})."
+            f"{label}: {', '.join(forbidden)} cannot be amended (amendable: {allowed})."
         )
     try:
-        validated = tool.validate({**card.args, **changes}, state.context)
+        validated = tool.validate({**args, **changes}, state.context)
     except (ArgumentsError, PathError) as exc:
-        raise InvalidDecisionError(
-            f"Call {card.tool_call_id} ({card.tool_name}): the amended arguments are not "
-            f"valid: {exc}"
-        ) from None
+        raise InvalidDecisionError(f"{label}: the amended arguments are not valid: {exc}") from None
     return tool.stored_args(validated)
 
 

@@ -55,18 +55,31 @@ from ..recovery import Journal, attempt_id, idempotency_key
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from ..capture import CapturedAction
+
 from ..runtime import Runtime
 from ..state import RunState
 from ..suspension import args_digest, placeholder, settle
 from ._arguments import ArgumentsError, parse_arguments
 from ._tool import Tool, ToolContext, jsonable
 
-__all__ = ["Dispatcher"]
+__all__ = ["Dispatcher", "completed_event"]
 
 _NO_CLIENT = (
     "Tool {name!r} runs in the client, and no client is connected to run it. Tell the user "
     "to open the app (or do it another way)."
 )
+_NOT_HEADLESS = {
+    "human": (
+        "Tool {name!r} asks a person, and this is a headless run (capture mode) with nobody "
+        "to ask. Say what you would have asked instead."
+    ),
+    "client": (
+        "Tool {name!r} runs in the client, and this is a headless run (capture mode) with no "
+        "client. Tell the user it needs the app."
+    ),
+    "provider": "Tool {name!r} cannot be captured.",
+}
 Emit = Callable[[Event], None]
 _Final: TypeAlias = None  # what `_prepare` returns for a part that is already final or waiting
 
@@ -142,12 +155,15 @@ class Dispatcher:
             else:
                 finished.append(part)
         for part in finished:
-            yield _completed(part)
+            if part.captured is not None and part.status == "running":
+                assert part.result is not None
+                await self._finish(part, self.tools[part.name], part.result, None)
+            yield completed_event(part)
         async for event in self._execute_ready(ready, checkpoint=True):
             yield event
         for part, original in copies:
             self._reuse(part, original, in_batch=True)
-            yield _completed(part)
+            yield completed_event(part)
 
     async def resume(self, message: Message, cards: list[ApprovalCardPart]) -> AsyncIterator[Event]:
         """Settle the decided calls of a suspended `message`; run the approved ones.
@@ -172,7 +188,7 @@ class Dispatcher:
                 if isinstance(outcome, _Ready):
                     ready.append(outcome)
                 else:
-                    yield _completed(part)
+                    yield completed_event(part)
                 continue
             if card is None:  # still pending: the caller resumes only when nothing is
                 continue
@@ -182,7 +198,7 @@ class Dispatcher:
                 await self._finish(part, tool, result, None)
                 if card.decision == "reject":
                     part.status = "rejected"
-                yield _completed(part)
+                yield completed_event(part)
                 continue
             assert tool is not None  # `settle` settles every call whose tool is gone
             outcome = await self._approved(part, tool, card)
@@ -195,7 +211,7 @@ class Dispatcher:
             elif part.status == "waiting":  # an approved client tool: now the client runs it
                 yield self._wait(part, cards, approved=True)
             else:
-                yield _completed(part)
+                yield completed_event(part)
         # The message was stored when the turn stopped, so the calls are already on record.
         async for event in self._execute_ready(ready, checkpoint=False):
             yield event
@@ -338,6 +354,9 @@ class Dispatcher:
         planned[part.id] = part
 
         if tool.gated or tool.executor in ("human", "client"):
+            if tool.capture:
+                self._capture(part, tool)
+                return None
             self._hold(part, tool)
             return None
         if tool.executor == "provider":
@@ -346,6 +365,36 @@ class Dispatcher:
             return None
         part.status = "running"
         return _Ready(part, tool, kwargs, key)
+
+    def _capture(self, part: ToolCallPart, tool: Tool[Any]) -> None:
+        """Capture mode: record a gated call with its predicted output instead of running it."""
+        if tool.executor != "server":
+            self._fail(part, _NOT_HEADLESS[tool.executor].format(name=part.name))
+            return
+        if tool.mint is None:
+            self._fail(
+                part,
+                f"Tool {part.name!r} was not run: this is a headless run (capture mode), which "
+                f"records gated calls instead of running them, and this tool has no mint= to "
+                f"predict its output. Tell the user it needs a person to do it.",
+            )
+            return
+        state = self.state
+        index = state.captures
+        try:
+            result = tool.to_result(tool.mint(dict(part.args), index))
+        except Exception as exc:
+            self._fail(part, f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}")
+            return
+        if not result.ok:
+            self._fail(part, f"Tool {part.name!r}: mint predicted: {result.error}")
+            return
+        state.captures = index + 1
+        if result.summary is None:
+            result.summary = f"captured as action {index}: not run yet"
+        part.result = result
+        part.captured = index
+        part.status = "running"  # `run` finishes it (steps 8-11) without executing it
 
     def _hold(self, part: ToolCallPart, tool: Tool[Any]) -> None:
         """Make a call wait for a person or a client, unless it cannot (then it fails)."""
@@ -435,6 +484,38 @@ class Dispatcher:
         cards.append(card)
         return event
 
+    async def apply(self, action: CapturedAction, args: dict[str, Any]) -> ToolCallPart:
+        """Run a captured action for real (steps 3-4 and 7-11; applying it is the approval).
+
+        Args:
+            action: the action.
+            args: its arguments, temporary ids already replaced.
+        """
+        part = ToolCallPart(
+            id=action.call_id or f"apply_{action.local_index}",
+            name=action.tool,
+            args=args,
+            started_at=self.runtime.clock(),
+        )
+        tool = self.tools.get(part.name)
+        if tool is None:
+            self._fail(part, _unknown_tool(part.name, self.tools))
+            return part
+        if tool.executor != "server":
+            self._fail(part, f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.")
+            return part
+        try:
+            validated = tool.validate(args, self.state.context)
+        except Exception as exc:
+            self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return part
+        part.args = tool.stored_args(validated)
+        part.status = "running"
+        ready = _Ready(part, tool, tool.arguments(validated), _call_key(part.name, part.args))
+        async for _ in self._execute_ready([ready], checkpoint=False):
+            pass
+        return part
+
     # -- steps 7 to 11 --------------------------------------------------------------------
 
     async def _execute_many(self, ready: list[_Ready]) -> AsyncIterator[Event]:
@@ -517,7 +598,7 @@ class Dispatcher:
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
         if self.journal is not None and tool.permission != "read":
             await self.journal.finished(ready.log_id, part, part.result or result)
-        emit(_completed(part))
+        emit(completed_event(part))
 
     async def _finish(
         self, part: ToolCallPart, tool: Tool[Any] | None, result: ToolResult, key: str | None
@@ -604,7 +685,8 @@ def _call_key(name: str, args: dict[str, Any]) -> str:
     return name + "\x00" + pydantic_core.to_json(args).decode()
 
 
-def _completed(part: ToolCallPart) -> ToolCallCompleted:
+def completed_event(part: ToolCallPart) -> ToolCallCompleted:
+    """The `tool-call-completed` event of a part whose result is final."""
     result = part.result
     assert result is not None
     return ToolCallCompleted(

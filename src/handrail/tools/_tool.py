@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ _PERMISSIONS = ("read", "draft", "write", "destructive")
 _EXECUTORS = ("server", "human", "client", "provider")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 _INPUT_CONFIG = ConfigDict(extra="forbid", str_strip_whitespace=True)
+_log = logging.getLogger("handrail.tools")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -238,6 +240,13 @@ class Tool(Generic[DepsT]):
         self.digest = digest
         self.summary = summary
         self.mint = mint
+        self.capture = False  # set on the copies capture mode runs (`for_capture`)
+        if self.gated and executor == "server" and mint is None:
+            _log.info(
+                "%s is gated and has no mint=, so it cannot be captured: in a headless run "
+                "(capture mode) its calls fail with a tool error.",
+                label,
+            )
         self.ends_turn = ends_turn
         self.idempotent = idempotent
         self.cache_ttl = cache_ttl
@@ -316,6 +325,12 @@ class Tool(Generic[DepsT]):
         clone.function = run
         clone.kind = "async"
         clone.takes_ctx = False
+        return clone
+
+    def for_capture(self) -> Tool[DepsT]:
+        """A copy of this tool for capture mode: its gated calls are recorded, not run."""
+        clone = copy.copy(self)
+        clone.capture = True
         return clone
 
     def arguments(self, validated: BaseModel) -> dict[str, Any]:
