@@ -1,0 +1,401 @@
+"""Capture mode, apply, batch approval and Engine.run_headless, through the public API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from handrail import (
+    ActionChoice,
+    Agent,
+    Approve,
+    CapturedAction,
+    Domain,
+    Engine,
+    InvalidDecisionError,
+    Reject,
+    Runtime,
+    StaleResolutionError,
+    apply,
+    build_runtime,
+    temp_id,
+    tool,
+)
+from handrail.capture import substitute, unresolved
+from handrail.store import MemoryStore
+from handrail.testing import ScriptedModel, call
+
+RAN: list[tuple[str, dict[str, Any]]] = []
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    RAN.clear()
+
+
+@tool(name="orders.lookup")
+def lookup(order_id: str) -> dict[str, Any]:
+    """Look an order up."""
+    RAN.append(("orders.lookup", {"order_id": order_id}))
+    return {"order_id": order_id, "status": "delivered"}
+
+
+@tool(
+    name="orders.create",
+    permission="write",
+    amendable=["quantity"],
+    mint=lambda args, i: {"order_id": temp_id(i), "item": args["item"]},
+)
+def create(item: str, quantity: int = 1) -> dict[str, Any]:
+    """Create an order."""
+    RAN.append(("orders.create", {"item": item, "quantity": quantity}))
+    return {"order_id": f"ORD-{len(RAN)}", "item": item}
+
+
+@tool(
+    name="orders.add_note",
+    permission="write",
+    amendable=["note"],
+    mint=lambda args, i: {"note_id": temp_id(i), "order_id": args["order_id"]},
+)
+def add_note(order_id: str, note: str, links: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """Add a note to an order."""
+    RAN.append(("orders.add_note", {"order_id": order_id, "note": note, "links": links}))
+    if order_id.startswith("BAD"):
+        raise ValueError(f"no order {order_id}")
+    return {"note_id": f"N-{len(RAN)}", "order_id": order_id}
+
+
+@tool(name="orders.cancel", permission="destructive")
+def cancel(order_id: str) -> str:
+    """Cancel an order (no mint: it cannot be captured)."""
+    RAN.append(("orders.cancel", {"order_id": order_id}))
+    return "cancelled"
+
+
+@tool(name="ask.person", executor="human")
+def ask(question: str) -> str:
+    """Ask a person."""
+    raise AssertionError("never called")
+
+
+TOOLS = [lookup, create, add_note, cancel, ask]
+
+
+def chained_model() -> ScriptedModel:
+    return ScriptedModel(
+        [
+            [call("orders.lookup", order_id="A1")],
+            [call("orders.create", item="mug")],
+            [
+                call(
+                    "orders.add_note",
+                    order_id="temp_0",
+                    note="gift for temp_0",
+                    links=[{"order": "temp_0"}],
+                )
+            ],
+            "Ordered a mug and noted it.",
+        ]
+    )
+
+
+def engine_for(model: ScriptedModel, **kwargs: Any) -> Engine:
+    agent = Agent("clerk", tools=TOOLS, model=model)
+    return Engine(agent, store=kwargs.pop("store", MemoryStore()), **kwargs)
+
+
+async def test_a_headless_turn_captures_gated_calls_and_runs_the_read_only_ones() -> None:
+    model = chained_model()
+    result = await engine_for(model).run_headless("s1", "Order a mug for A1 and note it")
+
+    assert result.outcome == "completed"
+    assert result.text == "Ordered a mug and noted it."
+    assert RAN == [("orders.lookup", {"order_id": "A1"})]  # only the read ran
+    assert [(a.tool, a.local_index, a.status) for a in result.actions] == [
+        ("orders.create", 0, "captured"),
+        ("orders.add_note", 1, "captured"),
+    ]
+    assert result.actions[0].predicted_output == {"order_id": "temp_0", "item": "mug"}
+    assert result.actions[1].args["order_id"] == "temp_0"
+    # The model saw the prediction, so it could chain on the temporary id.
+    seen = model.calls[2].messages[-1].parts[0]
+    assert seen.result.data == {"order_id": "temp_0", "item": "mug"}  # type: ignore[union-attr]
+    assert [e.type for e in result.events][-1] == "run-completed"
+
+
+async def test_local_indexes_grow_across_agents_iterations_and_turns() -> None:
+    first = Agent(
+        "first",
+        tools=[create],
+        model=ScriptedModel([[call("orders.create", item="a")], "one"] * 2),
+        scratch=True,
+    )
+    second = Agent(
+        "second",
+        tools=[create],
+        model=ScriptedModel(
+            [[call("orders.create", item="b")], [call("orders.create", item="c")], "two"] * 2
+        ),
+    )
+    engine = Engine(Domain(agents=[first, second], routes={"both": ["first", "second"]}))
+    one = await engine.run_headless("s1", "go")
+    assert [a.local_index for a in one.actions] == [0, 1, 2]
+    assert [a.predicted_output["order_id"] for a in one.actions] == ["temp_0", "temp_1", "temp_2"]
+    two = await engine.run_headless("s1", "again")
+    assert [a.local_index for a in two.actions] == [3, 4, 5]  # never reused in a session
+
+
+async def test_a_gated_tool_without_mint_fails_with_a_clear_tool_error_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="handrail"):
+
+        @tool(name="orders.wipe", permission="destructive")
+        def wipe(order_id: str) -> str:
+            """Wipe."""
+            return "gone"
+
+        build_runtime(Agent("a", tools=[wipe]), mode="capture")
+    assert "'orders.wipe' is gated and has no mint=, so it cannot be captured" in caplog.text
+    assert "Capture mode: orders.wipe is gated with no mint=" in caplog.text
+
+    model = ScriptedModel(
+        [[call("orders.cancel", order_id="A1"), call("ask.person", question="?")], "ok"]
+    )
+    result = await engine_for(model).run_headless("s1", "cancel A1")
+    assert result.actions == []
+    assert RAN == []
+    cancel_error, ask_error = _calls(model)
+    assert "has no mint= to predict its output" in cancel_error
+    assert "headless run (capture mode) with nobody to ask" in ask_error
+
+
+def _calls(model: ScriptedModel) -> list[str]:
+    return [p.result.error for p in model.calls[1].messages[-1].parts]  # type: ignore[union-attr]
+
+
+async def test_apply_runs_the_actions_in_order_with_real_ids_substituted_everywhere() -> None:
+    result = await engine_for(chained_model()).run_headless("s1", "go")
+    RAN.clear()
+    report = await apply(result.actions, TOOLS)
+
+    assert report.ok and not report.not_run and report.failed is None
+    assert report.ids == {"temp_0": "ORD-1", "temp_1": "N-2"}
+    assert RAN == [
+        ("orders.create", {"item": "mug", "quantity": 1}),
+        (
+            "orders.add_note",
+            {"order_id": "ORD-1", "note": "gift for ORD-1", "links": [{"order": "ORD-1"}]},
+        ),
+    ]
+    assert [a.status for a in report.actions] == ["applied", "applied"]
+    assert report.actions[1].output == {"note_id": "N-2", "order_id": "ORD-1"}
+
+    again = await apply(report.actions, TOOLS)  # idempotent: nothing left to run
+    assert again.ok and len(RAN) == 2
+
+
+async def test_apply_stops_at_the_first_failure_and_applying_again_runs_only_the_rest() -> None:
+    actions = [
+        CapturedAction(tool="orders.create", args={"item": "a"}, local_index=0,
+                       predicted_output={"order_id": "temp_0"}),
+        CapturedAction(tool="orders.add_note", args={"order_id": "BAD", "note": "x"},
+                       local_index=1, predicted_output={"note_id": "temp_1"}),
+        CapturedAction(tool="orders.add_note", args={"order_id": "temp_0", "note": "y"},
+                       local_index=2, predicted_output={"note_id": "temp_2"}),
+    ]  # fmt: skip
+    report = await apply(actions, TOOLS)
+    assert [a.status for a in report.actions] == ["applied", "failed", "captured"]
+    assert report.failed is not None and "ValueError: no order BAD" in (report.failed.error or "")
+    assert [a.local_index for a in report.not_run] == [2]
+    assert len(RAN) == 2
+
+    report.actions[1].args["order_id"] = "temp_0"  # a person fixes the failed action
+    RAN.clear()
+    again = await apply(report.actions, TOOLS)
+    assert again.ok
+    assert [name for name, _ in RAN] == ["orders.add_note", "orders.add_note"]  # not create
+    assert RAN[0][1]["order_id"] == "ORD-1"
+
+
+async def test_apply_refuses_an_action_whose_temp_id_nothing_produced() -> None:
+    actions = [
+        CapturedAction(tool="orders.create", args={"item": "a"}, local_index=0, status="skipped"),
+        CapturedAction(tool="orders.add_note", args={"order_id": "temp_0", "note": "y"},
+                       local_index=1),
+    ]  # fmt: skip
+    report = await apply(actions, TOOLS)
+    assert RAN == []
+    assert report.failed is not None
+    assert "refers to temp_0, which no applied action produced" in (report.failed.error or "")
+
+
+async def test_apply_reports_an_unknown_tool_and_invalid_arguments() -> None:
+    unknown = await apply([CapturedAction(tool="orders.creat", args={}, local_index=0)], TOOLS)
+    assert "Unknown tool 'orders.creat'. Did you mean 'orders.create'" in (
+        unknown.failed.error or ""  # type: ignore[union-attr]
+    )
+    invalid = await apply(
+        [CapturedAction(tool="orders.create", args={"item": 3, "zz": 1}, local_index=0)], TOOLS
+    )
+    assert invalid.failed is not None and "zz" in (invalid.failed.error or "")
+    assert RAN == []
+
+
+@given(
+    st.recursive(
+        st.one_of(st.integers(), st.text(max_size=12), st.sampled_from(["temp_0", "temp_1"])),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+        ),
+        max_leaves=12,
+    )
+)
+def test_substitution_leaves_no_known_temp_id_and_changes_nothing_else(value: Any) -> None:
+    ids = {"temp_0": "R0", "temp_1": 41}
+    out = substitute(value, ids)
+    assert not unresolved(out)
+    assert substitute(out, ids) == out  # idempotent
+    assert substitute(value, {}) == value  # nothing known: nothing changes
+
+
+# -- batch approval -------------------------------------------------------------------------
+
+
+async def proposed(store: MemoryStore | None = None) -> tuple[Engine, str]:
+    engine = engine_for(chained_model(), store=store or MemoryStore())
+    result = await engine.run_headless("s1", "go", propose=True)
+    assert result.outcome == "suspended" and result.card is not None
+    assert [e.type for e in result.events][-2:] == ["approval-required", "run-suspended"]
+    RAN.clear()
+    return engine, result.card
+
+
+async def test_one_batch_card_lists_every_action_and_approving_it_applies_them() -> None:
+    engine, card_id = await proposed()
+    state = await engine.session("s1")
+    (card,) = state.pending.values()
+    assert card.kind == "batch" and card.tool_call_id == card_id
+    assert [a["tool"] for a in card.args["actions"]] == ["orders.create", "orders.add_note"]
+    assert card.args["amendable"] == {"0": ["quantity"], "1": ["note"]}
+    with pytest.raises(Exception, match="suspended"):
+        async for _ in engine.submit("s1", "another message"):
+            pass
+
+    await engine.resolve("s1", card_id, Approve(by="ana"))
+    events = [e async for e in engine.resume("s1")]
+    assert [e.type for e in events] == [
+        "run-started",
+        "tool-call-completed",
+        "tool-call-completed",
+        "run-completed",
+    ]
+    assert events[-1].output == "Applied 2 of 2 action(s)."
+    assert [name for name, _ in RAN] == ["orders.create", "orders.add_note"]
+    assert RAN[1][1]["order_id"] == "ORD-1"
+    after = await engine.session("s1")
+    assert after.progress is None and not after.pending
+    with pytest.raises(StaleResolutionError, match="already decided"):
+        await engine.resolve("s1", card_id, Approve())
+
+
+async def test_per_action_decisions_amend_and_skip() -> None:
+    engine, card_id = await proposed()
+    await engine.resolve(
+        "s1",
+        card_id,
+        Approve(actions={0: ActionChoice(amended_args={"quantity": 3})}),
+    )
+    report = await engine.apply("s1")
+    assert report.ok and RAN[0] == ("orders.create", {"item": "mug", "quantity": 3})
+
+    engine, card_id = await proposed()
+    await engine.resolve(
+        "s1", card_id, Approve(actions={1: ActionChoice(approve=False, reason="no notes")})
+    )
+    report = await engine.apply("s1")
+    assert [a.status for a in report.actions] == ["applied", "skipped"]
+    assert report.skipped[0].error == "no notes"
+    assert [name for name, _ in RAN] == ["orders.create"]
+
+
+async def test_rejecting_the_batch_runs_nothing() -> None:
+    engine, card_id = await proposed()
+    await engine.resolve("s1", card_id, Reject(reason="not today"))
+    report = await engine.apply("s1")
+    assert RAN == []
+    assert [(a.status, a.error) for a in report.actions] == [("skipped", "not today")] * 2
+
+
+async def test_bad_batch_decisions_are_refused_and_change_nothing() -> None:
+    engine, card_id = await proposed()
+    before = (await engine.session("s1")).dump()
+    bad = [
+        (Approve(actions={7: ActionChoice()}), "has no action 7 \\(actions: 0, 1\\)"),
+        (Approve(actions={0: ActionChoice(amended_args={"item": "x"})}), "item cannot be amended"),
+        (Approve(actions={0: ActionChoice(amended_args={"quantity": "many"})}), "not valid"),
+        (Approve(amended_args={"quantity": 2}), "amend them one by one"),
+    ]
+    for decision, message in bad:
+        with pytest.raises(InvalidDecisionError, match=message):
+            await engine.resolve("s1", card_id, decision)
+    assert (await engine.session("s1")).dump() == before
+    with pytest.raises(InvalidDecisionError, match="is one call, not a batch"):
+        from handrail.suspension import decide
+
+        state = await engine.session("s1")
+        state.pending[card_id].kind = "approval"
+        decide(state, {}, card_id, Approve(actions={0: ActionChoice()}), now=0)
+
+
+async def test_a_batch_cut_off_mid_way_never_runs_an_action_twice() -> None:
+    store = MemoryStore()
+    gate, inside = asyncio.Event(), asyncio.Event()
+
+    @tool(name="orders.add_note", permission="write", mint=lambda a, i: {"note_id": temp_id(i)})
+    async def slow_note(order_id: str, note: str, links: list[Any] | None = None) -> dict[str, Any]:
+        """Add a note (hangs: the worker dies while it runs)."""
+        RAN.append(("orders.add_note", {"order_id": order_id}))
+        inside.set()
+        await gate.wait()
+        return {"note_id": "N"}
+
+    agent = Agent("clerk", tools=[lookup, create, slow_note], model=chained_model())
+    engine = Engine(agent, store=store, lease_ttl=0.05)
+    result = await engine.run_headless("s1", "go", propose=True)
+    assert result.card is not None
+    RAN.clear()
+    await engine.resolve("s1", result.card, Approve())
+    task = asyncio.create_task(engine.apply("s1"))
+    await asyncio.wait([task, asyncio.ensure_future(inside.wait())], return_when="FIRST_COMPLETED")
+    assert not task.done(), task.result()
+    task.cancel()  # the worker "dies" inside the second action
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    survivor = Engine(agent, store=store)
+    events = [e async for e in survivor.recover("s1")]
+    assert [name for name, _ in RAN] == ["orders.create", "orders.add_note"]  # nothing again
+    assert events[-1].output.startswith("Applied 1 of 2 action(s); action 1 (orders.add_note)")
+    assert "may have run before the worker applying it stopped" in events[-1].output
+
+
+async def test_an_expired_batch_applies_nothing() -> None:
+    now = [1000.0]
+    engine = Engine(
+        Agent("clerk", tools=TOOLS, model=chained_model()),
+        runtime=Runtime(pending_ttl=60, clock=lambda: now[0]),
+    )
+    result = await engine.run_headless("s1", "go", propose=True)
+    RAN.clear()
+    now[0] += 61
+    assert await engine.expire_due() == ["s1"]
+    report = await engine.apply("s1")
+    assert RAN == [] and {a.status for a in report.actions} == {"skipped"}
+    assert result.card is not None
