@@ -38,6 +38,7 @@ from handrail import (
     SessionStore,
     TextPart,
     ToolContext,
+    temp_id,
     tool,
 )
 from handrail.models import ModelRequest
@@ -181,6 +182,13 @@ def refund_policy(ctx: ToolContext[Desk], reason: Reason) -> dict[str, Any]:
     amendable=["amount"],
     prompt="Refund this order?",
     digest=lambda r: {"refund": r["refund"], "order": r["order"], "amount": r["amount"]},
+    # A headless run (capture mode) records the refund with this prediction instead of making it.
+    mint=lambda args, i: {
+        "refund": temp_id(i),
+        "order": args["order_id"],
+        "amount": _euros(round(args["amount"] * 100)),
+        "reason": args["reason"],
+    },
 )
 def refund_order(
     ctx: ToolContext[Desk], order_id: str, amount: float, reason: str
