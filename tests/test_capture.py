@@ -21,6 +21,7 @@ from handrail import (
     Reject,
     Runtime,
     StaleResolutionError,
+    UserError,
     apply,
     build_runtime,
     temp_id,
@@ -399,3 +400,19 @@ async def test_an_expired_batch_applies_nothing() -> None:
     report = await engine.apply("s1")
     assert RAN == [] and {a.status for a in report.actions} == {"skipped"}
     assert result.card is not None
+
+
+async def test_engine_apply_refuses_a_session_without_a_decided_batch() -> None:
+    engine, card_id = await proposed()
+    with pytest.raises(
+        UserError, match=f"no decided batch card to apply \\(still waiting on {card_id}"
+    ):
+        await engine.apply("s1")
+    plain = engine_for(ScriptedModel([[call("orders.create", item="x")], "ok"]))
+    async for _ in plain.submit("s2", "create"):
+        pass
+    (call_id,) = (await plain.session("s2")).pending
+    await plain.resolve("s2", call_id, Approve())
+    with pytest.raises(UserError, match="no decided batch card to apply"):
+        await plain.apply("s2")  # an ordinary suspended turn is not resumed by apply
+    assert RAN == []

@@ -101,6 +101,14 @@ class ApplyReport:
     ids: dict[str, Any] = field(default_factory=dict)
     """Temporary id -> the real value it stood for."""
 
+    @classmethod
+    def of(cls, actions: Iterable[CapturedAction | dict[str, Any]]) -> ApplyReport:
+        """The report of actions (or their JSON) as they stand, with the ids they yielded."""
+        report = cls(actions=[CapturedAction.model_validate(a) for a in actions])
+        for action in report.applied:
+            learn_ids(action.predicted_output, action.output, report.ids)
+        return report
+
     @property
     def applied(self) -> list[CapturedAction]:
         """The actions that ran (in an earlier `apply` too)."""

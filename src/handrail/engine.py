@@ -35,7 +35,6 @@ from .capture import (
     approved_plan,
     batch_card,
     captured_actions,
-    learn_ids,
     run_actions,
 )
 from .events import ApprovalRequired, Event, RunCompleted, RunStarted, RunSuspended
@@ -362,25 +361,23 @@ class Engine:
             UserError: the session has no decided batch card to apply.
             InvalidDecisionError: the recorded plan does not match what was approved.
         """
+        _, state = await self._load(session_id, org_id, user_id)
+        card = _batch_to_apply(state)
+        if card is None:
+            raise UserError(
+                f"Session {session_id!r} has no decided batch card to apply"
+                + (f" (still waiting on {', '.join(state.pending)})." if state.pending else ".")
+            )
         async for _ in self.resume(session_id, org_id=org_id, user_id=user_id):
             pass
         _, state = await self._load(session_id, org_id, user_id)
         card = next(
-            (
-                p
-                for m in reversed(state.messages)
-                for p in m.parts
-                if isinstance(p, ApprovalCardPart) and p.kind == "batch" and p.output
-            ),
-            None,
+            p
+            for m in reversed(state.messages)
+            for p in m.parts
+            if isinstance(p, ApprovalCardPart) and p.tool_call_id == card.tool_call_id
         )
-        assert card is not None  # resume applied one, or raised
-        actions = [CapturedAction.model_validate(a) for a in card.output["actions"]]
-        report = ApplyReport(actions=actions)
-        for action in actions:
-            if action.status == "applied":
-                learn_ids(action.predicted_output, action.output, report.ids)
-        return report
+        return ApplyReport.of(card.output["actions"])
 
     def _capture_assembly(self) -> tuple[Assembly, Router | None]:
         if self.assembly.mode == "capture":
