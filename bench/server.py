@@ -1,0 +1,387 @@
+"""The HTTP server under load: `python -m bench.server [--streams 200] [--store memory|sqlite]`.
+
+A real uvicorn server on loopback, in its own process, serves an engine on a scripted model
+(one agent: a tool call, then a reply of `WORDS` words, so a turn is ~`WORDS + 9` events).
+This process is the client (httpx, asyncio). Each turn is a `POST /sessions/{id}/turns`
+followed by `GET .../events?after=` read to the end; the `--streams` turns run concurrently.
+
+- Time to first event: from sending the POST of the turn to receiving its first SSE event
+  (so it includes starting the run, logging its first event and the client's own work on a
+  shared two-process machine): p50 and p99 over the turns of the measured rounds.
+- Events/s: every event received in a round, over the round's wall time (first POST to the
+  last stream's end).
+- Memory per open stream: `--streams` streams opened with `?follow=true` on idle sessions
+  (so they stay open), then the server's RSS (`/proc/PID/statm`) and Python heap
+  (`tracemalloc`, started just before the streams open, so it counts only what they
+  allocate and keep) minus before, over the number of streams.
+
+One warm-up round, then `ROUNDS` measured rounds (fresh sessions each). The target: p99 time
+to first event ≤ 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+from typing import Any
+
+TARGET_P99_MS = 50.0
+WORDS = 40
+ROUNDS = 3
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+KEY = "bench-key"
+AUTH = f"Authorization: Bearer {KEY}\r\n"
+STEADY_TURNS = 5
+TERMINAL = (b'"type":"run-completed"', b'"type":"run-suspended"', b'"type":"run-failed"')
+
+
+# -- the server process -----------------------------------------------------------------------
+
+
+class _Paced:
+    """A model that streams each chunk `pace` seconds after the last, as a provider does."""
+
+    def __init__(self, model: Any, pace: float) -> None:
+        self.model, self.pace, self.name = model, pace, model.name
+
+    async def stream(self, request: Any) -> AsyncIterator[Any]:
+        async for chunk in self.model.stream(request):
+            await asyncio.sleep(self.pace)
+            yield chunk
+
+
+def _engine(store_kind: str, db: str | None, pace: float = 0.0) -> Any:
+    from handrail import Agent, Engine, MemoryStore, Runtime, tool
+    from handrail.models import ModelRequest
+    from handrail.testing import FunctionModel, Step, call
+
+    @tool(name="orders.lookup", permission="read")
+    async def lookup(order_id: str) -> dict[str, Any]:
+        """Look an order up."""
+        return {"order": order_id, "status": "delivered"}
+
+    reply = " ".join(f"word{i}" for i in range(WORDS))
+
+    def answer(request: ModelRequest) -> Step:
+        if request.messages[-1].role == "user":
+            return call("orders.lookup", order_id="A1042")
+        return reply
+
+    store: Any = MemoryStore()
+    if store_kind == "sqlite":
+        from handrail.store import SqliteStore
+
+        assert db is not None
+        store = SqliteStore(db)
+    agent = Agent("support", tools=[lookup])
+    model: Any = FunctionModel(answer)
+    if pace:
+        model = _Paced(model, pace)
+    return Engine(agent, store=store, runtime=Runtime(model=model))
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE_KB
+
+
+def _with_probe(app: Any) -> Any:
+    """`app`, plus `/_bench/memory` (RSS and traced heap) and `/_bench/trace` (start)."""
+
+    async def probed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/_bench/"):
+            await app(scope, receive, send)
+            return
+        if path == "/_bench/trace":
+            tracemalloc.start()
+        traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+        body = json.dumps({"rss_kb": _rss_kb(), "traced": traced}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return probed
+
+
+def serve(store_kind: str, db: str | None, pace: float) -> None:
+    """Serve the bench engine on 127.0.0.1 at a free port; print the port, then serve."""
+    import socket
+
+    import uvicorn
+
+    from handrail.server import ApiKeyAuthenticator, Caller, create_app
+
+    engine = _engine(store_kind, db, pace)
+    keys = ApiKeyAuthenticator({KEY: Caller("bench", "bench")})
+    app = _with_probe(create_app(engine, authenticator=keys, static_dir=None))
+    # IPPROTO_TCP named, or asyncio leaves Nagle on for the accepted connections (it sets
+    # TCP_NODELAY only on sockets whose proto says TCP), and each response waits ~40 ms.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    print(sock.getsockname()[1], flush=True)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=4096)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+class _Connection:
+    """A bare HTTP/1.1 client on one keep-alive connection: httpx costs the client more CPU
+    than the server spends, and on a shared machine that would be measured as latency."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> _Connection:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def send(self, method: str, path: str, body: bytes = b"") -> None:
+        head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n{AUTH}Content-Length: {len(body)}\r\n"
+        if body:
+            head += "Content-Type: application/json\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        status = int((await self.reader.readline()).split()[1])
+        headers = {}
+        while (line := await self.reader.readline()) != b"\r\n":
+            name, _, value = line.decode().partition(":")
+            headers[name.lower()] = value.strip()
+        return status, headers
+
+    async def json(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+        self.send(method, path, body)
+        status, headers = await self.head()
+        return status, json.loads(await self.reader.readexactly(int(headers["content-length"])))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body of a chunked response, chunk by chunk."""
+        while size := int((await self.reader.readline()).strip(), 16):
+            yield await self.reader.readexactly(size)
+            await self.reader.readexactly(2)
+
+
+async def _turn(port: int, session_id: str, go: asyncio.Event | None = None) -> tuple[float, int]:
+    """Run a turn of `session_id` and read its stream: ms to its first event, and events."""
+    connection = await _Connection.open(port)
+    try:
+        if go is not None:
+            await go.wait()
+        start = time.perf_counter()
+        status, accepted = await connection.json(
+            "POST", f"/sessions/{session_id}/turns", b'{"text": "Where is A1042?"}'
+        )
+        assert status == 202, accepted
+        connection.send("GET", accepted["events"])
+        status, _ = await connection.head()
+        assert status == 200
+        first: float | None = None
+        count = 0
+        async for chunk in connection.chunks():
+            if b"data:" not in chunk:
+                continue  # a keep-alive comment
+            count += chunk.count(b"\ndata:") + chunk.startswith(b"data:")
+            if first is None:
+                first = time.perf_counter()
+            if any(t in chunk for t in TERMINAL):
+                break
+        assert first is not None
+        return (first - start) * 1000, count
+    finally:
+        connection.close()
+
+
+async def _sessions(port: int, n: int) -> list[str]:
+    connection = await _Connection.open(port)
+    try:
+        return [(await connection.json("POST", "/sessions"))[1]["id"] for _ in range(n)]
+    finally:
+        connection.close()
+
+
+async def _burst(port: int, n: int) -> dict[str, Any]:
+    """`n` turns started at the same instant."""
+    ids = await _sessions(port, n)
+    go = asyncio.Event()
+    tasks = [asyncio.create_task(_turn(port, i, go)) for i in ids]
+    await asyncio.sleep(0.2)  # every connection is open
+    began = time.perf_counter()
+    go.set()
+    results = await asyncio.gather(*tasks)
+    return {
+        "ttfe_ms": [r[0] for r in results],
+        "events": sum(r[1] for r in results),
+        "seconds": time.perf_counter() - began,
+    }
+
+
+async def _steady(port: int, n: int, turns: int) -> dict[str, Any]:
+    """`n` clients, each running its turns one after the other: `n` streams always open."""
+    ids = await _sessions(port, n)
+    ttfe: list[float] = []
+    events = 0
+
+    async def client(session_id: str) -> None:
+        nonlocal events
+        for _ in range(turns):
+            ms, count = await _turn(port, session_id)
+            ttfe.append(ms)
+            events += count
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in ids))
+    return {"ttfe_ms": ttfe, "events": events, "seconds": time.perf_counter() - began}
+
+
+async def _probe(port: int, what: str) -> dict[str, Any]:
+    connection = await _Connection.open(port)
+    try:
+        return dict((await connection.json("GET", f"/_bench/{what}"))[1])
+    finally:
+        connection.close()
+
+
+async def _memory(port: int, n: int) -> tuple[float, float]:
+    """KB of RSS and of traced Python heap per open stream, with `n` streams open."""
+    ids = await _sessions(port, n)
+    await asyncio.sleep(0.5)  # let the server settle
+    before = await _probe(port, "trace")
+    connections = [await _Connection.open(port) for _ in ids]
+    try:
+        for connection, session_id in zip(connections, ids, strict=True):
+            connection.send("GET", f"/sessions/{session_id}/events?follow=true")
+        for connection in connections:
+            assert (await connection.head())[0] == 200
+        await asyncio.sleep(1.5)  # every stream has read its (empty) log and waits
+        during = await _probe(port, "memory")
+    finally:
+        for connection in connections:
+            connection.close()
+    rss = (during["rss_kb"] - before["rss_kb"]) / n
+    traced = (during["traced"] - before["traced"]) / 1024 / n
+    return rss, traced
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """The nearest-rank `q`th percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    ttfe = [t for r in rounds for t in r["ttfe_ms"]]
+    return {
+        "p50": statistics.median(ttfe),
+        "p99": _percentile(ttfe, 99),
+        "max": max(ttfe),
+        "events_per_s": sum(r["events"] for r in rounds) / sum(r["seconds"] for r in rounds),
+        "events_per_turn": sum(r["events"] for r in rounds) / len(ttfe),
+    }
+
+
+async def _bench(port: int, n: int) -> dict[str, Any]:
+    await _burst(port, n)  # warm-up: imports, caches, the allocator's arenas
+    burst = _summary([await _burst(port, n) for _ in range(ROUNDS)])
+    steady = _summary([await _steady(port, n, turns=STEADY_TURNS)])
+    rss, traced = await _memory(port, n)
+    return {"burst": burst, "steady": steady, "rss_kb": rss, "traced_kb": traced}
+
+
+async def _wait_up(port: int, process: subprocess.Popen[str]) -> None:
+    for _ in range(200):
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}")
+        try:
+            await _probe(port, "memory")
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise SystemExit("the server did not start")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__)
+    parser.add_argument("--streams", type=int, default=200, help="concurrent turns")
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="seconds between the model's chunks (0: as fast as it can; 0.02 is a fast LLM)",
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.store, args.db, args.pace)
+        return
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "bench.server", "--serve", "--store", args.store]
+        command += ["--pace", str(args.pace)]
+        command += ["--db", os.path.join(tmp, "bench.db")]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout is not None
+            port = int(process.stdout.readline())
+            asyncio.run(_wait_up(port, process))
+            result = asyncio.run(_bench(port, args.streams))
+            result["server_cpu_s"] = _cpu_seconds(process.pid)
+            result["client_cpu_s"] = _cpu_seconds(os.getpid())
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    _print(result, args.streams, args.store, args.pace)
+
+
+def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
+    burst, steady = result["burst"], result["steady"]
+    print(
+        f"Server under load: uvicorn on loopback in its own process, scripted model "
+        f"({f'a chunk every {pace * 1000:g} ms' if pace else 'unpaced'}), {store} "
+        f"store, {burst['events_per_turn']:.0f} events a turn; the client is this process"
+    )
+    print(f"  burst: {n} turns posted at the same instant ({ROUNDS} rounds after a warm-up)")
+    print(f"  steady: {n} clients each running {STEADY_TURNS} turns back to back")
+    print(f"{'':34} {'burst':>10} {'steady':>10}  target")
+    met = "✓" if burst["p99"] <= TARGET_P99_MS else "✗"
+    rows = [
+        ("time to first event p50, ms", "p50", "{:.1f}", ""),
+        ("time to first event p99, ms", "p99", "{:.1f}", f"{met} ≤ {TARGET_P99_MS:g} (burst)"),
+        ("time to first event max, ms", "max", "{:.1f}", ""),
+        ("events/s", "events_per_s", "{:,.0f}", ""),
+    ]
+    for label, key, form, goal in rows:
+        print(f"{label:34} {form.format(burst[key]):>10} {form.format(steady[key]):>10}  {goal}")
+    print(f"{'KB per open stream, RSS':34} {result['rss_kb']:10.1f}")
+    print(f"{'KB per open stream, Python heap':34} {result['traced_kb']:10.1f}")
+    cpu = f"{result['server_cpu_s']:.1f} / {result['client_cpu_s']:.1f}"
+    print(f"{'CPU s, server / client':34} {cpu:>10}")
+
+
+if __name__ == "__main__":
+    main()
