@@ -132,6 +132,8 @@ def serve(
             f"(org 'local', user 'local').",
             err=True,
         )
+        where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
+        typer.echo(f"Open the web page: http://{where}:{port}/#key={key}", err=True)
     application = create_app(engine, authenticator=authenticator, max_body_size=max_body_size)
     uvicorn.run(application, host=host, port=port, log_level=log_level)
 

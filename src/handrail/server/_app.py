@@ -24,7 +24,9 @@ from ..state import RunState
 from ..store import SessionRecord
 from ._auth import Authenticator, Caller
 from ._bodies import (
+    AgentBody,
     ClientQuery,
+    DomainBody,
     EventsQuery,
     InterruptBody,
     ListQuery,
@@ -33,6 +35,7 @@ from ._bodies import (
     SessionBody,
     SessionsBody,
     SessionSummaryBody,
+    ToolBody,
     TurnAccepted,
     TurnBody,
 )
@@ -167,6 +170,9 @@ class _Api:
             Operation("POST", f"{session}/interrupt", self.interrupt,
                       "Stop the session's running turn", status=202, response=InterruptBody,
                       errors=(404, 409)),
+            Operation("GET", "/domain", self.describe_domain,
+                      "The engine's agents and tools (for a UI: the forms of the cards)",
+                      response=DomainBody),
         ]  # fmt: skip
 
     # -- plumbing -------------------------------------------------------------------------
@@ -220,6 +226,7 @@ class _Api:
             **self._summary(record).model_dump(),
             messages=state.messages,
             pending=list(state.pending.values()),
+            scratch=state.scratch,
         )
 
     def _summary(self, record: Any) -> SessionSummaryBody:
@@ -276,6 +283,38 @@ class _Api:
         _, session_id, _ = await self._session(request)
         document = await self.store.export(session_id)
         return Response(document, media_type="application/json")
+
+    async def describe_domain(self, request: Request) -> Response:
+        """`GET /domain`: the agents (which keep to scratch) and the tools, with their schemas."""
+        await self._caller(request)
+        domain = self.engine.domain
+        supervisor = domain.supervisor
+        agents = [*domain.agents, *([supervisor] if supervisor is not None else [])]
+        tools = {name: t for agent in domain.agents for name, t in agent.tools.items()}
+        body = DomainBody(
+            agents=[
+                AgentBody(
+                    name=agent.name,
+                    scratch=agent.scratch or agent is supervisor,
+                    supervisor=agent is supervisor,
+                )
+                for agent in agents
+            ],
+            tools=[
+                ToolBody(
+                    name=t.name,
+                    description=t.description,
+                    parameters=t.definition.parameters,
+                    output_schema=t.output_adapter.json_schema() if t.output_adapter else None,
+                    permission=t.permission,
+                    executor=t.executor,
+                    gated=t.gated,
+                    amendable=list(t.amendable),
+                )
+                for t in tools.values()
+            ],
+        )
+        return _json(body)
 
     # -- turns ----------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ from ..store import SessionStatus
 from ..suspension import Decision
 
 __all__ = [
+    "AgentBody",
     "ClientQuery",
+    "DomainBody",
     "ErrorBody",
     "EventsQuery",
     "ListQuery",
@@ -21,6 +23,7 @@ __all__ = [
     "SessionBody",
     "SessionSummaryBody",
     "SessionsBody",
+    "ToolBody",
     "TurnAccepted",
     "TurnBody",
 ]
@@ -107,6 +110,41 @@ class SessionBody(SessionSummaryBody):
 
     messages: list[Message]
     pending: list[ApprovalCardPart] = Field(description="The cards waiting for a decision.")
+    scratch: dict[str, list[Message]] = Field(
+        default_factory=dict,
+        description="This turn's messages kept out of the conversation, by agent (the "
+        "supervisor's, and those of agents with `scratch=True`): their tool calls and notes.",
+    )
+
+
+class ToolBody(BaseModel):
+    """A tool, as a UI needs it: to show its calls and build the forms of their cards."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(description="JSON Schema of the arguments.")
+    output_schema: dict[str, Any] | None = Field(
+        None, description="JSON Schema of the output (a `human` tool's answer), if declared."
+    )
+    permission: str = Field(description="read, draft, write or destructive.")
+    executor: str = Field(description="server, human, client or provider.")
+    gated: bool = Field(description="A person approves each call before it runs.")
+    amendable: list[str] = Field(description="The arguments a person may change when approving.")
+
+
+class AgentBody(BaseModel):
+    """An agent of the domain."""
+
+    name: str
+    scratch: bool = Field(description="Its messages stay out of the conversation.")
+    supervisor: bool = Field(description="It routes each turn (its text is the route).")
+
+
+class DomainBody(BaseModel):
+    """The engine's agents and tools."""
+
+    agents: list[AgentBody]
+    tools: list[ToolBody]
 
 
 class TurnAccepted(BaseModel):

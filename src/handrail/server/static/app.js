@@ -1,0 +1,890 @@
+// The handrail web page: sign in with an API key, chat with the engine, decide its cards.
+//
+// Everything the page shows about a session comes from the server: the conversation and the
+// pending cards from GET /sessions/{id} (so a reload shows the same cards), the live turn from
+// its event stream. The stream is read with fetch (EventSource cannot send the Authorization
+// header); the number of the last event seen is kept per session in sessionStorage, so a
+// reload mid-stream resumes with ?after= and misses nothing.
+"use strict";
+
+const KEY = "handrail:key";
+const TERMINAL = new Set(["run-completed", "run-suspended", "run-failed"]);
+const $ = (id) => document.getElementById(id);
+
+const page = {
+  key: localStorage.getItem(KEY),
+  sessionId: null,
+  domain: null, // {agents: {name: agent}, tools: {name: tool}}
+  session: null, // the last GET /sessions/{id}
+  stream: null, // the AbortController of the open event stream
+  poll: null,
+};
+
+// -- the API -------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, type, message) {
+    super(message);
+    this.status = status;
+    this.type = type;
+  }
+}
+
+async function api(method, path, body) {
+  const init = { method, headers: { Authorization: `Bearer ${page.key}` } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    throw new ApiError(0, "network", `The server cannot be reached (${error.message}).`);
+  }
+  if (response.status === 204) return null;
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const error = (data && data.error) || {};
+    if (response.status === 401 && path !== "/sessions") signOut("Your API key was refused.");
+    throw new ApiError(
+      response.status,
+      error.type || `http_${response.status}`,
+      error.message || `The server answered ${response.status}.`,
+    );
+  }
+  return data;
+}
+
+// -- the event stream ------------------------------------------------------------------------
+
+const afterKey = (sessionId) => `handrail:after:${sessionId}`;
+const liveKey = (sessionId) => `handrail:live:${sessionId}`;
+
+/** Read the session's events after `after` until the turn ends (or suspends). */
+async function follow(sessionId, after) {
+  stopStream();
+  const controller = new AbortController();
+  page.stream = controller;
+  sessionStorage.setItem(afterKey(sessionId), String(after));
+  setBusy(true);
+  let retries = 0;
+  while (!controller.signal.aborted) {
+    let ended = false;
+    try {
+      ended = await readStream(sessionId, controller.signal);
+      if (ended) break;
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      if (error instanceof ApiError && error.status >= 400 && error.status < 500) {
+        say(error.message, true);
+        break;
+      }
+    }
+    // The connection dropped mid-turn: reconnect after the last event seen.
+    retries += 1;
+    say(`Connection lost; reconnecting (attempt ${retries})…`);
+    await sleep(Math.min(250 * 2 ** retries, 4000));
+  }
+  if (page.stream === controller) page.stream = null;
+  if (!controller.signal.aborted) {
+    sessionStorage.removeItem(afterKey(sessionId));
+    sessionStorage.removeItem(liveKey(sessionId));
+    if (page.sessionId === sessionId) await openSession(sessionId, { focus: true });
+  }
+}
+
+/** One connection: true once the event that ends the turn arrived. */
+async function readStream(sessionId, signal) {
+  const after = sessionStorage.getItem(afterKey(sessionId)) || "0";
+  const response = await fetch(`/sessions/${encodeURIComponent(sessionId)}/events?after=${after}`, {
+    headers: { Authorization: `Bearer ${page.key}`, Accept: "text/event-stream" },
+    signal,
+  });
+  if (!response.ok) {
+    let message = `The event stream answered ${response.status}.`;
+    try {
+      message = (await response.json()).error.message;
+    } catch {}
+    throw new ApiError(response.status, "stream", message);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return false;
+    buffer = (buffer + value).replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const frame = parseFrame(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+      if (frame === null) continue;
+      if (page.sessionId === sessionId) apply(frame.event);
+      sessionStorage.setItem(afterKey(sessionId), frame.id);
+      if (page.sessionId === sessionId) saveLive(sessionId);
+      if (TERMINAL.has(frame.event.type)) {
+        reader.cancel().catch(() => {});
+        return true;
+      }
+    }
+  }
+}
+
+/** An SSE frame's id and event (null for a comment, such as a keep-alive ping). */
+function parseFrame(text) {
+  let id = null;
+  const data = [];
+  for (const line of text.split("\n")) {
+    if (line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "id") id = value;
+    else if (field === "data") data.push(value);
+  }
+  if (!data.length || id === null) return null;
+  return { id, event: JSON.parse(data.join("\n")) };
+}
+
+function stopStream() {
+  if (page.stream) page.stream.abort();
+  page.stream = null;
+  clearTimeout(page.poll);
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// -- the live turn ---------------------------------------------------------------------------
+
+/** Show one event of the live turn. */
+function apply(event) {
+  switch (event.type) {
+    case "text-delta": {
+      if (isSupervisor(event.agent)) return;
+      const bubble = bubbleFor(event.message_id, event.agent);
+      bubble.setAttribute("aria-busy", "true");
+      bubble.querySelector(".text").textContent += event.delta;
+      scrollDown();
+      return;
+    }
+    case "agent-completed":
+      document.querySelectorAll('.bubble[aria-busy="true"]').forEach((b) => b.removeAttribute("aria-busy"));
+      if (isSupervisor(event.agent) && event.output && event.output.route) {
+        routeLine(`route-${event.agent}-${Date.now()}`, event.output);
+      }
+      return;
+    case "tool-call-started":
+      callLine({ id: event.tool_call_id, name: event.name, args: event.args || {}, status: "running" });
+      return;
+    case "tool-call-completed":
+      callLine({
+        id: event.tool_call_id,
+        name: event.name,
+        status: event.status,
+        digest: event.digest,
+        summary: event.summary,
+        error: event.error,
+      });
+      return;
+    case "approval-required":
+    case "input-required":
+    case "client-exec-required":
+      callLine({ id: event.tool_call_id, name: event.name, args: event.args, status: "waiting" });
+      return;
+    case "run-suspended":
+      say("The agent is waiting for your decision.");
+      return;
+    case "run-completed":
+      say("The reply is complete.");
+      return;
+    case "run-failed":
+      note(`The turn stopped (${event.reason})${event.error ? `: ${event.error}` : "."}`, "failed");
+      say(`The turn stopped: ${event.reason}.`, true);
+      return;
+    default:
+  }
+}
+
+/** Keep what the live turn shows, so a reload mid-stream shows it before it resumes.
+
+The store may be ahead of the last event seen (it saves as the turn goes), so the page shows
+exactly what it showed at that event, then the events after it; once the turn ends it draws
+the session from the store again. */
+function saveLive(sessionId) {
+  sessionStorage.setItem(liveKey(sessionId), $("transcript").innerHTML);
+}
+
+function restoreLive(sessionId) {
+  const shown = sessionStorage.getItem(liveKey(sessionId));
+  if (shown !== null) $("transcript").innerHTML = shown; // the page's own markup, saved above
+}
+
+// -- rendering -------------------------------------------------------------------------------
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else if (name in node && typeof value !== "string") node[name] = value;
+    else node.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat()) if (child !== null && child !== undefined) node.append(child);
+  return node;
+}
+
+const isScratch = (agent) => Boolean(page.domain && page.domain.agents[agent] && page.domain.agents[agent].scratch);
+const isSupervisor = (agent) => Boolean(page.domain && page.domain.agents[agent] && page.domain.agents[agent].supervisor);
+
+function bubbleFor(messageId, agent) {
+  let bubble = document.querySelector(`#transcript .bubble[data-message="${CSS.escape(messageId)}"]`);
+  if (!bubble) {
+    const note = isScratch(agent);
+    bubble = el(
+      "article",
+      { class: `bubble assistant${note ? " note" : ""}`, "data-message": messageId, "data-agent": agent || "" },
+      el("p", { class: "who", text: note ? `${agent} (working note)` : agent || "assistant" }),
+      el("p", { class: "text" }),
+    );
+    $("transcript").append(bubble);
+  }
+  return bubble;
+}
+
+function userBubble(message) {
+  $("transcript").append(
+    el(
+      "article",
+      { class: "bubble user", "data-message": message.id },
+      el("p", { class: "who", text: "You" }),
+      el("p", { class: "text", text: textOf(message) }),
+    ),
+  );
+}
+
+function note(text, kind = "") {
+  $("transcript").append(el("p", { class: `line ${kind}`, text }));
+}
+
+function routeLine(id, output) {
+  const text = `Route: ${output.route}${output.reason ? ` (${output.reason})` : ""}`;
+  $("transcript").append(el("p", { class: "line route", "data-route": id, text }));
+}
+
+const STATUS = {
+  pending: ["…", "pending"],
+  running: ["⏳", "running"],
+  waiting: ["✋", "waiting for a decision"],
+  completed: ["✓", "done"],
+  failed: ["✗", "failed"],
+  rejected: ["⊘", "rejected"],
+  interrupted: ["⏹", "interrupted"],
+};
+
+/** A tool call's compact line (created, or updated with what is known now). */
+function callLine(call) {
+  let line = document.querySelector(`#transcript .call[data-call="${CSS.escape(call.id)}"]`);
+  const known = line ? JSON.parse(line.dataset.live) : {};
+  const merged = { ...known, ...Object.fromEntries(Object.entries(call).filter(([, v]) => v !== undefined)) };
+  const [icon, word] = STATUS[merged.status] || ["•", merged.status];
+  const parts = [
+    el("span", { class: "call-status", text: `${icon} ${word}` }),
+    " ",
+    el("code", { class: "call-name", text: merged.name }),
+  ];
+  const args = describe(merged.args);
+  if (args) parts.push(" ", el("span", { class: "call-args", text: args }));
+  const shown = merged.error || describe(merged.digest) || merged.summary;
+  if (shown) parts.push(el("span", { class: "call-digest", text: `→ ${shown}` }));
+  if (!line) {
+    line = el("p", { class: "call line", "data-call": call.id });
+    $("transcript").append(line);
+  }
+  line.dataset.status = merged.status;
+  line.dataset.live = JSON.stringify(merged);
+  line.replaceChildren(...parts);
+  scrollDown();
+}
+
+function describe(value) {
+  if (value === null || value === undefined || value === "") return "";
+  if (typeof value !== "object") return String(value);
+  if (Array.isArray(value)) return value.map(describe).join(", ");
+  return Object.entries(value)
+    .map(([k, v]) => `${k}: ${typeof v === "object" && v !== null ? JSON.stringify(v) : v}`)
+    .join(" · ");
+}
+
+const textOf = (message) =>
+  message.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
+
+function renderMessage(message, agentOf) {
+  if (message.role === "system") return;
+  const texts = message.parts.filter((p) => p.type === "text");
+  if (message.role === "user") {
+    if (texts.length && texts.every((p) => p.synthetic)) {
+      note(textOf(message), "synthetic");
+    } else {
+      userBubble(message);
+    }
+    return;
+  }
+  const agent = message.agent || agentOf;
+  if (isSupervisor(agent)) {
+    try {
+      routeLine(message.id, JSON.parse(textOf(message)));
+    } catch {}
+    return;
+  }
+  if (texts.length) bubbleFor(message.id, agent).querySelector(".text").textContent = textOf(message);
+  for (const part of message.parts) {
+    if (part.type === "tool-call") {
+      callLine({
+        id: part.id,
+        name: part.name,
+        args: part.args,
+        status: part.status,
+        digest: part.status === "completed" ? part.digest : undefined,
+        summary: part.result && part.result.summary,
+        error: part.status === "failed" && part.result ? part.result.error : undefined,
+      });
+    } else if (part.type === "approval" && part.decision) {
+      note(decidedText(part), `decided ${part.decision}`);
+    }
+  }
+}
+
+function decidedText(card) {
+  const who = card.decided_by ? ` by ${card.decided_by}` : "";
+  const verbs = { approve: "Approved", reject: "Rejected", answer: "Answered", client_result: "Ran in the client", skip: "Skipped", expire: "Expired" };
+  let text = `${verbs[card.decision] || card.decision}${who}: ${card.tool_name}`;
+  const changed = Object.entries(card.amended_args || {}).filter(
+    ([k, v]) => JSON.stringify(v) !== JSON.stringify(card.args[k]),
+  );
+  if (changed.length) {
+    text += ` (amended: ${changed.map(([k, v]) => `${k} ${describe(card.args[k])} → ${describe(v)}`).join(", ")})`;
+  }
+  if (card.reason) text += `: “${card.reason}”`;
+  if (card.decision === "answer") text += ` (${describe(card.output)})`;
+  return text;
+}
+
+/** Draw a session as the store has it: messages, this turn's scratch, pending cards. */
+function renderSession(session) {
+  $("transcript").replaceChildren();
+  const messages = session.messages;
+  let last = -1;
+  messages.forEach((m, i) => {
+    if (m.role === "user" && !m.parts.every((p) => p.type === "text" && p.synthetic)) last = i;
+  });
+  messages.slice(0, last + 1).forEach((m) => renderMessage(m));
+  for (const [agent, scratch] of Object.entries(session.scratch || {})) {
+    for (const m of scratch) if (m.role !== "user") renderMessage(m, agent);
+  }
+  messages.slice(last + 1).forEach((m) => renderMessage(m));
+  $("empty").hidden = messages.length > 0;
+  renderCards(session.pending);
+  scrollDown();
+}
+
+// -- cards -----------------------------------------------------------------------------------
+
+function renderCards(pending) {
+  const cards = $("cards");
+  cards.replaceChildren(...pending.map(cardFor));
+  $("pending").hidden = pending.length === 0;
+  $("batch-error").textContent = "";
+  const approvable = pending.filter((c) => ["approval", "recovery", "batch"].includes(c.kind));
+  const all = $("approve-all");
+  all.hidden = approvable.length < 2;
+  all.textContent = `Approve all (${approvable.length})`;
+}
+
+function cardFor(card) {
+  const id = `card-${card.tool_call_id}`;
+  const tool = (page.domain && page.domain.tools[card.tool_name]) || null;
+  const titles = {
+    approval: `Approve ${card.tool_name}?`,
+    elicitation: `${card.tool_name} asks you`,
+    client_exec: `${card.tool_name} runs in the client app`,
+    recovery: `${card.tool_name} may have run before a crash`,
+    batch: "Approve these actions?",
+  };
+  const form = el("form", { class: "card-form", novalidate: true });
+  const node = el(
+    "section",
+    {
+      class: `card ${card.kind}`,
+      id,
+      tabindex: "-1",
+      "aria-labelledby": `${id}-title`,
+      "data-call": card.tool_call_id,
+    },
+    el("h4", { id: `${id}-title`, text: titles[card.kind] || card.tool_name }),
+    card.prompt ? el("p", { class: "prompt", text: card.prompt }) : null,
+    argsList(card.args, id),
+    form,
+    el("p", { class: "error", role: "alert", id: `${id}-error` }),
+  );
+  const fields = [];
+  if (card.kind === "approval" && card.amendable.length) {
+    const schema = (tool && tool.parameters) || {};
+    const box = el("fieldset", {}, el("legend", { text: "Change before approving" }));
+    for (const name of card.amendable) {
+      const field = schemaField(`${id}-amend-${name}`, name, propertySchema(schema, name), card.args[name]);
+      fields.push(field);
+      box.append(field.node);
+    }
+    form.append(box);
+  }
+  if (card.kind === "elicitation") {
+    const schema = (tool && tool.output_schema) || { type: "string" };
+    const resolved = deref(schema, schema);
+    if (resolved.type === "object" && resolved.properties) {
+      const box = el("fieldset", {}, el("legend", { text: "Your answer" }));
+      for (const [name, prop] of Object.entries(resolved.properties)) {
+        const field = schemaField(`${id}-answer-${name}`, name, deref(prop, schema), prop.default);
+        field.required = (resolved.required || []).includes(name);
+        if (field.required) field.input.required = true;
+        fields.push(field);
+        box.append(field.node);
+      }
+      form.append(box);
+    } else {
+      const field = schemaField(`${id}-answer`, "Your answer", resolved, undefined);
+      field.input.required = true;
+      fields.push(field);
+      form.append(field.node);
+    }
+  }
+  const reason = el("input", { id: `${id}-reason`, type: "text", name: "reason", autocomplete: "off" });
+  const rejectLabel = card.kind === "elicitation" ? "Decline" : card.kind === "recovery" ? "Skip" : "Reject";
+  const approveLabel = { approval: "Approve", elicitation: "Send answer", recovery: "Run it again", batch: "Approve" }[card.kind];
+  const buttons = el("div", { class: "buttons" });
+  if (approveLabel) {
+    buttons.append(el("button", { type: "submit", class: "primary", text: approveLabel }));
+  } else {
+    form.append(el("p", { class: "hint", text: "The client app posts its result; you can only cancel the call here." }));
+  }
+  buttons.append(el("button", { type: "button", class: "reject", text: rejectLabel, onclick: () => decide(card, node, { decision: "reject", reason: reason.value.trim() || null }) }));
+  form.append(
+    el("div", { class: "reason" }, el("label", { for: reason.id, text: `Reason (if you ${rejectLabel.toLowerCase()})` }), reason),
+    buttons,
+  );
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const decision = decisionFrom(card, fields, node);
+    if (decision) decide(card, node, decision);
+  });
+  node.fields = fields;
+  return node;
+}
+
+function argsList(args, id) {
+  const list = el("dl", { class: "args", "aria-label": "Arguments" });
+  for (const [name, value] of Object.entries(args || {})) {
+    list.append(el("dt", { text: name }), el("dd", { text: typeof value === "object" ? JSON.stringify(value) : String(value) }));
+  }
+  return list;
+}
+
+/** The decision the card's form says, or null when a field is invalid (it says why). */
+function decisionFrom(card, fields, node) {
+  const values = {};
+  for (const field of fields) {
+    const value = field.read();
+    if (value === INVALID || (value === undefined && field.required)) {
+      const why = value === undefined ? "a value is required" : field.input.validationMessage || "not a valid value";
+      node.querySelector(".error").textContent = `${field.label}: ${why}`;
+      field.input.focus();
+      return null;
+    }
+    if (value !== undefined) values[field.name] = value;
+  }
+  if (card.kind === "elicitation") {
+    if (fields.length === 1 && fields[0].name === "Your answer") return { decision: "answer", output: values["Your answer"] };
+    return { decision: "answer", output: values };
+  }
+  const amended = {};
+  for (const [name, value] of Object.entries(values)) {
+    if (JSON.stringify(value) !== JSON.stringify(card.args[name])) amended[name] = value;
+  }
+  return Object.keys(amended).length ? { decision: "approve", amended_args: amended } : { decision: "approve" };
+}
+
+async function decide(card, node, decision) {
+  await resolve([{ tool_call_id: card.tool_call_id, decision }], node.querySelector(".error"), node);
+}
+
+async function resolve(items, errorBox, node) {
+  const sessionId = page.sessionId;
+  const buttons = (node || $("pending")).querySelectorAll("button");
+  buttons.forEach((b) => (b.disabled = true));
+  errorBox.textContent = "";
+  try {
+    const body = items.length === 1 ? items[0] : items;
+    const resolution = await api("POST", `/sessions/${encodeURIComponent(sessionId)}/resolve`, body);
+    if (resolution.resumed) {
+      // Follow from the resolution's event: the transcript shows the turn as it was then.
+      page.session.pending = [];
+      renderCards([]);
+      say("Decided; the agent goes on…");
+      follow(sessionId, resolution.after);
+    } else {
+      await openSession(sessionId, { focus: true });
+    }
+  } catch (error) {
+    errorBox.textContent = error.status ? `${error.message} (${error.status} ${error.type})` : error.message;
+    buttons.forEach((b) => (b.disabled = false));
+    (node || $("pending")).focus();
+  }
+}
+
+async function approveAll() {
+  const items = [];
+  for (const node of $("cards").querySelectorAll(".card.approval, .card.recovery, .card.batch")) {
+    const card = page.session.pending.find((c) => c.tool_call_id === node.dataset.call);
+    const decision = decisionFrom(card, node.fields || [], node);
+    if (!decision) return;
+    items.push({ tool_call_id: card.tool_call_id, decision });
+  }
+  await resolve(items, $("batch-error"), null);
+}
+
+// -- forms from JSON Schema ------------------------------------------------------------------
+
+const INVALID = Symbol("invalid");
+
+function deref(schema, root) {
+  let s = schema || {};
+  for (let i = 0; i < 10 && s.$ref; i++) {
+    const name = s.$ref.split("/").pop();
+    s = { ...((root.$defs || root.definitions || {})[name] || {}), ...Object.fromEntries(Object.entries(s).filter(([k]) => k !== "$ref")) };
+  }
+  const options = s.anyOf || s.oneOf;
+  if (options) {
+    const real = options.filter((o) => o.type !== "null");
+    if (real.length === 1) return { ...deref(real[0], root), ...Object.fromEntries(Object.entries(s).filter(([k]) => k !== "anyOf" && k !== "oneOf")), nullable: true };
+  }
+  return s;
+}
+
+function propertySchema(schema, name) {
+  return deref((schema.properties || {})[name] || {}, schema);
+}
+
+/** A labelled input for one value of `schema`; `read()` parses it (INVALID if it is not). */
+function schemaField(id, name, schema, value) {
+  const plain = (t) => String(t).toLowerCase().replace(/[\s_-]+/g, "");
+  const label = schema.title && plain(schema.title) !== plain(name) ? `${name} (${schema.title})` : name;
+  const help = schema.description ? el("span", { class: "help", id: `${id}-help`, text: schema.description }) : null;
+  const described = help ? `${id}-help` : undefined;
+  let input;
+  let read;
+  if (Array.isArray(schema.enum)) {
+    input = el("select", { id, name, "aria-describedby": described });
+    if (schema.nullable || value === undefined) input.append(el("option", { value: "", text: "—" }));
+    schema.enum.forEach((option, i) => input.append(el("option", { value: String(i), text: String(option) })));
+    const at = schema.enum.findIndex((o) => JSON.stringify(o) === JSON.stringify(value));
+    input.value = at >= 0 ? String(at) : "";
+    read = () => (input.value === "" ? (schema.nullable ? null : undefined) : schema.enum[Number(input.value)]);
+  } else if (schema.type === "boolean") {
+    input = el("input", { id, name, type: "checkbox", "aria-describedby": described });
+    input.checked = Boolean(value);
+    read = () => input.checked;
+  } else if (schema.type === "number" || schema.type === "integer") {
+    input = el("input", {
+      id,
+      name,
+      type: "number",
+      inputmode: schema.type === "integer" ? "numeric" : "decimal",
+      step: schema.type === "integer" ? "1" : "any",
+      min: schema.minimum ?? schema.exclusiveMinimum,
+      max: schema.maximum ?? schema.exclusiveMaximum,
+      "aria-describedby": described,
+    });
+    if (value !== undefined && value !== null) input.value = String(value);
+    read = () => {
+      if (input.validity.badInput) return INVALID; // typed, but not a number
+      if (input.value.trim() === "") return schema.nullable ? null : undefined;
+      if (!input.checkValidity()) return INVALID;
+      const number = Number(input.value);
+      if (!Number.isFinite(number) || (schema.type === "integer" && !Number.isInteger(number))) return INVALID;
+      if (schema.exclusiveMinimum !== undefined && number <= schema.exclusiveMinimum) return INVALID;
+      if (schema.exclusiveMaximum !== undefined && number >= schema.exclusiveMaximum) return INVALID;
+      return number;
+    };
+  } else if (schema.type === "string" || schema.type === undefined && !schema.properties) {
+    const long = (schema.maxLength || 0) > 200 || schema.format === "textarea";
+    input = el(long ? "textarea" : "input", {
+      id,
+      name,
+      type: long ? undefined : schema.format === "date" ? "date" : schema.format === "email" ? "email" : "text",
+      minlength: schema.minLength,
+      maxlength: schema.maxLength,
+      pattern: schema.pattern,
+      autocomplete: "off",
+      "aria-describedby": described,
+    });
+    if (value !== undefined && value !== null) input.value = String(value);
+    read = () => {
+      if (!input.checkValidity()) return INVALID;
+      return input.value === "" && schema.nullable ? null : input.value;
+    };
+  } else {
+    input = el("textarea", { id, name, rows: 3, "aria-describedby": described, class: "json" });
+    if (value !== undefined) input.value = JSON.stringify(value, null, 2);
+    read = () => {
+      try {
+        return input.value.trim() ? JSON.parse(input.value) : undefined;
+      } catch {
+        input.setCustomValidity("not valid JSON");
+        return INVALID;
+      }
+    };
+  }
+  const wrap = schema.type === "boolean" ? "field check" : "field";
+  const node = el("div", { class: wrap }, el("label", { for: id, text: label }), input, help);
+  return { node, input, read, name, label };
+}
+
+// -- sessions --------------------------------------------------------------------------------
+
+async function loadDomain() {
+  const domain = await api("GET", "/domain");
+  page.domain = {
+    agents: Object.fromEntries(domain.agents.map((a) => [a.name, a])),
+    tools: Object.fromEntries(domain.tools.map((t) => [t.name, t])),
+  };
+}
+
+async function listSessions() {
+  const { sessions } = await api("GET", "/sessions");
+  const list = $("session-list");
+  list.replaceChildren(
+    ...sessions.map((s) => {
+      const when = new Date(s.updated_at * 1000).toLocaleString([], { dateStyle: "short", timeStyle: "short" });
+      const current = s.id === page.sessionId;
+      return el(
+        "li",
+        {},
+        el(
+          "button",
+          {
+            type: "button",
+            class: "session",
+            "data-session": s.id,
+            "aria-current": current ? "true" : undefined,
+            onclick: () => select(s.id),
+          },
+          el("span", { class: "session-id", text: s.id }),
+          el("span", { class: `badge ${s.status}`, text: s.running ? "running" : s.status }),
+          el("span", { class: "when", text: when }),
+        ),
+      );
+    }),
+  );
+  if (!sessions.length) list.append(el("li", { class: "none", text: "No sessions yet." }));
+}
+
+async function select(sessionId) {
+  stopStream();
+  history.replaceState(null, "", `#session=${encodeURIComponent(sessionId)}`);
+  await openSession(sessionId, { focus: true, resume: true });
+}
+
+/** Show a session from the store; resume its stream if this tab was following it. */
+async function openSession(sessionId, { focus = false, resume = false } = {}) {
+  let session;
+  try {
+    session = await api("GET", `/sessions/${encodeURIComponent(sessionId)}`);
+  } catch (error) {
+    if (error.status === 404) {
+      history.replaceState(null, "", "#");
+      page.sessionId = null;
+      page.session = null;
+      $("transcript").replaceChildren();
+      renderCards([]);
+      $("empty").hidden = false;
+      say("That session does not exist (or is not yours).", true);
+      await listSessions().catch(() => {});
+      return;
+    }
+    say(error.message, true);
+    return;
+  }
+  page.sessionId = sessionId;
+  page.session = session;
+  renderSession(session);
+  listSessions().catch(() => {});
+  const after = sessionStorage.getItem(afterKey(sessionId));
+  if (resume && after !== null) {
+    restoreLive(sessionId);
+    follow(sessionId, Number(after));
+    return;
+  }
+  if (session.running && !page.stream) {
+    // A turn runs, started elsewhere: show it once it has ended (or suspended).
+    setBusy(true);
+    say("A turn of this session is running elsewhere…");
+    page.poll = setTimeout(() => page.sessionId === sessionId && openSession(sessionId, { focus }), 1000);
+    return;
+  }
+  if (!page.stream) setBusy(false);
+  if (session.pending.length) {
+    say(`${session.pending.length === 1 ? "A call waits" : `${session.pending.length} calls wait`} for your decision.`);
+    if (focus) $("cards").querySelector(".card").focus();
+  } else if (focus && !page.stream) {
+    $("composer-text").focus();
+  }
+}
+
+async function newSession() {
+  try {
+    const session = await api("POST", "/sessions");
+    await select(session.id);
+  } catch (error) {
+    say(error.message, true);
+  }
+}
+
+async function send(event) {
+  event.preventDefault();
+  const box = $("composer-text");
+  const text = box.value.trim();
+  if (!text) {
+    say("Write a message first.", true);
+    box.focus();
+    return;
+  }
+  try {
+    if (!page.sessionId) {
+      const session = await api("POST", "/sessions");
+      history.replaceState(null, "", `#session=${encodeURIComponent(session.id)}`);
+      page.sessionId = session.id;
+    }
+    const sessionId = page.sessionId;
+    setBusy(true);
+    const turn = await api("POST", `/sessions/${encodeURIComponent(sessionId)}/turns`, { text });
+    box.value = "";
+    $("empty").hidden = true;
+    userBubble({ id: `pending-${Date.now()}`, parts: [{ type: "text", text }] });
+    say("The agent is working…");
+    follow(sessionId, turn.after);
+  } catch (error) {
+    setBusy(false);
+    say(`${error.message}${error.status ? ` (${error.status})` : ""}`, true);
+  }
+}
+
+// -- page state ------------------------------------------------------------------------------
+
+function setBusy(busy) {
+  const waiting = Boolean(page.session && page.session.pending.length);
+  $("send").disabled = busy || waiting;
+  $("composer-text").setAttribute("aria-disabled", String(busy || waiting));
+  $("transcript").setAttribute("aria-busy", String(busy));
+}
+
+function say(text, error = false) {
+  const status = $("status");
+  status.textContent = text;
+  status.classList.toggle("error", error);
+}
+
+function scrollDown() {
+  const transcript = $("transcript");
+  transcript.scrollTop = transcript.scrollHeight;
+}
+
+function signOut(why) {
+  stopStream();
+  localStorage.removeItem(KEY);
+  page.key = null;
+  page.sessionId = null;
+  showSignIn(why || "");
+}
+
+function showSignIn(error) {
+  $("app").hidden = true;
+  $("sign-out").hidden = true;
+  $("sign-in").hidden = false;
+  $("sign-in-error").textContent = error;
+  $("api-key").focus();
+}
+
+async function signIn(key) {
+  page.key = key;
+  try {
+    await listSessions();
+    await loadDomain();
+  } catch (error) {
+    page.key = null;
+    const why = error.status === 401 ? "That API key was not accepted (401)." : error.message;
+    showSignIn(why);
+    return false;
+  }
+  localStorage.setItem(KEY, key);
+  $("sign-in").hidden = true;
+  $("app").hidden = false;
+  $("sign-out").hidden = false;
+  return true;
+}
+
+function hashParams() {
+  return new URLSearchParams(location.hash.replace(/^#/, ""));
+}
+
+async function start() {
+  $("sign-in-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const key = $("api-key").value.trim();
+    if (!key) {
+      $("sign-in-error").textContent = "Enter an API key.";
+      $("api-key").focus();
+      return;
+    }
+    if (await signIn(key)) {
+      $("api-key").value = "";
+      $("composer-text").focus();
+    }
+  });
+  $("sign-out").addEventListener("click", () => signOut(""));
+  $("new-session").addEventListener("click", newSession);
+  $("composer").addEventListener("submit", send);
+  $("composer-text").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      if (!$("send").disabled) $("composer").requestSubmit();
+    }
+  });
+  $("approve-all").addEventListener("click", approveAll);
+  $("pending").tabIndex = -1;
+
+  const params = hashParams();
+  const key = params.get("key");
+  if (key) {
+    // A printed URL (#key=...): sign in with it, and take it out of the address bar.
+    page.key = key;
+    params.delete("key");
+    history.replaceState(null, "", params.toString() ? `#${params}` : location.pathname);
+  }
+  if (!page.key) {
+    showSignIn("");
+    return;
+  }
+  if (!(await signIn(page.key))) return;
+  const sessionId = hashParams().get("session");
+  if (sessionId) await openSession(sessionId, { focus: true, resume: true });
+}
+
+start();
