@@ -204,8 +204,15 @@ def test_a_stale_approval_shows_the_conflict_on_the_card(
     )
     assert decided.status_code == 200
     card.get_by_role("button", name="Approve").click()
-    expect(card.get_by_role("alert")).to_contain_text("(409 stale_resolution)")
+    expect(card.get_by_role("alert")).to_contain_text(
+        "was already decided (reject by ana); a call is never decided or run twice. "
+        "(409 stale_resolution)"
+    )
+    expect(card.get_by_role("button", name="Approve")).to_be_disabled()
     shoot(page, "stale")
+    page.get_by_role("button", name="Show the session as it is now").click()
+    expect(page.locator(".card")).to_have_count(0)
+    expect(reply(page)).to_contain_text("did not approve the refund this time (elsewhere)")
 
 
 def test_a_reload_mid_stream_resumes_the_stream(

@@ -252,7 +252,7 @@ function bubbleFor(messageId, agent) {
     bubble = el(
       "article",
       { class: `bubble assistant${note ? " note" : ""}`, "data-message": messageId, "data-agent": agent || "" },
-      el("p", { class: "who", text: note ? `${agent} (working note)` : agent || "assistant" }),
+      el("p", { class: "who", text: note ? `${agent} · working note` : agent || "assistant" }),
       el("p", { class: "text" }),
     );
     $("transcript").append(bubble);
@@ -281,13 +281,13 @@ function routeLine(id, output) {
 }
 
 const STATUS = {
-  pending: ["…", "pending"],
-  running: ["⏳", "running"],
-  waiting: ["✋", "waiting for a decision"],
+  pending: ["○", "pending"],
+  running: ["↻", "running"],
+  waiting: ["⚑", "waiting for a decision"],
   completed: ["✓", "done"],
   failed: ["✗", "failed"],
   rejected: ["⊘", "rejected"],
-  interrupted: ["⏹", "interrupted"],
+  interrupted: ["■", "interrupted"],
 };
 
 /** A tool call's compact line (created, or updated with what is known now). */
@@ -331,11 +331,8 @@ function renderMessage(message, agentOf) {
   if (message.role === "system") return;
   const texts = message.parts.filter((p) => p.type === "text");
   if (message.role === "user") {
-    if (texts.length && texts.every((p) => p.synthetic)) {
-      note(textOf(message), "synthetic");
-    } else {
-      userBubble(message);
-    }
+    // The engine's own messages (a handover note, a nudge) are for the agents, not for you.
+    if (!(texts.length && texts.every((p) => p.synthetic))) userBubble(message);
     return;
   }
   const agent = message.agent || agentOf;
@@ -346,8 +343,13 @@ function renderMessage(message, agentOf) {
     return;
   }
   if (texts.length) bubbleFor(message.id, agent).querySelector(".text").textContent = textOf(message);
+  const decided = new Map(
+    message.parts.filter((p) => p.type === "approval" && p.decision).map((p) => [p.tool_call_id, p]),
+  );
   for (const part of message.parts) {
     if (part.type === "tool-call") {
+      const card = decided.get(part.id);
+      if (card) note(decidedText(card), `decided ${card.decision}`);
       callLine({
         id: part.id,
         name: part.name,
@@ -357,7 +359,7 @@ function renderMessage(message, agentOf) {
         summary: part.result && part.result.summary,
         error: part.status === "failed" && part.result ? part.result.error : undefined,
       });
-    } else if (part.type === "approval" && part.decision) {
+    } else if (part.type === "approval" && part.decision && !message.parts.some((p) => p.id === part.tool_call_id)) {
       note(decidedText(part), `decided ${part.decision}`);
     }
   }
@@ -544,7 +546,15 @@ async function resolve(items, errorBox, node) {
     }
   } catch (error) {
     errorBox.textContent = error.status ? `${error.message} (${error.status} ${error.type})` : error.message;
-    buttons.forEach((b) => (b.disabled = false));
+    if (error.type === "stale_resolution" || error.type === "conflict") {
+      // Decided elsewhere (another tab, another person): offer the session as it is now.
+      errorBox.append(
+        " ",
+        el("button", { type: "button", text: "Show the session as it is now", onclick: () => openSession(sessionId, { focus: true }) }),
+      );
+    } else {
+      buttons.forEach((b) => (b.disabled = false));
+    }
     (node || $("pending")).focus();
   }
 }
@@ -771,6 +781,7 @@ async function send(event) {
       const session = await api("POST", "/sessions");
       history.replaceState(null, "", `#session=${encodeURIComponent(session.id)}`);
       page.sessionId = session.id;
+      page.session = session;
     }
     const sessionId = page.sessionId;
     setBusy(true);
@@ -779,6 +790,7 @@ async function send(event) {
     $("empty").hidden = true;
     userBubble({ id: `pending-${Date.now()}`, parts: [{ type: "text", text }] });
     say("The agent is working…");
+    listSessions().catch(() => {});
     follow(sessionId, turn.after);
   } catch (error) {
     setBusy(false);
@@ -802,8 +814,8 @@ function say(text, error = false) {
 }
 
 function scrollDown() {
-  const transcript = $("transcript");
-  transcript.scrollTop = transcript.scrollHeight;
+  const last = $("transcript").lastElementChild;
+  if (last && !$("pending").contains(document.activeElement)) last.scrollIntoView({ block: "nearest" });
 }
 
 function signOut(why) {
