@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dirty_equals import IsInt
 from typer.testing import CliRunner
 
 from handrail import Engine
@@ -171,3 +172,134 @@ def test_a_malformed_api_key_is_refused(app_module: str) -> None:
     result = run("serve", f"{app_module}:engine", "--api-key", "just-a-key")
     assert result.exit_code == 1
     assert "ORG:USER:KEY" in result.output
+
+
+# -- chat ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def chat_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`chatapp:desk`, the support desk; `chatapp:sizes`, an agent that asks a person."""
+    (tmp_path / "chatapp.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from handrail import Agent, Engine, Runtime, tool\n"
+        "from handrail.demo.support_desk import build_scenario\n"
+        "from handrail.testing import ScriptedModel, call\n"
+        "desk = build_scenario().engine\n"
+        "class Size(BaseModel):\n"
+        "    size: str\n"
+        "    count: int\n"
+        "@tool(executor='human', prompt='Which size, and how many?')\n"
+        "def ask_size(question: str) -> Size:\n"
+        "    '''Ask the customer.'''\n"
+        "    raise AssertionError('a person answers')\n"
+        "model = ScriptedModel([call('ask_size', question='S or M?'), 'Noted.'])\n"
+        "sizes = Engine(Agent('shop', tools=[ask_size]), runtime=Runtime(model=model))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    yield "chatapp"
+    sys.modules.pop("chatapp", None)
+
+
+def chat(*args: str, input: str | None = None) -> Any:
+    return runner.invoke(app, ["chat", *args], input=input)
+
+
+def test_chat_streams_the_reply_and_amends_the_card_field_by_field(chat_module: str) -> None:
+    result = chat("chatapp:desk", "--user", "ana", input=f"{CUSTOMER_MESSAGE}\na\n40\n\n")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "↳ route action: a refund must be proposed" in out
+    assert "✓ orders.lookup → order A1042 · status delivered · total €84.00" in out
+    assert "Approval required · orders.refund" in out and "✎ amendable" in out
+    assert "amount [84.0]:" in out
+    assert 'approved orders.refund, amended: {"amount": 40.0}' in out
+    assert "✓ orders.refund → refund R0001 · order A1042 · amount €40.00" in out
+    assert "responder: Good news, Dana: your refund R0001 of €40.00 has been approved" in out
+
+
+def test_chat_takes_the_one_amendable_field_typed_at_the_first_question(chat_module: str) -> None:
+    result = chat("chatapp:desk", input=f"{CUSTOMER_MESSAGE}\nlots\n25\n/quit\n")
+    assert result.exit_code == 0, result.output
+    assert "amount €25.00" in result.output  # "lots" is not an amount: asked again
+
+
+def test_chat_rejects_with_the_reason_the_agent_is_told(chat_module: str) -> None:
+    result = chat("chatapp:desk", "--user", "ana", input=f"{CUSTOMER_MESSAGE}\nn\nneed photos\n")
+    assert result.exit_code == 0, result.output
+    assert "✗ orders.refund → rejected by ana: need photos" in result.output
+    assert "did not approve the refund this time (need photos)" in result.output
+
+
+def test_chat_answers_a_human_tool_field_by_field(chat_module: str) -> None:
+    result = chat("chatapp:sizes", input="I need shirts\nM\nnot a number\n3\n")
+    assert result.exit_code == 0, result.output
+    assert "Answer required · ask_size" in result.output
+    assert "Size (string): Count (integer): Count (integer):" in result.output  # asked again
+    assert "shop: Noted." in result.output
+
+
+def test_chat_continues_a_stored_session_that_waits_for_a_decision(
+    chat_module: str, db: Path
+) -> None:
+    args = ("--session", "support-1", "--org", "acme", "--user", "ana", "--db", str(db))
+    result = chat("chatapp:desk", *args, input="y\n")
+    assert result.exit_code == 0, result.output
+    assert "Approval required · orders.refund" in result.output
+    assert "✓ orders.refund → refund R0001 · order A1042 · amount €84.00" in result.output
+    shown = json.loads(run("sessions", "show", "support-1", "--db", str(db), "--json").stdout)
+    assert (shown["status"], shown["pending"]) == ("completed", [])
+
+
+def test_chat_json_writes_the_events_as_json_lines(chat_module: str) -> None:
+    result = chat("chatapp:desk", "--json", "--approve-all", "-m", CUSTOMER_MESSAGE)
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    types = [e["type"] for e in events]
+    assert types[0] == "run-started" and types.count("run-started") == 2  # turn, resumption
+    assert "approval-required" in types and types[-1] == "run-completed"
+    assert "€84.00 has been approved" in events[-1]["output"]
+    rejected = chat("chatapp:desk", "--json", "--reject-all", input=f"{CUSTOMER_MESSAGE}\n")
+    assert rejected.exit_code == 0, rejected.output
+    assert json.loads(rejected.stdout.splitlines()[-1])["type"] == "run-completed"
+
+
+def test_chat_json_with_nobody_to_decide_fails_in_one_line(chat_module: str) -> None:
+    result = chat("chatapp:desk", "--json", "-m", CUSTOMER_MESSAGE)
+    assert result.exit_code == 1
+    assert json.loads(result.stdout.splitlines()[-1])["type"] == "run-suspended"
+    assert result.stderr.strip().splitlines() == [
+        "error: The turn waits for a decision on orders.refund (call call_3) and nobody is "
+        "asked: pass --approve-all or --reject-all."
+    ]
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("nomodule:engine", "error: Cannot import 'nomodule': No module named 'nomodule'."),
+        ("chatapp", "error: 'chatapp' is not module:attribute (e.g. myapp:engine)."),
+    ],
+)
+def test_chat_with_a_bad_target_prints_one_line_and_exits_1(
+    chat_module: str, target: str, message: str
+) -> None:
+    result = chat(target, input="hello\n")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == message
+    assert "Traceback" not in result.output
+
+
+def test_every_sessions_command_speaks_json(db: Path, tmp_path: Path) -> None:
+    target = tmp_path / "s.json"
+    exported = run("sessions", "export", "support-1", "--db", str(db), "-o", str(target), "--json")
+    assert json.loads(exported.stdout) == {"exported": "support-1", "path": str(target)}
+    refused = run("sessions", "delete", "support-1", "--db", str(db), "--json")
+    assert (refused.exit_code, refused.stderr.strip()) == (
+        1,
+        "error: --json asks nobody: pass --yes to delete.",
+    )
+    deleted = run("sessions", "delete", "support-1", "--db", str(db), "--yes", "--json")
+    assert json.loads(deleted.stdout) == {"deleted": "support-1"}
+    imported = run("sessions", "import", str(target), "--db", str(db), "--json")
+    assert json.loads(imported.stdout) == {"imported": "support-1", "version": IsInt()}

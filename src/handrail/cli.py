@@ -37,11 +37,27 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         'The handrail command needs typer and rich: pip install "handrail[server]"'
     ) from error
 
+from ._loop import AgentRun
 from .engine import Engine
-from .exceptions import HandrailError
-from .messages import TextPart, ToolCallPart
+from .events import (
+    EVENT,
+    AgentCompleted,
+    AgentStarted,
+    ApprovalRequired,
+    Event,
+    InputRequired,
+    RunCompleted,
+    RunFailed,
+    RunSuspended,
+    TextDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+)
+from .exceptions import HandrailError, SessionNotFoundError
+from .messages import ApprovalCardPart, TextPart, ToolCallPart
 from .state import RunState
 from .store import SessionStatus, SessionStore
+from .suspension import Decision
 
 __all__ = ["app"]
 
@@ -61,6 +77,7 @@ sessions = typer.Typer(
 app.add_typer(sessions, name="sessions")
 
 _out = Console()
+_err = Console(stderr=True)
 
 Db = Annotated[
     Path,
@@ -166,6 +183,340 @@ def _key_spec(spec: str) -> tuple[str, str, str]:
     return org_id, user_id, key
 
 
+# -- chat -----------------------------------------------------------------------------------
+
+
+@app.command()
+@_one_line_errors
+def chat(
+    target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
+    session: Annotated[
+        str | None, typer.Option(help="The session to continue (default: a new one).")
+    ] = None,
+    org: Annotated[str | None, typer.Option(help="The caller's organisation.")] = None,
+    user: Annotated[str | None, typer.Option(help="The caller (recorded on decisions).")] = None,
+    route: Annotated[str | None, typer.Option(help="The domain's route for every turn.")] = None,
+    message: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--message", "-m", help="Send this message (once a message), then exit, asking nothing."
+        ),
+    ] = None,
+    db: Annotated[
+        Path | None, typer.Option(help="Keep the sessions in this SQLite file (over the engine's).")
+    ] = None,
+    dsn: Dsn = None,
+    schema: Schema = "public",
+    approve_all: Annotated[
+        bool, typer.Option("--approve-all", help="Approve every call as proposed, asking nobody.")
+    ] = False,
+    reject_all: Annotated[
+        bool, typer.Option("--reject-all", help="Reject every call, asking nobody.")
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Write the events as JSON lines, for scripts (needs --approve-all or "
+            "--reject-all if a turn waits for a decision).",
+        ),
+    ] = False,
+) -> None:
+    """Chat with an engine in the terminal: stream the replies, decide the calls it proposes.
+
+    Each line you type is a turn. When a turn waits for a decision, each card is shown and you
+    approve (y), reject with a reason (n) or amend (a) it; the turn then resumes. End with an
+    empty line, Ctrl-D or /quit.
+    """
+    if approve_all and reject_all:
+        raise CliError("Pass --approve-all or --reject-all, not both.")
+    with _err.status(f"Loading {target}…"):
+        engine = load_engine(target)
+    if dsn:
+        engine.store = _store(Path(), dsn, schema)
+    elif db is not None:
+        from .store import SqliteStore
+
+        engine.store = SqliteStore(db)
+    preset = "approve" if approve_all else "reject" if reject_all else None
+    supervisor = engine.domain.supervisor
+    view = (
+        _JsonView()
+        if as_json
+        else _ChatView(_out, supervisor=None if supervisor is None else supervisor.name)
+    )
+    chat_ = _Chat(
+        engine,
+        session or f"chat-{os.urandom(4).hex()}",
+        org_id=org,
+        user_id=user,
+        route=route,
+        view=view,
+        preset=preset,
+        ask=None if (as_json or message) else _out.input,
+        own_store=bool(dsn) or db is not None,
+    )
+    try:
+        _run(chat_.run(message))
+    except KeyboardInterrupt:
+        _err.print("[dim]Stopped.[/]")
+        raise typer.Exit(130) from None
+
+
+class _ChatView:
+    """Draws a turn's events: the reply as it streams, a line a tool call, spinners.
+
+    A spinner runs while the model or a tool works (`Console.status`).
+    """
+
+    def __init__(self, console: Console, *, supervisor: str | None = None) -> None:
+        self.console = console
+        self.supervisor = supervisor
+        self._status: Any = None
+        self._streaming = False
+
+    def working(self, what: str) -> None:
+        """Show a spinner saying `what` is going on (until the next output)."""
+        if self._status is None:
+            self._status = self.console.status(what)
+            self._status.start()
+        else:
+            self._status.update(what)
+
+    def idle(self) -> None:
+        """Stop the spinner."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def end_text(self) -> None:
+        if self._streaming:
+            self.console.print()
+            self._streaming = False
+
+    def event(self, event: Event) -> None:
+        """Draw one event."""
+        from rich.text import Text
+
+        out = self.console
+        match event:
+            case AgentStarted(agent=agent):
+                self.end_text()
+                self.working(f"{agent} is thinking…")
+            case TextDelta(agent=agent) if agent == self.supervisor:
+                pass  # its decision is drawn when it completes
+            case AgentCompleted(agent=agent, output={"route": route, **more}) if (
+                agent == self.supervisor
+            ):
+                why = more.get("reason")
+                out.print(f"[magenta]  ↳ route {route}[/]{f': {why}' if why else ''}")
+            case TextDelta(agent=agent, delta=delta):
+                self.idle()
+                if not self._streaming:
+                    out.print(Text(f"{agent}: ", style="bold green"), end="")
+                    self._streaming = True
+                out.print(delta, end="", markup=False, highlight=False, soft_wrap=True)
+            case ToolCallStarted(name=name, args=args):
+                self.end_text()
+                shown = ", ".join(
+                    f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (args or {}).items()
+                )
+                self.working(f"running {name}({shown})…")
+            case ToolCallCompleted() as done:
+                self.idle()
+                mark, style = ("✓", "green") if done.ok else ("✗", "red")
+                out.print(
+                    Text.assemble(
+                        ("  " + mark + " " + done.name, style), (" → ", "dim"), _digest(done)
+                    )
+                )
+                self.working("thinking…")
+            case ApprovalRequired() | InputRequired():
+                self.idle()
+                self.end_text()
+            case RunSuspended(pending=pending):
+                self.idle()
+                self.end_text()
+                out.print(Text(f"⏸ waiting for {len(pending)} decision(s)", style="yellow"))
+            case RunCompleted():
+                self.idle()
+                self.end_text()
+            case RunFailed(reason=reason, error=error):
+                self.idle()
+                self.end_text()
+                out.print(Text(f"✗ the turn failed ({reason}): {error or ''}", style="bold red"))
+            case _:
+                pass
+
+    def card(self, card: ApprovalCardPart) -> None:
+        from ._cards import approval_card
+
+        self.idle()
+        self.console.print(approval_card(card))
+
+    def decided(self, card: ApprovalCardPart, decision: Decision) -> None:
+        verb = {"approve": "approved", "reject": "rejected", "answer": "answered"}
+        amended = getattr(decision, "amended_args", None)
+        note = f", amended: {json.dumps(amended, ensure_ascii=False)}" if amended else ""
+        self.console.print(
+            f"[dim]{verb.get(decision.decision, decision.decision)} {card.tool_name}{note}[/]",
+            highlight=False,
+        )
+
+
+class _JsonView:
+    """Writes each event as a JSON line on standard output, and nothing else."""
+
+    def event(self, event: Event) -> None:
+        typer.echo(EVENT.dump_json(event).decode())
+
+    def card(self, card: ApprovalCardPart) -> None:
+        pass
+
+    def decided(self, card: ApprovalCardPart, decision: Decision) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+
+class _Chat:
+    """A conversation at the terminal: turns submitted, events drawn, cards decided."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        session_id: str,
+        *,
+        org_id: str | None,
+        user_id: str | None,
+        route: str | None,
+        view: _ChatView | _JsonView,
+        preset: str | None,
+        ask: Callable[[str], str] | None,
+        own_store: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.own_store = own_store
+        self.session_id = session_id
+        self.org_id, self.user_id = org_id, user_id
+        self.route = route
+        self.view = view
+        self.preset = preset
+        self.ask = ask
+        self._schemas: dict[str, dict[str, Any] | None] = {}
+
+    async def run(self, messages: list[str] | None) -> None:
+        try:
+            await self._run(messages)
+        finally:
+            self.view.idle()
+            if self.own_store:  # the engine's own store is its owner's to close
+                await self.engine.store.close()
+
+    async def _run(self, messages: list[str] | None) -> None:
+        if isinstance(self.view, _ChatView):
+            self.view.console.print(
+                f"[dim]session {self.session_id} · empty line, Ctrl-D or /quit to end[/]",
+                highlight=False,
+            )
+        await self._settle()  # a session that already waits for decisions
+        lines = iter(messages) if messages else None
+        while True:
+            if lines is not None:
+                text = next(lines, None)
+            elif self.ask is not None:
+                try:
+                    text = self.ask("[bold cyan]you:[/] ")
+                except EOFError:
+                    text = None
+            else:
+                raw = sys.stdin.readline()
+                text = raw.rstrip("\n") if raw else None
+            if text is None or text.strip() in ("", "/quit", "/exit"):
+                return
+            run = self.engine.submit(
+                self.session_id, text, org_id=self.org_id, user_id=self.user_id, route=self.route
+            )
+            await self._play(run)
+            await self._settle()
+
+    async def _play(self, run: AgentRun[Any]) -> None:
+        async for event in run:
+            if isinstance(event, InputRequired):
+                self._schemas[event.tool_call_id] = event.output_schema
+            self.view.event(event)
+
+    async def _settle(self) -> None:
+        """While the session waits for decisions: ask for them, record them, resume."""
+        while True:
+            try:
+                state = await self.engine.session(
+                    self.session_id, org_id=self.org_id, user_id=self.user_id
+                )
+            except SessionNotFoundError:
+                return  # a new session
+            cards = [c for c in state.pending.values() if c.decision is None]
+            if not state.pending:
+                return
+            decisions: dict[str, Decision] = {}
+            for card in cards:
+                self.view.card(card)
+                decision = self._decide(card)
+                self.view.decided(card, decision)
+                decisions[card.tool_call_id] = decision
+            resolution = await self.engine.resolve_many(
+                self.session_id, decisions, org_id=self.org_id, user_id=self.user_id
+            )
+            if not resolution.ready:
+                return
+            await self._play(
+                self.engine.resume(self.session_id, org_id=self.org_id, user_id=self.user_id)
+            )
+
+    def _decide(self, card: ApprovalCardPart) -> Decision:
+        from ._cards import ask_answer, ask_decision
+        from .suspension import Approve, Reject
+
+        by = self.user_id or "cli"
+        if self.preset == "approve" and card.kind != "elicitation":
+            return Approve(by=by)
+        if self.preset == "reject":
+            return Reject(reason="rejected with --reject-all", by=by)
+        if self.ask is None:
+            raise CliError(
+                f"The turn waits for a decision on {card.tool_name} (call {card.tool_call_id}) "
+                "and nobody is asked: pass --approve-all or --reject-all"
+                + (
+                    " (an answer for a human tool cannot be approved)"
+                    if card.kind == "elicitation"
+                    else ""
+                )
+                + "."
+            )
+        if card.kind == "elicitation":
+            decision = ask_answer(
+                card, self.ask, output_schema=self._schemas.get(card.tool_call_id), by=by
+            )
+        else:
+            decision = ask_decision(card, self.ask, by=by)
+        if decision is None:
+            raise CliError(f"No decision on {card.tool_name}: the input ended.")
+        return decision
+
+
+def _digest(done: ToolCallCompleted) -> str:
+    if done.status == "rejected":
+        return done.summary or "rejected"
+    if not done.ok:
+        return done.error or "failed"
+    if isinstance(done.digest, dict):
+        return " · ".join(f"{k} {v}" for k, v in done.digest.items())
+    if done.digest is not None:
+        return json.dumps(done.digest, ensure_ascii=False)
+    return done.summary or "done"
+
+
 # -- sessions -------------------------------------------------------------------------------
 
 
@@ -191,7 +542,8 @@ def _with_store(
         finally:
             await store.close()
 
-    return _run(run())
+    with _err.status("Working on the store…"):
+        return _run(run())
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -294,13 +646,18 @@ def export(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here (default: stdout).")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With -o: print what was written, as JSON.")
+    ] = False,
 ) -> None:
     """Export a session with its logs as one JSON document."""
     document = _with_store(db, dsn, schema, lambda store: store.export(session_id))
     if output is None:
-        typer.echo(document)
+        typer.echo(document)  # JSON already
     else:
         output.write_text(document + "\n", encoding="utf-8")
+        if as_json:
+            typer.echo(json.dumps({"exported": session_id, "path": str(output)}))
 
 
 @sessions.command("import")
@@ -311,6 +668,7 @@ def import_(
     dsn: Dsn = None,
     schema: Schema = "public",
     overwrite: Annotated[bool, typer.Option(help="Replace a session that exists.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Import an exported session (with its logs) into the store."""
     document = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
@@ -319,6 +677,9 @@ def import_(
     record = _with_store(
         db, dsn, schema, lambda store: store.import_(document, overwrite=overwrite)
     )
+    if as_json:
+        typer.echo(json.dumps({"imported": record.id, "version": record.version}))
+        return
     typer.echo(f"Imported session {record.id} (version {record.version}).", err=True)
 
 
@@ -330,10 +691,16 @@ def delete(
     dsn: Dsn = None,
     schema: Schema = "public",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Delete a session with its logs."""
     if not yes:
+        if as_json:
+            raise CliError("--json asks nobody: pass --yes to delete.")
         typer.confirm(f"Delete session {session_id} and its logs?", abort=True)
     if not _with_store(db, dsn, schema, lambda store: store.delete(session_id)):
         raise CliError(f"No session {session_id!r} in this store.")
+    if as_json:
+        typer.echo(json.dumps({"deleted": session_id}))
+        return
     typer.echo(f"Deleted session {session_id}.", err=True)

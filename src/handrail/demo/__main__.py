@@ -45,6 +45,7 @@ from handrail import (
     ToolCallCompleted,
     ToolCallStarted,
 )
+from handrail._cards import Ask, approval_card, ask_decision
 from handrail.demo.support_desk import Scenario, build_scenario
 from handrail.models import Model, infer
 from handrail.store import SqliteStore
@@ -55,10 +56,6 @@ NO_MODEL = (
     '  pip install "handrail[openai]"; export OPENAI_API_KEY=...; --model openai:gpt-4o-mini\n'
     "Run without --model for the offline scripted demo."
 )
-
-
-Ask = Callable[[str], str]
-"""Asks the person at the terminal a question and returns their answer (`Console.input`)."""
 
 
 def main(
@@ -120,6 +117,7 @@ async def _run(
     console.print(
         Text(f"Session {scenario.session_id} is saved in {args.db} (SQLite).", style="dim")
     )
+    console.print(Text("See it in the browser: make web", style="dim"))
     return status
 
 
@@ -190,25 +188,15 @@ def _ask(card: ApprovalRequired, ask: Ask) -> tuple[Decision, str]:
         f"Approve the refund of €{amount:.2f}? [bold]y[/]es / [bold]n[/]o / "
         f"or type another amount (e.g. 40): "
     )
-    while True:
-        try:
-            answer = ask(question).strip().lower()
-        except EOFError:
-            return Reject(reason="nobody answered", by="the demo"), NOBODY
-        if answer in ("", "y", "yes"):
-            return Approve(by="you"), "You approved the refund as proposed."
-        if answer in ("n", "no"):
-            try:
-                reason = ask("Why (the agent tells the customer)? ").strip()
-            except EOFError:
-                reason = ""
-            return Reject(reason=reason or None, by="you"), "You rejected the refund."
-        try:
-            new = float(answer.lstrip("€"))
-        except ValueError:
-            continue
-        amended = Approve(amended_args={"amount": new}, by="you")
-        return amended, f"You approved the refund, amended to €{new:.2f}."
+    decision = ask_decision(card, ask, question=question, by="you")
+    if decision is None:
+        return Reject(reason="nobody answered", by="the demo"), NOBODY
+    if isinstance(decision, Reject):
+        return decision, "You rejected the refund."
+    if isinstance(decision, Approve) and decision.amended_args:
+        new = decision.amended_args["amount"]
+        return decision, f"You approved the refund, amended to €{new:.2f}."
+    return decision, "You approved the refund as proposed."
 
 
 async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: float = 0.0) -> int:
@@ -431,32 +419,6 @@ class Transcript:
             self._live.start()
         else:
             self._live.update(view, refresh=True)
-
-
-def approval_card(event: ApprovalRequired) -> Panel:
-    """The approval card of a gated call: the tool, its arguments, what may be amended."""
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_column(style="yellow")
-    for name, value in event.args.items():
-        shown = value if isinstance(value, str) else _value(value)
-        table.add_row(name, shown, "✎ amendable" if name in event.amendable else "")
-    amendable = ", ".join(event.amendable) or "none"
-    body = Group(
-        Text(event.prompt or "Approve this call?", style="bold"),
-        Text(),
-        table,
-        Text(),
-        Text(f"amendable fields: {amendable} · call {event.tool_call_id}", style="dim"),
-    )
-    return Panel(
-        body,
-        title=f"Approval required · {event.name}",
-        title_align="left",
-        border_style="yellow",
-        expand=False,
-    )
 
 
 def _summary(transcript: Transcript, result: AgentResult[Any], *, refunds: int) -> Panel:

@@ -1,0 +1,222 @@
+"""Cards at a terminal: an approval card drawn with rich, and the questions that decide it.
+
+Shared by `handrail chat` and `python -m handrail.demo`, so the two ask the same way:
+approve (`y`), reject with a reason (`n`), or amend (`a`: each `amendable` field in turn; with
+one amendable field, typing its new value is enough). A human tool's card (elicitation) is
+answered field by field from its output schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .events import ApprovalRequired, InputRequired
+from .messages import ApprovalCardPart
+from .suspension import Answer, Approve, Decision, Reject
+
+__all__ = ["Ask", "approval_card", "ask_answer", "ask_decision", "card_name"]
+
+Ask = Callable[[str], str]
+"""Asks the person at the terminal a question (rich markup allowed) and returns the answer;
+raises `EOFError` when nobody can answer (`Console.input` does)."""
+
+Card = ApprovalRequired | InputRequired | ApprovalCardPart
+"""A card as streamed (an event) or as stored (a pending part of the session)."""
+
+_YES = ("", "y", "yes")
+_NO = ("n", "no")
+_AMEND = ("a", "amend")
+
+
+def card_name(card: Card) -> str:
+    """The tool the card is about."""
+    return card.tool_name if isinstance(card, ApprovalCardPart) else card.name
+
+
+def _amendable(card: Card) -> list[str]:
+    return [] if isinstance(card, InputRequired) else list(card.amendable)
+
+
+def approval_card(card: Card) -> Panel:
+    """The card of a call that waits for a person: the tool, its arguments, what may change."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_column(style="yellow")
+    amendable = _amendable(card)
+    for name, value in card.args.items():
+        shown = value if isinstance(value, str) else _json(value)
+        table.add_row(name, shown, "✎ amendable" if name in amendable else "")
+    asking = isinstance(card, InputRequired) or (
+        isinstance(card, ApprovalCardPart) and card.kind == "elicitation"
+    )
+    default = "Answer for this call?" if asking else "Approve this call?"
+    footer = (
+        f"call {card.tool_call_id}"
+        if asking
+        else f"amendable fields: {', '.join(amendable) or 'none'} · call {card.tool_call_id}"
+    )
+    body = Group(
+        Text(card.prompt or default, style="bold"),
+        Text(),
+        table,
+        Text(),
+        Text(footer, style="dim"),
+    )
+    title = "Answer required" if asking else "Approval required"
+    return Panel(
+        body,
+        title=f"{title} · {card_name(card)}",
+        title_align="left",
+        border_style="yellow",
+        expand=False,
+    )
+
+
+def ask_decision(
+    card: Card, ask: Ask, *, question: str | None = None, by: str | None = None
+) -> Decision | None:
+    """Ask for the decision on an approval card; None when nobody answers (end of input).
+
+    Args:
+        card: the card.
+        ask: asks the person a question.
+        question: the first question (default: approve / reject / amend, in general terms).
+        by: who decides (recorded with the decision).
+    """
+    amendable = _amendable(card)
+    if question is None:
+        question = f"{card.prompt or f'Approve {card_name(card)}?'} [bold]y[/]es / [bold]n[/]o"
+        if len(amendable) == 1:
+            question += f" / [bold]a[/]mend, or type a new {amendable[0]}"
+        elif amendable:
+            question += " / [bold]a[/]mend"
+        question += ": "
+    while True:
+        try:
+            answer = ask(question).strip()
+        except EOFError:
+            return None
+        if answer.lower() in _YES:
+            return Approve(by=by)
+        if answer.lower() in _NO:
+            try:
+                reason = ask("Why (the agent is told)? ").strip()
+            except EOFError:
+                reason = ""
+            return Reject(reason=reason or None, by=by)
+        if answer.lower() in _AMEND and amendable:
+            amended = _amend(card, amendable, ask)
+            if amended is None:
+                return None
+            return Approve(amended_args=amended or None, by=by)
+        if len(amendable) == 1:
+            field = amendable[0]
+            try:
+                return Approve(
+                    amended_args={field: _coerce(answer, current=card.args.get(field))}, by=by
+                )
+            except ValueError:
+                continue
+
+
+def _amend(card: Card, fields: list[str], ask: Ask) -> dict[str, Any] | None:
+    """New values for `fields`, asked one by one (an empty answer keeps the value)."""
+    amended: dict[str, Any] = {}
+    for field in fields:
+        current = card.args.get(field)
+        while True:
+            try:
+                answer = ask(f"{field} [{_json(current)}]: ").strip()
+            except EOFError:
+                return None
+            if not answer:
+                break
+            try:
+                amended[field] = _coerce(answer, current=current)
+            except ValueError:
+                continue
+            break
+    return amended
+
+
+def ask_answer(
+    card: Card, ask: Ask, *, output_schema: dict[str, Any] | None = None, by: str | None = None
+) -> Decision | None:
+    """Ask for the answer to a human tool's card, field by field; None when nobody answers.
+
+    Args:
+        card: the card (`InputRequired` carries the tool's output schema).
+        ask: asks the person a question.
+        output_schema: the answer's JSON Schema, when the card does not carry it.
+        by: who answers.
+    """
+    schema = output_schema
+    if schema is None and isinstance(card, InputRequired):
+        schema = card.output_schema
+    properties: dict[str, Any] = (schema or {}).get("properties") or {}
+    try:
+        if not properties:
+            while True:
+                answer = ask(f"{card.prompt or 'Your answer'}: ").strip()
+                try:
+                    return Answer(output=_coerce(answer, schema=schema), by=by)
+                except ValueError:
+                    continue
+        required = set((schema or {}).get("required", ()))
+        output: dict[str, Any] = {}
+        for field, spec in properties.items():
+            label = spec.get("title") or field
+            kind = spec.get("type", "")
+            hint = f" ({kind})" if isinstance(kind, str) and kind else ""
+            while True:
+                answer = ask(f"{label}{hint}: ").strip()
+                if not answer and field not in required:
+                    break
+                try:
+                    output[field] = _coerce(answer, schema=spec)
+                except ValueError:
+                    continue
+                break
+        return Answer(output=output, by=by)
+    except EOFError:
+        return None
+
+
+def _coerce(text: str, *, current: Any = None, schema: dict[str, Any] | None = None) -> Any:
+    """`text` as the type the schema (or else the current value) has; ValueError if it cannot."""
+    kind = (schema or {}).get("type")
+    if kind is None and current is not None:
+        kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(current))
+    if kind == "string":
+        return text
+    if kind == "boolean":
+        if text.lower() in ("y", "yes", "true", "1"):
+            return True
+        if text.lower() in ("n", "no", "false", "0"):
+            return False
+        raise ValueError(text)
+    if kind in ("number", "integer"):
+        value = float(text.lstrip("€$£").replace(",", ""))
+        if kind == "integer":
+            if not value.is_integer():
+                raise ValueError(text)
+            return int(value)
+        return value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if kind is None:
+            return text
+        raise ValueError(text) from None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
