@@ -1,0 +1,234 @@
+"""Reading suites and agent configurations from files, with errors that say where.
+
+A YAML file is parsed with pyyaml (the `evals` extra) and validated as a `Suite`; a `.py`
+file is imported and its `suite` attribute (a `Suite`, or a function returning one) used.
+Whatever is wrong comes back as ONE `SuiteError` line naming the file, the scenario and the
+field: `suite.yaml: scenario 'refund': expect.max_model_calls: Input should be a valid
+integer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ..agent import Agent
+from ..engine import Domain
+from ..exceptions import ConfigError
+from ._suite import Suite
+
+__all__ = ["SuiteError", "check_suite", "import_target", "load_suite", "read_yaml", "validate"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SuiteError(ConfigError):
+    """A suite (or an agent configuration) that cannot be used: the message says where."""
+
+
+def read_yaml(path: Path) -> Any:
+    """The data of a YAML file.
+
+    Raises:
+        SuiteError: pyyaml is missing, the file cannot be read, or it is not YAML.
+    """
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml ships with the evals and dev extras
+        raise SuiteError(
+            f'{path}: reading YAML needs pyyaml: pip install "handrail[evals]"'
+        ) from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SuiteError(f"{path}: cannot read it ({exc.strerror or exc}).") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SuiteError(f"{path}: not valid YAML{where}: {problem}.") from None
+
+
+def validate(model: type[M], data: Any, where: str) -> M:
+    """`data` as a `model`, or a `SuiteError` naming the first problem's scenario and field."""
+    if not isinstance(data, Mapping):
+        raise SuiteError(f"{where}: expected a mapping of settings, got {_kind(data)}.")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SuiteError(_message(exc, data, where)) from None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """The suite in a YAML file or a Python module (its `suite`), validated and checked.
+
+    The domain (and deps) named as `module:attr` are imported, with the suite's folder and
+    the current directory on `sys.path`.
+
+    Raises:
+        SuiteError: the file is missing or malformed, a target does not import, or a scenario
+            names tools or routes the domain does not have.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise SuiteError(f"{path}: no such suite file.")
+    if path.suffix == ".py":
+        suite = _python_suite(path)
+    else:
+        suite = validate(Suite, read_yaml(path), str(path))
+        if suite.name is None:
+            suite = suite.model_copy(update={"name": path.stem})
+    with _importable(path.parent):
+        suite.domain = import_target(suite.domain, f"{path}: domain")
+        if isinstance(suite.deps, str):
+            suite.deps = import_target(suite.deps, f"{path}: deps")
+    check_suite(suite, str(path))
+    return suite
+
+
+def _python_suite(path: Path) -> Suite:
+    name = f"_handrail_suite_{abs(hash(path.resolve()))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - a .py path always has one
+        raise SuiteError(f"{path}: cannot import it.")
+    module = importlib.util.module_from_spec(spec)
+    with _importable(path.parent):
+        try:
+            spec.loader.exec_module(module)
+        except ConfigError as exc:
+            raise SuiteError(f"{path}: {exc}") from None
+    found = getattr(module, "suite", None)
+    if callable(found) and not isinstance(found, Suite):
+        found = found()
+    if not isinstance(found, Suite):
+        raise SuiteError(
+            f"{path}: define `suite`, a handrail.evals.Suite (or a function returning one)."
+        )
+    return found if found.name else found.model_copy(update={"name": path.stem})
+
+
+def import_target(target: Any, where: str) -> Any:
+    """The object `module:attr` names (anything else is returned as it is)."""
+    if not isinstance(target, str):
+        return target
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SuiteError(f"{where}: cannot import {module_name!r} ({exc}).") from None
+    found: Any = module
+    for part in attribute.split("."):
+        found = getattr(found, part, _MISSING)
+        if found is _MISSING:
+            raise SuiteError(f"{where}: module {module_name!r} has no attribute {attribute!r}.")
+    return found
+
+
+_MISSING = object()
+
+
+@contextmanager
+def _importable(folder: Path) -> Iterator[None]:
+    added = [p for p in (str(folder.resolve()), str(Path.cwd())) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for entry in added:
+            sys.path.remove(entry)
+
+
+def check_suite(suite: Suite, where: str) -> None:
+    """Check the scenarios against the domain: mocked tools and routes must exist.
+
+    Raises:
+        SuiteError: the domain is not a `Domain` or `Agent`, or a scenario names an unknown
+            tool or route.
+    """
+    domain = as_domain(suite.domain, f"{where}: domain")
+    everyone = [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]
+    tools = sorted({name for agent in everyone for name in agent.tools})
+    routes = list(domain.routes)
+    for scenario in suite.scenarios:
+        at = f"{where}: scenario {scenario.name!r}"
+        for name in scenario.mocks:
+            if name not in tools:
+                raise SuiteError(
+                    f"{at}: mocks: no agent has a tool {name!r} (tools: {_names(tools)})."
+                )
+        for number, turn in enumerate(scenario.turns):
+            if turn.route is not None and turn.route not in routes:
+                raise SuiteError(
+                    f"{at}: turns[{number}].route: no route {turn.route!r} "
+                    f"(routes: {_names(routes)})."
+                )
+        expected = scenario.expect.route
+        for route in [expected] if isinstance(expected, str) else expected or []:
+            if route not in routes:
+                raise SuiteError(
+                    f"{at}: expect.route: no route {route!r} (routes: {_names(routes)})."
+                )
+
+
+def as_domain(found: Any, where: str) -> Domain:
+    """`found` as a `Domain` (a lone agent is a domain of one; a factory is called)."""
+    if callable(found) and not isinstance(found, Domain | Agent):
+        found = found()
+    if isinstance(found, Agent):
+        return Domain(agents=[found])
+    if not isinstance(found, Domain):
+        raise SuiteError(f"{where}: expected a handrail Domain or Agent, got {_kind(found)}.")
+    return found
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names) or "none"
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else f"a {type(value).__name__}"
+
+
+def _message(exc: ValidationError, data: Mapping[str, Any], where: str) -> str:
+    error = exc.errors(include_url=False)[0]
+    loc = list(error["loc"])
+    prefix = where
+    if len(loc) >= 2 and loc[0] == "scenarios" and isinstance(loc[1], int):
+        scenarios = data.get("scenarios")
+        name = None
+        if isinstance(scenarios, list) and loc[1] < len(scenarios):
+            item = scenarios[loc[1]]
+            name = item.get("name") if isinstance(item, Mapping) else None
+        prefix += f": scenario {name!r}" if name else f": scenarios[{loc[1]}]"
+        loc = loc[2:]
+    field = _path(loc)
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    more = exc.error_count() - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{prefix}: {field + ': ' if field else ''}{message}{tail}"
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    text = ""
+    for item in loc:
+        if isinstance(item, int):
+            text += f"[{item}]"
+        elif item in _UNION_TAGS:
+            continue  # pydantic's name for a member of a union, not a field
+        else:
+            text += f".{item}" if text else item
+    return text
+
+
+_UNION_TAGS = frozenset({"str", "list[str]", "function-after[_one_kind(), StepPart]"})

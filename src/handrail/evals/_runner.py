@@ -1,0 +1,243 @@
+"""Running a suite: each scenario on its own engine and store, a few at a time.
+
+Every scenario gets a fresh `Engine` over a `MemoryStore`, fresh models (wrapped to count
+their calls), its mocks as `wrap_tools`, and sequential ids, so a scripted scenario runs the
+same way every time, whatever else runs beside it. Results come back in the suite's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from ..agent import Agent
+from ..engine import Domain, Engine
+from ..events import ApprovalRequired, Event, RunFailed, ToolCallStarted
+from ..models import Model
+from ..runtime import Runtime, sequential_ids
+from ..store import MemoryStore
+from ._check import Call, Transcript, TurnRecord, check
+from ._config import AgentConfig, configure
+from ._judge import judge
+from ._load import as_domain
+from ._mocks import wrap_tools
+from ._models import CountingModel, Tally, build_model, close, unplayed
+from ._result import Failure, ScenarioResult, SuiteResult
+from ._suite import ModelSpec, Scenario, Suite
+
+__all__ = ["run_suite"]
+
+
+async def run_suite(
+    suite: Suite,
+    *,
+    concurrency: int | None = None,
+    config: AgentConfig | None = None,
+    on_result: Callable[[ScenarioResult], None] | None = None,
+) -> SuiteResult:
+    """Run every scenario of `suite` and return the results in the suite's order.
+
+    Args:
+        suite: the suite (from `load_suite`, or built in Python).
+        concurrency: scenarios run at once (default: the suite's `concurrency`).
+        config: an agent configuration to run the suite on (see `handrail.evals.AgentConfig`).
+        on_result: called with each result as its scenario finishes (a progress bar).
+
+    Raises:
+        SuiteError: the suite's domain is not a Domain or Agent, or the configuration names
+            agents it does not have.
+    """
+    where = suite.name or "suite"
+    domain = as_domain(suite.domain, f"{where}: domain")
+    if config is not None:
+        if config.domain is not None:
+            domain = as_domain(config.domain, f"{config.name}: domain")
+        domain = configure(domain, config, config.name or "configuration")
+    limit = asyncio.Semaphore(concurrency or suite.concurrency)
+    results: list[ScenarioResult | None] = [None] * len(suite.scenarios)
+
+    async def one(index: int, scenario: Scenario) -> None:
+        async with limit:
+            result = await _run(suite, scenario, domain, config, index)
+        results[index] = result
+        if on_result is not None:
+            on_result(result)
+
+    async with asyncio.TaskGroup() as group:
+        for index, scenario in enumerate(suite.scenarios):
+            group.create_task(one(index, scenario))
+    done = [r for r in results if r is not None]
+    return SuiteResult(
+        suite=where, scenarios=done, config=config.name if config is not None else None
+    )
+
+
+async def _run(
+    suite: Suite,
+    scenario: Scenario,
+    domain: Domain,
+    config: AgentConfig | None,
+    index: int,
+) -> ScenarioResult:
+    where = f"{suite.name}: scenario {scenario.name!r}"
+    tally = Tally()
+    models: list[Model] = []
+    seen = Transcript()
+    started = time.perf_counter()
+    try:
+        spec = scenario.model or (config.model if config else None) or suite.model
+        default = build_model(spec, tally, where) if spec is not None else None
+        if default is not None:
+            models.append(default)
+        counted = _counted_domain(domain, config, tally, models, where)
+        deps = suite.deps() if callable(suite.deps) else suite.deps
+        engine = Engine(
+            counted,
+            store=MemoryStore(),
+            runtime=Runtime(deps=deps, ids=sequential_ids()),
+            mode=scenario.mode,
+            model=default,
+            wrap_tools=wrap_tools(scenario.mocks) or None,
+        )
+        await _play(engine, scenario, seen, index)
+    except Exception as exc:
+        seen.error = f"{type(exc).__name__}: {exc}"
+    latency = time.perf_counter() - started
+    failures = check(scenario.expect, seen, model_calls=tally.calls, tokens=tally.tokens)
+    if seen.error is None:
+        for model in models:
+            why = unplayed(model)
+            if why is not None:
+                failures.append(Failure(assertion="model", reason=why))
+    verdict = None
+    rubric = scenario.expect.judge
+    if rubric is not None and seen.error is None:
+        spec = rubric.model or suite.judge_model
+        if spec is None:
+            failures.append(
+                Failure(assertion="judge", reason="no judge model: give judge.model or judge_model")
+            )
+        else:
+            judge_model = build_model(spec, Tally(), where)
+            models.append(judge_model)
+            calls = [(c.tool, c.args) for c in seen.calls]
+            found = await judge(
+                rubric.rubric, [(t.text, t.answer) for t in seen.turns], calls, judge_model
+            )
+            verdict = found.reason
+            if not found.passed:
+                failures.append(Failure(assertion="judge", reason=found.reason))
+    for model in models:
+        await close(model)
+    return ScenarioResult(
+        name=scenario.name,
+        failures=failures,
+        outcome=seen.turns[-1].outcome if seen.turns else None,
+        routes=[t.route for t in seen.turns],
+        model_calls=tally.calls,
+        tokens=tally.tokens,
+        latency=latency,
+        judge=verdict,
+    )
+
+
+def _counted_domain(
+    domain: Domain,
+    config: AgentConfig | None,
+    tally: Tally,
+    models: list[Model],
+    where: str,
+) -> Domain:
+    """The domain with every agent's own model (or the configuration's) counted into `tally`."""
+    overrides = config.agents if config is not None else {}
+
+    def counted(agent: Agent[Any]) -> Agent[Any]:
+        override = overrides.get(agent.name)
+        spec: ModelSpec | None = override.model if override is not None else None
+        model: Model | None
+        if spec is not None:
+            model = build_model(spec, tally, f"{where}: agent {agent.name!r}")
+        elif agent.model is not None:
+            model = CountingModel(agent.model, tally)
+        else:
+            return agent
+        models.append(model)
+        clone = copy.copy(agent)
+        clone.model = model
+        return clone
+
+    everyone = [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]
+    if all(a.model is None and a.name not in overrides for a in everyone):
+        return domain
+    return dataclasses.replace(
+        domain,
+        agents=[counted(a) for a in domain.agents],
+        supervisor=counted(domain.supervisor) if domain.supervisor is not None else None,
+    )
+
+
+async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int) -> None:
+    session = f"eval-{index}"
+    for number, turn in enumerate(scenario.turns, 1):
+        record = TurnRecord(text=turn.text)
+        seen.turns.append(record)
+        if scenario.mode == "capture":
+            headless = await engine.run_headless(
+                session, turn.text, org_id=turn.org_id, user_id=turn.user_id, route=turn.route
+            )
+            events: list[Event] = list(headless.events)
+            record.outcome = headless.outcome
+            record.answer = headless.text
+            record.output = _jsonable(headless.output)
+            seen.actions += [Call(tool=a.tool, args=dict(a.args)) for a in headless.actions]
+        else:
+            run = engine.submit(
+                session, turn.text, org_id=turn.org_id, user_id=turn.user_id, route=turn.route
+            )
+            events = [event async for event in run]
+            result = run.result
+            record.outcome = result.outcome
+            output = result.output
+            record.answer = output if isinstance(output, str) else ""
+            record.output = None if isinstance(output, str) else _jsonable(output)
+            record.error = result.error
+        if record.output is not None and not record.answer:
+            record.answer = json.dumps(record.output, ensure_ascii=False, sort_keys=True)
+        for event in events:
+            if isinstance(event, ToolCallStarted):
+                seen.calls.append(Call(tool=event.name, args=event.args))
+            elif isinstance(event, ApprovalRequired):
+                seen.approvals.append(event.name)
+            elif isinstance(event, RunFailed) and record.error is None:
+                record.error = event.error or event.reason
+        record.route = await _route(engine, session, turn.route, turn.org_id, turn.user_id)
+        if record.outcome == "suspended" and number < len(scenario.turns):
+            waiting = ", ".join(seen.approvals) or "a decision"
+            seen.error = (
+                f"turn {number} suspended (waiting on {waiting}), so turn {number + 1} could "
+                f"not be sent; end the scenario at the turn that suspends"
+            )
+            return
+
+
+async def _route(
+    engine: Engine, session: str, asked: str | None, org_id: str | None, user_id: str | None
+) -> str | None:
+    """The route the turn took: the session's `RouteChoice`, else the one asked for."""
+    state = await engine.session(session, org_id=org_id, user_id=user_id)
+    if state.route is not None:
+        return state.route.route
+    if asked is not None or engine.domain.supervisor is None:
+        return asked or engine.domain.default_route
+    return None  # the supervisor never decided (the run failed first)
+
+
+def _jsonable(value: Any) -> Any:
+    return None if value is None else to_jsonable_python(value)

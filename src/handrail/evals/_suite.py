@@ -1,0 +1,325 @@
+"""The suite format: scenarios with a conversation, mocks, a model and expectations.
+
+A suite is pydantic data, so a YAML file and a Python module describe the same thing:
+
+```yaml
+domain: handrail.demo.support_desk:support_domain
+concurrency: 4
+scenarios:
+  - name: question-takes-the-simple-route
+    turns: ["Do you refund items that arrive damaged?"]
+    model:
+      scripted:
+        - output: {route: simple, reason: a policy question}
+        - "Yes: damaged items are refunded in full."
+    expect:
+      route: simple
+      text_contains: refunded in full
+```
+
+Every model forbids unknown keys, so a typo is an error that names the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "CapturedExpectation",
+    "Expect",
+    "Judge",
+    "Mock",
+    "ModelSpec",
+    "Scenario",
+    "StepPart",
+    "Suite",
+    "ToolCallExpectation",
+    "Turn",
+    "UsageSpec",
+]
+
+_TARGET = re.compile(r"^[\w.]+:[\w.]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str | dict) else value
+
+
+class StepPart(_Strict):
+    """One part of a scripted model answer: text, a tool call, or structured output.
+
+    In YAML a plain string is a text part; `{call: orders.lookup, args: {order_id: A1}}` a
+    tool call; `{output: {route: search}}` a structured answer (sent as its JSON text).
+    """
+
+    text: str | None = None
+    """Answer text."""
+    call: str | None = None
+    """The tool to call."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """The call's arguments."""
+    id: str | None = None
+    """The call's id (default: `call_1`, `call_2`, ... in script order)."""
+    output: Any = None
+    """A structured answer (a supervisor's route decision, an output type's fields)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, data: Any) -> Any:
+        return {"text": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StepPart:
+        kinds = [k for k in ("text", "call", "output") if k in self.model_fields_set]
+        if len(kinds) != 1:
+            raise ValueError("a step part is exactly one of text, call or output")
+        if (self.args or self.id) and self.call is None:
+            raise ValueError("args and id belong to a call")
+        return self
+
+
+Step = Annotated[list[StepPart], Field(min_length=1)]
+
+
+class UsageSpec(_Strict):
+    """Token usage a scripted model reports for each answer (scripted models report none)."""
+
+    input_tokens: int = Field(default=0, ge=0)
+    """Prompt tokens of each answer."""
+    output_tokens: int = Field(default=0, ge=0)
+    """Completion tokens of each answer."""
+
+
+class ModelSpec(_Strict):
+    """A model: scripted steps, a function, or a real model's name.
+
+    In YAML a plain string names a real model (`openai:gpt-4o-mini`, see
+    `handrail.models.infer`); `{scripted: [...]}` plays steps in order, one per model call
+    (a step is a part or a list of parts: one answer with several parts);
+    `{function: module:attr}` answers each request with `attr(request)` (a `FunctionModel`).
+    A fresh model is built for each scenario, so scripts never leak between scenarios.
+    """
+
+    name: str | None = None
+    """A real model, as `provider:model`."""
+    scripted: list[Step] | None = None
+    """Steps played in order; each is one answer."""
+    function: Any = None
+    """`module:attr` (or, in Python, the function itself) computing each step."""
+    usage: UsageSpec | None = None
+    """Token usage reported with each scripted or computed answer."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+    @field_validator("scripted", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [_as_list(step) for step in value]
+        return value
+
+    @field_validator("function")
+    @classmethod
+    def _target(cls, value: Any) -> Any:
+        if isinstance(value, str) and not _TARGET.match(value):
+            raise ValueError(f"{value!r} is not module:attr")
+        if value is not None and not (isinstance(value, str) or callable(value)):
+            raise ValueError("give module:attr, or a function")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelSpec:
+        kinds = [k for k in ("name", "scripted", "function") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("a model is exactly one of: a name, scripted: [...], function:")
+        if self.usage is not None and self.name is not None:
+            raise ValueError("usage is for scripted and function models (real ones report it)")
+        return self
+
+
+class Mock(_Strict):
+    """A mocked tool: one output for every call, outputs in call order, or an error.
+
+    The tool keeps its name, schema and approval gate; only its implementation is replaced.
+    """
+
+    output: Any = None
+    """What every call returns."""
+    outputs: list[Any] | None = None
+    """What the first, second, ... call returns; a call past the end is a tool error."""
+    error: str | None = None
+    """Every call fails with this tool error (the model reads it)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Mock:
+        kinds = [k for k in ("output", "outputs", "error") if k in self.model_fields_set]
+        if len(kinds) != 1:
+            raise ValueError("a mock is exactly one of output, outputs or error")
+        return self
+
+
+class Turn(_Strict):
+    """One user message (a plain string in YAML), with its route and caller if given."""
+
+    text: str
+    """What the user writes."""
+    route: str | None = None
+    """The route to take (default: the supervisor chooses)."""
+    org_id: str | None = None
+    """The caller's organisation."""
+    user_id: str | None = None
+    """The caller."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, data: Any) -> Any:
+        return {"text": data} if isinstance(data, str) else data
+
+
+class ToolCallExpectation(_Strict):
+    """A tool call that must (or must not) happen: the tool, and arguments it must include.
+
+    `args` match partially: every key given must be there with a matching value (nested
+    mappings match partially too; numbers match across int and float).
+    """
+
+    tool: str
+    """The tool's name."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments the call must include."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"tool": data} if isinstance(data, str) else data
+
+
+class CapturedExpectation(_Strict):
+    """The actions a capture-mode scenario must capture."""
+
+    actions: list[ToolCallExpectation] = Field(default_factory=list)
+    """Actions that must be captured, in this order (others may come between)."""
+    count: int | None = Field(default=None, ge=0)
+    """How many actions exactly, when given."""
+
+
+class Judge(_Strict):
+    """An LLM judge: a model reads the conversation and gives a pass/fail verdict."""
+
+    rubric: str
+    """What a good answer does, for the judge."""
+    model: ModelSpec | None = None
+    """The judge's model (default: the suite's `judge_model`)."""
+
+
+class Expect(_Strict):
+    """What a scenario asserts. Each key given is one assertion; none is required."""
+
+    outcome: Literal["completed", "suspended", "failed"] | None = None
+    """How the last turn ends (default: anything but a failed run)."""
+    route: str | list[str] | None = None
+    """The route chosen: a name checks the last turn, a list checks each turn in order."""
+    called: list[ToolCallExpectation] = Field(default_factory=list)
+    """Calls that must happen (each matched by some call, arguments partially)."""
+    not_called: list[ToolCallExpectation] = Field(default_factory=list)
+    """Calls that must not happen (a bare tool name: no call of that tool at all)."""
+    captured: CapturedExpectation | None = None
+    """The actions capture mode must record."""
+    approvals: list[str] | None = None
+    """The tools whose calls asked for approval, in order (`[]`: none did)."""
+    text_contains: list[str] = Field(default_factory=list)
+    """Substrings the final text must contain."""
+    text_matches: str | None = None
+    """A regular expression the final text must match (`re.search`)."""
+    output: Any = None
+    """The structured output, exactly (as JSON-compatible data)."""
+    max_model_calls: int | None = Field(default=None, ge=0)
+    """At most this many model calls (the judge's not counted)."""
+    max_tokens: int | None = Field(default=None, ge=0)
+    """At most this many tokens (input + output), when the model reports them."""
+    judge: Judge | None = None
+    """An LLM judge's verdict must be a pass."""
+
+    @field_validator("called", "not_called", "text_contains", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("text_matches")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
+class Scenario(_Strict):
+    """One conversation to run, with its mocks, its model and what it must do."""
+
+    name: str = Field(min_length=1)
+    """Identifies the scenario in reports and baselines (unique in its suite)."""
+    turns: list[Turn] = Field(min_length=1)
+    """The user's messages, one a turn, on one session (a string: one turn)."""
+    mocks: dict[str, Mock] = Field(default_factory=dict)
+    """Tool name -> its mock (passed to the engine as `wrap_tools`)."""
+    model: ModelSpec | None = None
+    """The model for agents that name none (default: the suite's)."""
+    mode: Literal["mock", "capture"] = "mock"
+    """`mock`: tools without a mock fail with a tool error; `capture`: gated calls are
+    captured through their `mint` (`Engine.run_headless`), others run (or their mock does)."""
+    expect: Expect = Field(default_factory=Expect)
+    """The assertions."""
+
+    @field_validator("turns", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return _as_list(value)
+
+
+class Suite(_Strict):
+    """A named set of scenarios on one domain."""
+
+    name: str | None = None
+    """The suite's name in reports (default: the file's stem)."""
+    domain: Any
+    """The `Domain` or `Agent` under test: `module:attr` (or, in Python, the object)."""
+    model: ModelSpec | None = None
+    """The default model of the scenarios."""
+    judge_model: ModelSpec | None = None
+    """The default model of judge assertions."""
+    deps: Any = None
+    """The tools' `ctx.deps`: `module:attr` of a factory (called once a scenario) or an
+    object (in Python, the factory or object itself)."""
+    concurrency: int = Field(default=4, ge=1)
+    """Scenarios run at once."""
+    scenarios: list[Scenario] = Field(min_length=1)
+    """The scenarios, in report order."""
+
+    @field_validator("domain", "deps")
+    @classmethod
+    def _target(cls, value: Any) -> Any:
+        if isinstance(value, str) and not _TARGET.match(value):
+            raise ValueError(f"{value!r} is not module:attr")
+        return value
+
+    @model_validator(mode="after")
+    def _unique(self) -> Suite:
+        seen: set[str] = set()
+        for scenario in self.scenarios:
+            if scenario.name in seen:
+                raise ValueError(f"two scenarios are named {scenario.name!r}")
+            seen.add(scenario.name)
+        return self
