@@ -39,6 +39,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from ._loop import AgentRun
 from .engine import Engine
+from .evals._cli import eval_command
 from .events import (
     EVENT,
     AgentCompleted,
@@ -75,6 +76,7 @@ sessions = typer.Typer(
     help="List, show, export, import and delete stored sessions.", no_args_is_help=True
 )
 app.add_typer(sessions, name="sessions")
+app.command("eval")(eval_command)
 
 _out = Console()
 _err = Console(stderr=True)
