@@ -162,3 +162,87 @@ def test_a_missing_suite_or_baseline_is_named(tmp_path: Path) -> None:
     bad = run(suite, "--baseline", tmp_path / "other.json")
     assert bad.exit_code == 1
     assert "not a handrail eval report" in bad.stderr
+
+
+def test_compare_runs_two_configurations_side_by_side(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s.yaml", SIMPLE.replace("{wanted}", "in full"))
+    draft = write(
+        tmp_path / "draft.yaml",
+        """\
+        agents:
+          responder:
+            instructions: Answer in one word.
+            model: {scripted: ["No."]}
+        """,
+    )
+    pinned = write(tmp_path / "pinned.yaml", "name: pinned\n")
+    result = run(
+        suite,
+        "--compare",
+        draft,
+        pinned,
+        "--json",
+        tmp_path / "c.json",
+        "--junit",
+        tmp_path / "c.xml",
+    )
+    assert result.exit_code == 1
+    assert "compare" in result.stdout and "draft" in result.stdout and "pinned" in result.stdout
+    assert "FAIL question [draft]: text_contains: 'in full' not in the final text \"No.\"" in (
+        result.stdout
+    )
+    assert "1 passed, 1 failed" in result.stdout
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert [(r["config"], r["summary"]["failed"]) for r in report["compare"]] == [
+        ("draft", 1),
+        ("pinned", 0),
+    ]
+    assert '<testsuite name="s [draft]"' in (tmp_path / "c.xml").read_text()
+
+
+def test_compare_names_an_unknown_agent_and_refuses_a_baseline(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s.yaml", SIMPLE.replace("{wanted}", "in full"))
+    other = write(tmp_path / "other.yaml", "agents:\n  writer: {instructions: hi}\n")
+    unknown = run(suite, "--compare", other, other)
+    assert unknown.exit_code == 1
+    assert unknown.stderr.strip() == (
+        "error: other: agents: no agent 'writer' in the domain "
+        "(agents: executor, responder, supervisor)."
+    )
+    typo = write(tmp_path / "typo.yaml", "agent: {}\n")
+    assert (
+        "typo.yaml: agent: Extra inputs are not permitted"
+        in run(suite, "--compare", typo, typo).stderr
+    )
+    both = run(suite, "--compare", other, other, "--baseline", tmp_path / "b.json")
+    assert both.exit_code == 1 and "--baseline compares one run" in both.stderr
+
+
+def test_a_python_suite_file_defines_suite(tmp_path: Path) -> None:
+    write(
+        tmp_path / "suite.py",
+        """\
+        from handrail.evals import Scenario, Suite
+
+        suite = Suite(
+            domain="handrail.demo.support_desk:support_domain",
+            scenarios=[
+                Scenario.model_validate({
+                    "name": f"question-{n}",
+                    "turns": "Do you refund damaged items?",
+                    "model": {"scripted": [{"output": {"route": "simple"}}, "Yes."]},
+                    "expect": {"route": "simple", "text_contains": "Yes"},
+                })
+                for n in range(3)
+            ],
+        )
+        """,
+    )
+    result = run(tmp_path / "suite.py", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["suite"] == "suite" and report["summary"]["passed"] == 3
+    write(tmp_path / "empty.py", "x = 1\n")
+    empty = run(tmp_path / "empty.py")
+    assert empty.exit_code == 1
+    assert "define `suite`, a handrail.evals.Suite" in empty.stderr

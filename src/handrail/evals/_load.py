@@ -41,7 +41,7 @@ def read_yaml(path: Path) -> Any:
     """
     try:
         import yaml
-    except ImportError:  # pragma: no cover - pyyaml ships with the evals and dev extras
+    except ImportError:
         raise SuiteError(
             f'{path}: reading YAML needs pyyaml: pip install "handrail[evals]"'
         ) from None

@@ -26,7 +26,7 @@ from ..store import MemoryStore
 from ._check import Call, Transcript, TurnRecord, check
 from ._config import AgentConfig, configure
 from ._judge import judge
-from ._load import as_domain
+from ._load import as_domain, check_suite, import_target
 from ._mocks import wrap_tools
 from ._models import CountingModel, Tally, build_model, close, unplayed
 from ._result import Failure, ScenarioResult, SuiteResult
@@ -51,10 +51,19 @@ async def run_suite(
         on_result: called with each result as its scenario finishes (a progress bar).
 
     Raises:
-        SuiteError: the suite's domain is not a Domain or Agent, or the configuration names
+        SuiteError: the suite's domain (`module:attr` is imported) is not a Domain or Agent, a
+            scenario names tools or routes it does not have, or the configuration names
             agents it does not have.
     """
     where = suite.name or "suite"
+    if isinstance(suite.domain, str) or isinstance(suite.deps, str):
+        suite = suite.model_copy(
+            update={
+                "domain": import_target(suite.domain, f"{where}: domain"),
+                "deps": import_target(suite.deps, f"{where}: deps"),
+            }
+        )
+    check_suite(suite, where)
     domain = as_domain(suite.domain, f"{where}: domain")
     if config is not None:
         if config.domain is not None:
