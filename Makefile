@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test lint format typecheck bench clean
+.PHONY: help install demo web test browser lint format typecheck bench clean
 
 help: ## List the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,7 +21,18 @@ install: $(STAMP) ## Create .venv and install handrail with its dev tools
 demo: $(STAMP) ## Run the offline support-desk demo (scripted model)
 	$(BIN)/python -m handrail.demo
 
-test: $(STAMP) ## Run the whole test suite with branch coverage
+web: $(STAMP) ## Serve the support desk's web page (scripted model, SQLite); prints its URL
+	$(BIN)/handrail serve handrail.demo.web:engine --port $(or $(PORT),8000)
+
+browser: ## Install Debian's chromium for the browser tests, if missing and we can
+	@command -v chromium >/dev/null \
+	  || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	      && (DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium </dev/null \
+	          || (apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+	              apt-get install -y -q chromium </dev/null))) \
+	  || echo "!!! WARNING: chromium is missing and cannot be installed here (needs apt-get and root): THE BROWSER TESTS WILL BE SKIPPED. Install it with: apt-get install -y chromium"
+
+test: $(STAMP) browser ## Run the whole test suite with branch coverage
 	$(BIN)/python -m pytest --cov --cov-report=term
 
 lint: $(STAMP) ## ruff format --check and ruff check

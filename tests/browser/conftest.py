@@ -127,9 +127,13 @@ def serve() -> Iterator[Callable[[Engine], Served]]:
         thread.__exit__()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """One headless chromium for the whole run."""
+    """One headless chromium a module.
+
+    Not one a session: Playwright's sync API keeps an event loop running in this thread
+    while it is open, and the async tests of other modules need the thread to have none.
+    """
     assert sync_playwright is not None and CHROMIUM is not None
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)

@@ -477,7 +477,15 @@ function cardFor(card) {
   } else {
     form.append(el("p", { class: "hint", text: "The client app posts its result; you can only cancel the call here." }));
   }
-  buttons.append(el("button", { type: "button", class: "reject", text: rejectLabel, onclick: () => decide(card, node, { decision: "reject", reason: reason.value.trim() || null }) }));
+  const reject = el("button", { type: "button", class: "reject", text: rejectLabel, onclick: () => decide(card, node, { decision: "reject", reason: reason.value.trim() || null }) });
+  buttons.append(reject);
+  reason.addEventListener("keydown", (e) => {
+    // Enter in the reason means reject, never the form's approve.
+    if (e.key === "Enter" && !e.isComposing) {
+      e.preventDefault();
+      if (!reject.disabled) reject.click();
+    }
+  });
   form.append(
     el("div", { class: "reason" }, el("label", { for: reason.id, text: `Reason (if you ${rejectLabel.toLowerCase()})` }), reason),
     buttons,
