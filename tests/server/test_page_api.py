@@ -1,0 +1,70 @@
+"""What the web page reads besides the session API: the domain, a turn's scratch, the page."""
+
+from __future__ import annotations
+
+from .conftest import ANA, Server
+from .test_api import suspended
+
+
+async def test_the_domain_describes_agents_and_the_schemas_of_tools(server: Server) -> None:
+    response = await server.client.get("/domain", headers=ANA)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["agents"] == [
+        {"name": "executor", "scratch": True, "supervisor": False},
+        {"name": "responder", "scratch": False, "supervisor": False},
+        {"name": "supervisor", "scratch": True, "supervisor": True},
+    ]
+    tools = {t["name"]: t for t in body["tools"]}
+    assert set(tools) == {"orders.lookup", "policy.refunds", "orders.refund"}
+    refund = tools["orders.refund"]
+    assert (refund["gated"], refund["amendable"], refund["permission"], refund["executor"]) == (
+        True,
+        ["amount"],
+        "write",
+        "server",
+    )
+    assert refund["parameters"]["properties"]["amount"] == {
+        "type": "number",
+        "description": "how much to refund, in euros (at most the order's total).",
+    }
+    assert tools["policy.refunds"]["parameters"]["properties"]["reason"]["enum"] == [
+        "damaged",
+        "changed-mind",
+        "late",
+    ]
+    assert tools["orders.lookup"]["gated"] is False
+
+
+async def test_the_domain_needs_a_key(server: Server) -> None:
+    response = await server.client.get("/domain")
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "unauthorized"
+
+
+async def test_the_session_view_carries_the_turns_scratch(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    body = (await server.client.get(f"/sessions/{session_id}", headers=ANA)).json()
+    assert list(body["scratch"]) == ["supervisor", "executor"]
+    calls = [
+        (p["name"], p["status"])
+        for m in body["scratch"]["executor"]
+        for p in m["parts"]
+        if p["type"] == "tool-call"
+    ]
+    assert calls == [
+        ("orders.lookup", "completed"),
+        ("policy.refunds", "completed"),
+        ("orders.refund", "waiting"),
+    ]
+    assert body["pending"][0]["tool_call_id"] == call_id
+
+
+async def test_the_page_is_served_at_the_root(server: Server) -> None:
+    page = await server.client.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert '<script src="app.js" defer></script>' in page.text
+    script = await server.client.get("/app.js")
+    assert script.status_code == 200
+    assert "/events?after=" in script.text
