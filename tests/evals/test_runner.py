@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from handrail import Agent, Domain, RouteDecision, tool
@@ -200,8 +201,8 @@ def test_a_turn_after_a_suspended_one_cannot_be_sent() -> None:
     assert got == [
         (
             "run",
-            "turn 1 suspended (waiting on orders.cancel), so turn 2 could not be sent; end the "
-            "scenario at the turn that suspends",
+            "turn 1 suspended (waiting on orders.cancel), so turn 2 could not be sent; follow "
+            "it with a decision (decide: approve | reject) or end the scenario there",
         )
     ]
 
@@ -395,3 +396,63 @@ def test_capture_mode_records_actions_and_asserts_them() -> None:
             "first: amount is 84.0, not 40)",
         ),
     ]
+
+
+CANCEL_THEN_ANSWER = [
+    [{"call": "orders.cancel", "args": {"order_id": "A1"}}],
+    [{"output": {"order_id": "A1", "urgent": False}}],
+]
+
+
+def test_a_decision_turn_approves_with_amendments_or_rejects_then_resumes() -> None:
+    approved = scenario(
+        name="approved",
+        turns=["Cancel A1", {"decide": "approve"}],
+        mocks={"orders.cancel": {"output": {"cancelled": "A1"}}},
+        model={"scripted": CANCEL_THEN_ANSWER},
+        expect={
+            "outcome": "completed",
+            "approvals": ["orders.cancel"],
+            "output": {"order_id": "A1", "urgent": False},
+        },
+    )
+    rejected = scenario(
+        name="rejected",
+        turns=["Cancel A1", {"decide": "reject", "reason": "keep it"}],
+        mocks={"orders.cancel": {"error": "must not run"}},
+        model={"function": _reads_the_rejection},
+        expect={"outcome": "completed", "output": {"order_id": "keep it", "urgent": False}},
+    )
+    result = run(approved, rejected)
+    assert [s.failures for s in result.scenarios] == [[], []]
+    assert [s.outcome for s in result.scenarios] == ["completed", "completed"]
+
+
+def _reads_the_rejection(request: Any) -> Any:
+    from handrail.testing import call
+
+    last = request.messages[-1]
+    if last.role == "user":
+        return call("orders.cancel", order_id="A1")
+    reason = last.tool_calls[0].result.error or ""
+    return f'{{"order_id": "{"keep it" if "keep it" in reason else reason}", "urgent": false}}'
+
+
+def test_a_decision_needs_a_suspended_turn_before_it() -> None:
+    got = failures(scenario(turns=["Hi", {"decide": "approve"}], model={"scripted": TICKET[1:]}))
+    assert got == [("run", "turn 2 decides, but nothing waits for a decision")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"turns": [{"decide": "approve"}]}, "the first turn is a message"),
+        ({"turns": ["a", {"decide": "approve"}], "mode": "capture"}, "asks nobody"),
+        ({"turns": ["a", {"decide": "reject", "amend": {}}]}, "amend goes with decide: approve"),
+        ({"turns": ["a", {"decide": "approve", "reason": "x"}]}, "reason goes with decide: reject"),
+        ({"turns": ["a", {"text": "b", "decide": "approve"}]}, "exactly one of text or decide"),
+    ],
+)
+def test_decision_turns_are_validated(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Scenario.model_validate({"name": "s", **fields})

@@ -23,6 +23,7 @@ from ..events import ApprovalRequired, Event, RunFailed, ToolCallStarted
 from ..models import Model
 from ..runtime import Runtime, sequential_ids
 from ..store import MemoryStore
+from ..suspension import Approve, Decision, Reject
 from ._check import Call, Transcript, TurnRecord, check
 from ._config import AgentConfig, configure
 from ._judge import judge
@@ -30,7 +31,7 @@ from ._load import as_domain, check_suite, import_target
 from ._mocks import wrap_tools
 from ._models import CountingModel, Tally, build_model, close, unplayed
 from ._result import Failure, ScenarioResult, SuiteResult
-from ._suite import ModelSpec, Scenario, Suite
+from ._suite import ModelSpec, Scenario, Suite, Turn
 
 __all__ = ["run_suite"]
 
@@ -194,12 +195,23 @@ def _counted_domain(
 
 async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int) -> None:
     session = f"eval-{index}"
+    suspended = False
     for number, turn in enumerate(scenario.turns, 1):
-        record = TurnRecord(text=turn.text)
+        if suspended != (turn.decide is not None):
+            seen.error = (
+                f"turn {number - 1} suspended (waiting on {_waiting(seen)}), so turn {number} "
+                f"could not be sent; follow it with a decision (decide: approve | reject) or "
+                f"end the scenario there"
+                if suspended
+                else f"turn {number} decides, but nothing waits for a decision"
+            )
+            return
+        record = TurnRecord(text=turn.label)
         seen.turns.append(record)
-        if scenario.mode == "capture":
+        org_id, user_id = turn.org_id, turn.user_id
+        if turn.text is not None and scenario.mode == "capture":
             headless = await engine.run_headless(
-                session, turn.text, org_id=turn.org_id, user_id=turn.user_id, route=turn.route
+                session, turn.text, org_id=org_id, user_id=user_id, route=turn.route
             )
             events: list[Event] = list(headless.events)
             record.outcome = headless.outcome
@@ -207,9 +219,13 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
             record.output = _jsonable(headless.output)
             seen.actions += [Call(tool=a.tool, args=dict(a.args)) for a in headless.actions]
         else:
-            run = engine.submit(
-                session, turn.text, org_id=turn.org_id, user_id=turn.user_id, route=turn.route
-            )
+            if turn.text is not None:
+                run = engine.submit(
+                    session, turn.text, org_id=org_id, user_id=user_id, route=turn.route
+                )
+            else:
+                await _decide(engine, session, turn)
+                run = engine.resume(session, org_id=org_id, user_id=user_id)
             events = [event async for event in run]
             result = run.result
             record.outcome = result.outcome
@@ -226,14 +242,22 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                 seen.approvals.append(event.name)
             elif isinstance(event, RunFailed) and record.error is None:
                 record.error = event.error or event.reason
-        record.route = await _route(engine, session, turn.route, turn.org_id, turn.user_id)
-        if record.outcome == "suspended" and number < len(scenario.turns):
-            waiting = ", ".join(seen.approvals) or "a decision"
-            seen.error = (
-                f"turn {number} suspended (waiting on {waiting}), so turn {number + 1} could "
-                f"not be sent; end the scenario at the turn that suspends"
-            )
-            return
+        record.route = await _route(engine, session, turn.route, org_id, user_id)
+        suspended = record.outcome == "suspended"
+
+
+async def _decide(engine: Engine, session: str, turn: Turn) -> None:
+    """Decide every call the session waits on, as the decision turn says."""
+    scope = {"org_id": turn.org_id, "user_id": turn.user_id}
+    state = await engine.session(session, **scope)
+    decision: Decision = (
+        Approve(amended_args=turn.amend) if turn.decide == "approve" else Reject(reason=turn.reason)
+    )
+    await engine.resolve_many(session, dict.fromkeys(state.pending, decision), **scope)
+
+
+def _waiting(seen: Transcript) -> str:
+    return ", ".join(seen.approvals) or "a decision"
 
 
 async def _route(

@@ -169,10 +169,20 @@ class Mock(_Strict):
 
 
 class Turn(_Strict):
-    """One user message (a plain string in YAML), with its route and caller if given."""
+    """One turn: a user message (a plain string in YAML), or a decision on waiting calls.
 
-    text: str
+    A decision turn (`decide: approve` or `decide: reject`) follows a turn that suspended: it
+    decides every call waiting for approval, then resumes that turn.
+    """
+
+    text: str | None = None
     """What the user writes."""
+    decide: Literal["approve", "reject"] | None = None
+    """Decide every waiting call this way, then resume the suspended turn."""
+    amend: dict[str, Any] | None = None
+    """With `approve`: the amended arguments (amendable fields only)."""
+    reason: str | None = None
+    """With `reject`: why (the model reads it)."""
     route: str | None = None
     """The route to take (default: the supervisor chooses)."""
     org_id: str | None = None
@@ -184,6 +194,25 @@ class Turn(_Strict):
     @classmethod
     def _from_text(cls, data: Any) -> Any:
         return {"text": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Turn:
+        if (self.text is None) == (self.decide is None):
+            raise ValueError("a turn is exactly one of text or decide")
+        if self.amend is not None and self.decide != "approve":
+            raise ValueError("amend goes with decide: approve")
+        if self.reason is not None and self.decide != "reject":
+            raise ValueError("reason goes with decide: reject")
+        if self.route is not None and self.decide is not None:
+            raise ValueError("a decision resumes its turn on that turn's route: drop route")
+        return self
+
+    @property
+    def label(self) -> str:
+        """The turn as the judge reads it: the message, or the decision."""
+        if self.text is not None:
+            return self.text
+        return f"(a person decides: {self.decide})"
 
 
 class ToolCallExpectation(_Strict):
@@ -287,6 +316,14 @@ class Scenario(_Strict):
     @classmethod
     def _listed(cls, value: Any) -> Any:
         return _as_list(value)
+
+    @model_validator(mode="after")
+    def _decisions(self) -> Scenario:
+        if self.turns[0].decide is not None:
+            raise ValueError("turns: the first turn is a message; a decision follows one")
+        if self.mode == "capture" and any(t.decide is not None for t in self.turns):
+            raise ValueError("turns: a capture-mode run asks nobody, so it has no decisions")
+        return self
 
 
 class Suite(_Strict):
