@@ -246,3 +246,39 @@ def test_a_python_suite_file_defines_suite(tmp_path: Path) -> None:
     empty = run(tmp_path / "empty.py")
     assert empty.exit_code == 1
     assert "define `suite`, a handrail.evals.Suite" in empty.stderr
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (
+            "from handrail.evals import Scenario\nScenario.model_validate({'name': 'x'})\n",
+            "broken.py: Scenario: turns: Field required",
+        ),
+        (
+            "raise RuntimeError('no database')\n",
+            "broken.py: importing it failed: RuntimeError: no database",
+        ),
+    ],
+)
+def test_a_broken_python_suite_is_one_line(tmp_path: Path, code: str, message: str) -> None:
+    result = run(write(tmp_path / "broken.py", code))
+    assert result.exit_code == 1
+    (line,) = result.stderr.splitlines()
+    assert line.endswith(message), line
+
+
+def test_a_judge_that_cannot_be_built_fails_its_assertion_not_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    suite = write(
+        tmp_path / "s.yaml",
+        SIMPLE.replace("{wanted}", "in full")
+        + "      judge: {rubric: polite, model: 'openai:gpt-4o-mini'}\n",
+    )
+    result = run(suite, "--json", tmp_path / "r.json")
+    assert result.exit_code == 1
+    (failure,) = json.loads((tmp_path / "r.json").read_text())["scenarios"][0]["failures"]
+    assert failure["assertion"] == "judge"
+    assert failure["reason"].startswith("ConfigError:") and "OPENAI_API_KEY" in failure["reason"]

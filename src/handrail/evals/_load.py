@@ -104,8 +104,10 @@ def _python_suite(path: Path) -> Suite:
     with _importable(path.parent):
         try:
             spec.loader.exec_module(module)
-        except ConfigError as exc:
-            raise SuiteError(f"{path}: {exc}") from None
+        except ValidationError as exc:
+            raise SuiteError(_message(exc, {}, f"{path}: {exc.title}")) from None
+        except Exception as exc:
+            raise SuiteError(f"{path}: importing it failed: {type(exc).__name__}: {exc}") from None
     found = getattr(module, "suite", None)
     if callable(found) and not isinstance(found, Suite):
         found = found()
@@ -231,4 +233,4 @@ def _path(loc: Sequence[int | str]) -> str:
     return text
 
 
-_UNION_TAGS = frozenset({"str", "list[str]", "function-after[_one_kind(), StepPart]"})
+_UNION_TAGS = frozenset({"str", "list[str]"})

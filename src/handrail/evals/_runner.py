@@ -8,6 +8,7 @@ same way every time, whatever else runs beside it. Results come back in the suit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import json
@@ -130,22 +131,24 @@ async def _run(
     rubric = scenario.expect.judge
     if rubric is not None and seen.error is None:
         spec = rubric.model or suite.judge_model
-        if spec is None:
-            failures.append(
-                Failure(assertion="judge", reason="no judge model: give judge.model or judge_model")
-            )
-        else:
+        try:
+            if spec is None:
+                raise _NoJudge("no judge model: give judge.model or judge_model")
             judge_model = build_model(spec, Tally(), where)
             models.append(judge_model)
             calls = [(c.tool, c.args) for c in seen.calls]
-            found = await judge(
-                rubric.rubric, [(t.text, t.answer) for t in seen.turns], calls, judge_model
-            )
+            turns = [(t.text, t.answer) for t in seen.turns]
+            found = await judge(rubric.rubric, turns, calls, judge_model)
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, _NoJudge) else f"{type(exc).__name__}: {exc}"
+            failures.append(Failure(assertion="judge", reason=why))
+        else:
             verdict = found.reason
             if not found.passed:
                 failures.append(Failure(assertion="judge", reason=found.reason))
     for model in models:
-        await close(model)
+        with contextlib.suppress(Exception):  # a client that fails to close fails nothing
+            await close(model)
     return ScenarioResult(
         name=scenario.name,
         failures=failures,
@@ -156,6 +159,10 @@ async def _run(
         latency=latency,
         judge=verdict,
     )
+
+
+class _NoJudge(Exception):
+    pass
 
 
 def _counted_domain(
