@@ -40,9 +40,12 @@ KEYS = {
 }
 
 try:
-    from playwright.sync_api import Browser, Page, sync_playwright
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None
+else:
+    # Waits, not assertions on time: generous, for a loaded CI machine.
+    expect.set_options(timeout=15_000)
 
 MISSING = (
     "chromium is not installed (apt-get install -y chromium)"
@@ -148,7 +151,7 @@ def new_page(browser: Browser) -> Iterator[Callable[..., Page]]:
 
     def open_page(**options: Any) -> Page:
         context = browser.new_context(**options)
-        context.set_default_timeout(10_000)
+        context.set_default_timeout(15_000)
         contexts.append(context)
         return context.new_page()
 

@@ -218,11 +218,13 @@ def test_a_stale_approval_shows_the_conflict_on_the_card(
 def test_a_reload_mid_stream_resumes_the_stream(
     serve: Serve, new_page: NewPage, shoot: Shoot
 ) -> None:
-    served = serve(build_engine(store=MemoryStore(), pace=0.05))
+    served = serve(build_engine(store=MemoryStore(), pace=0.08))
     page = signed_in(new_page, served)
     send(page, "Thanks. Where is my order A1042?")
     expect(page.locator(".bubble.note")).to_contain_text("Order A1042")  # the executor's note
     page.reload()
+    # The reply streams into the reloaded page: it follows the turn, not just the store.
+    expect(page.locator(".bubble.assistant:not(.note)")).to_have_attribute("aria-busy", "true")
     expect(reply(page)).to_have_text(
         "Your order A1042 (€84.00) was delivered on 18 November. Anything else?"
     )
@@ -232,6 +234,26 @@ def test_a_reload_mid_stream_resumes_the_stream(
     expect(page.locator(".bubble.user")).to_have_count(1)
     expect(page.locator(".call", has_text="orders.lookup")).to_have_count(1)
     shoot(page, "resumed")
+
+
+def test_a_stream_that_fails_is_reconnected_after_the_last_event(
+    desk: Served, new_page: NewPage
+) -> None:
+    page = signed_in(new_page, desk)
+    failed: list[str] = []
+
+    def fail_once(route: Any) -> None:
+        if failed:
+            route.continue_()
+        else:
+            failed.append(route.request.url)
+            route.abort()
+
+    page.route("**/events?after=*", fail_once)
+    send(page, "Hi! Do you refund items that arrive damaged?")
+    expect(reply(page)).to_have_text(re.compile(r"^Yes: .*order number\.$"))
+    assert len(failed) == 1
+    expect(page.locator(".bubble.user")).to_have_count(1)
 
 
 # -- tenants, phones ---------------------------------------------------------------------------

@@ -114,6 +114,7 @@ async function readStream(sessionId, signal) {
     } catch {}
     throw new ApiError(response.status, "stream", message);
   }
+  if ($("status").textContent.startsWith("Connection lost")) say("Reconnected; the agent is working…");
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -746,9 +747,14 @@ async function openSession(sessionId, { focus = false, resume = false } = {}) {
   listSessions().catch(() => {});
   const after = sessionStorage.getItem(afterKey(sessionId));
   if (resume && after !== null) {
-    restoreLive(sessionId);
-    follow(sessionId, Number(after));
-    return;
+    if (session.running) {
+      restoreLive(sessionId);
+      follow(sessionId, Number(after));
+      return;
+    }
+    // The turn ended while nobody watched: the store has all of it.
+    sessionStorage.removeItem(afterKey(sessionId));
+    sessionStorage.removeItem(liveKey(sessionId));
   }
   if (session.running && !page.stream) {
     // A turn runs, started elsewhere: show it once it has ended (or suspended).
