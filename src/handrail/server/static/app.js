@@ -663,6 +663,7 @@ function schemaField(id, name, schema, value) {
     input = el("textarea", { id, name, rows: 3, "aria-describedby": described, class: "json" });
     if (value !== undefined) input.value = JSON.stringify(value, null, 2);
     read = () => {
+      input.setCustomValidity("");
       try {
         return input.value.trim() ? JSON.parse(input.value) : undefined;
       } catch {
