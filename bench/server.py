@@ -41,6 +41,7 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 KEY = "bench-key"
 AUTH = f"Authorization: Bearer {KEY}\r\n"
 STEADY_TURNS = 5
+TWO_REQUESTS = False  # --two-requests: POST the turn (202), then GET its events
 TERMINAL = (b'"type":"run-completed"', b'"type":"run-suspended"', b'"type":"run-failed"')
 
 
@@ -150,8 +151,10 @@ class _Connection:
     def close(self) -> None:
         self.writer.close()
 
-    def send(self, method: str, path: str, body: bytes = b"") -> None:
+    def send(self, method: str, path: str, body: bytes = b"", *, stream: bool = False) -> None:
         head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n{AUTH}Content-Length: {len(body)}\r\n"
+        if stream:
+            head += "Accept: text/event-stream\r\n"
         if body:
             head += "Content-Type: application/json\r\n"
         self.writer.write(head.encode() + b"\r\n" + body)
@@ -183,11 +186,13 @@ async def _turn(port: int, session_id: str, go: asyncio.Event | None = None) -> 
         if go is not None:
             await go.wait()
         start = time.perf_counter()
-        status, accepted = await connection.json(
-            "POST", f"/sessions/{session_id}/turns", b'{"text": "Where is A1042?"}'
-        )
-        assert status == 202, accepted
-        connection.send("GET", accepted["events"])
+        turn, text = f"/sessions/{session_id}/turns", b'{"text": "Where is A1042?"}'
+        if TWO_REQUESTS:
+            status, accepted = await connection.json("POST", turn, text)
+            assert status == 202, accepted
+            connection.send("GET", accepted["events"])
+        else:  # the turn's events stream in the answer to its POST
+            connection.send("POST", turn, text, stream=True)
         status, _ = await connection.head()
         assert status == 200
         first: float | None = None
@@ -331,9 +336,16 @@ def main() -> None:
         default=0.0,
         help="seconds between the model's chunks (0: as fast as it can; 0.02 is a fast LLM)",
     )
+    parser.add_argument(
+        "--two-requests",
+        action="store_true",
+        help="POST the turn (202), then GET its events (default: the POST's answer streams)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global TWO_REQUESTS
+    TWO_REQUESTS = args.two_requests
     if args.serve:
         serve(args.store, args.db, args.pace)
         return

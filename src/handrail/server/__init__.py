@@ -12,11 +12,11 @@ It needs the `server` extra: `pip install "handrail[server]"`. See docs/server.m
 from __future__ import annotations
 
 try:
-    import sse_starlette  # noqa: F401
     import starlette  # noqa: F401
+    import uvicorn  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        'handrail.server needs starlette, uvicorn and sse-starlette: pip install "handrail[server]"'
+        'handrail.server needs starlette and uvicorn: pip install "handrail[server]"'
     ) from error
 
 from ._app import create_app

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic_core
 from pydantic import BaseModel
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -20,6 +18,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..engine import Engine
+from ..exceptions import SessionNotFoundError
 from ..state import RunState
 from ..store import SessionRecord
 from ._auth import Authenticator, Caller
@@ -42,6 +41,7 @@ from ._bodies import (
 from ._errors import EXCEPTION_HANDLERS, ApiError
 from ._openapi import Operation, openapi
 from ._runs import Runs
+from ._sse import EventStream, frame
 
 __all__ = ["create_app"]
 
@@ -49,14 +49,6 @@ STATIC = Path(__file__).parent / "static"
 """The web page's files, served at `/` when the directory exists."""
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def _no_chunks(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("chunk:")
-
-
-# sse-starlette logs each chunk it sends at DEBUG, and an event may carry tool arguments.
-logging.getLogger("sse_starlette.sse").addFilter(_no_chunks)
 
 
 def create_app(
@@ -157,9 +149,10 @@ class _Api:
                       "Export a session with its logs (for `handrail sessions import`)",
                       errors=(404,)),
             Operation("POST", f"{session}/turns", self.submit_turn,
-                      "Send a message: the turn runs in the background", status=202,
+                      "Send a message: the turn runs in the background (its events stream in "
+                      "the answer when it accepts text/event-stream)", status=202,
                       body=TurnBody, query=ClientQuery, response=TurnAccepted,
-                      errors=(404, 409, 413, 422)),
+                      errors=(404, 409, 413, 422), stream_on_accept=True),
             Operation("GET", f"{session}/events", self.stream_events,
                       "Stream the session's events (Server-Sent Events)", query=EventsQuery,
                       stream=True, errors=(404, 422)),
@@ -194,6 +187,15 @@ class _Api:
         session_id = request.path_params["session_id"]
         state = await self.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
         return caller, session_id, state
+
+    async def _owned(self, request: Request) -> tuple[Caller, str]:
+        """As `_session`, without reading the session's state (a turn reads it anyway)."""
+        caller = await self._caller(request)
+        session_id = request.path_params["session_id"]
+        record = await self.store.load(session_id)
+        if record is None or (record.org_id, record.user_id) != tuple(caller):
+            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+        return caller, session_id
 
     async def _body(self, request: Request, model: type[M]) -> M:
         declared = request.headers.get("content-length", "")
@@ -270,7 +272,7 @@ class _Api:
 
     async def delete_session(self, request: Request) -> Response:
         """`DELETE /sessions/{id}`: the session, its logs and its lease."""
-        _, session_id, _ = await self._session(request)
+        _, session_id = await self._owned(request)
         if self.runs.running(session_id):
             raise ApiError(
                 409, "turn_in_progress", "A turn of this session is running: interrupt it first."
@@ -280,7 +282,7 @@ class _Api:
 
     async def export_session(self, request: Request) -> Response:
         """`GET /sessions/{id}/export`: the session and its logs as one JSON document."""
-        _, session_id, _ = await self._session(request)
+        _, session_id = await self._owned(request)
         document = await self.store.export(session_id)
         return Response(document, media_type="application/json")
 
@@ -319,8 +321,12 @@ class _Api:
     # -- turns ----------------------------------------------------------------------------
 
     async def submit_turn(self, request: Request) -> Response:
-        """`POST /sessions/{id}/turns`: start a turn; 202 once it runs."""
-        (org_id, user_id), session_id, _ = await self._session(request)
+        """`POST /sessions/{id}/turns`: start a turn; 202 once it runs, or its event stream.
+
+        With `Accept: text/event-stream` the answer is the turn's events (200, SSE) up to its
+        end or suspension: one request instead of two, and the first event comes at once.
+        """
+        (org_id, user_id), session_id = await self._owned(request)
         body = await self._body(request, TurnBody)
         client = self._query(request, ClientQuery).client
         if body.route is not None and body.route not in self.engine.domain.routes:
@@ -332,6 +338,8 @@ class _Api:
             session_id, body.text, org_id=org_id, user_id=user_id, route=body.route, client=client
         )
         after = await self.runs.start(session_id, run)
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return self._stream(session_id, after, forever=False)  # the turn's events, here
         accepted = TurnAccepted(
             session_id=session_id, after=after, events=self._events_url(session_id, after)
         )
@@ -339,7 +347,7 @@ class _Api:
 
     async def stream_events(self, request: Request) -> Response:
         """`GET /sessions/{id}/events`: the events after `Last-Event-ID`, then live ones."""
-        _, session_id, _ = await self._session(request)
+        _, session_id = await self._owned(request)
         query = self._query(request, EventsQuery)
         after = query.after
         if after is None:
@@ -349,19 +357,18 @@ class _Api:
                     422, "invalid_request", f"Last-Event-ID: not an event number: {last!r}."
                 )
             after = int(last)
-        events = self.runs.follow(session_id, after, forever=query.follow)
+        return self._stream(session_id, after, forever=query.follow)
 
-        async def frames() -> AsyncIterator[ServerSentEvent]:
+    def _stream(self, session_id: str, after: int, *, forever: bool) -> Response:
+        """The session's events after `after` as Server-Sent Events (see `Runs.follow`)."""
+        events = self.runs.follow(session_id, after, forever=forever)
+
+        async def frames() -> AsyncGenerator[bytes, None]:
             async with contextlib.aclosing(events):
-                async for seq, event in events:
-                    yield ServerSentEvent(data=pydantic_core.to_json(event).decode(), id=str(seq))
+                async for batch in events:  # every event there is now, in one write
+                    yield b"".join(frame(seq, pydantic_core.to_json(e)) for seq, e in batch)
 
-        return EventSourceResponse(
-            frames(),
-            ping=self.ping_interval,
-            send_timeout=self.send_timeout,
-            headers={"Cache-Control": "no-store"},
-        )
+        return EventStream(frames(), ping=self.ping_interval, send_timeout=self.send_timeout)
 
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
@@ -388,7 +395,7 @@ class _Api:
 
     async def interrupt(self, request: Request) -> Response:
         """`POST /sessions/{id}/interrupt`: stop the running turn."""
-        _, session_id, _ = await self._session(request)
+        _, session_id = await self._owned(request)
         if not self.runs.interrupt(session_id):
             raise ApiError(409, "not_running", "No turn of this session is running here.")
         return _json(InterruptBody(), 202)

@@ -40,6 +40,7 @@ class Operation:
     response: type[BaseModel] | None = None
     errors: tuple[int, ...] = ()
     stream: bool = False
+    stream_on_accept: bool = False  # with `Accept: text/event-stream`, 200 and the events
 
 
 def openapi(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
@@ -61,6 +62,12 @@ def openapi(operations: list[Operation], *, title: str, version: str) -> dict[st
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         responses: dict[str, Any] = {str(op.status): _success(op, ref)}
+        if op.stream_on_accept:
+            responses["200"] = {
+                "description": "With `Accept: text/event-stream`: this turn's events, as "
+                "Server-Sent Events (`id` is the event's number, `data` the event)",
+                "content": {"text/event-stream": {"schema": {"$ref": _REF.format(model="Event")}}},
+            }
         for status in (401, *op.errors):
             responses[str(status)] = {
                 "description": _ERRORS[status],

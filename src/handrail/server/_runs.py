@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 """The events that end a turn (or its part up to a suspension)."""
 
 _PAGE = 500
+_SLICE = 0.0005
+"""Seconds of work a turn does before it lets the loop serve other requests."""
 _log = logging.getLogger("handrail.server")
 
 Logged = tuple[int, dict[str, Any]]
@@ -47,11 +50,21 @@ class Runs:
         engine: runs the turns; its store keeps the event logs.
         poll_interval: seconds a stream waits for a live event before reading the log again.
         queue_size: live events a stream may fall behind before it reads the log instead.
+        coalesce: seconds a stream waits after a write for more events to send with the
+            next one (the first events of a stream go at once).
     """
 
-    def __init__(self, engine: Engine, *, poll_interval: float = 1.0, queue_size: int = 256):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        poll_interval: float = 1.0,
+        queue_size: int = 256,
+        coalesce: float = 0.05,
+    ):
         self.engine = engine
         self.poll_interval = poll_interval
+        self.coalesce = coalesce
         self.queue_size = queue_size
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
@@ -87,10 +100,18 @@ class Runs:
         self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
     ) -> None:
         try:
+            slice_began = time.perf_counter()
             async for event in run:
                 seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
                 if not started.done():
                     started.set_result(seq - 1)
+                    slice_began = 0.0  # so that the first event is sent before the turn goes on
+                if time.perf_counter() - slice_began > _SLICE and event.type not in TERMINAL:
+                    # Yield to I/O (a timer runs after the callbacks that I/O made ready, where
+                    # `sleep(0)` would run before them): with an instant model, a turn would
+                    # otherwise hold the loop while new turns wait for their first event.
+                    await asyncio.sleep(_SLICE / 10)
+                    slice_began = time.perf_counter()
         except Exception as error:
             if not started.done():
                 started.set_exception(error)
@@ -147,11 +168,14 @@ class Runs:
 
     async def follow(
         self, session_id: str, after: int, *, forever: bool
-    ) -> AsyncGenerator[Logged, None]:
+    ) -> AsyncGenerator[list[Logged], None]:
         """The session's events numbered above `after`: logged ones, then live ones.
 
-        Ends after the first event that ends a turn, unless `forever`. Close it (`aclosing`)
-        to stop listening.
+        They come in batches: every event there is at the moment, in order (a stream sends a
+        batch in one write); an empty batch after `poll_interval` of quiet.
+
+        Ends after the first event that ends a turn, unless `forever`.
+        Close it (`aclosing`) to stop listening.
         """
         queue: asyncio.Queue[Logged] = asyncio.Queue(self.queue_size)
         listeners = self._listeners.setdefault(session_id, set())
@@ -160,26 +184,34 @@ class Runs:
             last = after
             while True:
                 page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
-                for seq, event in page:
-                    yield seq, event
-                    last = seq
-                    if not forever and event.get("type") in TERMINAL:
-                        return
+                batch, ended = _upto_end(page, last, forever)
+                if batch:
+                    last = batch[-1][0]
+                    yield batch
+                if ended:
+                    return
                 if len(page) == _PAGE:
                     continue
                 while True:  # caught up with the log: follow live events while none is missed
                     try:
-                        seq, event = await asyncio.wait_for(queue.get(), self.poll_interval)
+                        async with asyncio.timeout(self.poll_interval):
+                            waiting = [await queue.get()]
                     except TimeoutError:
+                        yield []  # quiet: the stream may send a keep-alive
                         break
-                    if seq <= last:
-                        continue
-                    if seq > last + 1:
-                        break
-                    yield seq, event
-                    last = seq
-                    if not forever and event.get("type") in TERMINAL:
+                    while not queue.empty():
+                        waiting.append(queue.get_nowait())
+                    batch, ended = _upto_end(waiting, last, forever)
+                    if batch:
+                        last = batch[-1][0]
+                        yield batch
+                    if ended:
                         return
+                    # Let the next events gather: a write per event (a model streams a token
+                    # at a time) costs the server more than the events themselves.
+                    await asyncio.sleep(self.coalesce)
+                    if waiting[-1][0] > last:  # a gap: the queue overflowed; read the log
+                        break
         finally:
             listeners.discard(queue)
             if not listeners:
@@ -210,3 +242,21 @@ class Runs:
             task.cancel()
         if late:
             await asyncio.wait(late)
+
+
+def _upto_end(events: list[Logged], last: int, forever: bool) -> tuple[list[Logged], bool]:
+    """The events that follow `last` without a gap, up to the first that ends a turn.
+
+    Returns them, and whether the stream ends there.
+    """
+    batch: list[Logged] = []
+    for seq, event in events:
+        if seq <= last:
+            continue
+        if seq > last + 1:
+            break
+        batch.append((seq, event))
+        last = seq
+        if not forever and event.get("type") in TERMINAL:
+            return batch, True
+    return batch, False
