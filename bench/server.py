@@ -120,7 +120,7 @@ def serve(store_kind: str, db: str | None, pace: float) -> None:
 
     import uvicorn
 
-    from handrail.server import ApiKeyAuthenticator, Caller, create_app
+    from handrail.server import ApiKeyAuthenticator, Caller, create_app, tune_gc
 
     engine = _engine(store_kind, db, pace)
     keys = ApiKeyAuthenticator({KEY: Caller("bench", "bench")})
@@ -130,6 +130,7 @@ def serve(store_kind: str, db: str | None, pace: float) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     print(sock.getsockname()[1], flush=True)
+    tune_gc()  # as `handrail serve` does
     config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=4096)
     uvicorn.Server(config).run(sockets=[sock])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import socket
 from collections.abc import Iterator
@@ -48,3 +49,13 @@ def _no_network() -> Iterator[None]:
     yield
     socket.socket.connect = _connect  # type: ignore[method-assign]
     socket.socket.connect_ex = _connect_ex  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _gc_as_it_was() -> Iterator[None]:
+    """`handrail serve` tunes the garbage collector (`tune_gc`): undo it after a test."""
+    threshold = gc.get_threshold()
+    yield
+    if gc.get_threshold() != threshold:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 from collections.abc import Iterator
@@ -303,3 +304,12 @@ def test_every_sessions_command_speaks_json(db: Path, tmp_path: Path) -> None:
     assert json.loads(deleted.stdout) == {"deleted": "support-1"}
     imported = run("sessions", "import", str(target), "--db", str(db), "--json")
     assert json.loads(imported.stdout) == {"imported": "support-1", "version": IsInt()}
+
+
+def test_serve_tunes_the_garbage_collector_for_a_long_run(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("uvicorn.run", lambda app, **options: None)
+    result = run("serve", f"{app_module}:engine", "--api-key", "o:u:k")
+    assert result.exit_code == 0, result.output
+    assert gc.get_threshold()[0] == 50_000 and gc.get_freeze_count() > 0

@@ -136,7 +136,7 @@ def serve(
     """Serve an engine's HTTP API (and its web page) with uvicorn."""
     import uvicorn
 
-    from .server import ApiKeyAuthenticator, Caller, create_app
+    from .server import ApiKeyAuthenticator, Caller, create_app, tune_gc
 
     engine = load_engine(target)
     authenticator = ApiKeyAuthenticator()
@@ -154,6 +154,7 @@ def serve(
         where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
         typer.echo(f"Open the web page: http://{where}:{port}/#key={key}", err=True)
     application = create_app(engine, authenticator=authenticator, max_body_size=max_body_size)
+    tune_gc()
     uvicorn.run(application, host=host, port=port, log_level=log_level)
 
 

@@ -19,7 +19,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         'handrail.server needs starlette and uvicorn: pip install "handrail[server]"'
     ) from error
 
-from ._app import create_app
+from ._app import create_app, tune_gc
 from ._auth import ApiKeyAuthenticator, Authenticator, Caller
 
-__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller", "create_app"]
+__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller", "create_app", "tune_gc"]

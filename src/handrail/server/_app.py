@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -49,6 +50,19 @@ STATIC = Path(__file__).parent / "static"
 """The web page's files, served at `/` when the directory exists."""
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def tune_gc() -> None:
+    """Make the garbage collector cheap for a long-running server (`handrail serve` calls it).
+
+    Freezes what exists now (the engine, the app, imported modules: they live as long as the
+    process) out of the collector's sight, and collects the youngest objects every 50,000
+    allocations instead of 700. Under 200 concurrent streams this about halves the median
+    time to first event (`bench/server.py`); memory held by cycles is freed a little later.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def create_app(
