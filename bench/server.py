@@ -96,17 +96,35 @@ def _rss_kb() -> int:
 
 
 def _with_probe(app: Any) -> Any:
-    """`app`, plus `/_bench/memory` (RSS and traced heap) and `/_bench/trace` (start)."""
+    """`app`, plus `/_bench/memory` (RSS, traced heap, and the times to first event the server
+    measured since the last probe) and `/_bench/trace` (start)."""
+
+    firsts: list[float] = []  # ms from the app's call to the first event, turn by turn
 
     async def probed(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or not path.startswith("/_bench/"):
-            await app(scope, receive, send)
+            if not path.endswith("/turns"):
+                await app(scope, receive, send)
+                return
+            called = time.perf_counter()
+
+            async def timed(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.body" and b"data:" in message["body"]:
+                    nonlocal called
+                    if called:
+                        firsts.append((time.perf_counter() - called) * 1000)
+                        called = 0.0
+                await send(message)
+
+            await app(scope, receive, timed)
             return
         if path == "/_bench/trace":
             tracemalloc.start()
         traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
-        body = json.dumps({"rss_kb": _rss_kb(), "traced": traced}).encode()
+        served = list(firsts)
+        firsts.clear()
+        body = json.dumps({"rss_kb": _rss_kb(), "traced": traced, "firsts": served}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -302,8 +320,11 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
 
 async def _bench(port: int, n: int) -> dict[str, Any]:
     await _burst(port, n)  # warm-up: imports, caches, the allocator's arenas
+    await _probe(port, "memory")
     burst = _summary([await _burst(port, n) for _ in range(ROUNDS)])
+    burst["served"] = (await _probe(port, "memory"))["firsts"]
     steady = _summary([await _steady(port, n, turns=STEADY_TURNS)])
+    steady["served"] = (await _probe(port, "memory"))["firsts"]
     rss, traced = await _memory(port, n)
     return {"burst": burst, "steady": steady, "rss_kb": rss, "traced_kb": traced}
 
@@ -390,6 +411,10 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
     ]
     for label, key, form, goal in rows:
         print(f"{label:34} {form.format(burst[key]):>10} {form.format(steady[key]):>10}  {goal}")
+    if not TWO_REQUESTS:  # the same, timed inside the server (from the app's call)
+        for q in (50, 99):
+            row = [_percentile(r["served"], q) for r in (burst, steady)]
+            print(f"{f'  in the server alone p{q}, ms':34} {row[0]:10.1f} {row[1]:10.1f}")
     print(f"{'KB per open stream, RSS':34} {result['rss_kb']:10.1f}")
     print(f"{'KB per open stream, Python heap':34} {result['traced_kb']:10.1f}")
     cpu = f"{result['server_cpu_s']:.1f} / {result['client_cpu_s']:.1f}"

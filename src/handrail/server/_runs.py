@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -32,8 +31,8 @@ TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 """The events that end a turn (or its part up to a suspension)."""
 
 _PAGE = 500
-_SLICE = 0.0005
-"""Seconds of work a turn does before it lets the loop serve other requests."""
+_YIELD = 1e-5
+"""How long a turn sleeps between its events (see `Runs._drive`): any timer would do."""
 _log = logging.getLogger("handrail.server")
 
 Logged = tuple[int, dict[str, Any]]
@@ -100,18 +99,16 @@ class Runs:
         self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
     ) -> None:
         try:
-            slice_began = time.perf_counter()
             async for event in run:
                 seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
                 if not started.done():
                     started.set_result(seq - 1)
-                    slice_began = 0.0  # so that the first event is sent before the turn goes on
-                if time.perf_counter() - slice_began > _SLICE and event.type not in TERMINAL:
-                    # Yield to I/O (a timer runs after the callbacks that I/O made ready, where
-                    # `sleep(0)` would run before them): with an instant model, a turn would
-                    # otherwise hold the loop while new turns wait for their first event.
-                    await asyncio.sleep(_SLICE / 10)
-                    slice_began = time.perf_counter()
+                if event.type not in TERMINAL:
+                    # Yield to I/O between events: a timer runs after the callbacks that I/O
+                    # made ready (`sleep(0)` would run before them). With an instant model, a
+                    # turn would otherwise hold the loop while new turns wait for their first
+                    # event; this way each running turn takes one event's work per loop pass.
+                    await asyncio.sleep(_YIELD)
         except Exception as error:
             if not started.done():
                 started.set_exception(error)
