@@ -55,6 +55,9 @@ bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
 	$(BIN)/python -m bench.durability
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.supervisor
+	$(BIN)/python -m bench.capture
+	$(BIN)/python -m bench.evals
+	$(BIN)/python -m bench.server
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .coverage
