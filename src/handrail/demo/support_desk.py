@@ -325,6 +325,9 @@ def _work(customer: str, turn: list[Message]) -> Step:
             call("orders.refund", order_id="A1042", amount=84.0, reason="damaged on arrival"),
         ]
     refund = done["orders.refund"]
+    if refund.captured is not None and refund.result is not None:  # a headless run
+        data = refund.result.data
+        return f"Refund of {data['amount']} for order {data['order']} prepared, to be applied."
     if refund.status == "completed" and refund.result is not None:
         data = refund.result.data
         return f"Refund {data['refund']} of {data['amount']} for order {data['order']} made."
@@ -345,6 +348,12 @@ def _reply(customer: str, turn: list[Message]) -> str:
         )
     if "delivered on" in note and "refund" not in customer.lower():
         return "Your order A1042 (€84.00) was delivered on 18 November. Anything else?"
+    if "prepared" in note:
+        amount = note.split("Refund of ", 1)[1].split(" for order")[0]
+        return (
+            f"Thank you, Dana: I've prepared a full refund of {amount} for order A1042; a "
+            f"colleague confirms it shortly and you'll get a note when it's on its way."
+        )
     if "made" in note:
         refund = note.split("Refund ", 1)[1].split(" for order")[0]
         return (
