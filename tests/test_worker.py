@@ -80,6 +80,12 @@ async def test_a_sweep_resumes_what_a_missed_wake_up_left_and_recovers_dead_work
     assert ran == ["A1"]  # s1 finished; s2's turn went on and now waits for its approval
     assert (await api.session("s2")).pending
     assert not await worker.advance("nope")
+    # What the worker drove is in the sessions' event logs, for a client to stream.
+    resumed = [e["type"] for _, e in await store.events("s1")]
+    assert resumed[0] == "run-started" and resumed[-1] == "run-completed"
+    assert "tool-call-completed" in resumed
+    recovered = [e["type"] for _, e in await store.events("s2")]
+    assert recovered[-2:] == ["approval-required", "run-suspended"]
 
 
 def test_a_worker_needs_a_positive_poll_interval():

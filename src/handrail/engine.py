@@ -37,7 +37,7 @@ from .capture import (
     captured_actions,
     run_actions,
 )
-from .events import ApprovalRequired, Event, RunCompleted, RunStarted, RunSuspended
+from .events import EVENT, ApprovalRequired, Event, RunCompleted, RunStarted, RunSuspended
 from .exceptions import (
     ConflictError,
     SessionBusyError,
@@ -552,6 +552,17 @@ class Engine:
         log = await self.store.tool_log(session_id)
         return reconcile(state, message, log, agent.tools, now=self.runtime.clock())
 
+    async def drain(self, session_id: str, run: AgentRun[Any]) -> AgentResult[Any]:
+        """Run `run` (a turn of `session_id`) to its end with nobody watching; its result.
+
+        Its events are kept in the session's event log, as a served turn's are, so a client
+        can still read or stream them (`GET /sessions/{id}/events`). `Worker` and
+        `recover_stale` drive turns this way.
+        """
+        events = [EVENT.dump_python(event, mode="json") async for event in run]
+        await self.store.append_events(session_id, events)
+        return run.result
+
     async def recover_stale(self) -> list[str]:
         """Recover every session whose turn was cut off and whose worker's lease has expired.
 
@@ -563,10 +574,10 @@ class Engine:
             if record is None or (record.data.get("progress") or {}).get("status") != "running":
                 continue
             try:
-                async for _ in self.recover(
-                    summary.id, org_id=summary.org_id, user_id=summary.user_id
-                ):
-                    pass
+                await self.drain(
+                    summary.id,
+                    self.recover(summary.id, org_id=summary.org_id, user_id=summary.user_id),
+                )
             except (SessionBusyError, UserError):
                 continue  # a live worker drives it, or another worker got there first
             recovered.append(summary.id)

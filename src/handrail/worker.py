@@ -93,8 +93,9 @@ class Worker:
             return False  # nothing to drive, or still waiting for people
         drive = engine.recover if progress.get("status") == "running" else engine.resume
         try:
-            async for _ in drive(session_id, org_id=record.org_id, user_id=record.user_id):
-                pass
+            await engine.drain(
+                session_id, drive(session_id, org_id=record.org_id, user_id=record.user_id)
+            )
         except _SKIPPED:
             return False
         return True
