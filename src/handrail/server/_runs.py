@@ -33,6 +33,8 @@ TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 _PAGE = 500
 _YIELD = 1e-5
 """How long a turn sleeps between its events (see `Runs._drive`): any timer would do."""
+_BACKOFF = 0.002
+"""How long it sleeps instead while another turn is starting: first events go first."""
 _log = logging.getLogger("handrail.server")
 
 Logged = tuple[int, dict[str, Any]]
@@ -67,6 +69,10 @@ class Runs:
         self.queue_size = queue_size
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
+        self._starting = 0  # turns started here whose first event is not logged yet
+
+    def _started(self, _: asyncio.Future[int]) -> None:
+        self._starting -= 1
 
     def running(self, session_id: str) -> bool:
         """Whether a turn of the session runs in this server now."""
@@ -90,6 +96,8 @@ class Runs:
         started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         # Retrieve the outcome even if the request that waits for it has gone away.
         started.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._starting += 1
+        started.add_done_callback(self._started)
         self._tasks[session_id] = asyncio.create_task(
             self._drive(session_id, run, started), name=f"handrail turn {session_id}"
         )
@@ -107,8 +115,8 @@ class Runs:
                     # Yield to I/O between events: a timer runs after the callbacks that I/O
                     # made ready (`sleep(0)` would run before them). With an instant model, a
                     # turn would otherwise hold the loop while new turns wait for their first
-                    # event; this way each running turn takes one event's work per loop pass.
-                    await asyncio.sleep(_YIELD)
+                    # event. While some turn is starting, the others step back a little more.
+                    await asyncio.sleep(_BACKOFF if self._starting else _YIELD)
         except Exception as error:
             if not started.done():
                 started.set_exception(error)
