@@ -434,6 +434,9 @@ class Engine:
                     if cards:
                         progress.status = "suspended"
                         await self._save(record, state, "suspended")
+                        run._result = AgentResult(
+                            outcome="suspended", state=state, pending=list(state.pending)
+                        )
                         for event in _recovery_events(state, cards):
                             yield event
                         return
