@@ -17,11 +17,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .events import ApprovalRequired, InputRequired
+from .events import ApprovalRequired, InputRequired, ToolCallCompleted
 from .messages import ApprovalCardPart
 from .suspension import Answer, Approve, Decision, Reject
 
-__all__ = ["Ask", "approval_card", "ask_answer", "ask_decision", "card_name"]
+__all__ = ["Ask", "approval_card", "ask_answer", "ask_decision", "card_name", "outcome_line"]
 
 Ask = Callable[[str], str]
 """Asks the person at the terminal a question (rich markup allowed) and returns the answer;
@@ -220,3 +220,16 @@ def _coerce(text: str, *, current: Any = None, schema: dict[str, Any] | None = N
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def outcome_line(done: ToolCallCompleted) -> str:
+    """A finished call in a few words: its digest, else its summary, or what went wrong."""
+    if done.status == "rejected":
+        return done.summary or "rejected"
+    if not done.ok:
+        return done.error or "failed"
+    if isinstance(done.digest, dict):
+        return " · ".join(f"{k} {v}" for k, v in done.digest.items())
+    if done.digest is not None:
+        return _json(done.digest)
+    return done.summary or "done"

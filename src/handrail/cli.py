@@ -301,6 +301,8 @@ class _ChatView:
         """Draw one event."""
         from rich.text import Text
 
+        from ._cards import outcome_line
+
         out = self.console
         match event:
             case AgentStarted(agent=agent):
@@ -330,7 +332,7 @@ class _ChatView:
                 mark, style = ("✓", "green") if done.ok else ("✗", "red")
                 out.print(
                     Text.assemble(
-                        ("  " + mark + " " + done.name, style), (" → ", "dim"), _digest(done)
+                        ("  " + mark + " " + done.name, style), (" → ", "dim"), outcome_line(done)
                     )
                 )
                 self.working("thinking…")
@@ -506,18 +508,6 @@ class _Chat:
         if decision is None:
             raise CliError(f"No decision on {card.tool_name}: the input ended.")
         return decision
-
-
-def _digest(done: ToolCallCompleted) -> str:
-    if done.status == "rejected":
-        return done.summary or "rejected"
-    if not done.ok:
-        return done.error or "failed"
-    if isinstance(done.digest, dict):
-        return " · ".join(f"{k} {v}" for k, v in done.digest.items())
-    if done.digest is not None:
-        return json.dumps(done.digest, ensure_ascii=False)
-    return done.summary or "done"
 
 
 # -- sessions -------------------------------------------------------------------------------

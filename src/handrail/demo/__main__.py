@@ -45,7 +45,7 @@ from handrail import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from handrail._cards import Ask, approval_card, ask_decision
+from handrail._cards import Ask, approval_card, ask_decision, outcome_line
 from handrail.demo.support_desk import Scenario, build_scenario
 from handrail.models import Model, infer
 from handrail.store import SqliteStore
@@ -327,7 +327,7 @@ class Transcript:
                 self.ran += 1
                 call = self._calls.setdefault(call_id, _Call(done.name, None))
                 call.state = "ok" if done.ok else "failed"
-                call.note = _digest(done)
+                call.note = outcome_line(done)
                 self._draw(Text.assemble("  ", call.line()))
             case ApprovalRequired(tool_call_id=call_id) as asked:
                 self.waiting += 1
@@ -443,18 +443,6 @@ def _args(args: dict[str, Any] | None) -> str:
 
 def _value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
-
-
-def _digest(done: ToolCallCompleted) -> str:
-    if done.status == "rejected":
-        return done.summary or "rejected"
-    if not done.ok:
-        return done.error or "failed"
-    if isinstance(done.digest, dict):
-        return " · ".join(f"{k} {v}" for k, v in done.digest.items())
-    if done.digest is not None:
-        return _value(done.digest)
-    return done.summary or "done"
 
 
 if __name__ == "__main__":
