@@ -340,11 +340,9 @@ class Engine:
         events = [event async for event in run]
         result = run.result
         output = result.output
-        if not isinstance(output, str):
-            last = result.state.messages[-1] if result.state.messages else None
-            answer = last.text if last is not None and last.role == "assistant" else ""
+        last = result.state.messages[-1] if result.state.messages else None
         return HeadlessResult(
-            text=output if isinstance(output, str) else answer,
+            text=last.text if last is not None and last.role == "assistant" else "",
             actions=headless.actions,
             output=None if isinstance(output, str) else output,
             outcome=result.outcome,

@@ -498,22 +498,14 @@ class Dispatcher:
             started_at=self.runtime.clock(),
         )
         tool = self.tools.get(part.name)
-        if tool is None:
-            self._fail(part, _unknown_tool(part.name, self.tools))
-            return part
-        if tool.executor != "server":
+        if tool is not None and tool.executor != "server":
             self._fail(part, f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.")
             return part
-        try:
-            validated = tool.validate(args, self.state.context)
-        except Exception as exc:
-            self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
-            return part
-        part.args = tool.stored_args(validated)
-        part.status = "running"
-        ready = _Ready(part, tool, tool.arguments(validated), _call_key(part.name, part.args))
-        async for _ in self._execute_ready([ready], checkpoint=False):
-            pass
+        ready = self._rerun(part)  # look the tool up, bind and validate, as for a rerun
+        if ready is not None:
+            part.status = "running"
+            async for _ in self._execute_ready([ready], checkpoint=False):
+                pass
         return part
 
     # -- steps 7 to 11 --------------------------------------------------------------------
