@@ -58,6 +58,22 @@ async def test_turns_take_the_chosen_route_and_sessions_keep_their_history():
         engine.submit("s1", "x", route="nope")
 
 
+async def test_the_last_event_of_a_turn_comes_once_the_session_is_free():
+    """Whoever reads a turn's last event may start the next turn there and then (before, the
+    turn still held the session's lock and lease, and the next one waited for ever)."""
+    engine = engine_for(["One.", "Two."], Agent("a"))
+    second: list[Any] = []
+    async with asyncio.timeout(5):
+        async for event in engine.submit("s1", "first"):
+            if event.type == "run-completed":
+                assert await engine.store.acquire_lease("s1", "someone else", 30.0)
+                await engine.store.release_lease("s1", "someone else")
+                second = await events_of(engine.submit("s1", "second"))
+    assert second[-1].type == "run-completed"
+    assert second[-1].output == "Two."
+    assert [m.text for m in (await engine.session("s1")).messages][-1] == "Two."
+
+
 async def test_sessions_are_saved_with_their_status_and_scope():
     store = MemoryStore()
     engine = engine_for(["Hi."], Agent("a"), store=store)

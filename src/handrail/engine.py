@@ -404,78 +404,90 @@ class Engine:
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
 
-        async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
-            async with self._lock(session_id), self._leased(session_id):
-                record, state = await self._load(session_id, org_id, user_id, create=True)
-                route = plan
-                batch = _batch_to_apply(state) if text is None else None
-                if batch is not None:
-                    async for event in self._apply_batch(run, record, state, batch):
+        async def turn(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
+            record, state = await self._load(session_id, org_id, user_id, create=True)
+            route = plan
+            batch = _batch_to_apply(state) if text is None else None
+            if batch is not None:
+                async for event in self._apply_batch(run, record, state, batch):
+                    yield event
+                return
+            if text is None:
+                progress = state.progress
+                expected = "running" if recover else "suspended"
+                if progress is None or progress.status != expected:
+                    raise UserError(_NOTHING[expected].format(session=session_id))
+                check_resumable(state, None, [progress.agent])
+                router = self._router
+                if router is not None and progress.agent == router.supervisor.name:
+                    route, cards = router, []  # cut off while choosing: choose again
+                else:
+                    agents = self._agents(progress.route or [progress.agent])
+                    route = agents
+                    # A resumption cut off by a crash leaves the turn looking suspended:
+                    # the log says which of its calls already started, or finished.
+                    agent = agents[progress.step]
+                    cards = await self._reconcile(session_id, state, agent)
+                if cards:
+                    progress.status = "suspended"
+                    await self._save(record, state, "suspended")
+                    run._result = AgentResult(
+                        outcome="suspended", state=state, pending=list(state.pending)
+                    )
+                    for event in _recovery_events(state, cards):
                         yield event
                     return
-                if text is None:
-                    progress = state.progress
-                    expected = "running" if recover else "suspended"
-                    if progress is None or progress.status != expected:
-                        raise UserError(_NOTHING[expected].format(session=session_id))
-                    check_resumable(state, None, [progress.agent])
-                    router = self._router
-                    if router is not None and progress.agent == router.supervisor.name:
-                        route, cards = router, []  # cut off while choosing: choose again
+            assert route is not None
+            state.client_connected = client
+            journal = _SessionJournal(self, record, state)
+            first_capture = state.captures
+            inner = run_turn(
+                route,
+                text,
+                state=state,
+                runtime=self.runtime,
+                journal=journal,
+                models=lambda agent: parts.model_for(agent, model),
+            )
+            self._running[session_id] = inner
+            try:
+                terminal: Event | None = None
+                async for event in inner:
+                    if event.type in _TERMINAL:
+                        terminal = event
                     else:
-                        agents = self._agents(progress.route or [progress.agent])
-                        route = agents
-                        # A resumption cut off by a crash leaves the turn looking suspended:
-                        # the log says which of its calls already started, or finished.
-                        agent = agents[progress.step]
-                        cards = await self._reconcile(session_id, state, agent)
-                    if cards:
-                        progress.status = "suspended"
-                        await self._save(record, state, "suspended")
-                        run._result = AgentResult(
-                            outcome="suspended", state=state, pending=list(state.pending)
-                        )
-                        for event in _recovery_events(state, cards):
-                            yield event
-                        return
-                assert route is not None
-                state.client_connected = client
-                journal = _SessionJournal(self, record, state)
-                first_capture = state.captures
-                inner = run_turn(
-                    route,
-                    text,
-                    state=state,
-                    runtime=self.runtime,
-                    journal=journal,
-                    models=lambda agent: parts.model_for(agent, model),
-                )
-                self._running[session_id] = inner
-                try:
-                    terminal: Event | None = None
-                    async for event in inner:
-                        if event.type in _TERMINAL:
-                            terminal = event
-                        else:
-                            yield event
-                finally:
-                    self._running.pop(session_id, None)
-                    state.client_connected = False
-                result = run._result = inner.result
-                if headless is not None:
-                    headless.actions = captured_actions(state, first_capture)
-                    if headless.propose and headless.actions and result.outcome == "completed":
-                        card = self._propose(state, headless.actions)
-                        headless.card = card.tool_call_id
-                        run._result = dataclasses.replace(
-                            result, outcome="suspended", pending=[card.tool_call_id]
-                        )
-                        await self._save(record, state, "suspended")
-                        yield _card_event(card)
-                        yield RunSuspended(pending=[card.tool_call_id])
-                        return
-                await self._save(record, state, _STATUS[result.outcome])
-                assert terminal is not None
+                        yield event
+            finally:
+                self._running.pop(session_id, None)
+                state.client_connected = False
+            result = run._result = inner.result
+            if headless is not None:
+                headless.actions = captured_actions(state, first_capture)
+                if headless.propose and headless.actions and result.outcome == "completed":
+                    card = self._propose(state, headless.actions)
+                    headless.card = card.tool_call_id
+                    run._result = dataclasses.replace(
+                        result, outcome="suspended", pending=[card.tool_call_id]
+                    )
+                    await self._save(record, state, "suspended")
+                    yield _card_event(card)
+                    yield RunSuspended(pending=[card.tool_call_id])
+                    return
+            await self._save(record, state, _STATUS[result.outcome])
+            assert terminal is not None
+            yield terminal
+
+        async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
+            terminal: Event | None = None
+            async with self._lock(session_id), self._leased(session_id):
+                async for event in turn(run):
+                    if event.type in _TERMINAL:
+                        terminal = event
+                    else:
+                        yield event
+            # The last event comes once the session is free (saved, unlocked, its lease
+            # released), so whoever reads it may start the session's next turn at once.
+            if terminal is not None:
                 yield terminal
 
         return AgentRun(body)

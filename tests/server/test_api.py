@@ -138,6 +138,34 @@ async def test_an_amended_approval_resumes_the_turn_to_completion(server: Server
     )
 
 
+async def test_a_message_sent_the_moment_a_turn_ends_is_taken(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a turn reaches the client only once the session is free again, so a next
+    message sent the instant it arrives is not refused as "busy", even when the store is
+    slow to let the session go."""
+    store = server.scenario.engine.store
+    release = store.release_lease
+
+    async def slow_release(session_id: str, owner: str) -> None:
+        await asyncio.sleep(0.05)
+        await release(session_id, owner)
+
+    session_id, call_id = await suspended(server)
+    monkeypatch.setattr(store, "release_lease", slow_release)
+    rejection = {"tool_call_id": call_id, "decision": {"decision": "reject", "reason": "no"}}
+    response = await server.client.post(
+        f"/sessions/{session_id}/resolve", json=rejection, headers=ANA
+    )
+    events = await server.events(session_id, response.json()["after"])
+    assert events[-1].type == "run-completed"
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", json={"text": "Thanks."}, headers=ANA
+    )
+    assert response.status_code == 202, response.text
+    await server.join(session_id)
+
+
 async def test_a_followed_stream_carries_the_turn_across_its_suspension(server: Server) -> None:
     session_id = await server.new_session()
     seen: list[str] = []
