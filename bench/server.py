@@ -1,13 +1,23 @@
 """The HTTP server under load: `python -m bench.server [--streams 200] [--store memory|sqlite]`.
 
-A real uvicorn server on loopback, in its own process, serves an engine on a scripted model
-(one agent: a tool call, then a reply of `WORDS` words, so a turn is ~`WORDS + 9` events).
-This process is the client (httpx, asyncio). Each turn is a `POST /sessions/{id}/turns`
-followed by `GET .../events?after=` read to the end; the `--streams` turns run concurrently.
+A real uvicorn server (uvloop, httptools, as `handrail serve` runs it) on loopback, in its own
+process, serves an engine on a scripted model (one agent: a tool call, then a reply of
+`WORDS` words, so a turn is ~`WORDS + 9` events). This process is the client (a bare HTTP/1.1
+client on uvloop, the cheapest we have: it shares the two cores with the server). Each turn
+is a `POST /sessions/{id}/turns` with `Accept: text/event-stream`, its answer read to the
+turn's end.
 
+- burst: `--streams` turns posted at the same instant, each on its own connection.
+- steady: `--streams` clients, each on a keep-alive connection, each running `STEADY_TURNS`
+  turns one after the other with a random pause of up to `THINK` seconds before each (people
+  do not all press Enter in the same millisecond): `--streams` streams open most of the time.
 - Time to first event: from sending the POST of the turn to receiving its first SSE event
-  (so it includes starting the run, logging its first event and the client's own work on a
-  shared two-process machine): p50 and p99 over the turns of the measured rounds.
+  (so it includes parsing the request, starting the run, logging its first event and the
+  client's own work on the shared two-core machine): p50 and p99 over the measured turns.
+  "In the server alone": the same, from the app's call to its first write.
+- floor: the burst against a bare Starlette endpoint that answers one SSE event at once, on
+  the same server stack, with the same client: what the stack and the client cost before
+  any of handrail's work.
 - Events/s: every event received in a round, over the round's wall time (first POST to the
   last stream's end).
 - Memory per open stream: `--streams` streams opened with `?follow=true` on idle sessions
@@ -23,15 +33,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 TARGET_P99_MS = 50.0
@@ -42,6 +54,7 @@ KEY = "bench-key"
 AUTH = f"Authorization: Bearer {KEY}\r\n"
 STEADY_TURNS = 5
 TWO_REQUESTS = False  # --two-requests: POST the turn (202), then GET its events
+THINK = 0.02
 TERMINAL = (b'"type":"run-completed"', b'"type":"run-suspended"', b'"type":"run-failed"')
 
 
@@ -132,17 +145,46 @@ def _with_probe(app: Any) -> Any:
     return probed
 
 
-def serve(store_kind: str, db: str | None, pace: float) -> None:
-    """Serve the bench engine on 127.0.0.1 at a free port; print the port, then serve."""
+def _floor_app() -> Any:
+    """A bare Starlette app with the routes the client uses: a turn answers one event."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def session(request: Request) -> Response:
+        return JSONResponse({"id": "floor"}, status_code=201)
+
+    async def turn(request: Request) -> Response:
+        await request.body()
+
+        async def events() -> AsyncIterator[bytes]:
+            yield b'id: 1\r\ndata: {"type":"run-completed"}\r\n\r\n'
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    routes = [
+        Route("/sessions", session, methods=["POST"]),
+        Route("/sessions/{session_id}/turns", turn, methods=["POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve(store_kind: str, db: str | None, pace: float, floor: bool = False) -> None:
+    """Serve the bench engine (or the floor's bare app) on 127.0.0.1 at a free port; print the
+    port, then serve."""
     import socket
 
     import uvicorn
 
     from handrail.server import ApiKeyAuthenticator, Caller, create_app, tune_gc
 
-    engine = _engine(store_kind, db, pace)
-    keys = ApiKeyAuthenticator({KEY: Caller("bench", "bench")})
-    app = _with_probe(create_app(engine, authenticator=keys, static_dir=None))
+    if floor:
+        app = _with_probe(_floor_app())
+    else:
+        engine = _engine(store_kind, db, pace)
+        keys = ApiKeyAuthenticator({KEY: Caller("bench", "bench")})
+        app = _with_probe(create_app(engine, authenticator=keys, static_dir=None))
     # IPPROTO_TCP named, or asyncio leaves Nagle on for the accepted connections (it sets
     # TCP_NODELAY only on sockets whose proto says TCP), and each response waits ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -196,11 +238,22 @@ class _Connection:
         while size := int((await self.reader.readline()).strip(), 16):
             yield await self.reader.readexactly(size)
             await self.reader.readexactly(2)
+        await self.reader.readexactly(2)  # the empty line after the last chunk
 
 
-async def _turn(port: int, session_id: str, go: asyncio.Event | None = None) -> tuple[float, int]:
-    """Run a turn of `session_id` and read its stream: ms to its first event, and events."""
-    connection = await _Connection.open(port)
+async def _turn(
+    port: int,
+    session_id: str,
+    go: asyncio.Event | None = None,
+    connection: _Connection | None = None,
+) -> tuple[float, int]:
+    """Run a turn of `session_id` and read its stream: ms to its first event, and events.
+
+    On `connection` (kept open, read to the end of the answer), else on a new connection.
+    """
+    kept = connection is not None
+    if connection is None:
+        connection = await _Connection.open(port)
     try:
         if go is not None:
             await go.wait()
@@ -222,12 +275,13 @@ async def _turn(port: int, session_id: str, go: asyncio.Event | None = None) -> 
             count += chunk.count(b"\ndata:") + chunk.startswith(b"data:")
             if first is None:
                 first = time.perf_counter()
-            if any(t in chunk for t in TERMINAL):
+            if any(t in chunk for t in TERMINAL) and not kept:
                 break
         assert first is not None
         return (first - start) * 1000, count
     finally:
-        connection.close()
+        if not kept:
+            connection.close()
 
 
 async def _sessions(port: int, n: int) -> list[str]:
@@ -255,17 +309,24 @@ async def _burst(port: int, n: int) -> dict[str, Any]:
 
 
 async def _steady(port: int, n: int, turns: int) -> dict[str, Any]:
-    """`n` clients, each running its turns one after the other: `n` streams always open."""
+    """`n` clients, each on a connection of its own, running its turns one after the other."""
     ids = await _sessions(port, n)
     ttfe: list[float] = []
     events = 0
 
+    pauses = random.Random(7)
+
     async def client(session_id: str) -> None:
         nonlocal events
-        for _ in range(turns):
-            ms, count = await _turn(port, session_id)
-            ttfe.append(ms)
-            events += count
+        connection = await _Connection.open(port)
+        try:
+            for _ in range(turns):
+                await asyncio.sleep(pauses.uniform(0, THINK))
+                ms, count = await _turn(port, session_id, connection=connection)
+                ttfe.append(ms)
+                events += count
+        finally:
+            connection.close()
 
     began = time.perf_counter()
     await asyncio.gather(*(client(i) for i in ids))
@@ -318,6 +379,14 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+async def _floor(port: int, n: int) -> dict[str, Any]:
+    await _burst(port, n)  # warm-up
+    await _probe(port, "memory")
+    floor = _summary([await _burst(port, n) for _ in range(ROUNDS)])
+    floor["served"] = (await _probe(port, "memory"))["firsts"]
+    return floor
+
+
 async def _bench(port: int, n: int) -> dict[str, Any]:
     await _burst(port, n)  # warm-up: imports, caches, the allocator's arenas
     await _probe(port, "memory")
@@ -348,6 +417,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _run(main: Any) -> Any:
+    """Run the client on uvloop when it is installed: the cheaper the client, the less of
+    its own work (on the same two cores) is measured as the server's latency."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - the server extra installs it
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__)
     parser.add_argument("--streams", type=int, default=200, help="concurrent turns")
@@ -364,12 +443,13 @@ def main() -> None:
         help="POST the turn (202), then GET its events (default: the POST's answer streams)",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args()
     global TWO_REQUESTS
     TWO_REQUESTS = args.two_requests
     if args.serve:
-        serve(args.store, args.db, args.pace)
+        serve(args.store, args.db, args.pace, floor=args.floor)
         return
 
     import tempfile
@@ -378,18 +458,27 @@ def main() -> None:
         command = [sys.executable, "-m", "bench.server", "--serve", "--store", args.store]
         command += ["--pace", str(args.pace)]
         command += ["--db", os.path.join(tmp, "bench.db")]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        try:
-            assert process.stdout is not None
-            port = int(process.stdout.readline())
-            asyncio.run(_wait_up(port, process))
-            result = asyncio.run(_bench(port, args.streams))
-            result["server_cpu_s"] = _cpu_seconds(process.pid)
+        with _serving(command) as (port, pid):
+            result = _run(_bench(port, args.streams))
+            result["server_cpu_s"] = _cpu_seconds(pid)
             result["client_cpu_s"] = _cpu_seconds(os.getpid())
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+        with _serving([*command, "--floor"]) as (port, _):
+            result["floor"] = _run(_floor(port, args.streams))
     _print(result, args.streams, args.store, args.pace)
+
+
+@contextlib.contextmanager
+def _serving(command: list[str]) -> Iterator[tuple[int, int]]:
+    """Run the server `command`; its port and process id while it serves."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        asyncio.run(_wait_up(port, process))
+        yield port, process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
@@ -400,8 +489,12 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
         f"store, {burst['events_per_turn']:.0f} events a turn; the client is this process"
     )
     print(f"  burst: {n} turns posted at the same instant ({ROUNDS} rounds after a warm-up)")
-    print(f"  steady: {n} clients each running {STEADY_TURNS} turns back to back")
-    print(f"{'':34} {'burst':>10} {'steady':>10}  target")
+    print(
+        f"  steady: {n} clients each running {STEADY_TURNS} turns, one after the other, on "
+        f"keep-alive connections, a pause of 0-{THINK * 1000:g} ms before each"
+    )
+    print("  floor: the burst against a bare Starlette SSE endpoint on the same stack")
+    print(f"{'':34} {'burst':>10} {'steady':>10} {'floor':>10}  target")
     met = "✓" if burst["p99"] <= TARGET_P99_MS else "✗"
     rows = [
         ("time to first event p50, ms", "p50", "{:.1f}", ""),
@@ -409,12 +502,17 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
         ("time to first event max, ms", "max", "{:.1f}", ""),
         ("events/s", "events_per_s", "{:,.0f}", ""),
     ]
-    for label, key, form, goal in rows:
-        print(f"{label:34} {form.format(burst[key]):>10} {form.format(steady[key]):>10}  {goal}")
+    floor = result["floor"]
+    for label, key, form, goal in rows[:3]:
+        values = " ".join(f"{form.format(r[key]):>10}" for r in (burst, steady, floor))
+        print(f"{label:34} {values}  {goal}")
     if not TWO_REQUESTS:  # the same, timed inside the server (from the app's call)
         for q in (50, 99):
-            row = [_percentile(r["served"], q) for r in (burst, steady)]
-            print(f"{f'  in the server alone p{q}, ms':34} {row[0]:10.1f} {row[1]:10.1f}")
+            row = [_percentile(r["served"], q) for r in (burst, steady, floor)]
+            values = " ".join(f"{v:10.1f}" for v in row)
+            print(f"{f'  in the server alone p{q}, ms':34} {values}")
+    label, key, form, _ = rows[3]
+    print(f"{label:34} {form.format(burst[key]):>10} {form.format(steady[key]):>10}")
     print(f"{'KB per open stream, RSS':34} {result['rss_kb']:10.1f}")
     print(f"{'KB per open stream, Python heap':34} {result['traced_kb']:10.1f}")
     cpu = f"{result['server_cpu_s']:.1f} / {result['client_cpu_s']:.1f}"

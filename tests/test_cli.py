@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from dirty_equals import IsInt
 from typer.testing import CliRunner
 
@@ -134,7 +135,9 @@ def test_serve_hands_the_engines_app_to_uvicorn(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served: dict[str, Any] = {}
-    monkeypatch.setattr("uvicorn.run", lambda app, **options: served.update(app=app, **options))
+    monkeypatch.setattr(
+        "handrail.server.serve", lambda app, **options: served.update(app=app, **options)
+    )
     for target in (f"{app_module}:engine", f"{app_module}:make"):
         result = run("serve", target, "--port", "8123", "--api-key", "acme:ana:k:with:colons")
         assert result.exit_code == 0, result.output
@@ -145,10 +148,59 @@ def test_serve_hands_the_engines_app_to_uvicorn(
 def test_serve_without_a_key_makes_one_for_the_run(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("uvicorn.run", lambda app, **options: None)
+    monkeypatch.setattr("handrail.server.serve", lambda app, **options: None)
     result = run("serve", f"{app_module}:engine")
     assert result.exit_code == 0
     assert "No --api-key given: this run accepts `Authorization: Bearer " in result.output
+
+
+def test_serve_shuts_down_with_a_stream_open(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) stops the server at once, although a followed stream (which never ends
+    by itself) is open: the server ends the stream, and exits cleanly."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("handrail")), "serve", "handrail.demo.web:engine"]
+    command += ["--port", str(port), "--api-key", "acme:ana:k", "--shutdown-grace", "0.5"]
+    env = {**os.environ, "HANDRAIL_DEMO_DB": str(tmp_path / "web.db")}
+    server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k"}
+        with httpx.Client(base_url=url, headers=auth) as client:
+            session_id = None
+            for _ in range(200):
+                try:
+                    session_id = client.post("/sessions").json()["id"]
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+            assert session_id is not None, "the server did not start"
+            path = f"/sessions/{session_id}/events?follow=true"
+            with client.stream("GET", path, timeout=httpx.Timeout(20.0)) as stream:
+                assert stream.status_code == 200
+                server.send_signal(signal.SIGINT)
+                began = time.monotonic()
+                for _ in stream.iter_bytes():  # the server ends the stream
+                    pass
+                # uvicorn ends as the signal would have ended it (130), once it has stopped
+                assert server.wait(timeout=15) in (0, 130, -signal.SIGINT)
+                assert time.monotonic() - began < 5
+    finally:
+        server.kill()
+        server.wait()
+        assert server.stderr is not None
+        with server.stderr:
+            stderr = server.stderr.read()
+    assert "Traceback" not in stderr, stderr
+    assert "Application shutdown complete" in stderr
 
 
 @pytest.mark.parametrize(
@@ -309,7 +361,9 @@ def test_every_sessions_command_speaks_json(db: Path, tmp_path: Path) -> None:
 def test_serve_tunes_the_garbage_collector_for_a_long_run(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("uvicorn.run", lambda app, **options: None)
-    result = run("serve", f"{app_module}:engine", "--api-key", "o:u:k")
+    ran: list[uvicorn.Server] = []
+    monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets=None: ran.append(self))
+    result = run("serve", f"{app_module}:engine", "--api-key", "o:u:k", "--port", "8124")
     assert result.exit_code == 0, result.output
+    assert (ran[0].config.port, ran[0].config.timeout_graceful_shutdown) == (8124, 5.0)
     assert gc.get_threshold()[0] == 50_000 and gc.get_freeze_count() > 0

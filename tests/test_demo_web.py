@@ -28,14 +28,16 @@ def test_serve_prints_the_page_url_with_the_key_it_made(
     demo_db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served: dict[str, Any] = {}
-    monkeypatch.setattr("uvicorn.run", lambda application, **options: served.update(options))
+    monkeypatch.setattr(
+        "handrail.server.serve", lambda application, **options: served.update(options)
+    )
     result = CliRunner().invoke(app, ["serve", "handrail.demo.web:engine", "--port", "8123"])
     assert result.exit_code == 0, result.output
     bearer = re.search(r"Bearer (\S+)`", result.output)
     url = re.search(r"Open the web page: (http://127\.0\.0\.1:8123/#key=(\S+))", result.output)
     assert bearer is not None and url is not None
     assert url.group(2) == bearer.group(1)
-    assert served == {"host": "127.0.0.1", "port": 8123, "log_level": "info"}
+    assert served == {"host": "127.0.0.1", "port": 8123, "log_level": "info", "shutdown_grace": 5.0}
 
 
 def test_the_engine_keeps_its_sessions_in_the_sqlite_file(demo_db: Path) -> None:

@@ -132,11 +132,17 @@ def serve(
     ] = None,
     max_body_size: Annotated[int, typer.Option(help="Bytes a request body may have.")] = 1_000_000,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            help="At shutdown, seconds running turns get to stop (they are interrupted and "
+            "saved), then streams to send what is left (clients reconnect with Last-Event-ID)."
+        ),
+    ] = 5.0,
 ) -> None:
     """Serve an engine's HTTP API (and its web page) with uvicorn."""
-    import uvicorn
-
-    from .server import ApiKeyAuthenticator, Caller, create_app, tune_gc
+    from .server import ApiKeyAuthenticator, Caller, create_app
+    from .server import serve as serve_app
 
     engine = load_engine(target)
     authenticator = ApiKeyAuthenticator()
@@ -153,9 +159,13 @@ def serve(
         )
         where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
         typer.echo(f"Open the web page: http://{where}:{port}/#key={key}", err=True)
-    application = create_app(engine, authenticator=authenticator, max_body_size=max_body_size)
-    tune_gc()
-    uvicorn.run(application, host=host, port=port, log_level=log_level)
+    application = create_app(
+        engine,
+        authenticator=authenticator,
+        max_body_size=max_body_size,
+        shutdown_grace=shutdown_grace,
+    )
+    serve_app(application, host=host, port=port, shutdown_grace=shutdown_grace, log_level=log_level)
 
 
 def load_engine(target: str) -> Engine:

@@ -4,6 +4,7 @@
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
 
 app = create_app(engine, authenticator=ApiKeyAuthenticator({key: Caller("acme", "ana")}))
+serve(app, port=8000)  # or run `app` with any ASGI server
 ```
 
 It needs the `server` extra: `pip install "handrail[server]"`. See docs/server.md.
@@ -19,7 +20,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         'handrail.server needs starlette and uvicorn: pip install "handrail[server]"'
     ) from error
 
-from ._app import create_app, tune_gc
+from ._app import create_app
 from ._auth import ApiKeyAuthenticator, Authenticator, Caller
+from ._serve import serve, tune_gc
 
-__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller", "create_app", "tune_gc"]
+__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller", "create_app", "serve", "tune_gc"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -50,19 +49,9 @@ STATIC = Path(__file__).parent / "static"
 """The web page's files, served at `/` when the directory exists."""
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def tune_gc() -> None:
-    """Make the garbage collector cheap for a long-running server (`handrail serve` calls it).
-
-    Freezes what exists now (the engine, the app, imported modules: they live as long as the
-    process) out of the collector's sight, and collects the youngest objects every 50,000
-    allocations instead of 700. Under 200 concurrent streams this about halves the median
-    time to first event (`bench/server.py`); memory held by cycles is freed a little later.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+_WRITE = 65_536
+"""Bytes of events a stream writes at once, at most (plus one event): a client that does not
+read holds up the next write, so the server buffers about this much for it."""
 
 
 def create_app(
@@ -229,6 +218,8 @@ class _Api:
 
     @staticmethod
     def _query(request: Request, model: type[M]) -> M:
+        if not request.scope["query_string"]:
+            return model()  # the defaults (every query parameter is optional)
         return model.model_validate(dict(request.query_params))
 
     def _events_url(self, session_id: str, after: int) -> str:
@@ -379,8 +370,15 @@ class _Api:
 
         async def frames() -> AsyncGenerator[bytes, None]:
             async with contextlib.aclosing(events):
-                async for batch in events:  # every event there is now, in one write
-                    yield b"".join(frame(seq, pydantic_core.to_json(e)) for seq, e in batch)
+                async for batch in events:  # every event there is now, in few writes
+                    chunk = bytearray()
+                    for seq, event in batch:
+                        chunk += frame(seq, pydantic_core.to_json(event))
+                        if len(chunk) >= _WRITE:  # a slow reader holds back the next write
+                            yield bytes(chunk)
+                            chunk.clear()
+                    if chunk or not batch:
+                        yield bytes(chunk)
 
         return EventStream(frames(), ping=self.ping_interval, send_timeout=self.send_timeout)
 

@@ -6,7 +6,6 @@ needs to scope a request; another tenant's session answers 404, as if it did not
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping
@@ -66,7 +65,7 @@ class ApiKeyAuthenticator:
 
     def digest(self, key: str) -> str:
         """The salted hash of `key`, as kept (hex)."""
-        return hmac.new(self.salt, key.encode(), hashlib.sha256).hexdigest()
+        return hmac.digest(self.salt, key.encode(), "sha256").hex()
 
     def add(self, key: str, caller: Caller) -> None:
         """Accept `key` for `caller` (only its hash is kept)."""

@@ -13,6 +13,7 @@ process reach it too.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Mapping
@@ -31,13 +32,14 @@ TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 """The events that end a turn (or its part up to a suspension)."""
 
 _PAGE = 500
-_YIELD = 1e-5
-"""How long a turn sleeps between its events (see `Runs._drive`): any timer would do."""
-_BACKOFF = 0.002
-"""How long it sleeps instead while another turn is starting: first events go first."""
+_SHARE = 8
+"""How many waiting turns go on, for one event each, per pass of the event loop."""
 _log = logging.getLogger("handrail.server")
 
 Logged = tuple[int, dict[str, Any]]
+_WAKE: Logged = (0, {})
+"""Put in a stream's queue to wake it when the server closes (as an event, it is one the
+stream has had: number 0 comes before every event)."""
 
 
 class TurnInProgressError(UserError):
@@ -70,6 +72,8 @@ class Runs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
         self._starting = 0  # turns started here whose first event is not logged yet
+        self._closed = False  # the server is shutting down: streams end once caught up
+        self._pacer = _Pacer()
 
     def _started(self, _: asyncio.Future[int]) -> None:
         self._starting -= 1
@@ -111,14 +115,12 @@ class Runs:
                 seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
                 if not started.done():
                     started.set_result(seq - 1)
-                if event.type not in TERMINAL and (self._starting or len(self._tasks) > 1):
-                    # Yield to I/O between events while other turns run: a timer runs after
-                    # the callbacks that I/O made ready (`sleep(0)` would run before them).
-                    # With an instant model a turn would otherwise hold the loop while new
-                    # turns wait for their first event; while one is starting, the others
-                    # step back for a moment. A turn running alone goes straight on (a timer
-                    # costs a millisecond of wall time when the loop is idle).
-                    await asyncio.sleep(_BACKOFF if self._starting else _YIELD)
+                if event.type in TERMINAL:
+                    # The engine has freed the session: a client that read this event may
+                    # start the next turn now, while this generator winds down.
+                    self._end(session_id)
+                elif self._starting or len(self._tasks) > 1:
+                    await self._pacer.wait(1 if self._starting else _SHARE)
         except Exception as error:
             if not started.done():
                 started.set_exception(error)
@@ -132,11 +134,14 @@ class Runs:
             except Exception:
                 _log.exception("Could not log the failure of session %r", session_id)
         finally:
-            # Synchronously with the run's end (which freed the session), so that a decision
-            # made the moment after can start the resumption.
-            del self._tasks[session_id]
+            self._end(session_id)
             if not started.done():
                 started.cancel()
+
+    def _end(self, session_id: str) -> None:
+        """Forget the session's turn, if it is the one of the running task."""
+        if self._tasks.get(session_id) is asyncio.current_task():
+            del self._tasks[session_id]
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
         seq = await self.engine.store.append_events(session_id, [event])
@@ -195,7 +200,7 @@ class Runs:
                 if batch:
                     last = batch[-1][0]
                     yield batch
-                if ended:
+                if ended or self._closed:
                     return
                 if len(page) == _PAGE:
                     continue
@@ -212,7 +217,7 @@ class Runs:
                     if batch:
                         last = batch[-1][0]
                         yield batch
-                    if ended:
+                    if ended or self._closed:
                         return
                     # Let the next events gather: a write per event (a model streams a token
                     # at a time) costs the server more than the events themselves.
@@ -234,21 +239,69 @@ class Runs:
             await asyncio.wait([task])
 
     async def aclose(self, *, grace: float = 5.0) -> None:
-        """Interrupt every running turn, wait `grace` seconds for them to end, cancel the rest.
+        """Stop the turns, then end the streams (at shutdown).
 
-        An interrupted turn is saved and ends with `run-failed` (reason `interrupted`); a
-        cancelled one is cut off and recovered later (`Engine.recover`).
+        Interrupts every running turn, waits `grace` seconds for them to end, cancels the rest,
+        then ends every stream once it has sent what is logged. An interrupted turn is saved
+        and ends with `run-failed` (reason `interrupted`); a cancelled one is cut off and
+        recovered later (`Engine.recover`). A client whose stream ends reconnects with
+        `Last-Event-ID` (to another server, or to this one restarted).
         """
         tasks = list(self._tasks.values())
         for session_id in list(self._tasks):
             self.engine.interrupt(session_id)
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=grace)
-        for task in late:
-            task.cancel()
-        if late:
-            await asyncio.wait(late)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        self._closed = True
+        for queues in self._listeners.values():
+            for queue in queues:
+                with contextlib.suppress(asyncio.QueueFull):  # it reads the log anyway
+                    queue.put_nowait(_WAKE)
+
+
+class _Pacer:
+    """Lets turns that wait here go on a few at a time: a few events per pass of the loop.
+
+    A turn on a fast model hardly ever waits for I/O, so without this it would hold the event
+    loop from its first event to its last, and with many turns running, every pass of the loop
+    would run an event of each before reading the next request. Turns wait here between
+    events instead (a turn running alone does not), and each pass lets `share` of them go
+    on: the requests, the turns starting and the streams get the loop at least every
+    `share` events, however many turns run.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._share = 0
+        self._scheduled = False
+
+    async def wait(self, share: int) -> None:
+        """Wait for this turn's go; `share`: how many turns go per pass meanwhile."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.append(future)
+        self._share = share
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._release)
+        await future
+
+    def _release(self) -> None:
+        # A callback runs once a pass, after the loop has polled for I/O (the ones it
+        # schedules, the turns it wakes included, run in the next pass).
+        waiting = self._waiting
+        for _ in range(min(self._share, len(waiting))):
+            future = waiting.popleft()
+            if not future.done():  # a turn cancelled meanwhile
+                future.set_result(None)
+        if waiting:
+            asyncio.get_running_loop().call_soon(self._release)
+        else:
+            self._scheduled = False
 
 
 def _upto_end(events: list[Logged], last: int, forever: bool) -> tuple[list[Logged], bool]:
