@@ -366,4 +366,4 @@ def test_serve_tunes_the_garbage_collector_for_a_long_run(
     result = run("serve", f"{app_module}:engine", "--api-key", "o:u:k", "--port", "8124")
     assert result.exit_code == 0, result.output
     assert (ran[0].config.port, ran[0].config.timeout_graceful_shutdown) == (8124, 5.0)
-    assert gc.get_threshold()[0] == 50_000 and gc.get_freeze_count() > 0
+    assert gc.get_threshold()[0] == 5_000 and gc.get_freeze_count() > 0

@@ -49,7 +49,8 @@ class EventStream(Response):
         send_timeout: float | None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        # A `Response` for the routes' sake; its own `__call__` does all the sending.
+        # A `Response` for the routes' sake (set up without `Response.__init__`, which would
+        # add a `content-length: 0`, as Starlette's `StreamingResponse` is); `__call__` sends.
         self.status_code = 200
         self.chunks = chunks
         self.ping = ping
