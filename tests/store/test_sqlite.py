@@ -267,3 +267,51 @@ async def test_an_in_memory_database_works_for_one_store() -> None:
     async with SqliteStore(":memory:") as store:
         saved = await store.save(SessionRecord(id="s-1", data={"n": 1}))
         assert await store.load("s-1") == saved
+
+
+async def test_appends_made_at_once_are_numbered_per_session_in_the_order_made(
+    tmp_path: Path,
+) -> None:
+    """Appends made while the store's thread is busy commit together; each session's events
+    are still numbered from 1, without gaps, in the order its appends were made."""
+    async with SqliteStore(tmp_path / "h.db") as store:
+        appends = [store.append_events(f"s{i % 10}", [{"n": i}, {"n": i}]) for i in range(200)]
+        lasts = await asyncio.gather(*appends)
+        assert lasts == [2 * (i // 10 + 1) for i in range(200)]
+        for k in range(10):
+            logged = await store.events(f"s{k}", limit=1000)
+            assert [seq for seq, _ in logged] == list(range(1, 41))
+            assert [e["n"] for _, e in logged] == [n for n in range(k, 200, 10) for _ in "ab"]
+
+
+async def test_an_append_that_fails_fails_alone(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    async with SqliteStore(path) as store:
+        await store.append_events("good", [{"n": 0}])
+        with raw(path) as db:
+            db.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON handrail_events "
+                "WHEN NEW.session_id = 'bad' BEGIN SELECT RAISE(ABORT, 'refused here'); END"
+            )
+        outcomes = await asyncio.gather(
+            store.append_events("good", [{"n": 1}]),
+            store.append_events("bad", [{"n": 1}]),
+            store.append_events("good", [{"n": 2}]),
+            return_exceptions=True,
+        )
+        assert outcomes[0] == 2 and outcomes[2] == 3
+        assert isinstance(outcomes[1], StoreError)
+        assert outcomes[1].session_id == "bad" and "refused here" in str(outcomes[1])
+        assert [e["n"] for _, e in await store.events("good")] == [0, 1, 2]
+        assert await store.events("bad") == []
+
+
+async def test_closing_commits_the_appends_already_made(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    store = SqliteStore(path)
+    appending = asyncio.ensure_future(store.append_events("s-1", [{"n": 1}]))
+    await asyncio.sleep(0)  # the append is made; its commit has not run yet
+    await store.close()
+    assert await appending == 1
+    async with SqliteStore(path) as reopened:
+        assert await reopened.events("s-1") == [(1, {"n": 1})]

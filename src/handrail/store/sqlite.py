@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -171,6 +172,8 @@ class SqliteStore:
         self._starting = asyncio.Lock()
         self._closed = False
         self._subscriptions: set[_Subscription] = set()
+        self._appends: _Appends | None = None  # appends waiting to commit together
+        self._committing: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> SqliteStore:
         return self
@@ -510,24 +513,43 @@ class SqliteStore:
     # -- event log ------------------------------------------------------------------------
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
-        """Number and append events, in one transaction; see `SessionStore.append_events`."""
+        """Number and append events, in one transaction; see `SessionStore.append_events`.
+
+        Appends made while the store's thread is busy commit together, in one transaction
+        (one that fails is then retried alone, so it fails alone): a server streaming many
+        turns at once makes a commit per batch of events, not per event.
+        """
         texts = encode_events(session_id, events)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        batch = self._appends
+        if batch is None or not batch.add(session_id, texts, future):
+            batch = self._appends = _Appends()
+            batch.add(session_id, texts, future)
+            task = asyncio.ensure_future(self._commit(batch))
+            self._committing.add(task)
+            task.add_done_callback(self._committing.discard)
+        return await future
 
-        def append(db: sqlite3.Connection) -> int:
-            # BEGIN IMMEDIATE holds the write lock from the read of the last number on, so two
-            # appends (from any process) cannot both take the same one.
-            with _transaction(db):
-                last: int = db.execute(
-                    "SELECT COALESCE(MAX(seq), 0) FROM handrail_events WHERE session_id = ?",
-                    (session_id,),
-                ).fetchone()[0]
-                db.executemany(
-                    "INSERT INTO handrail_events (session_id, seq, event) VALUES (?, ?, ?)",
-                    [(session_id, seq, text) for seq, text in enumerate(texts, last + 1)],
-                )
-                return last + len(texts)
-
-        return await self._call(append, session_id)
+    async def _commit(self, batch: _Appends) -> None:
+        """Commit `batch` (the thread takes it when it gets to it), and settle its appends."""
+        outcomes: list[int | Exception]
+        try:
+            outcomes = [*await self._call(lambda db: _append_all(db, batch.take()), None)]
+        except asyncio.CancelledError:  # the loop is closing
+            for _, _, future in batch.items:
+                future.cancel()
+            raise
+        except Exception as error:  # the thread could not run it at all
+            outcomes = [error] * len(batch.items)
+        for (session_id, _, future), outcome in zip(batch.items, outcomes, strict=True):
+            if future.done():  # its caller was cancelled: the events are logged anyway
+                continue
+            if isinstance(outcome, sqlite3.Error):
+                future.set_exception(self._error(outcome, session_id))
+            elif isinstance(outcome, Exception):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
     async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
         """The events numbered above `after`, in order; see `SessionStore.events`."""
@@ -587,6 +609,8 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Close the connection and end the store's thread; subscriptions end too."""
+        if self._committing:  # appends already made commit first
+            await asyncio.wait(list(self._committing))
         async with self._starting:
             self._closed = True
             thread, self._thread = self._thread, None
@@ -674,6 +698,78 @@ def migrate(db: sqlite3.Connection, now: float) -> int:
                 db.execute(statement)
             db.execute("INSERT INTO handrail_schema_version VALUES (?, ?)", (version, now))
     return max(current, SCHEMA_VERSION)
+
+
+class _Appends:
+    """Appends made on the event loop, to be taken by the store's thread and committed at once.
+
+    Appends join until the thread takes the batch (`take`); later ones start the next batch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the loop adds, the thread takes
+        self._taken = False
+        self.items: list[tuple[str, list[str], asyncio.Future[int]]] = []
+
+    def add(self, session_id: str, texts: list[str], future: asyncio.Future[int]) -> bool:
+        """Join the batch; False if the thread has taken it already."""
+        with self._lock:
+            if self._taken:
+                return False
+            self.items.append((session_id, texts, future))
+            return True
+
+    def take(self) -> list[tuple[str, list[str]]]:
+        """Close the batch: its appends, in order."""
+        with self._lock:
+            self._taken = True
+            return [(session_id, texts) for session_id, texts, _ in self.items]
+
+
+def _append_all(
+    db: sqlite3.Connection, appends: list[tuple[str, list[str]]]
+) -> list[int | sqlite3.Error]:
+    """Commit `appends` in one transaction: the number of each one's last event.
+
+    If that fails, each is committed in a transaction of its own, so only a failing one fails.
+    """
+    try:
+        with _transaction(db):
+            return _append(db, appends)
+    except sqlite3.Error:
+        if len(appends) == 1:
+            raise
+    outcomes: list[int | sqlite3.Error] = []
+    for one in appends:
+        try:
+            with _transaction(db):
+                outcomes += _append(db, [one])
+        except sqlite3.Error as error:
+            outcomes.append(error)
+    return outcomes
+
+
+def _append(
+    db: sqlite3.Connection, appends: list[tuple[str, list[str]]]
+) -> list[int | sqlite3.Error]:
+    # Inside BEGIN IMMEDIATE, which holds the write lock from the read of the last number on,
+    # so two appends (from any process) cannot both take the same one.
+    lasts: dict[str, int] = {}
+    outcomes: list[int | sqlite3.Error] = []
+    for session_id, texts in appends:
+        last = lasts.get(session_id)
+        if last is None:
+            last = db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM handrail_events WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()[0]
+        db.executemany(
+            "INSERT INTO handrail_events (session_id, seq, event) VALUES (?, ?, ?)",
+            [(session_id, seq, text) for seq, text in enumerate(texts, last + 1)],
+        )
+        lasts[session_id] = last = last + len(texts)
+        outcomes.append(last)
+    return outcomes
 
 
 @contextlib.contextmanager
