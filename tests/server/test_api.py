@@ -260,6 +260,33 @@ async def test_a_client_that_disconnects_does_not_stop_the_run(server: Server) -
     assert logged[-1][1]["type"] == "run-suspended"
 
 
+@pytest.mark.parametrize("latency", [0.2])
+async def test_at_shutdown_turns_are_interrupted_then_the_streams_end(server: Server) -> None:
+    """The running turn stops (saved, and its stream gets `run-failed`, interrupted), and a
+    followed stream, which would never end by itself, ends once it has sent the log."""
+    idle = await server.new_session()
+    busy = await server.new_session()
+    after = await server.submit(busy)
+
+    async def read(session_id: str, **params: Any) -> list[str]:
+        async with server.streaming.stream(
+            "GET", f"/sessions/{session_id}/events", params=params, headers=ANA
+        ) as response:
+            return [frame.type async for frame in frames(response)]
+
+    following = asyncio.ensure_future(read(idle, follow="true"))
+    turn = asyncio.ensure_future(read(busy, after=after))
+    await asyncio.sleep(0.05)  # both streams are open, the turn waits for a tool
+    async with asyncio.timeout(5):
+        await server.app.state.runs.aclose(grace=5)
+        assert await following == []
+        types = await turn
+    assert types[0] == "run-started" and types[-1] == "run-failed"
+    logged = await server.scenario.engine.store.events(busy)
+    assert logged[-1][1] == {**logged[-1][1], "type": "run-failed", "reason": "interrupted"}
+    assert not server.app.state.runs.running(busy)
+
+
 async def test_a_stream_of_a_finished_turn_replays_it_from_the_log(server: Server) -> None:
     session_id, _ = await suspended(server)
     replay = await server.events(session_id, 0)

@@ -315,3 +315,27 @@ async def test_closing_commits_the_appends_already_made(tmp_path: Path) -> None:
     assert await appending == 1
     async with SqliteStore(path) as reopened:
         assert await reopened.events("s-1") == [(1, {"n": 1})]
+
+
+async def test_an_append_the_store_cannot_make_says_why(tmp_path: Path) -> None:
+    async with SqliteStore(tmp_path / "missing" / "h.db") as store:
+        outcomes = await asyncio.gather(
+            store.append_events("s-1", [{"n": 1}]),
+            store.append_events("s-2", [{"n": 1}]),
+            return_exceptions=True,
+        )
+    for outcome in outcomes:
+        assert isinstance(outcome, StoreError)
+        assert "unable to open" in str(outcome) and "directory exists" in str(outcome)
+
+
+async def test_an_append_whose_caller_is_cancelled_is_logged_all_the_same(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(tmp_path / "h.db") as store:
+        await store.append_events("s-1", [{"n": 1}])
+        appending = asyncio.ensure_future(store.append_events("s-1", [{"n": 2}]))
+        await asyncio.sleep(0)  # made, not committed yet
+        appending.cancel()
+        assert await store.append_events("s-1", [{"n": 3}]) == 3
+        assert [e["n"] for _, e in await store.events("s-1")] == [1, 2, 3]
