@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from handrail import Agent, Domain, Engine, Runtime, StoreError, UserError, tool
+from handrail import (
+    Agent,
+    Domain,
+    Engine,
+    Runtime,
+    SessionNotFoundError,
+    StoreError,
+    UserError,
+    tool,
+)
 from handrail.store import MemoryStore
 from handrail.testing import ScriptedModel, call, sequential_ids
 
@@ -72,6 +81,15 @@ async def test_the_last_event_of_a_turn_comes_once_the_session_is_free():
     assert second[-1].type == "run-completed"
     assert second[-1].output == "Two."
     assert [m.text for m in (await engine.session("s1")).messages][-1] == "Two."
+
+
+async def test_a_turn_may_refuse_to_make_its_session():
+    engine = engine_for(["Hi!", "Hi again!"], Agent("a"))
+    with pytest.raises(SessionNotFoundError, match="No session 'new' for this caller"):
+        await engine.submit("new", "hello", create=False).finish()
+    assert await engine.store.load("new") is None
+    await engine.submit("new", "hello").finish()  # made on first use, by default
+    assert (await engine.submit("new", "again", create=False).finish()).outcome == "completed"
 
 
 async def test_sessions_are_saved_with_their_status_and_scope():

@@ -237,11 +237,12 @@ class Engine:
         model: Model | None = None,
         route: str | None = None,
         client: bool = False,
+        create: bool = True,
     ) -> AgentRun[Any]:
         """Run one user turn of a session (created on first use) as a stream of events.
 
         The events end with exactly one of `run-completed`, `run-suspended`, `run-failed`,
-        handed out only once the session is saved.
+        handed out only once the session is saved and free again (its lease released).
 
         Args:
             session_id: the session.
@@ -251,13 +252,15 @@ class Engine:
             model: a model for this turn, over the agents' and the runtime's.
             route: the route to take (default: the domain's default route).
             client: whether the caller can run `client` tools (without, they fail fast).
+            create: make the session if there is none; False: a `SessionNotFoundError`
+                instead (the server makes sessions only with `POST /sessions`).
         """
         plan: list[Agent[Any]] | Router
         if route is None and self._router is not None:
             plan = self._router  # the supervisor picks
         else:
             plan = self.domain.route(route)
-        return self._drive(session_id, text, plan, org_id, user_id, model, client)
+        return self._drive(session_id, text, plan, org_id, user_id, model, client, create=create)
 
     def resume(
         self,
@@ -401,11 +404,12 @@ class Engine:
         headless: _Headless | None = None,
         *,
         recover: bool = False,
+        create: bool = True,
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
 
         async def turn(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
-            record, state = await self._load(session_id, org_id, user_id, create=True)
+            record, state = await self._load(session_id, org_id, user_id, create=create)
             route = plan
             batch = _batch_to_apply(state) if text is None else None
             if batch is not None:

@@ -366,6 +366,21 @@ async def test_a_second_turn_while_one_runs_is_a_conflict(server: Server) -> Non
     await server.join(session_id)
 
 
+@pytest.mark.parametrize("latency", [0.1])
+async def test_a_turn_of_another_tenants_running_session_is_not_found(server: Server) -> None:
+    """Not 409 "a turn is running": that would tell another tenant the session exists."""
+    session_id = await server.new_session()
+    await server.submit(session_id)
+    for target in (session_id, "nope"):
+        response = await server.client.post(
+            f"/sessions/{target}/turns", json={"text": "mine now"}, headers=BOB
+        )
+        assert response.status_code == 404
+        assert response.json()["error"]["type"] == "not_found"
+    await server.join(session_id)
+    assert await server.scenario.engine.store.load("nope") is None  # nor was one made
+
+
 # -- sessions --------------------------------------------------------------------------------
 
 

@@ -331,7 +331,9 @@ class _Api:
         With `Accept: text/event-stream` the answer is the turn's events (200, SSE) up to its
         end or suspension: one request instead of two, and the first event comes at once.
         """
-        (org_id, user_id), session_id = await self._owned(request)
+        caller = await self._caller(request)
+        org_id, user_id = caller
+        session_id = request.path_params["session_id"]
         body = await self._body(request, TurnBody)
         client = self._query(request, ClientQuery).client
         if body.route is not None and body.route not in self.engine.domain.routes:
@@ -340,9 +342,15 @@ class _Api:
                 422, "invalid_request", f"route: no route {body.route!r} (routes: {routes})."
             )
         run = self.engine.submit(
-            session_id, body.text, org_id=org_id, user_id=user_id, route=body.route, client=client
+            session_id,
+            body.text,
+            org_id=org_id,
+            user_id=user_id,
+            route=body.route,
+            client=client,
+            create=False,  # the engine checks the session is the caller's as it loads it
         )
-        after = await self.runs.start(session_id, run)
+        after = await self.runs.start(session_id, run, caller)
         if "text/event-stream" in request.headers.get("accept", ""):
             return self._stream(session_id, after, forever=False)  # the turn's events, here
         accepted = TurnAccepted(

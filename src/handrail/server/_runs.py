@@ -22,7 +22,7 @@ from typing import Any
 from .._loop import AgentRun
 from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
-from ..exceptions import SessionBusyError, UserError
+from ..exceptions import SessionBusyError, SessionNotFoundError, UserError
 from ..suspension import Decision
 from ._auth import Caller
 
@@ -70,6 +70,7 @@ class Runs:
         self.coalesce = coalesce
         self.queue_size = queue_size
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._callers: dict[str, Caller] = {}  # whose turn each is
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
         self._starting = 0  # turns started here whose first event is not logged yet
         self._closed = False  # the server is shutting down: streams end once caught up
@@ -82,18 +83,21 @@ class Runs:
         """Whether a turn of the session runs in this server now."""
         return session_id in self._tasks
 
-    async def start(self, session_id: str, run: AgentRun[Any]) -> int:
-        """Run `run` in the background once it has started; the number of the event before it.
+    async def start(self, session_id: str, run: AgentRun[Any], caller: Caller) -> int:
+        """Run `caller`'s `run` in the background; the number of the event before its first.
 
         Returns once the run's first event is logged, so that what the engine refuses before
-        it starts (a session that waits for decisions, another worker driving it) is raised
-        here, to the request, and then nothing runs.
+        it starts (no such session for the caller, a session that waits for decisions,
+        another worker driving it) is raised here, to the request, and then nothing runs.
 
         Raises:
+            SessionNotFoundError: a turn of another caller's session runs here.
             TurnInProgressError: a turn of this session already runs here.
             HandrailError: what the run raised before its first event.
         """
         if session_id in self._tasks:
+            if self._callers[session_id] != caller:  # another tenant's is no session at all
+                raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
             raise TurnInProgressError(
                 f"A turn of session {session_id!r} is running: wait for it to end, or interrupt it."
             )
@@ -105,6 +109,7 @@ class Runs:
         self._tasks[session_id] = asyncio.create_task(
             self._drive(session_id, run, started), name=f"handrail turn {session_id}"
         )
+        self._callers[session_id] = caller
         return await asyncio.shield(started)
 
     async def _drive(
@@ -141,7 +146,7 @@ class Runs:
     def _end(self, session_id: str) -> None:
         """Forget the session's turn, if it is the one of the running task."""
         if self._tasks.get(session_id) is asyncio.current_task():
-            del self._tasks[session_id]
+            del self._tasks[session_id], self._callers[session_id]
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
         seq = await self.engine.store.append_events(session_id, [event])
@@ -174,7 +179,7 @@ class Runs:
             return resolution, None
         resume = self.engine.resume(session_id, org_id=org_id, user_id=user_id, client=client)
         try:
-            return resolution, await self.start(session_id, resume)
+            return resolution, await self.start(session_id, resume, caller)
         except (SessionBusyError, UserError):
             return resolution, None  # another worker got there first
 
