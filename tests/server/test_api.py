@@ -613,3 +613,40 @@ async def test_the_api_key_authenticator_keeps_only_hashes() -> None:
     assert await other.authenticate(Request(scope)) == Caller("acme", "ana")
     with pytest.raises(ValueError, match="API key"):
         other.add(" padded ", Caller("a", "b"))
+
+
+async def test_many_turns_at_once_each_stream_whole_and_in_order() -> None:
+    """More turns than go per pass of the loop: every one streams all its events, in order."""
+    from handrail import Agent, Engine, MemoryStore, Runtime
+    from handrail.models import ModelRequest
+    from handrail.server import create_app
+    from handrail.testing import FunctionModel
+
+    from .conftest import StreamingTransport, authenticator
+
+    def answer(request: ModelRequest) -> str:
+        return " ".join(f"w{i}" for i in range(30))
+
+    engine = Engine(Agent("a"), store=MemoryStore(), runtime=Runtime(model=FunctionModel(answer)))
+    app = create_app(engine, authenticator=authenticator())
+    transport = StreamingTransport(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://test", headers=ANA) as client,
+    ):
+
+        async def turn() -> list[Any]:
+            session_id = (await client.post("/sessions")).json()["id"]
+            async with client.stream(
+                "POST",
+                f"/sessions/{session_id}/turns",
+                json={"text": "hi"},
+                headers={"Accept": "text/event-stream"},
+            ) as response:
+                return [frame async for frame in frames(response)]
+
+        streams = await asyncio.gather(*(turn() for _ in range(20)))
+    for events in streams:
+        assert [e.id for e in events] == list(range(1, len(events) + 1))
+        assert events[-1].type == "run-completed"
+        assert sum(e.type == "text-delta" for e in events) == 30
