@@ -47,10 +47,13 @@ class ConnectionThread(Generic[C]):
         If the awaiting task is cancelled, the job still runs to its end (a thread cannot be
         stopped halfway), and its result is dropped.
         """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((loop, future, job))
-        return await future
+        return await self.submit(job)
+
+    def submit(self, job: Callable[[C], T]) -> asyncio.Future[T]:
+        """Queue `job(connection)` for the thread now; the future of what it returns."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.put((future.get_loop(), future, job))
+        return future
 
     async def stop(self) -> None:
         """Run the jobs already submitted, close the connection, and end the thread."""

@@ -173,7 +173,6 @@ class SqliteStore:
         self._closed = False
         self._subscriptions: set[_Subscription] = set()
         self._appends: _Appends | None = None  # appends waiting to commit together
-        self._committing: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> SqliteStore:
         return self
@@ -520,33 +519,29 @@ class SqliteStore:
         turns at once makes a commit per batch of events, not per event.
         """
         texts = encode_events(session_id, events)
+        thread = self._thread or await self._start()
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         batch = self._appends
         if batch is None or not batch.add(session_id, texts, future):
             batch = self._appends = _Appends()
             batch.add(session_id, texts, future)
-            task = asyncio.ensure_future(self._commit(batch))
-            self._committing.add(task)
-            task.add_done_callback(self._committing.discard)
+            # The thread takes the batch when it gets to this job: what joined it by then.
+            done = thread.submit(lambda db: _append_all(db, batch.take()))
+            done.add_done_callback(functools.partial(self._settle, batch))
         return await future
 
-    async def _commit(self, batch: _Appends) -> None:
-        """Commit `batch` (the thread takes it when it gets to it), and settle its appends."""
-        outcomes: list[int | Exception]
-        try:
-            outcomes = [*await self._call(lambda db: _append_all(db, batch.take()), None)]
-        except asyncio.CancelledError:  # the loop is closing
-            for _, _, future in batch.items:
-                future.cancel()
-            raise
-        except Exception as error:  # the thread could not run it at all
-            outcomes = [error] * len(batch.items)
+    def _settle(
+        self, batch: _Appends, done: asyncio.Future[builtins.list[int | sqlite3.Error]]
+    ) -> None:
+        """Hand each append of `batch` its outcome, once the thread has committed it."""
+        error = done.exception()
+        outcomes = [error] * len(batch.items) if error is not None else done.result()
         for (session_id, _, future), outcome in zip(batch.items, outcomes, strict=True):
             if future.done():  # its caller was cancelled: the events are logged anyway
                 continue
             if isinstance(outcome, sqlite3.Error):
                 future.set_exception(self._error(outcome, session_id))
-            elif isinstance(outcome, Exception):
+            elif isinstance(outcome, BaseException):  # the thread could not run the job
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
@@ -609,8 +604,6 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Close the connection and end the store's thread; subscriptions end too."""
-        if self._committing:  # appends already made commit first
-            await asyncio.wait(list(self._committing))
         async with self._starting:
             self._closed = True
             thread, self._thread = self._thread, None
