@@ -455,12 +455,8 @@ class Engine:
             )
             self._running[session_id] = inner
             try:
-                terminal: Event | None = None
                 async for event in inner:
-                    if event.type in _TERMINAL:
-                        terminal = event
-                    else:
-                        yield event
+                    yield event  # `body` holds its last one back until the session is saved
             finally:
                 self._running.pop(session_id, None)
                 state.client_connected = False
@@ -478,8 +474,6 @@ class Engine:
                     yield RunSuspended(pending=[card.tool_call_id])
                     return
             await self._save(record, state, _STATUS[result.outcome])
-            assert terminal is not None
-            yield terminal
 
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             terminal: Event | None = None
@@ -490,7 +484,8 @@ class Engine:
                     else:
                         yield event
             # The last event comes once the session is free (saved, unlocked, its lease
-            # released), so whoever reads it may start the session's next turn at once.
+            # released), so whoever reads it may start the session's next turn at once. (A
+            # later one replaces it: a headless turn that completed suspends on its batch.)
             if terminal is not None:
                 yield terminal
 
