@@ -10,8 +10,9 @@ fake.script(openai_stream([openai_chunk(content="Hi")], usage=openai_usage(5, 1)
 assert fake.requests[0].body["messages"][-1] == {"role": "user", "content": "Hello"}
 ```
 
-Replies: `Json` (any status, any headers), `Stream` (SSE frames, optionally cut after some),
-`Hang` (no response until the client gives up) and `Drop` (the connection closes at once).
+Replies: `Json` (any status, any headers), `Stream` (SSE frames, optionally cut after some, or
+ended early inside a line or a character, cleanly or by closing the connection), `Hang` (no
+response until the client gives up) and `Drop` (the connection closes at once).
 The server checks what the real APIs check before anything else (the API key headers, and
 tool names against the pattern both APIs enforce), answering as they would.
 """
@@ -24,7 +25,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -51,11 +52,18 @@ _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 @dataclass
 class Json:
-    """A JSON reply."""
+    """A JSON reply.
+
+    `truncate`: send only this many bytes of the body. The body then ends cleanly (its
+    `content-length` says so), or, with `cut`, the `content-length` announces all of it and the
+    connection closes early.
+    """
 
     body: Any
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    truncate: int | None = None
+    cut: bool = False
 
 
 @dataclass
@@ -65,12 +73,29 @@ class Stream:
     `cut_after`: close the connection (no final chunk) after this many frames.
     `chunk_size`: send the body in HTTP chunks of this many bytes instead of one a frame, so
     reads end mid-line and mid-character.
+    `truncate`: send only this many bytes of the body (of the frames `cut_after` keeps), so it
+    ends mid-line or mid-character; the body then ends cleanly (with its final chunk), or,
+    with `cut`, the connection closes without it.
     """
 
     frames: Sequence[bytes]
     cut_after: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
     chunk_size: int | None = None
+    truncate: int | None = None
+    cut: bool = False
+
+    def ending_inside(self, text: str, *, cut: bool) -> Stream:
+        """This stream, ending one byte into the first `text` of its body.
+
+        That byte is inside `text`'s first character when it is more than one byte long in
+        UTF-8 (`"é"`, `"☔"`). `cut`: close the connection there instead of ending the body.
+        """
+        body = b"".join(self.frames)
+        at = body.find(text.encode())
+        if at < 0:
+            raise ValueError(f"{text!r} is not in the stream")
+        return replace(self, truncate=at + 1, cut=cut)
 
 
 @dataclass
@@ -199,14 +224,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _json(self, reply: Json) -> None:
-        payload = json.dumps(reply.body).encode()
+        payload = json.dumps(reply.body, ensure_ascii=False).encode()
+        sent = payload if reply.truncate is None else payload[: reply.truncate]
         self.send_response(reply.status)
         self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
+        self.send_header("content-length", str(len(payload if reply.cut else sent)))
         for name, value in reply.headers.items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(payload)
+        self.wfile.write(sent)
+        if reply.cut:
+            self._drop()
 
     def _stream(self, reply: Stream) -> None:
         self.send_response(200)
@@ -217,6 +245,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         frames = reply.frames if reply.cut_after is None else reply.frames[: reply.cut_after]
+        if reply.truncate is not None:
+            frames = [b"".join(frames)[: reply.truncate]]
         if reply.chunk_size is not None:
             body, size = b"".join(frames), reply.chunk_size
             frames = [body[i : i + size] for i in range(0, len(body), size)]
@@ -224,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
         for frame in frames:
             write(b"%x\r\n%s\r\n" % (len(frame), frame))
         self.wfile.flush()
-        if reply.cut_after is not None:
+        if reply.cut_after is not None or reply.cut:
             self._drop()
             return
         write(b"0\r\n\r\n")
@@ -317,15 +347,27 @@ def openai_stream(
     usage: dict[str, Any] | None = None,
     cut_after: int | None = None,
     headers: dict[str, str] | None = None,
+    finish_reason: str | None = "stop",
+    done: bool = True,
 ) -> Stream:
-    """A streamed completion: the chunks, the usage chunk (empty choices), `[DONE]`."""
+    """A streamed completion: the chunks, the usage chunk (empty choices), `[DONE]`.
+
+    `finish_reason` is sent in a last chunk of its own unless a chunk already carries one
+    (None: the stream has none, as a stream that stopped early). `done=False` leaves out
+    `[DONE]`.
+    """
+    chunks = list(chunks)
+    finished = any(c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+    if finish_reason is not None and not finished:
+        chunks.append(openai_chunk(finish_reason=finish_reason))
     frames = [sse(c) for c in chunks]
     if usage is not None:
         last = openai_chunk()
         last["choices"] = []
         last["usage"] = usage
         frames.append(sse(last))
-    frames.append(sse("[DONE]"))
+    if done:
+        frames.append(sse("[DONE]"))
     return Stream(frames, cut_after=cut_after, headers=headers or {})
 
 
@@ -403,8 +445,12 @@ def anthropic_stream(
     output_tokens: int = 5,
     model: str = "claude-sonnet-4-5-20250929",
     cut_after: int | None = None,
+    message_stop: bool = True,
 ) -> Stream:
-    """A streamed message: each block is `(content_block_start's block, its deltas)`."""
+    """A streamed message: each block is `(content_block_start's block, its deltas)`.
+
+    `message_stop=False` leaves out the last event, as a stream that stopped early.
+    """
     start_usage = {"input_tokens": 10, "output_tokens": 1, **(usage or {})}
     frames = [
         sse(
@@ -447,7 +493,8 @@ def anthropic_stream(
             "message_delta",
         )
     )
-    frames.append(sse({"type": "message_stop"}, "message_stop"))
+    if message_stop:
+        frames.append(sse({"type": "message_stop"}, "message_stop"))
     return Stream(frames, cut_after=cut_after, headers={"request-id": "req_fake"})
 
 

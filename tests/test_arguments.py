@@ -37,12 +37,15 @@ def test_repair_leaves_valid_json_meaning_the_same(value: dict[str, Any]):
 
 
 @given(json_objects, st.data())
-def test_a_truncated_object_repairs_to_a_dict(value: dict[str, Any], data: st.DataObject):
+def test_a_truncated_object_is_never_completed_into_a_guess(
+    value: dict[str, Any], data: st.DataObject
+):
+    # Closing cut JSON would invent what the model meant ("Zürich" cut to "Zü"): it is an
+    # error the model reads, never a call with part of its arguments.
     text = json.dumps(value)
-    cut = data.draw(st.integers(min_value=1, max_value=len(text)))
-    repaired = parse_arguments(text[:cut])
-    assert isinstance(repaired, dict)
-    assert set(repaired) <= set(value)
+    cut = data.draw(st.integers(min_value=1, max_value=len(text) - 1))
+    with pytest.raises(ArgumentsError, match="not valid JSON"):
+        parse_arguments(text[:cut])
 
 
 @given(st.text())
@@ -67,9 +70,6 @@ def test_any_text_parses_to_a_dict_or_a_named_error(text: str):
         ('{"city": "Oslo", "note": "two\nlines"}', {"city": "Oslo", "note": "two\nlines"}),
         ('{city: "Oslo", days: 3}', {"city": "Oslo", "days": 3}),
         ('Here you go: {"city": "Oslo"} - done.', {"city": "Oslo"}),
-        ('{"city": "Oslo", "days": [1, 2', {"city": "Oslo", "days": [1, 2]}),
-        ('{"city": "Os', {"city": "Os"}),
-        ('{"city": "Oslo", "da', {"city": "Oslo"}),
         ('{"note": "True story, None left"}', {"note": "True story, None left"}),
     ],
 )
@@ -81,6 +81,9 @@ def test_near_json_is_repaired(raw: str, expected: dict[str, Any]):
     ("raw", "problem"),
     [
         ("city=Oslo", "not valid JSON"),
+        ('{"city": "Oslo", "days": [1, 2', "not valid JSON"),
+        ('{"city": "Zürich", "note": "say \\"h', "not valid JSON"),
+        ('{"city": "Oslo", "da', "not valid JSON"),
         ('["Oslo"]', "not a JSON array"),
         ('"Oslo"', "not a JSON string"),
     ],

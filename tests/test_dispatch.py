@@ -168,13 +168,13 @@ async def test_near_miss_arguments_are_repaired():
     )
     part = calls(state)[0]
     assert part.result == ToolResult(
-        data={"qty": 3, "tags": ["fragile"], "city": "Oslo", "carrier": "dhl", "note": "-"}
+        data={"qty": 3, "tags": ["fragile"], "city": "Oslo", "carrier": " dhl ", "note": "-"}
     )
     assert part.args == {
         "qty": 3,
         "tags": ["fragile"],
         "address": {"city": "Oslo"},
-        "carrier": "dhl",
+        "carrier": " dhl ",
         "note": "-",
     }
 
@@ -215,6 +215,44 @@ async def test_a_failing_normalize_is_a_tool_error_not_a_crash():
 
     _, state = await run(Agent("a", tools=[say]), [[call("say", text="hi")], "done"])
     assert calls(state)[0].result.error == "Tool 'say': KeyError: 'x'"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "    return x\n",
+        "  indented:\n    - yaml\n",
+        "Dear Ana,\n\n  thanks.\n\n",
+        "\t tab and trailing  ",
+        "",
+    ],
+)
+async def test_a_valid_string_argument_reaches_the_tool_byte_exact(text: str):
+    received: list[str] = []
+
+    @tool
+    def save(body: str, note: str = "") -> str:
+        """Save a text."""
+        received.append(body)
+        return "saved"
+
+    _, state = await run(Agent("a", tools=[save]), [[call("save", body=text)], "done"])
+    assert received == [text]
+    assert calls(state)[0].args == {"body": text, "note": ""}
+
+
+async def test_the_model_is_shown_its_own_call_as_it_made_it():
+    model = ScriptedModel([[call_raw("math.add", '{"a":"3" }')], "4"])
+    await Agent("a", tools=[add]).run("go", runtime=Runtime(model=model))
+    (part,) = [p for m in model.calls[1].messages for p in m.tool_calls]
+    # Repaired ("3" -> 3) and completed (b=0) for the tool; the model reads what it sent.
+    assert part.args == {"a": 3, "b": 0}
+    assert part.raw_args == '{"a":"3" }'
+    from handrail.models._openai_format import openai_messages, request_tool_names
+
+    names = request_tool_names([], model.calls[1].messages)
+    sent = openai_messages(None, model.calls[1].messages, names)
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == '{"a":"3" }'
 
 
 # -- 5. allow-list and permission ----------------------------------------------------------
@@ -307,6 +345,176 @@ async def test_a_failed_call_is_not_reused():
     )
     assert attempts == [1, 1]
     assert by_id(state, "call_2").result == ToolResult(data=1)
+
+
+class Reservations:
+    """A tiny booking system: what the model reads changes when it writes."""
+
+    def __init__(self) -> None:
+        self.status = {"R1": "active"}
+        self.seats = 0
+        self.log: list[str] = []
+
+
+def reservation_tools(db: Reservations) -> list[Any]:
+    @tool(name="reservations.get")
+    def get(ref: str) -> str:
+        """Read a reservation."""
+        db.log.append(f"get {ref}")
+        return db.status[ref]
+
+    @tool(name="reservations.cancel", permission="write", approval="auto")
+    def cancel(ref: str) -> str:
+        """Cancel a reservation (frees its seat)."""
+        db.log.append(f"cancel {ref}")
+        db.status[ref] = "cancelled"
+        db.seats += 1
+        return "cancelled"
+
+    @tool(name="reservations.book", permission="write", approval="auto")
+    def book(name: str) -> str:
+        """Book a seat."""
+        db.log.append(f"book {name}")
+        if not db.seats:
+            return "not enough seats"  # in band: the call itself succeeded
+        db.seats -= 1
+        return "booked"
+
+    return [get, cancel, book]
+
+
+async def test_a_side_effect_ends_the_reuse_of_earlier_reads():
+    db = Reservations()
+    _, state = await run(
+        Agent("a", tools=reservation_tools(db)),
+        [
+            [call("reservations.get", ref="R1")],
+            [call("reservations.cancel", ref="R1")],
+            [call("reservations.get", ref="R1")],
+            "done",
+        ],
+    )
+    # The second read runs: the cancel may have changed what the first one said.
+    assert db.log == ["get R1", "cancel R1", "get R1"]
+    third = calls(state)[2]
+    assert (third.reused_from, third.result) == (None, ToolResult(data="cancelled"))
+
+
+async def test_a_side_effect_in_the_same_response_ends_the_reuse_too():
+    db = Reservations()
+    _, state = await run(
+        Agent("a", tools=reservation_tools(db)),
+        [
+            [call("reservations.get", ref="R1")],
+            [call("reservations.cancel", ref="R1"), call("reservations.get", ref="R1")],
+            "done",
+        ],
+    )
+    assert db.log.count("get R1") == 2
+    assert calls(state)[2].reused_from is None
+
+
+async def test_a_write_that_failed_in_band_is_tried_again_when_the_model_retries_it():
+    db = Reservations()
+    _, state = await run(
+        Agent("a", tools=reservation_tools(db)),
+        [
+            [call("reservations.book", name="ana")],  # no seat: fails, in band
+            [call("reservations.cancel", ref="R1")],  # frees one
+            [call("reservations.book", name="ana")],  # the same call again: it must run
+            "done",
+        ],
+    )
+    assert db.log == ["book ana", "cancel R1", "book ana"]
+    first, _, again = calls(state)
+    assert first.result == ToolResult(data="not enough seats")
+    assert (again.status, again.reused_from, again.result) == (
+        "completed",
+        None,
+        ToolResult(data="booked"),
+    )
+
+
+async def test_identical_writes_are_never_folded_into_one():
+    db = Reservations()
+    db.seats = 2
+    _, state = await run(
+        Agent("a", tools=reservation_tools(db)),
+        [[call("reservations.book", name="ana")], [call("reservations.book", name="ana")], "done"],
+    )
+    assert db.log == ["book ana", "book ana"]
+    assert [p.reused_from for p in calls(state)] == [None, None]
+
+
+async def test_a_failed_read_in_the_same_response_is_not_reused_by_its_twin():
+    attempts: list[int] = []
+
+    @tool
+    async def flaky(n: int) -> int:
+        """Flaky."""
+        attempts.append(n)
+        if len(attempts) == 1:
+            raise RuntimeError("try again")
+        return n
+
+    events, state = await run(
+        Agent("a", tools=[flaky]), [[call("flaky", n=1), call("flaky", n=1)], "done"]
+    )
+    assert attempts == [1, 1]
+    first, second = calls(state)
+    assert (first.status, second.status, second.reused_from) == ("failed", "completed", None)
+    assert [e.type for e in events].count("tool-call-started") == 2
+
+
+@pytest.mark.parametrize("where", ["tool", "runtime"])
+async def test_reuse_can_be_turned_off_by_the_tool_or_the_runtime(where: str):
+    readings: list[int] = []
+
+    @tool(dedup=where != "tool")
+    def sensor(name: str) -> int:
+        """Read a sensor (its value changes by itself)."""
+        readings.append(len(readings))
+        return len(readings)
+
+    model = ScriptedModel([[call("sensor", name="t")], [call("sensor", name="t")], "done"])
+    runtime = Runtime(model=model, dedup=where != "runtime")
+    result = await Agent("a", tools=[sensor]).run("go", runtime=runtime)
+    assert readings == [0, 1]
+    assert [p.reused_from for p in calls(result.state)] == [None, None]
+    assert [r.tool_choice for r in model.calls] == ["auto", "auto", "auto"]
+
+
+async def test_tool_calls_made_when_asked_for_none_are_not_run():
+    runs: list[int] = []
+
+    @tool(name="math.add")
+    def counted(a: int, b: int = 0) -> int:
+        """Add."""
+        runs.append(a)
+        return a + b
+
+    model = ScriptedModel(
+        [
+            [call("math.add", a=1)],
+            [call("math.add", a=1)],  # a repeat: reused, and the model is asked to answer
+            [call("math.add", a=2)],  # it calls a tool anyway: not run
+            "3, I think.",
+        ]
+    )
+    run_ = Agent("a", tools=[counted]).run_stream("go", runtime=Runtime(model=model))
+    events = [e async for e in run_]
+    assert runs == [1]
+    assert [r.tool_choice for r in model.calls] == ["auto", "auto", "none", "none"]
+    refused = calls(run_.result.state)[2]
+    assert refused.status == "failed"
+    assert "Not run: this request asked for an answer without tool calls" in (
+        refused.result.error or ""  # type: ignore[union-attr]
+    )
+    completed = [e for e in events if e.type == "tool-call-completed"]
+    assert completed[-1].tool_call_id == refused.id and not completed[-1].ok
+    started = [e.tool_call_id for e in events if e.type == "tool-call-started"]
+    assert refused.id not in started
+    assert run_.result.output == "3, I think."
 
 
 async def test_idempotent_results_are_cached_across_turns_until_they_expire():
@@ -720,7 +928,7 @@ async def test_a_provider_executed_call_is_recorded_not_run():
     assert part.result == ToolResult(summary="ran at the model provider")
 
 
-async def test_an_identical_gated_call_in_the_same_response_is_not_asked_twice():
+async def test_identical_side_effecting_calls_in_one_response_are_each_asked_for():
     @tool(permission="write")
     def send(to: str) -> str:
         """Send."""
@@ -729,12 +937,11 @@ async def test_an_identical_gated_call_in_the_same_response_is_not_asked_twice()
     events, state = await run(
         Agent("a", tools=[send]), [[call("send", to="x"), call("send", to="x")]]
     )
-    assert [e.tool_call_id for e in events if e.type == "approval-required"] == ["call_1"]
-    second = calls(state)[1]
-    assert second.result.error == (  # type: ignore[union-attr]
-        "identical to call call_1 of the same response, which is waiting for a decision; "
-        "it is not run twice."
-    )
+    # Two sends are two sends: a write is never folded into another, each needs its decision.
+    asked = [e.tool_call_id for e in events if e.type == "approval-required"]
+    assert asked == ["call_1", "call_2"]
+    assert [p.status for p in calls(state)] == ["waiting", "waiting"]
+    assert not [e for e in events if e.type == "tool-call-started"]
 
 
 async def test_a_sequential_call_first_then_parallel_ones():

@@ -13,6 +13,9 @@ from handrail import (
     Agent,
     ConfigError,
     ModelRequest,
+    ModelResponse,
+    RunCompleted,
+    RunFailed,
     RunState,
     Runtime,
     TextPart,
@@ -154,12 +157,17 @@ async def test_structured_output_invalid_twice_fails_the_run():
 async def test_reaching_max_iterations_ends_the_turn_with_a_message():
     model = FunctionModel(lambda request: call("lookup", order_id=str(len(request.messages))))
     agent = Agent("a", tools=[lookup], max_iterations=3)
-    result = await agent.run("go", runtime=Runtime(model=model))
-    assert result.outcome == "completed"
-    assert result.stop_reason == "max-iterations"
+    run = agent.run_stream("go", runtime=Runtime(model=model))
+    events = [e async for e in run]
+    result = run.result
+    # The turn did not finish its work: it says so to the user, and ends failed, not completed.
+    assert (result.outcome, result.stop_reason) == ("failed", "max-iterations")
+    assert result.error == "agent 'a' reached its limit of 3 model calls for this turn"
     assert result.output == (
         "I stopped before finishing: agent 'a' reached its limit of 3 model calls for this turn."
     )
+    assert events[-1] == RunFailed(reason="max-iterations", error=result.error)
+    assert "run-completed" not in types(events)
     assert len(model.calls) == 3
     assert result.state.turn_iterations == 3
 
@@ -422,3 +430,140 @@ async def test_a_call_id_the_session_already_used_is_replaced():
     ids = [p.id for m in state.messages for p in m.tool_calls]
     assert ids[0] == "c0" and ids[1] != "c0" and len(set(ids)) == 2
     assert RunState.load(state.dump()).call_ids == set(ids)
+
+
+# -- responses the provider did not finish -----------------------------------------------------
+
+
+def cut(*parts: Any, finish: str = "length", stop: str | None = "length") -> ModelResponse:
+    """A response that stopped for `finish` (not `stop` or `tool_call`)."""
+    return ModelResponse(parts=list(parts), finish_reason=finish, stop_reason=stop)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("raw", "finish", "why"),
+    [
+        ('{"city": "Zürich", "note": "say \\"h', "length", "cut off by the output token limit"),
+        ('{"city": "Zü', "length", "cut off by the output token limit"),
+        ('{"city": "Zürich"}', "length", "cut off by the output token limit"),  # looks whole
+        ('{"city": "Zürich"}', "content_filter", "content filter stopped your response"),
+        ('{"city": "Zürich"}', "other", "stop reason 'pause_turn'"),
+    ],
+)
+async def test_calls_of_a_response_the_provider_did_not_finish_are_never_run(
+    raw: str, finish: str, why: str
+):
+    ran: list[str] = []
+
+    @tool
+    def get_weather(city: str, note: str = "") -> str:
+        """The weather."""
+        ran.append(city)
+        return "sunny"
+
+    replies = iter(
+        [
+            cut(
+                ToolCallPart(id="c1", name="get_weather", raw_args=raw),
+                finish=finish,
+                stop="pause_turn" if finish == "other" else finish,
+            ),
+            "Sorry, I could not check the weather.",
+        ]
+    )
+    model = FunctionModel(lambda request: next(replies))
+    run = Agent("a", tools=[get_weather]).run_stream("weather?", runtime=Runtime(model=model))
+    events = [e async for e in run]
+    assert ran == []
+    (part,) = [p for m in run.result.state.messages for p in m.tool_calls]
+    assert part.raw_args == raw  # kept as sent: never parsed, never repaired
+    assert part.args == {}
+    assert part.status == "failed"
+    assert part.result is not None and why in (part.result.error or "")
+    assert "tool-call-started" not in types(events)
+    (done,) = [e for e in events if e.type == "tool-call-completed"]
+    assert (done.tool_call_id, done.ok) == ("c1", False)
+    usage = [e for e in events if e.type == "usage"]
+    assert usage[0].finish_reason == finish
+    assert run.result.outcome == "completed"
+    # The model read why, under the call as it sent it, and answered.
+    assert model.calls[1].messages[1].tool_calls[0].raw_args == raw
+
+
+async def test_a_text_answer_cut_by_the_token_limit_is_marked_cut():
+    model = FunctionModel(lambda request: cut(TextPart(text="The three steps are: one, tw")))
+    run = Agent("a").run_stream("steps?", runtime=Runtime(model=model))
+    events = [e async for e in run]
+    assert (run.result.outcome, run.result.stop_reason, run.result.finish_reason) == (
+        "completed",
+        "cut",
+        "length",
+    )
+    assert run.result.output == "The three steps are: one, tw"
+    assert events[-1] == RunCompleted(
+        output="The three steps are: one, tw", stop_reason="cut", finish_reason="length"
+    )
+
+
+async def test_a_finished_answer_says_so():
+    run = Agent("a").run_stream("hi", runtime=Runtime(model=ScriptedModel(["Hello."])))
+    events = [e async for e in run]
+    assert events[-1] == RunCompleted(output="Hello.", stop_reason="answer", finish_reason="stop")
+
+
+async def test_a_cut_answer_is_continued_when_the_agent_asks_for_it():
+    replies = iter([cut(TextPart(text="one, tw")), cut(TextPart(text="o, thr")), "ee."])
+    model = FunctionModel(lambda request: next(replies))
+    agent = Agent("a", continue_on_length=2)
+    result = await agent.run("count", runtime=Runtime(model=model))
+    assert (result.output, result.stop_reason, result.finish_reason) == (
+        "one, two, three.",
+        "answer",
+        "stop",
+    )
+    asked = model.calls[1].messages[-1]
+    assert asked.role == "user" and asked.parts[0].synthetic  # type: ignore[union-attr]
+    assert "cut off by the output token limit" in asked.text
+
+
+async def test_a_cut_answer_is_continued_at_most_as_often_as_the_agent_says():
+    model = FunctionModel(lambda request: cut(TextPart(text="more ")))
+    result = await Agent("a", continue_on_length=1).run("go", runtime=Runtime(model=model))
+    assert (result.output, result.stop_reason) == ("more more ", "cut")
+    assert len(model.calls) == 2
+
+
+def test_continue_on_length_cannot_be_negative():
+    with pytest.raises(UserError, match="continue_on_length cannot be negative"):
+        Agent("a", continue_on_length=-1)
+
+
+# -- models named by a string -------------------------------------------------------------------
+
+
+def test_a_model_string_is_accepted_wherever_a_model_is(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    from handrail.models import OpenAIModel
+
+    assert isinstance(Runtime(model="openai:gpt-4o").model, OpenAIModel)
+    assert isinstance(Agent("a", model="openai:gpt-4o-mini").model, OpenAIModel)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("gpt-4o", "write it as provider:model"),
+        ("nope:x", "unknown provider 'nope'"),
+        (42, "42 is not a model.*handrail.models.infer"),
+    ],
+)
+def test_something_that_is_not_a_model_is_refused_when_it_is_given(model: Any, message: str):
+    with pytest.raises(ConfigError, match=message):
+        Runtime(model=model)
+    with pytest.raises(ConfigError, match=message):
+        Agent("a", model=model)
+
+
+async def test_a_turn_given_a_bad_model_string_fails_before_it_starts():
+    with pytest.raises(ConfigError, match="unknown provider"):
+        Agent("a").run_stream("x", model="nope:x")

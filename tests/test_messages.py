@@ -145,6 +145,7 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
                     "name": "orders.lookup",
                     "args": {"order_id": "A1"},
                     "raw_args": None,
+                    "bound": None,
                     "status": "completed",
                     "result": {
                         "ok": True,

@@ -135,8 +135,7 @@ async def test_a_gated_call_suspends_and_resumes_in_the_same_turn_without_a_new_
         "run-started",
         "agent-started",
         "usage",
-        "tool-call-started",
-        "approval-required",
+        "approval-required",  # not started: it starts when it runs, once approved
         "run-suspended",
     ]
     assert events[-1].pending == ["call_1"]
@@ -762,3 +761,76 @@ async def test_resolve_many_needs_a_decision():
         await engine.resolve_many("s1", {})
     with pytest.raises(SessionNotFoundError):
         await engine.resolve("nope", "call_1", Approve())
+
+
+# -- a call starts once; reuse ends at a side effect (memory and SQLite, across a reload) -------
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def reopen(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """Opens the session store as a new process would: the same data, a new store object."""
+    from handrail.store import SqliteStore
+
+    opened: list[Any] = []
+    memory = MemoryStore()
+
+    def open_store() -> Any:
+        if request.param == "memory":
+            return memory
+        store = SqliteStore(tmp_path / "sessions.db")
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        await store.close()
+
+
+def engine_on(store: Any, steps: list[Any]) -> tuple[Engine, ScriptedModel]:
+    model = ScriptedModel(steps)
+    runtime = Runtime(model=model, ids=sequential_ids(), clock=Clock())
+    return Engine(Agent("support", tools=TOOLS), store=store, runtime=runtime), model
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+async def test_a_gated_call_starts_once_and_only_when_it_runs(reopen: Any, decision: str):
+    steps = [[call("orders.refund", order_id="A1", amount=84)], "Done."]
+    engine, _ = engine_on(reopen(), steps)
+    first = await suspended(engine)
+    assert "tool-call-started" not in [e.type for e in first]
+
+    engine, _ = engine_on(reopen(), steps[1:])  # a restart between suspension and decision
+    chosen = Approve(by="ana") if decision == "approve" else Reject(reason="no", by="ana")
+    await engine.resolve("s1", "call_1", chosen)
+    resumed = await events_of(engine.resume("s1"))
+    started = [e for e in resumed if e.type == "tool-call-started"]
+    completed = [e for e in resumed if e.type == "tool-call-completed"]
+    if decision == "approve":
+        assert [(e.tool_call_id, e.args) for e in started] == [
+            ("call_1", {"order_id": "A1", "amount": 84.0})
+        ]
+        assert effects == [("refund", ("A1", 84.0))]
+    else:
+        assert started == []  # it never ran, so it never started
+        assert effects == []
+    assert [e.tool_call_id for e in completed] == ["call_1"]
+
+
+async def test_a_read_after_an_approved_write_runs_again_across_a_reload(reopen: Any):
+    steps = [
+        [call("orders.lookup", order_id="A1")],
+        # Nothing in between: A1 is reused (and A2, new, runs: the model is not told to stop).
+        [call("orders.lookup", order_id="A1"), call("orders.lookup", order_id="A2")],
+        [call("orders.refund", order_id="A1", amount=84)],
+        [call("orders.lookup", order_id="A1")],  # after the refund: runs again
+        "Refunded.",
+    ]
+    engine, _ = engine_on(reopen(), steps)
+    await suspended(engine)
+    assert effects == [("lookup", "A1"), ("lookup", "A2")]
+    engine, _ = engine_on(reopen(), steps[3:])
+    await engine.resolve("s1", "call_4", Approve())
+    await events_of(engine.resume("s1"))
+    assert effects[2:] == [("refund", ("A1", 84.0)), ("lookup", "A1")]
+    parts = call_parts(await engine.session("s1"))
+    assert [p.reused_from for p in parts] == [None, "call_1", None, None, None]

@@ -16,6 +16,7 @@ from handrail import (
     Engine,
     RouteChoice,
     RouteDecision,
+    RunFailed,
     RunState,
     Runtime,
     StoreError,
@@ -214,12 +215,16 @@ async def test_the_turn_cap_ends_the_turn_with_a_message_across_agents():
         routes={"search": ["executor", "responder"]},
     )
     runtime = Runtime(model=ScriptedModel(looping), ids=sequential_ids(), max_turn_iterations=3)
-    events = await events_of(Engine(domain, runtime=runtime).submit("s1", "go"))
-    assert events[-1].type == "run-completed"
-    assert (
-        events[-1].output
-        == "I stopped before finishing: this turn reached its limit of 3 model calls."
+    engine = Engine(domain, runtime=runtime)
+    events = await events_of(engine.submit("s1", "go"))
+    assert events[-1] == RunFailed(
+        reason="max-iterations", error="this turn reached its limit of 3 model calls"
     )
+    state = await engine.session("s1")
+    assert state.messages[-1].text == (
+        "I stopped before finishing: this turn reached its limit of 3 model calls."
+    )
+    assert state.progress is None  # the turn ended: the next message starts a new one
     assert "responder" not in [e.agent for e in events if e.type == "agent-started"]
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from pydantic import ValidationError
 
 from ._tool_result import ToolResult
-from .agent import Agent
+from .agent import CONTINUE_PROMPT, Agent
 from .events import (
     AgentCompleted,
     AgentStarted,
@@ -35,6 +35,7 @@ from .events import (
 from .exceptions import ConfigError, ModelError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import (
+    FinishReason,
     Model,
     ModelRequest,
     ModelResponse,
@@ -42,6 +43,7 @@ from .models import (
     TextChunk,
     ToolCallChunk,
 )
+from .models._infer import as_model
 from .recovery import Journal
 
 if TYPE_CHECKING:
@@ -50,17 +52,27 @@ if TYPE_CHECKING:
     from .compaction import Compaction
 from .runtime import Runtime
 from .state import Progress, RunState
-from .tools._dispatch import Dispatcher
+from .tools._dispatch import Dispatcher, completed_event
 
-__all__ = ["AgentResult", "AgentRun", "Interrupt", "run_agent"]
+__all__ = ["AgentResult", "AgentRun", "Interrupt", "StopReason", "run_agent"]
 
 OutputT = TypeVar("OutputT")
 Outcome = Literal["completed", "suspended", "interrupted", "failed"]
+StopReason = Literal["answer", "ends-turn", "cut", "max-iterations"]
 
 _DEFAULT_RUNTIME: Runtime[Any] = Runtime()
 _INTERRUPTED = (
     "interrupted before it finished: the run was cancelled, so this call may or may not have "
     "taken effect"
+)
+_UNFINISHED: dict[str, str] = {
+    "length": "your response was cut off by the output token limit before it was complete",
+    "content_filter": "the provider's content filter stopped your response before it was complete",
+}
+_NO_TOOLS = (
+    "Not run: this request asked for an answer without tool calls, because every call of your "
+    "previous response repeated one already made this turn (their results are above). Answer "
+    "with what you have."
 )
 
 
@@ -76,8 +88,12 @@ class AgentResult(Generic[OutputT]):
     """The final answer: text, or the validated `output_type`."""
     pending: list[str] = field(default_factory=list)
     """When suspended: the ids of the calls waiting for a decision."""
-    stop_reason: Literal["answer", "ends-turn", "max-iterations"] | None = None
-    """Why a completed run stopped."""
+    stop_reason: StopReason | None = None
+    """Why the run stopped: `answer`, `ends-turn` (a tool that ends the turn), `cut` (the
+    answer is incomplete: the provider cut it, `finish_reason` says why) or `max-iterations`
+    (an iteration cap; the run then ends `failed`)."""
+    finish_reason: FinishReason | None = None
+    """Why the model stopped its last response, in handrail's words for every provider."""
     error: str | None = None
     """What went wrong, when the run failed."""
 
@@ -172,7 +188,7 @@ def run_agent(
     state: RunState,
     runtime: Runtime[Any] | None = None,
     *,
-    model: Model | None = None,
+    model: Model | str | None = None,
     interrupt: Interrupt | None = None,
 ) -> AgentRun[OutputT]:
     """Run `agent`'s loop on `state` (changed in place) and stream its events.
@@ -192,14 +208,14 @@ def run_agent(
     return AgentRun(lambda run: _agent_loop(run, agent, state, runtime, resolved), interrupt)
 
 
-def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | None) -> Model:
+def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | str | None) -> Model:
     resolved = override or agent.model or runtime.model
     if resolved is None:
         raise ConfigError(
             f"Agent {agent.name!r} has no model: pass model= to the Agent, set "
             f"Runtime(model=...), or give one for the turn."
         )
-    return resolved
+    return as_model(resolved, where="the turn's model=")
 
 
 async def _agent_loop(
@@ -231,6 +247,8 @@ async def _agent_loop(
     history = state.scratch.setdefault(name, []) if agent.scratch else shared
     turn_cap = runtime.max_turn_iterations
     tool_choice: Literal["auto", "none"] = "auto"
+    insist = False  # the model called tools although asked not to: ask again without them
+    pieces: list[Message] = []  # a cut answer being continued (`continue_on_length`)
     partial: list[str] = []
     message_id = ""
     yield AgentStarted(agent=name)
@@ -264,7 +282,9 @@ async def _agent_loop(
                     )
                     return
                 # Every call repeated one already made: ask for the answer instead of looping.
-                tool_choice = "none" if all(p.reused_from for p in calls) else "auto"
+                repeated = all(p.reused_from for p in calls)
+                tool_choice = "none" if insist or repeated else "auto"
+                insist = False
             if progress.iterations >= agent.max_iterations:
                 limit = (
                     f"agent {name!r} reached its limit of {agent.max_iterations} model calls "
@@ -334,7 +354,9 @@ async def _agent_loop(
                     {
                         "gen_ai.usage.input_tokens": usage.input_tokens,
                         "gen_ai.usage.output_tokens": usage.output_tokens,
-                        "gen_ai.response.finish_reasons": [response.stop_reason or ""],
+                        "gen_ai.response.finish_reasons": [
+                            response.finish_reason or response.stop_reason or ""
+                        ],
                     }
                 )
                 chat.end()
@@ -343,7 +365,9 @@ async def _agent_loop(
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
                 cached_tokens=usage.cached_tokens,
+                finish_reason=response.finish_reason,
             )
+            finish = response.finish_reason
             message = Message(
                 id=message_id, role="assistant", parts=list(response.parts), agent=name
             )
@@ -356,6 +380,15 @@ async def _agent_loop(
                 taken.add(part.id)
 
             if calls:
+                refusal = _refusal(response, tool_choice)
+                if refusal is not None:  # never acted on: each call gets why, as its result
+                    for part in calls:
+                        part.status = "failed"
+                        part.result = ToolResult.failure(refusal)
+                        part.started_at = runtime.clock()
+                        yield completed_event(part)
+                    insist = tool_choice == "none"
+                    continue
                 if interrupt.requested:
                     raise _Interrupted
                 progress.message_id = message.id
@@ -369,6 +402,13 @@ async def _agent_loop(
                 _say(history, ids, agent.nudge)
                 continue
             output = message.text
+            cut = finish is not None and finish not in ("stop", "tool_call")
+            if cut and finish == "length" and len(pieces) < agent.continue_on_length:
+                pieces.append(message)
+                _say(history, ids, CONTINUE_PROMPT)
+                continue
+            if pieces:  # the answer came in pieces: it is all of them
+                output = "".join(m.text for m in pieces) + output
             if agent.output_adapter is not None:
                 try:
                     output = agent.output_adapter.validate_json(output)
@@ -380,10 +420,14 @@ async def _agent_loop(
                     _say(history, ids, problem + "\nAnswer again with valid JSON only.")
                     continue
             if last and history is not shared:  # the route's answer is for the user
-                shared.append(message)
+                shared.extend([*pieces, message])
             yield AgentCompleted(agent=name, output=_jsonable_output(output))
             run._result = AgentResult(
-                outcome="completed", state=state, output=output, stop_reason="answer"
+                outcome="completed",
+                state=state,
+                output=output,
+                stop_reason="cut" if cut else "answer",
+                finish_reason=finish,
             )
             return
 
@@ -395,7 +439,7 @@ async def _agent_loop(
         yield TextDelta(agent=name, message_id=stopped.id, delta=text)
         yield AgentCompleted(agent=name, output=text)
         run._result = AgentResult(
-            outcome="completed", state=state, output=text, stop_reason="max-iterations"
+            outcome="failed", state=state, output=text, stop_reason="max-iterations", error=limit
         )
     except _Interrupted:
         _repair(history, partial, message_id, name)
@@ -424,6 +468,28 @@ async def _compact(
     request.messages = compacted.messages
     state.summary = compacted.summary
     state.usage.add(compacted.usage)
+
+
+def _refusal(response: ModelResponse, tool_choice: str) -> str | None:
+    """Why the tool calls of `response` must not run, or None when they may.
+
+    A response the provider did not finish (cut by its token limit or its filter, or ended
+    for a reason that does not say it is complete) may hold calls the model had not finished
+    writing; and a model that calls tools when asked for none is not obeyed.
+    """
+    finish = response.finish_reason
+    if finish is not None and finish not in ("stop", "tool_call"):
+        why = _UNFINISHED.get(finish) or (
+            f"the provider ended your response with stop reason {response.stop_reason!r}, "
+            f"which does not say it was complete"
+        )
+        return (
+            f"Not run: {why}, so this call may not be what you meant (it is shown as you sent "
+            f"it). Send it again, complete; if it was long, make it shorter."
+        )
+    if tool_choice == "none":
+        return _NO_TOOLS
+    return None
 
 
 def _say(history: list[Message], ids: Callable[[str], str], text: str) -> None:

@@ -110,7 +110,7 @@ def run_turn(
     *,
     state: RunState | None = None,
     runtime: Runtime[Any] | None = None,
-    model: Model | None = None,
+    model: Model | str | None = None,
     journal: Journal | None = None,
     models: Callable[[Agent[Any]], Model] | None = None,
 ) -> AgentRun[Any]:
@@ -246,7 +246,7 @@ async def _steps(
             async for event in inner:
                 yield event
             result = inner.result
-            if result.outcome != "completed" or result.stop_reason == "max-iterations":
+            if result.outcome != "completed":
                 break
     except Exception as exc:
         state.end_turn()  # it failed
@@ -263,9 +263,15 @@ async def _steps(
     if result.outcome != "suspended":
         state.end_turn()
     if result.outcome == "completed":
-        yield RunCompleted(output=_jsonable_output(result.output))
+        yield RunCompleted(
+            output=_jsonable_output(result.output),
+            stop_reason=result.stop_reason,
+            finish_reason=result.finish_reason,
+        )
     elif result.outcome == "suspended":
         yield RunSuspended(pending=result.pending)
+    elif result.stop_reason == "max-iterations":
+        yield RunFailed(reason="max-iterations", error=result.error)
     else:  # the loop itself only ends completed, suspended or interrupted; errors raise
         yield RunFailed(reason="interrupted", error="the run was interrupted")
 

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 
 from .exceptions import UserError
 from .models import Model, ToolDefinition
+from .models._infer import as_model
 from .tools import Tool
 
 if TYPE_CHECKING:
@@ -20,6 +21,12 @@ if TYPE_CHECKING:
 __all__ = ["Agent"]
 
 OutputT = TypeVar("OutputT")
+
+CONTINUE_PROMPT = (
+    "Your answer was cut off by the output token limit. Continue it exactly where it "
+    "stopped, without repeating anything."
+)
+"""What the loop says to have a cut answer continued (`Agent(continue_on_length=...)`)."""
 
 DEFAULT_NUDGE = (
     "You answered before using your tools. Call at least {n} tool(s) to ground your answer, "
@@ -45,6 +52,11 @@ class Agent(Generic[OutputT]):
         scratch: keep this agent's messages (its tool calls, its nudges, its answer) out of
             the conversation, in the turn's scratch: the next agent of the route gets its
             answer as a handoff; as the last agent of a route, its answer is published.
+        continue_on_length: how many times, in one turn, the loop asks the model to go on
+            with a text answer that its output token limit cut (the answer is then the
+            pieces joined). 0 (the default): a cut answer ends the turn as it is, marked
+            `stop_reason="cut"` (and `finish_reason="length"`) on the result and on
+            `run-completed`. Tool calls of a cut response are never run, whatever this says.
     """
 
     def __init__(
@@ -53,12 +65,13 @@ class Agent(Generic[OutputT]):
         *,
         instructions: str | Callable[[RunState], str] = "",
         tools: Sequence[Tool[Any]] = (),
-        model: Model | None = None,
+        model: Model | str | None = None,
         max_iterations: int = 10,
         min_tool_calls: int = 0,
         output_type: type[OutputT] | None = None,
         nudge: str = DEFAULT_NUDGE,
         scratch: bool = False,
+        continue_on_length: int = 0,
     ) -> None:
         if max_iterations < 1:
             raise UserError(f"Agent {name!r}: max_iterations must be at least 1.")
@@ -66,10 +79,15 @@ class Agent(Generic[OutputT]):
             raise UserError(f"Agent {name!r}: min_tool_calls cannot be negative.")
         self.name = name
         self.instructions = instructions
-        self.model = model
+        self.model: Model | None = (
+            None if model is None else as_model(model, where=f"Agent({name!r}, model=...)")
+        )
         self.max_iterations = max_iterations
         self.min_tool_calls = min_tool_calls
         self.scratch = scratch
+        if continue_on_length < 0:
+            raise UserError(f"Agent {name!r}: continue_on_length cannot be negative.")
+        self.continue_on_length = continue_on_length
         self.nudge = nudge.replace("{n}", str(min_tool_calls))
         self.tools: dict[str, Tool[Any]] = {}
         for t in tools:
@@ -120,7 +138,7 @@ class Agent(Generic[OutputT]):
         *,
         state: RunState | None = None,
         runtime: Runtime[Any] | None = None,
-        model: Model | None = None,
+        model: Model | str | None = None,
     ) -> AgentRun[OutputT]:
         """Run one user turn of this agent alone, as a stream of events.
 
@@ -145,7 +163,7 @@ class Agent(Generic[OutputT]):
         *,
         state: RunState | None = None,
         runtime: Runtime[Any] | None = None,
-        model: Model | None = None,
+        model: Model | str | None = None,
     ) -> AgentResult[OutputT]:
         """Run one user turn to its end and return the result (see `run_stream`)."""
         return await self.run_stream(prompt, state=state, runtime=runtime, model=model).finish()

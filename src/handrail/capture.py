@@ -66,6 +66,10 @@ class CapturedAction(BaseModel):
     """The tool's name."""
     args: dict[str, Any]
     """The arguments, as validated (they may hold earlier actions' temporary ids)."""
+    bound: dict[str, Any] | None = None
+    """The bound arguments (`Tool(bindings=...)`) as they were read when the call was
+    captured: applying binds these (temporary ids replaced), not whatever the context holds
+    by then. None: the tool binds nothing (or the action predates this field)."""
     predicted_output: Any = None
     """What the tool's `mint` predicted (what the model saw)."""
     local_index: int
@@ -86,6 +90,7 @@ class CapturedAction(BaseModel):
         return cls(
             tool=part.name,
             args=part.args,
+            bound=part.bound,
             predicted_output=part.result.data,
             local_index=part.captured,
             call_id=part.id,
@@ -246,8 +251,8 @@ async def apply(
     return report
 
 
-Execute = Callable[[CapturedAction, dict[str, Any]], Awaitable[ToolCallPart]]
-"""Runs one action with its final arguments; returns the stamped call."""
+Execute = Callable[[CapturedAction, dict[str, Any], dict[str, Any] | None], Awaitable[ToolCallPart]]
+"""Runs one action with its final arguments and bound arguments; returns the stamped call."""
 
 
 async def run_actions(report: ApplyReport, execute: Execute) -> AsyncIterator[ToolCallPart]:
@@ -261,7 +266,8 @@ async def run_actions(report: ApplyReport, execute: Execute) -> AsyncIterator[To
             continue
         action.status, action.error = "captured", None  # a failed action is tried again
         args = substitute(action.args, ids)
-        missing = unresolved(args)
+        bound = substitute(action.bound, ids) if action.bound is not None else None
+        missing = unresolved(args) + unresolved(bound)
         if missing:
             action.status = "failed"
             action.error = (
@@ -270,7 +276,7 @@ async def run_actions(report: ApplyReport, execute: Execute) -> AsyncIterator[To
                 f"output lack the field its mint predicted?). It did not run."
             )
             return
-        part = await execute(action, args)
+        part = await execute(action, args, bound)
         yield part
         result = part.result
         assert result is not None
@@ -363,7 +369,7 @@ def decide_batch(
                 )
             label = f"Action {action.local_index} ({action.tool})"
             action.args = amend(
-                state, tool, action.args, choice.amended_args, tool.amendable, label
+                state, tool, action.args, choice.amended_args, tool.amendable, label, action.bound
             )
     return {"actions": [a.model_dump(mode="json") for a in actions]}
 

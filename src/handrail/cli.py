@@ -353,9 +353,11 @@ class _ChatView:
                 self.idle()
                 self.end_text()
                 out.print(Text(f"⏸ waiting for {len(pending)} decision(s)", style="yellow"))
-            case RunCompleted():
+            case RunCompleted(stop_reason=stop, finish_reason=finish):
                 self.idle()
                 self.end_text()
+                if stop == "cut":
+                    out.print(Text(f"✂ the answer was cut off ({finish})", style="yellow"))
             case RunFailed(reason=reason, error=error):
                 self.idle()
                 self.end_text()

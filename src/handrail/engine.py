@@ -47,6 +47,7 @@ from .exceptions import (
 )
 from .messages import ApprovalCardPart, ToolCallPart
 from .models import Model
+from .models._infer import as_model
 from .recovery import RESULT as _RESULT
 from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
@@ -206,7 +207,7 @@ class Engine:
         worker_id: str | None = None,
         lease_ttl: float = 30.0,
         mode: Mode = "live",
-        model: Model | None = None,
+        model: Model | str | None = None,
         wrap_tools: WrapTools | None = None,
     ) -> None:
         if not lease_ttl > 0:
@@ -214,7 +215,7 @@ class Engine:
         self.assembly = build_runtime(
             domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
         )
-        self._config = (domain, model, wrap_tools)
+        self._config = (domain, self.assembly.default_model, wrap_tools)
         self._headless: tuple[Assembly, Router | None] | None = None
         self.domain = self.assembly.domain
         self.runtime: Runtime[Any] = self.assembly.runtime
@@ -234,7 +235,7 @@ class Engine:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
-        model: Model | None = None,
+        model: Model | str | None = None,
         route: str | None = None,
         client: bool = False,
         create: bool = True,
@@ -268,7 +269,7 @@ class Engine:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
-        model: Model | None = None,
+        model: Model | str | None = None,
         client: bool = False,
     ) -> AgentRun[Any]:
         """Continue a suspended turn once every pending call is decided.
@@ -288,7 +289,7 @@ class Engine:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
-        model: Model | None = None,
+        model: Model | str | None = None,
         client: bool = False,
     ) -> AgentRun[Any]:
         """Finish a turn that was cut off while it ran (the worker crashed or was killed).
@@ -311,7 +312,7 @@ class Engine:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
-        model: Model | None = None,
+        model: Model | str | None = None,
         route: str | None = None,
         propose: bool = False,
     ) -> HeadlessResult:
@@ -398,7 +399,7 @@ class Engine:
         plan: list[Agent[Any]] | Router | None,
         org_id: str | None,
         user_id: str | None,
-        model: Model | None,
+        model: Model | str | None,
         client: bool,
         assembly: Assembly | None = None,
         headless: _Headless | None = None,
@@ -407,6 +408,8 @@ class Engine:
         create: bool = True,
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
+        if model is not None:  # a model string that does not name one is refused now
+            model = as_model(model, where="model=")
 
         async def turn(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             record, state = await self._load(session_id, org_id, user_id, create=create)
@@ -523,11 +526,13 @@ class Engine:
             tools, state, self.runtime, "apply", journal=_SessionJournal(self, record, state)
         )
 
-        async def execute(action: CapturedAction, args: dict[str, Any]) -> ToolCallPart:
+        async def execute(
+            action: CapturedAction, args: dict[str, Any], bound: dict[str, Any] | None
+        ) -> ToolCallPart:
             entry = logged.get(action.call_id)
             tool = tools.get(action.tool)
             if entry is None or (entry.result is None and tool is not None and tool.idempotent):
-                return await dispatcher.apply(action, args)
+                return await dispatcher.apply(action, args, bound)
             part = ToolCallPart(id=action.call_id, name=action.tool, args=entry.args)
             if entry.result is not None:  # it ran before a crash: its result stands
                 part.result = _RESULT.validate_python(entry.result)
@@ -776,6 +781,9 @@ class Engine:
             state.domain_state = self.domain.new_state()
             return record, state
         state = _decode(record)
+        # `sys:` values are not stored: a decision, an amendment or a batch apply made on
+        # this state sees the session's scope, as its turn did.
+        state.context.update_sys(state.sys_values(self.runtime.clock()))
         try:
             state.domain_state = self.domain.load_state(state.domain_state)
         except ValidationError as exc:

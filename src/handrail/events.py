@@ -102,7 +102,14 @@ class ToolCallDelta:
 
 @dataclass(kw_only=True, slots=True)
 class ToolCallStarted:
-    """A tool call entered the dispatch pipeline."""
+    """A tool call is dispatched: once a call, never twice.
+
+    At once for a call that needs no decision (whether it then runs, is reused, is captured
+    or fails validation); for a gated call, only when it runs after its approval. A call that
+    never runs here (rejected, answered by a person, run by the client, or refused because
+    the response it came in was unfinished) has no `tool-call-started`, only its
+    `tool-call-completed`.
+    """
 
     agent: str
     """The agent that called it."""
@@ -230,6 +237,10 @@ class UsageEvent:
     """Completion tokens."""
     cached_tokens: int = 0
     """Prompt tokens served from the provider's cache."""
+    finish_reason: str | None = None
+    """Why the model stopped this response (`stop`, `tool_call`, `length`, `content_filter`,
+    `other`; see `handrail.models.FinishReason`); tool calls of a response that is not `stop`
+    or `tool_call` are never run."""
     type: Literal["usage"] = "usage"
 
 
@@ -239,6 +250,11 @@ class RunCompleted:
 
     output: Any = None
     """The final output (text, or structured output as JSON-compatible data)."""
+    stop_reason: str | None = None
+    """Why: `answer`, `ends-turn` (a tool ended the turn), or `cut`: the answer is
+    incomplete, the provider stopped it (`finish_reason` says why)."""
+    finish_reason: str | None = None
+    """Why the model stopped its last response (`stop`, `length`, ...; see `UsageEvent`)."""
     type: Literal["run-completed"] = "run-completed"
 
 
@@ -247,7 +263,9 @@ class RunFailed:
     """The run ended without finishing."""
 
     reason: Literal["interrupted", "error", "max-iterations"]
-    """Why."""
+    """Why: `interrupted`, `error` (the model, a store or a hook failed; `error` says how) or
+    `max-iterations` (an iteration cap was reached before the agents finished: the turn's
+    last message says so to the user)."""
     error: str | None = None
     """What went wrong, for a person."""
     type: Literal["run-failed"] = "run-failed"

@@ -11,6 +11,7 @@ HandrailError
 │   └── SessionNotFoundError   no such session for this caller (another tenant's included)
 └── RunError                   a run failed; carries what the run had got to
     ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
+    │   └── IncompleteResponseError  the provider's response ended without its protocol's end
     ├── ModelHTTPError         a model provider's API failed for good (after retries, or at once)
     ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
     ├── SessionBusyError       another run is driving (or resuming) the session right now
@@ -39,6 +40,7 @@ __all__ = [
     "ConflictError",
     "ContextFullError",
     "HandrailError",
+    "IncompleteResponseError",
     "InvalidDecisionError",
     "MaxIterationsError",
     "ModelError",
@@ -117,13 +119,44 @@ class ModelError(RunError):
     """The model produced something the engine cannot use (or a test script ran out)."""
 
 
+class IncompleteResponseError(ModelError):
+    """A model's response ended before the provider finished it, so nothing of it is acted on.
+
+    For example an OpenAI stream that stops without a `finish_reason` (and without `[DONE]`),
+    an Anthropic stream without `message_stop`, or a body cut inside a character. The retry
+    policy sends the request again while nothing of the response has reached the caller;
+    after that, the turn ends `run-failed` with this error.
+
+    Attributes:
+        provider: which provider's response it was.
+        missing: what the response lacked, in words (`"message_stop"`, `"finish_reason"`).
+        attempts: how many requests were made.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        missing: str,
+        attempts: int = 1,
+        state: Any = None,
+    ) -> None:
+        super().__init__(message, state=state)
+        self.provider = provider
+        self.missing = missing
+        self.attempts = attempts
+
+
 class ModelHTTPError(RunError):
     """A model provider's API failed, and retrying could not help (or did not).
 
     Raised at once for a request the provider refuses (400, 401, 403, 404, 422), and after the
     retry policy gave up for one it could not serve (429, 5xx, a connection error, a timeout).
-    A stream that breaks after it has produced output is not retried: its partial text stays
-    in the history and the run fails with this error.
+    An error event inside a stream (Anthropic's `overloaded_error`) is such a failure too, and
+    is not retried once the stream has produced output: its partial text stays in the history
+    and the run fails with this error. A stream whose body is cut or ends early is an
+    `IncompleteResponseError` instead.
 
     Attributes:
         status: the HTTP status, or `None` when no response came (connection error, timeout).

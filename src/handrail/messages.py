@@ -71,6 +71,9 @@ class ReasoningPart:
     """The provider's opaque signature, needed to send the reasoning back."""
     provider: str | None = None
     """Which provider produced it: reasoning is only replayed to that provider."""
+    redacted: bool = False
+    """The block was Anthropic's `redacted_thinking`; `signature` then holds its encrypted
+    `data` (and `text` is empty). Thinking whose text was omitted is not redacted."""
     type: Literal["reasoning"] = "reasoning"
 
 
@@ -78,9 +81,9 @@ class ReasoningPart:
 class ToolCallPart:
     """One tool call and, once it has one, its result.
 
-    The args the model sent are kept verbatim in `raw_args` when they failed to parse, so
-    nothing the model said is lost; `args` holds the validated arguments once validation
-    passed (or the parsed ones when it did not).
+    The arguments the model sent are kept verbatim in `raw_args`, so nothing the model said is
+    lost and the model is shown its own call as it made it; `args` holds the validated
+    arguments once validation passed (or the parsed ones when it did not).
     """
 
     id: str
@@ -88,9 +91,15 @@ class ToolCallPart:
     name: str
     """The tool's name as the model called it."""
     args: dict[str, Any] = field(default_factory=dict)
-    """The arguments (validated and bound, once the pipeline got that far)."""
+    """The arguments (validated, once the pipeline got that far; the bound ones are in
+    `bound`)."""
     raw_args: str | None = None
-    """The arguments as the model sent them, when they were not a valid JSON object."""
+    """The arguments exactly as the model sent them (JSON text, valid or not); None for a call
+    the engine made itself (a batch apply) or that a provider gave as an object."""
+    bound: dict[str, Any] | None = None
+    """The bound arguments (`Tool(bindings=...)`) as the dispatch read them from the context:
+    never shown to the model. A captured call is applied with these; an approved call binds
+    again from the context of its resumption (a binding that no longer resolves refuses it)."""
     status: ToolCallStatus = "pending"
     """Where the call is in its life."""
     result: ToolResult | None = None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from .exceptions import ConfigError, ModelRetry
+from .models._infer import as_model
 from .tools._workers import WorkerThreads
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ def sequential_ids() -> IdFactory:
 class Runtime(Generic[DepsT]):
     """What a run needs besides the agent and the session state."""
 
-    model: Model | None = None
-    """The default model, for agents that name none."""
+    model: Model | str | None = None
+    """The default model, for agents that name none: a model, or a string `infer` reads
+    (`"openai:gpt-4o-mini"`), turned into one at once."""
     deps: DepsT | None = None
     """The application's dependencies, handed to tools as `ctx.deps`."""
     clock: Callable[[], float] = time.time
@@ -93,12 +95,19 @@ class Runtime(Generic[DepsT]):
     pending_ttl: float | None = None
     """Seconds a waiting call accepts a decision, unless its tool says otherwise (None:
     forever). An expired call resolves to a tool error the model can recover from."""
+    dedup: bool = True
+    """Reuse the result of a `read` call identical to an earlier one of the same turn, with no
+    side-effecting call in between (see `Tool(dedup=...)`); False: every call runs."""
     transform_args: Callable[[Tool[Any], dict[str, Any]], dict[str, Any]] | None = None
     """Domain hook: rewrite a call's parsed arguments before binding and validation."""
     on_tool_result: Callable[[ToolCallPart, ToolResult], Awaitable[None] | None] | None = None
     """Observe each result (logging, metrics) before it is stamped on its part."""
     transform_tool_result: Callable[[ToolCallPart, ToolResult], ToolResult] | None = None
     """Rewrite each result before the model sees it (redaction, truncation)."""
+
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            self.model = as_model(self.model, where="Runtime(model=...)")
 
 
 Mode = Literal["live", "capture", "mock"]
@@ -123,7 +132,7 @@ class Assembly:
     default_model: Model | None = None
     """The engine's default model (over the runtime's)."""
 
-    def model_for(self, agent: Agent[Any], override: Model | None = None) -> Model:
+    def model_for(self, agent: Agent[Any], override: Model | str | None = None) -> Model:
         """The model `agent` uses: the per-turn override, else the agent's, else the default.
 
         Raises:
@@ -135,7 +144,7 @@ class Assembly:
                 f"Agent {agent.name!r} has no model: pass model= to the Agent, to the "
                 f"engine, to Runtime(model=...), or give one for the turn."
             )
-        return model
+        return as_model(model, where="the turn's model=")
 
 
 def build_runtime(
@@ -143,7 +152,7 @@ def build_runtime(
     *,
     runtime: Runtime[Any] | None = None,
     mode: Mode = "live",
-    model: Model | None = None,
+    model: Model | str | None = None,
     wrap_tools: WrapTools | None = None,
 ) -> Assembly:
     """Assemble a domain for a mode: the ONE place a run's models and tools are put together.
@@ -217,7 +226,8 @@ def build_runtime(
             agents=[rebuilt(a) for a in domain.agents],
             supervisor=rebuilt(domain.supervisor) if domain.supervisor else None,
         )
-    return Assembly(domain=domain, runtime=runtime, mode=mode, default_model=model)
+    default = None if model is None else as_model(model, where="build_runtime(model=...)")
+    return Assembly(domain=domain, runtime=runtime, mode=mode, default_model=default)
 
 
 def _no_mock(name: str) -> Callable[[dict[str, Any]], Any]:

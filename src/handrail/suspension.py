@@ -302,8 +302,12 @@ def amend(
     changes: dict[str, Any],
     amendable: list[str] | tuple[str, ...],
     label: str,
+    bound: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`args` with a person's `changes` to its `amendable` fields, validated again.
+
+    The bound arguments are read from the session's context, as a first dispatch reads them,
+    unless `bound` gives them (a captured action binds what it was captured with).
 
     Raises:
         InvalidDecisionError: a change to a field that is not amendable, or arguments that no
@@ -316,7 +320,7 @@ def amend(
             f"{label}: {', '.join(forbidden)} cannot be amended (amendable: {allowed})."
         )
     try:
-        validated = tool.validate({**args, **changes}, state.context)
+        validated = tool.validate({**args, **changes}, state.context, bound)
     except (ArgumentsError, PathError) as exc:
         raise InvalidDecisionError(f"{label}: the amended arguments are not valid: {exc}") from None
     return tool.stored_args(validated)

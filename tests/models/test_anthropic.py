@@ -33,6 +33,7 @@ from handrail import (
     Usage,
     tool,
 )
+from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,
@@ -100,6 +101,7 @@ async def test_text_streams_then_one_response_with_usage(fake: FakeProviders, an
             parts=[TextPart(text="Hello!")],
             usage=Usage(requests=1, input_tokens=14, output_tokens=3, cached_tokens=8),
             stop_reason="end_turn",
+            finish_reason="stop",
             model_name="claude-sonnet-4-5-20250929",
         ),
     ]
@@ -158,6 +160,7 @@ async def test_thinking_then_parallel_calls_with_awkward_argument_splits(
         ],
         usage=Usage(requests=1, input_tokens=10, output_tokens=5),
         stop_reason="tool_use",
+        finish_reason="tool_call",
         model_name="claude-sonnet-4-5-20250929",
     )
     body = fake.requests[0].body
@@ -201,12 +204,13 @@ async def test_a_complete_answer_without_streaming(fake: FakeProviders, retry: R
         ModelResponse(
             parts=[
                 ReasoningPart(text="Oslo.", signature="sig1", provider="anthropic"),
-                ReasoningPart(text="", signature="ENCRYPTED", provider="anthropic"),
+                ReasoningPart(text="", signature="ENCRYPTED", provider="anthropic", redacted=True),
                 TextPart(text="Checking."),
-                ToolCallPart(id="toolu_1", name="weather.today", args={"city": "Oslo"}),
+                ToolCallPart(id="toolu_1", name="weather.today", raw_args='{"city":"Oslo"}'),
             ],
             usage=Usage(requests=1, input_tokens=130, output_tokens=9, cached_tokens=100),
             stop_reason="tool_use",
+            finish_reason="tool_call",
             model_name="claude-sonnet-4-5-20250929",
         ),
     ]
@@ -227,7 +231,7 @@ async def test_history_alternates_with_results_first_and_thinking_replayed(
             parts=[
                 ReasoningPart(text="Look it up.", signature="sig", provider="anthropic"),
                 ReasoningPart(text="elsewhere", provider="openai"),
-                ReasoningPart(text="", signature="REDACTED", provider="anthropic"),
+                ReasoningPart(text="", signature="REDACTED", provider="anthropic", redacted=True),
                 TextPart(text="Looking."),
                 ToolCallPart(
                     id="c1",
@@ -341,6 +345,7 @@ async def test_structured_output_is_a_forced_tool_whose_input_streams_as_text(
             parts=[TextPart(text='{"city": "Oslo", "degrees": 21}')],
             usage=Usage(requests=1, input_tokens=10, output_tokens=5),
             stop_reason="tool_use",
+            finish_reason="tool_call",
             model_name="claude-sonnet-4-5-20250929",
         ),
     ]
@@ -466,6 +471,7 @@ async def test_a_stream_cut_after_output_fails_the_run_keeping_the_text(
         "text-delta",
         "run-failed",
     ]
+    assert events[-1].error.startswith("IncompleteResponseError: anthropic: ")
     assert "the stream broke after output had started" in events[-1].error
     assert run.result.state.messages[-1].text == "It is su"
     assert len(fake.requests) == 1
@@ -479,6 +485,281 @@ async def test_a_response_that_never_comes_times_out(fake: FakeProviders, sleepe
     ) as model:
         with pytest.raises(ModelHTTPError, match="anthropic: no response: Request timed out"):
             await collect(model)
+
+
+# -- finish reasons and incomplete answers ----------------------------------------------------
+
+
+async def test_max_tokens_mid_tool_call_keeps_the_partial_call_as_it_is(
+    fake: FakeProviders, anthropic_model
+):
+    fake.script(
+        anthropic_stream(
+            [tool_block("toolu_1", "weather_today", '{"city": ', '"Os')],
+            stop_reason="max_tokens",
+        )
+    )
+
+    out = await collect(anthropic_model, ask(tools=[WEATHER]))
+
+    assert out[-1] == ModelResponse(
+        parts=[ToolCallPart(id="toolu_1", name="weather.today", raw_args='{"city": "Os')],
+        usage=Usage(requests=1, input_tokens=10, output_tokens=5),
+        stop_reason="max_tokens",
+        finish_reason="length",
+        model_name="claude-sonnet-4-5-20250929",
+    )
+
+
+async def test_max_tokens_mid_text_says_length(fake: FakeProviders, anthropic_model):
+    fake.script(anthropic_stream([text_block("The answer is")], stop_reason="max_tokens"))
+
+    out = await collect(anthropic_model)
+
+    assert out[-1].parts == [TextPart(text="The answer is")]
+    assert (out[-1].stop_reason, out[-1].finish_reason) == ("max_tokens", "length")
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalized"),
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("tool_use", "tool_call"),
+        ("max_tokens", "length"),
+        ("model_context_window_exceeded", "length"),
+        ("refusal", "content_filter"),
+        ("pause_turn", "other"),
+        ("something_new", "other"),
+    ],
+)
+@pytest.mark.parametrize("streaming", [True, False])
+async def test_each_stop_reason_is_kept_raw_and_normalized(
+    fake: FakeProviders, retry: RetryPolicy, raw: str, normalized: str, streaming: bool
+):
+    if streaming:
+        fake.script(anthropic_stream([text_block("ok")], stop_reason=raw))
+    else:
+        fake.script(anthropic_message([{"type": "text", "text": "ok"}], stop_reason=raw))
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=retry, stream=streaming
+    ) as model:
+        out = await collect(model)
+
+    assert (out[-1].stop_reason, out[-1].finish_reason) == (raw, normalized)
+
+
+def no_stop(*blocks: tuple[dict[str, Any], list[dict[str, Any]]], end: str) -> Stream:
+    """A stream of `blocks` with no `message_stop`, ended cleanly or cut."""
+    stream = anthropic_stream(blocks, message_stop=False)
+    stream.cut = end == "cut"
+    return stream
+
+
+@pytest.mark.parametrize("end", ["clean", "cut"])
+async def test_a_stream_without_message_stop_is_retried_before_output(
+    fake: FakeProviders, anthropic_model, end: str
+):
+    fake.script(no_stop(end=end), anthropic_stream([text_block("whole")]))
+
+    out = await collect(anthropic_model)
+
+    assert out == [
+        TextChunk(text="whole"),
+        ModelResponse(
+            parts=[TextPart(text="whole")],
+            usage=Usage(requests=1, input_tokens=10, output_tokens=5),
+            stop_reason="end_turn",
+            finish_reason="stop",
+            model_name="claude-sonnet-4-5-20250929",
+        ),
+    ]
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("end", ["clean", "cut"])
+async def test_a_stream_without_message_stop_after_text_is_incomplete(
+    fake: FakeProviders, anthropic_model, sleeper, end: str
+):
+    fake.script(no_stop(text_block("Half"), end=end))
+    seen: list[ModelChunk] = []
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        async for chunk in anthropic_model.stream(ask()):
+            seen.append(chunk)
+
+    assert seen == [TextChunk(text="Half")]
+    error = caught.value
+    assert (error.provider, error.missing, error.attempts) == ("anthropic", "message_stop", 1)
+    assert str(error).startswith("anthropic: the response ended without its message_stop: ")
+    assert "not retried" in str(error)
+    assert sleeper.waits == []
+    assert len(fake.requests) == 1
+
+
+async def test_incomplete_streams_give_up_with_incomplete_response_error(
+    fake: FakeProviders, anthropic_model, sleeper
+):
+    fake.script(*[no_stop(end="clean")] * 4)
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        await collect(anthropic_model)
+
+    assert caught.value.attempts == 4
+    assert str(caught.value) == (
+        "anthropic: the response ended without its message_stop: the body ended with no error "
+        "(after 4 attempts)"
+    )
+    assert sleeper.waits == [0.5, 1.0, 2.0]
+
+
+async def test_a_stream_cut_after_message_stop_is_whole(fake: FakeProviders, anthropic_model):
+    stream = anthropic_stream([text_block("Done.")])
+    stream.cut = True  # every event came, then the connection closed without the last chunk
+    fake.script(stream)
+
+    out = await collect(anthropic_model)
+
+    assert out[-1].parts == [TextPart(text="Done.")]
+    assert out[-1].finish_reason == "stop"
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_a_body_ending_inside_a_character_before_any_text_is_retried(
+    fake: FakeProviders, anthropic_model, cut: bool
+):
+    broken = anthropic_stream([text_block("Zürich")]).ending_inside("ü", cut=cut)
+    fake.script(broken, anthropic_stream([text_block("Zürich")]))
+
+    out = await collect(anthropic_model)
+
+    assert out[0] == TextChunk(text="Zürich")
+    assert out[-1].parts == [TextPart(text="Zürich")]
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_a_body_ending_inside_a_character_after_text_is_incomplete(
+    fake: FakeProviders, anthropic_model, cut: bool
+):
+    stream = anthropic_stream([text_block("Weather in ", "Zürich")])
+    fake.script(stream.ending_inside("ü", cut=cut))
+    seen: list[ModelChunk] = []
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        async for chunk in anthropic_model.stream(ask()):
+            seen.append(chunk)
+
+    assert seen == [TextChunk(text="Weather in ")]
+    assert "not retried" in str(caught.value)
+    if not cut:
+        assert "the body ended inside a UTF-8 character" in str(caught.value)
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("ending", ["mid-character", "cut"])
+async def test_a_complete_answer_whose_body_ends_early_is_retried(
+    fake: FakeProviders, retry: RetryPolicy, ending: str
+):
+    broken = anthropic_message([{"type": "text", "text": "Zürich is sunny."}])
+    body = json.dumps(broken.body, ensure_ascii=False).encode()
+    broken.truncate = body.index("ü".encode()) + 1
+    broken.cut = ending == "cut"
+    fake.script(broken, anthropic_message([{"type": "text", "text": "Oslo is sunny."}]))
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=retry, stream=False
+    ) as model:
+        out = await collect(model)
+
+    assert out[-1].parts == [TextPart(text="Oslo is sunny.")]
+    assert len(fake.requests) == 2
+
+
+# -- thinking, omitted and redacted -----------------------------------------------------------
+
+
+async def replay(model: AnthropicModel, fake: FakeProviders, parts: list[Any]) -> dict[str, Any]:
+    """Send the answer `parts` back as history; the assistant turn the API received."""
+    history = [
+        Message(id="m1", role="user", parts=[TextPart(text="Hello")]),
+        Message(id="m2", role="assistant", parts=parts),
+        Message(id="m3", role="user", parts=[TextPart(text="And?")]),
+    ]
+    ok = [{"type": "text", "text": "ok"}]
+    fake.script(anthropic_stream([text_block("ok")]) if model.streaming else anthropic_message(ok))
+    await collect(model, ModelRequest(agent="a", instructions=None, messages=history))
+    return fake.requests[-1].body["messages"][1]
+
+
+async def test_omitted_thinking_goes_back_as_thinking_with_its_signature(
+    fake: FakeProviders, anthropic_model
+):
+    # `thinking: {"type": "enabled", "display": "omitted"}`: no text, only a signature.
+    omitted = (
+        {"type": "thinking", "thinking": "", "signature": ""},
+        [{"type": "signature_delta", "signature": "EqQBCgIYAhIMomitted"}],
+    )
+    fake.script(anthropic_stream([omitted, text_block("Hi.")]))
+
+    out = await collect(anthropic_model)
+
+    assert out[0] == TextChunk(text="Hi.")
+    parts = out[-1].parts
+    assert parts == [
+        ReasoningPart(text="", signature="EqQBCgIYAhIMomitted", provider="anthropic"),
+        TextPart(text="Hi."),
+    ]
+    assert await replay(anthropic_model, fake, parts) == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "", "signature": "EqQBCgIYAhIMomitted"},
+            {"type": "text", "text": "Hi."},
+        ],
+    }
+
+
+async def test_redacted_thinking_goes_back_as_redacted_thinking(
+    fake: FakeProviders, anthropic_model
+):
+    redacted = ({"type": "redacted_thinking", "data": "ENCRYPTED=="}, [])
+    fake.script(anthropic_stream([redacted, text_block("Hi.")]))
+
+    out = await collect(anthropic_model)
+
+    parts = out[-1].parts
+    assert parts == [
+        ReasoningPart(text="", signature="ENCRYPTED==", provider="anthropic", redacted=True),
+        TextPart(text="Hi."),
+    ]
+    assert await replay(anthropic_model, fake, parts) == {
+        "role": "assistant",
+        "content": [
+            {"type": "redacted_thinking", "data": "ENCRYPTED=="},
+            {"type": "text", "text": "Hi."},
+        ],
+    }
+
+
+async def test_omitted_thinking_in_a_complete_answer_goes_back_as_thinking(
+    fake: FakeProviders, retry: RetryPolicy
+):
+    fake.script(
+        anthropic_message(
+            [
+                {"type": "thinking", "thinking": "", "signature": "SIG"},
+                {"type": "text", "text": "Hi."},
+            ]
+        )
+    )
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=retry, stream=False
+    ) as model:
+        out = await collect(model)
+        assert out[0] == TextChunk(text="Hi.")
+        content = (await replay(model, fake, out[-1].parts))["content"]
+
+    assert content[0] == {"type": "thinking", "thinking": "", "signature": "SIG"}
 
 
 # -- recorded responses -----------------------------------------------------------------------
@@ -508,6 +789,7 @@ async def test_recorded_stream_with_thinking_and_a_tool_call_replays(
         ],
         usage=Usage(requests=1, input_tokens=1030, output_tokens=144, cached_tokens=600),
         stop_reason="tool_use",
+        finish_reason="tool_call",
         model_name="claude-sonnet-4-5-20250929",
     )
 
@@ -523,6 +805,7 @@ async def test_recorded_message_replays(fake: FakeProviders, retry: RetryPolicy)
         parts=[TextPart(text="Hi! My name is Claude.")],
         usage=Usage(requests=1, input_tokens=2095, output_tokens=503, cached_tokens=0),
         stop_reason="end_turn",
+        finish_reason="stop",
         model_name="claude-sonnet-4-5-20250929",
     )
 
@@ -571,3 +854,48 @@ async def test_an_agent_runs_its_tool_through_anthropic(fake: FakeProviders, ant
         "name": "weather_today",
         "input": {"city": "Bergen"},
     }
+
+
+async def test_a_tool_call_cut_by_max_tokens_is_never_run(fake: FakeProviders, anthropic_model):
+    ran: list[str] = []
+
+    @tool(name="weather.today")
+    def get_weather(city: str) -> str:
+        """Today's weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}"
+
+    fake.script(
+        anthropic_stream(
+            [tool_block("toolu_1", "weather_today", '{"city": ', '"Zü')], stop_reason="max_tokens"
+        ),
+        anthropic_stream([text_block("Sorry.")]),
+    )
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=anthropic_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert ran == []
+    assert "tool-call-started" not in [e.type for e in events]
+    sent = fake.requests[1].body["messages"]
+    assert sent[-2]["content"][-1] == {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "weather_today",
+        "input": {"invalid_json": '{"city": "Zü'},  # as sent: never repaired into {"city": "Zü"}
+    }
+    (result,) = sent[-1]["content"]
+    assert result["is_error"] and "cut off by the output token limit" in result["content"]
+    assert run.result.output == "Sorry."
+
+
+async def test_a_stream_without_message_stop_after_output_fails_the_turn(
+    fake: FakeProviders, anthropic_model
+):
+    fake.script(no_stop(text_block("It is su"), end="clean"))
+    run = Agent("forecaster").run_stream("Weather?", runtime=Runtime(model=anthropic_model))
+    events = [e async for e in run]
+    assert events[-1].type == "run-failed"
+    assert "message_stop" in events[-1].error
+    assert run.result.state.messages[-1].text == "It is su"  # kept, marked by the failure

@@ -24,6 +24,7 @@ from fake_providers import (
 from handrail import (
     Agent,
     Message,
+    ModelError,
     ModelHTTPError,
     ModelResponse,
     ReasoningPart,
@@ -34,6 +35,7 @@ from handrail import (
     Usage,
     tool,
 )
+from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,
@@ -100,6 +102,7 @@ async def test_text_streams_then_one_response_with_usage(fake: FakeProviders, op
             parts=[TextPart(text="Hello!")],
             usage=Usage(requests=1, input_tokens=12, output_tokens=3, cached_tokens=8),
             stop_reason="stop",
+            finish_reason="stop",
             model_name="gpt-4o-mini-2024-07-18",
         ),
     ]
@@ -194,6 +197,7 @@ async def test_reasoning_from_a_compatible_server_streams_as_reasoning(
         parts=[ReasoningPart(text="Thinking.", provider="openai"), TextPart(text="42")],
         usage=Usage(requests=1),
         stop_reason="stop",
+        finish_reason="stop",
         model_name="gpt-4o-mini-2024-07-18",
     )
 
@@ -230,6 +234,7 @@ async def test_a_complete_answer_without_streaming(fake: FakeProviders, retry: R
             ],
             usage=Usage(requests=1, input_tokens=30, output_tokens=9, cached_tokens=10),
             stop_reason="tool_calls",
+            finish_reason="tool_call",
             model_name="gpt-4o-mini-2024-07-18",
         ),
     ]
@@ -430,12 +435,16 @@ async def test_a_stream_cut_after_output_is_not_retried(fake: FakeProviders, ope
     )
     seen: list[ModelChunk] = []
 
-    with pytest.raises(ModelHTTPError) as caught:
+    with pytest.raises(IncompleteResponseError) as caught:
         async for chunk in openai_model.stream(ask()):
             seen.append(chunk)
 
     assert seen == [TextChunk(text="Half")]
-    assert caught.value.status is None
+    assert (caught.value.provider, caught.value.missing, caught.value.attempts) == (
+        "openai",
+        "finish_reason",
+        1,
+    )
     assert "not retried" in str(caught.value)
     assert len(fake.requests) == 1
 
@@ -463,6 +472,365 @@ async def test_a_response_that_never_comes_times_out(fake: FakeProviders, sleepe
     assert "timed out" in caught.value.message
 
 
+# -- finish reasons and incomplete answers ----------------------------------------------------
+
+
+async def test_a_length_stop_mid_tool_call_keeps_the_partial_call_as_it_is(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                openai_chunk(tool_calls=[tool_call(0, args='{"city": ')]),
+                openai_chunk(tool_calls=[tool_call(0, args='"Os')]),
+                openai_chunk(finish_reason="length"),
+            ],
+            usage=openai_usage(20, 8),
+        )
+    )
+
+    out = await collect(openai_model, ask(tools=[WEATHER]))
+
+    assert out[-1] == ModelResponse(
+        parts=[ToolCallPart(id="call_1", name="weather.today", raw_args='{"city": "Os')],
+        usage=Usage(requests=1, input_tokens=20, output_tokens=8),
+        stop_reason="length",
+        finish_reason="length",
+        model_name="gpt-4o-mini-2024-07-18",
+    )
+
+
+async def test_a_length_stop_mid_text_says_length(fake: FakeProviders, openai_model):
+    fake.script(openai_stream([openai_chunk(content="The answer is")], finish_reason="length"))
+
+    out = await collect(openai_model)
+
+    assert out[-1].parts == [TextPart(text="The answer is")]
+    assert (out[-1].stop_reason, out[-1].finish_reason) == ("length", "length")
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalized"),
+    [
+        ("stop", "stop"),
+        ("tool_calls", "tool_call"),
+        ("function_call", "tool_call"),
+        ("length", "length"),
+        ("content_filter", "content_filter"),
+        ("eos", "stop"),
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("model_length", "length"),
+        ("max_tokens", "length"),
+        ("abort", "other"),
+    ],
+)
+async def test_each_finish_reason_is_kept_raw_and_normalized(
+    fake: FakeProviders, openai_model, raw: str, normalized: str
+):
+    fake.script(openai_stream([openai_chunk(content="ok")], finish_reason=raw))
+
+    out = await collect(openai_model)
+
+    assert (out[-1].stop_reason, out[-1].finish_reason) == (raw, normalized)
+
+
+def no_finish(*chunks: dict[str, Any], end: str) -> Stream:
+    """A stream of `chunks` with no finish_reason, ended as `end` says."""
+    if end == "clean":  # the body ends properly, without a finish_reason or [DONE]
+        return openai_stream(chunks, finish_reason=None, done=False)
+    if end == "done":  # [DONE] came, but no finish_reason ever did
+        return openai_stream(chunks, finish_reason=None)
+    return openai_stream(chunks, finish_reason=None, cut_after=len(chunks))
+
+
+@pytest.mark.parametrize("end", ["clean", "done", "cut"])
+async def test_a_stream_without_finish_reason_is_retried_before_output(
+    fake: FakeProviders, openai_model, end: str
+):
+    fake.script(
+        no_finish(openai_chunk(role="assistant", content=""), end=end),
+        openai_stream([openai_chunk(content="whole")]),
+    )
+
+    out = await collect(openai_model)
+
+    assert out == [
+        TextChunk(text="whole"),
+        ModelResponse(
+            parts=[TextPart(text="whole")],
+            stop_reason="stop",
+            finish_reason="stop",
+            model_name="gpt-4o-mini-2024-07-18",
+        ),
+    ]
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("end", ["clean", "done", "cut"])
+async def test_a_stream_without_finish_reason_after_text_is_incomplete(
+    fake: FakeProviders, openai_model, sleeper, end: str
+):
+    fake.script(no_finish(openai_chunk(content="Half"), end=end))
+    seen: list[ModelChunk] = []
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        async for chunk in openai_model.stream(ask()):
+            seen.append(chunk)
+
+    assert seen == [TextChunk(text="Half")]
+    error = caught.value
+    assert (error.provider, error.missing, error.attempts) == ("openai", "finish_reason", 1)
+    assert str(error).startswith("openai: the response ended without its finish_reason: ")
+    assert str(error).endswith("(the stream broke after output had started, so it was not retried)")
+    assert sleeper.waits == []
+    assert len(fake.requests) == 1
+
+
+async def test_incomplete_streams_give_up_with_incomplete_response_error(
+    fake: FakeProviders, openai_model, sleeper
+):
+    fake.script(*[no_finish(openai_chunk(role="assistant"), end="clean")] * 4)
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        await collect(openai_model)
+
+    assert caught.value.attempts == 4
+    assert str(caught.value) == (
+        "openai: the response ended without its finish_reason: the body ended with no error "
+        "(after 4 attempts)"
+    )
+    assert sleeper.waits == [0.5, 1.0, 2.0]
+
+
+async def test_a_stream_cut_after_its_finish_reason_is_whole(fake: FakeProviders, openai_model):
+    stream = openai_stream(
+        [openai_chunk(content="Done."), openai_chunk(finish_reason="stop")],
+        usage=openai_usage(9, 2),
+        cut_after=2,  # the usage chunk and [DONE] are lost
+    )
+    fake.script(stream)
+
+    out = await collect(openai_model)
+
+    assert out[-1] == ModelResponse(
+        parts=[TextPart(text="Done.")],
+        usage=Usage(requests=1),
+        stop_reason="stop",
+        finish_reason="stop",
+        model_name="gpt-4o-mini-2024-07-18",
+    )
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_a_body_ending_inside_a_character_before_any_text_is_retried(
+    fake: FakeProviders, openai_model, cut: bool
+):
+    broken = openai_stream([openai_chunk(content="Zürich")]).ending_inside("ü", cut=cut)
+    fake.script(broken, openai_stream([openai_chunk(content="Zürich")]))
+
+    out = await collect(openai_model)
+
+    assert out[0] == TextChunk(text="Zürich")
+    assert out[-1].parts == [TextPart(text="Zürich")]
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_a_body_ending_inside_a_character_after_text_is_incomplete(
+    fake: FakeProviders, openai_model, cut: bool
+):
+    stream = openai_stream([openai_chunk(content="Weather in "), openai_chunk(content="Zürich")])
+    fake.script(stream.ending_inside("ü", cut=cut))
+    seen: list[ModelChunk] = []
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        async for chunk in openai_model.stream(ask()):
+            seen.append(chunk)
+
+    assert seen == [TextChunk(text="Weather in ")]
+    assert "not retried" in str(caught.value)
+    if not cut:
+        assert "the body ended inside a UTF-8 character" in str(caught.value)
+        assert isinstance(caught.value.__cause__.__cause__, UnicodeDecodeError)
+    assert len(fake.requests) == 1
+
+
+def oslo(*, finish_reason: str = "tool_calls", arguments: str = '{"city":"Oslo"}') -> Json:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "weather_today", "arguments": arguments},
+    }
+    return openai_completion({"content": None, "tool_calls": [call]}, finish_reason=finish_reason)
+
+
+async def test_a_complete_answer_cut_by_length_says_so(fake: FakeProviders, retry: RetryPolicy):
+    fake.script(oslo(finish_reason="length", arguments='{"city":"Os'))
+    async with OpenAIModel(
+        "gpt-4o-mini", api_key="k", base_url=fake.openai_url, retry=retry, stream=False
+    ) as model:
+        out = await collect(model, ask(tools=[WEATHER]))
+
+    response = out[-1]
+    assert response.parts == [
+        ToolCallPart(id="call_1", name="weather.today", raw_args='{"city":"Os')
+    ]
+    assert (response.stop_reason, response.finish_reason) == ("length", "length")
+
+
+@pytest.mark.parametrize("ending", ["mid-json", "mid-character", "cut"])
+async def test_a_complete_answer_whose_body_ends_early_is_retried(
+    fake: FakeProviders, retry: RetryPolicy, ending: str
+):
+    broken = openai_completion({"content": "Zürich is sunny."})
+    body = json.dumps(broken.body, ensure_ascii=False).encode()
+    broken.truncate = body.index("ü".encode()) + (1 if ending == "mid-character" else 0)
+    broken.cut = ending == "cut"
+    fake.script(broken, openai_completion({"content": "Oslo is sunny."}))
+    async with OpenAIModel(
+        "gpt-4o-mini", api_key="k", base_url=fake.openai_url, retry=retry, stream=False
+    ) as model:
+        out = await collect(model)
+
+    assert out[-1].parts == [TextPart(text="Oslo is sunny.")]
+    assert out[-1].finish_reason == "stop"
+    assert len(fake.requests) == 2
+
+
+async def test_a_complete_answer_whose_body_keeps_ending_early_is_incomplete(
+    fake: FakeProviders, sleeper
+):
+    broken = openai_completion({"content": "Zürich is sunny."})
+    broken.truncate = 40
+    fake.script(broken, broken)
+    policy = RetryPolicy(max_attempts=2, sleep=sleeper, random=lambda: 0.0)
+    async with OpenAIModel(
+        "gpt-4o-mini", api_key="k", base_url=fake.openai_url, retry=policy, stream=False
+    ) as model:
+        with pytest.raises(IncompleteResponseError) as caught:
+            await collect(model)
+
+    assert caught.value.missing == "complete JSON body"
+    assert caught.value.attempts == 2
+
+
+# -- parallel calls that all say index 0 --------------------------------------------------------
+
+
+async def test_parallel_calls_at_index_0_are_told_apart_by_their_ids(
+    fake: FakeProviders, openai_model
+):
+    # As Ollama 0.20 streams them: every call at index 0, each with its own id. The first
+    # call's arguments also come in pieces, with braces inside a string.
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(
+                    tool_calls=[tool_call(0, id="call_a", name="weather_today", args='{"city": ')]
+                ),
+                openai_chunk(tool_calls=[tool_call(0, args='"Oslo {north}"}')]),
+                openai_chunk(
+                    tool_calls=[
+                        tool_call(0, id="call_b", name="weather_today", args='{"city": "Rome"}')
+                    ]
+                ),
+                openai_chunk(finish_reason="tool_calls"),
+            ]
+        )
+    )
+
+    out = await collect(openai_model, ask(tools=[WEATHER]))
+
+    assert [c for c in out if isinstance(c, ToolCallChunk)] == [
+        ToolCallChunk(index=0, id="call_a", name="weather.today", args_delta='{"city": '),
+        ToolCallChunk(index=0, args_delta='"Oslo {north}"}'),
+        ToolCallChunk(index=1, id="call_b", name="weather.today", args_delta='{"city": "Rome"}'),
+    ]
+    assert out[-1].parts == [
+        ToolCallPart(id="call_a", name="weather.today", raw_args='{"city": "Oslo {north}"}'),
+        ToolCallPart(id="call_b", name="weather.today", raw_args='{"city": "Rome"}'),
+    ]
+    assert out[-1].finish_reason == "tool_call"
+
+
+@pytest.mark.parametrize(
+    ("deltas", "says"),
+    [
+        (
+            [tool_call(3, args='{"city": "Oslo"}')],
+            "a delta at index 3 names no call (no id, no tool name) and no call is open there",
+        ),
+        (
+            [
+                tool_call(0, id="call_a", name="weather_today", args='{"city": "Oslo"}'),
+                tool_call(0, args='{"city": "Rome"}'),
+            ],
+            "call 'call_a' (weather.today) at index 0 got more arguments "
+            """('{"city": "Rome"}') after a complete JSON value, with no new id""",
+        ),
+        (
+            [
+                tool_call(0, id="call_a", name="weather_today", args='{"city": "Oslo"} {"ci'),
+            ],
+            "call 'call_a' (weather.today) at index 0 got more arguments",
+        ),
+        (
+            [
+                tool_call(0, id="call_a", name="weather_today", args="{"),
+                tool_call(0, name="orders_refund", args="}"),
+            ],
+            "call 'call_a' (weather.today) at index 0 is named 'orders_refund' with no new id",
+        ),
+        (
+            [
+                tool_call(0, id="call_a", name="weather_today", args="{}"),
+                tool_call(0, id="call_b", name="weather_today", args="{}"),
+                tool_call(0, id="call_a", args="{}"),
+            ],
+            "call id 'call_a' came again at index 0, where call 'call_b' (weather.today) is open",
+        ),
+    ],
+    ids=["no-call-at-index", "two-objects", "two-objects-one-delta", "renamed", "id-again"],
+)
+async def test_tool_call_deltas_that_cannot_be_told_apart_are_refused(
+    fake: FakeProviders, openai_model, deltas: list[dict[str, Any]], says: str
+):
+    chunks = [openai_chunk(tool_calls=[delta]) for delta in deltas]
+    fake.script(openai_stream(chunks, finish_reason="tool_calls"))
+
+    with pytest.raises(ModelError) as caught:
+        await collect(openai_model, ask(tools=[WEATHER]))
+
+    assert not isinstance(caught.value, IncompleteResponseError)
+    assert str(caught.value).startswith("openai: the streamed tool calls cannot be told apart: ")
+    assert says in str(caught.value)
+    assert len(fake.requests) == 1
+
+
+async def test_a_call_whose_id_comes_later_and_is_repeated_is_one_call(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(tool_calls=[tool_call(0, name="weather_today", args='{"ci')]),
+                openai_chunk(tool_calls=[tool_call(0, id="call_late", args='ty": "Oslo"}')]),
+                openai_chunk(tool_calls=[tool_call(0, id="call_late", args="")]),
+            ],
+            finish_reason="tool_calls",
+        )
+    )
+
+    out = await collect(openai_model, ask(tools=[WEATHER]))
+
+    assert out[-1].parts == [
+        ToolCallPart(id="call_late", name="weather.today", raw_args='{"city": "Oslo"}')
+    ]
+
+
 # -- recorded responses -----------------------------------------------------------------------
 
 
@@ -487,6 +855,7 @@ async def test_recorded_stream_of_parallel_calls_replays(fake: FakeProviders, op
         ],
         usage=Usage(requests=1, input_tokens=82, output_tokens=52, cached_tokens=0),
         stop_reason="tool_calls",
+        finish_reason="tool_call",
         model_name="gpt-4o-mini-2024-07-18",
     )
 
@@ -502,6 +871,7 @@ async def test_recorded_completion_replays(fake: FakeProviders, retry: RetryPoli
         parts=[TextPart(text="Hello! How can I assist you today?")],
         usage=Usage(requests=1, input_tokens=19, output_tokens=10, cached_tokens=0),
         stop_reason="stop",
+        finish_reason="stop",
         model_name="gpt-4o-2024-08-06",
     )
 
@@ -560,7 +930,92 @@ async def test_a_stream_cut_midway_fails_the_run_and_keeps_the_partial_text(
     events = [e async for e in run]
 
     assert events[-1].type == "run-failed"
-    assert "ModelHTTPError" in events[-1].error
+    assert events[-1].error.startswith("IncompleteResponseError: openai: ")
     assert run.result.outcome == "failed"
     assert run.result.state.messages[-1].role == "assistant"
     assert run.result.state.messages[-1].text == "It is su"
+
+
+# -- end to end: what the provider did not finish is never acted on ---------------------------
+
+
+def ran_tool() -> tuple[list[str], Any]:
+    calls: list[str] = []
+
+    @tool(name="weather.today")
+    def get_weather(city: str, note: str = "") -> str:
+        """Today's weather in a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    return calls, get_weather
+
+
+async def test_a_tool_call_cut_by_the_token_limit_is_never_run(fake: FakeProviders, openai_model):
+    cut_args = '{"city": "Zürich", "note": "say \\"h'
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                openai_chunk(tool_calls=[tool_call(0, args=cut_args)]),
+            ],
+            finish_reason="length",
+        ),
+        openai_stream([openai_chunk(content="My answer was too long; sorry.")]),
+    )
+    calls, get_weather = ran_tool()
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == []  # neither as sent nor "repaired" into valid JSON
+    assert [e.finish_reason for e in events if e.type == "usage"] == ["length", "stop"]
+    assert "tool-call-started" not in [e.type for e in events]
+    sent = fake.requests[1].body["messages"]
+    assert sent[-2]["tool_calls"][0]["function"]["arguments"] == cut_args  # as the model sent it
+    assert sent[-1]["role"] == "tool"
+    assert sent[-1]["content"].startswith("Error: Not run: your response was cut off by the")
+    assert run.result.output == "My answer was too long; sorry."
+
+
+async def test_a_text_answer_cut_by_the_token_limit_is_marked_on_the_turn(
+    fake: FakeProviders, openai_model
+):
+    fake.script(openai_stream([openai_chunk(content="First, open the")], finish_reason="length"))
+    run = Agent("helper").run_stream("How?", runtime=Runtime(model=openai_model))
+    events = [e async for e in run]
+    assert (events[-1].type, events[-1].stop_reason, events[-1].finish_reason) == (
+        "run-completed",
+        "cut",
+        "length",
+    )
+
+
+async def test_a_tool_call_whose_stream_has_no_end_is_never_run(fake: FakeProviders, openai_model):
+    # The stream ends (cleanly) without a finish_reason: the call may be cut ("Zü" for "Zürich").
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                openai_chunk(tool_calls=[tool_call(0, args='{"city": "Zü')]),
+            ],
+            finish_reason=None,
+            done=False,
+        )
+    )
+    calls, get_weather = ran_tool()
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=openai_model)
+    )
+    events = [e async for e in run]
+
+    assert calls == []
+    assert events[-1].type == "run-failed"
+    assert events[-1].error.startswith("IncompleteResponseError: ")
+    assert "finish_reason" in events[-1].error
+    assert run.result.outcome == "failed"
+    # A valid history: the user's message, and no call without its result.
+    for message in run.result.state.messages:
+        for part in message.tool_calls:
+            assert part.result is not None

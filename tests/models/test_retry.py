@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from handrail import ConfigError, ModelHTTPError
+from handrail.exceptions import IncompleteResponseError
 from handrail.models.retry import Failure, RetryPolicy, is_retryable_status, parse_retry_after
 
 
@@ -24,9 +25,12 @@ def describe(exc: Exception) -> Failure | None:
 
 
 class Attempts:
-    """Each attempt plays the next script: items to yield, then an optional failure."""
+    """Each attempt plays the next script: items to yield, then an optional failure.
 
-    def __init__(self, *scripts: tuple[list[str], Failure | None]) -> None:
+    A failure is a `Failure` (raised as `Boom`, which `describe` reads) or an exception.
+    """
+
+    def __init__(self, *scripts: tuple[list[str], Failure | Exception | None]) -> None:
         self.scripts = list(scripts)
         self.made = 0
         self.closed = 0
@@ -37,6 +41,8 @@ class Attempts:
         try:
             for item in items:
                 yield item
+            if isinstance(failure, Exception):
+                raise failure
             if failure is not None:
                 raise Boom(failure)
         finally:
@@ -115,6 +121,56 @@ async def test_a_failure_after_output_is_not_retried():
 
     assert seen == ["par"]
     assert attempts.made == 1
+
+
+def cut() -> IncompleteResponseError:
+    return IncompleteResponseError(
+        "acme: the response ended without its end marker: connection closed",
+        provider="acme",
+        missing="end marker",
+    )
+
+
+async def test_an_incomplete_response_is_retried_while_nothing_was_yielded():
+    waits: list[float] = []
+    attempts = Attempts(([], cut()), ([], cut()), (["whole"], None))
+
+    assert await run(policy(waits), attempts) == ["whole"]
+    assert waits == [0.5, 1.0]
+    assert attempts.closed == 3
+
+
+async def test_an_incomplete_response_after_output_is_raised_not_retried():
+    waits: list[float] = []
+    attempts = Attempts((["par"], cut()), (["whole"], None))
+    seen: list[str] = []
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        async for item in policy(waits).stream("acme", attempts, describe):
+            seen.append(item)
+
+    assert seen == ["par"]
+    assert attempts.made == 1
+    assert waits == []
+    error = caught.value
+    assert (error.provider, error.missing, error.attempts) == ("acme", "end marker", 1)
+    assert str(error) == (
+        "acme: the response ended without its end marker: connection closed (the stream broke "
+        "after output had started, so it was not retried)"
+    )
+
+
+async def test_incomplete_responses_until_max_attempts_raise_incomplete_response_error():
+    waits: list[float] = []
+    attempts = Attempts(([], cut()), ([], cut()), (["never"], None))
+
+    with pytest.raises(IncompleteResponseError) as caught:
+        await run(policy(waits, max_attempts=2), attempts)
+
+    assert caught.value.attempts == 2
+    assert str(caught.value).endswith("connection closed (after 2 attempts)")
+    assert isinstance(caught.value.__cause__, IncompleteResponseError)
+    assert waits == [0.5]
 
 
 async def test_other_exceptions_propagate_untouched():

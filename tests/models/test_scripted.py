@@ -58,6 +58,7 @@ async def test_text_streams_word_by_word_then_ends_with_one_response():
             parts=[TextPart(text="It shipped  yesterday.")],
             usage=Usage(requests=1),
             stop_reason="end_turn",
+            finish_reason="stop",
             model_name="scripted",
         ),
     ]
@@ -72,13 +73,21 @@ def test_the_text_chunks_add_up_to_the_text_one_word_each(text: str):
     assert "".join(p.text for p in pieces) == text
     assert all(p.text and len(p.text.split()) <= 1 for p in pieces)
     assert response == ModelResponse(
-        parts=[TextPart(text=text)], stop_reason="end_turn", model_name="function"
+        parts=[TextPart(text=text)],
+        stop_reason="end_turn",
+        finish_reason="stop",
+        model_name="function",
     )
 
 
 async def test_an_empty_text_streams_no_chunk():
     assert await stream(ScriptedModel([""])) == [
-        ModelResponse(parts=[TextPart(text="")], stop_reason="end_turn", model_name="scripted")
+        ModelResponse(
+            parts=[TextPart(text="")],
+            stop_reason="end_turn",
+            finish_reason="stop",
+            model_name="scripted",
+        )
     ]
 
 
@@ -96,6 +105,7 @@ async def test_reasoning_streams_as_reasoning_chunks_before_the_text():
                 TextPart(text="Shipped."),
             ],
             stop_reason="end_turn",
+            finish_reason="stop",
             model_name="scripted",
         ),
     ]
@@ -111,6 +121,7 @@ async def test_a_call_is_sent_as_json_text_and_numbered_call_1():
         ModelResponse(
             parts=[ToolCallPart(id="call_1", name="orders.lookup", raw_args='{"order_id":"A1"}')],
             stop_reason="tool_use",
+            finish_reason="tool_call",
             model_name="scripted",
         )
     ]
@@ -168,6 +179,7 @@ async def test_text_and_calls_in_one_step_make_one_response_in_order():
                 ToolCallPart(id="call_1", name="orders.lookup", raw_args='{"order_id":"A1"}'),
             ],
             stop_reason="tool_use",
+            finish_reason="tool_call",
             model_name="scripted",
         ),
     ]
@@ -191,6 +203,7 @@ async def test_a_model_response_step_is_answered_as_it_is():
         parts=[TextPart(text="Hello there"), ToolCallPart(id="x1", name="ping")],
         usage=Usage(requests=1, input_tokens=12, output_tokens=3),
         stop_reason="length",
+        finish_reason="length",
         model_name="gpt-test",
     )
     model = ScriptedModel([given_response])
@@ -290,6 +303,7 @@ async def test_a_function_model_answers_from_the_request():
     assert response == ModelResponse(
         parts=[ToolCallPart(id="call_1", name="orders.lookup", raw_args='{"order_id":"A7"}')],
         stop_reason="tool_use",
+        finish_reason="tool_call",
         model_name="echo",
     )
     assert model.calls == [request("A7")]

@@ -28,8 +28,7 @@ SUSPENDED = [  # runs of one type counted once (a reply streams as many text del
     "tool-call-completed",
     "text-delta",
     "usage",
-    "tool-call-started",
-    "approval-required",
+    "approval-required",  # a gated call starts only once approved
     "run-suspended",
 ]
 

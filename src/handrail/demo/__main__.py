@@ -47,7 +47,7 @@ from handrail import (
 )
 from handrail._cards import Ask, approval_card, ask_decision, outcome_line
 from handrail.demo.support_desk import Scenario, build_scenario
-from handrail.models import Model, infer
+from handrail.models import Model, as_model, infer
 from handrail.store import SqliteStore
 
 NO_MODEL = (
@@ -213,7 +213,7 @@ async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: fl
     Returns:
         The exit status: 1 when a run failed, else 0.
     """
-    console.print(_header(scenario.engine.runtime.model))
+    console.print(_header(scenario.engine.assembly.default_model or scenario.engine.runtime.model))
     transcript = Transcript(console, pace=pace)
     result: AgentResult[Any] | None = None
     for message in scenario.messages:
@@ -240,7 +240,9 @@ async def _show(run: AgentRun[Any], transcript: Transcript) -> AgentResult[Any]:
     return run.result
 
 
-def _header(model: Model | None) -> Panel:
+def _header(model: Model | str | None) -> Panel:
+    if isinstance(model, str):  # never after `Runtime.__post_init__`, but the type allows it
+        model = as_model(model, where="the demo's model")
     if model is not None and model.name != "scripted":
         body = Text.assemble(
             (f"Model: {model.name}", "bold magenta"),
@@ -330,6 +332,9 @@ class Transcript:
                 call.note = outcome_line(done)
                 self._draw(Text.assemble("  ", call.line()))
             case ApprovalRequired(tool_call_id=call_id) as asked:
+                if self._reply is not None:  # a gated call's first event: it starts once approved
+                    self.close()
+                self.seen.add(call_id)
                 self.waiting += 1
                 self.card = asked
                 call = self._calls.setdefault(call_id, _Call(asked.name, asked.args))
@@ -362,6 +367,9 @@ class Transcript:
                         "The session is saved: this could wait for days, or a restart.",
                     )
                 )
+            case RunCompleted(stop_reason="cut", finish_reason=finish):
+                self.close()
+                out.print(Text(f"Run completed, its answer cut off ({finish}).", style="yellow"))
             case RunCompleted():
                 self.close()
                 out.print(Text("Run completed.", style="dim green"))

@@ -19,8 +19,16 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from ..agent import Agent
+from ..capture import BATCH_TOOL
 from ..engine import Domain, Engine
-from ..events import ApprovalRequired, Event, RunFailed, ToolCallStarted
+from ..events import (
+    ApprovalRequired,
+    ClientExecRequired,
+    Event,
+    InputRequired,
+    RunFailed,
+    ToolCallStarted,
+)
 from ..models import Model
 from ..runtime import Runtime, sequential_ids
 from ..store import MemoryStore
@@ -245,8 +253,15 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
         for event in events:
             if isinstance(event, ToolCallStarted):
                 seen.calls.append(Call(tool=event.name, args=event.args))
-            elif isinstance(event, ApprovalRequired):
-                seen.approvals.append(event.name)
+            elif isinstance(event, ApprovalRequired | InputRequired | ClientExecRequired):
+                if event.name == BATCH_TOOL:  # the card of a run's captured actions
+                    seen.approvals.append(event.name)
+                    continue
+                # A call that waits starts only once decided: it is a call the model made
+                # all the same (it shows again as it runs, if it is approved).
+                seen.calls.append(Call(tool=event.name, args=event.args))
+                if isinstance(event, ApprovalRequired):
+                    seen.approvals.append(event.name)
             elif isinstance(event, RunFailed) and record.error is None:
                 record.error = event.error or event.reason
         record.route = await _route(engine, session, turn.route, org_id, user_id)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
-from ._infer import infer
+from ._infer import as_model, infer
 
 if TYPE_CHECKING:
     from .anthropic import AnthropicModel
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnthropicModel",
+    "FinishReason",
     "Model",
     "ModelChunk",
     "ModelRequest",
@@ -34,6 +35,7 @@ __all__ = [
     "ToolCallChunk",
     "ToolDefinition",
     "Usage",
+    "as_model",
     "infer",
 ]
 
@@ -123,6 +125,13 @@ class ToolCallChunk:
     """More of the JSON arguments."""
 
 
+FinishReason: TypeAlias = Literal["stop", "tool_call", "length", "content_filter", "other"]
+"""Why a model stopped, whatever the provider: `stop` (it finished its answer), `tool_call`
+(it stopped to have tools called), `length` (cut by the output token limit: OpenAI's `length`,
+Anthropic's `max_tokens`), `content_filter` (cut by the provider's filter or a refusal) and
+`other` (a reason the adapter does not know; treated as unfinished)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelResponse:
     """The complete answer of one model call: the last item of every stream."""
@@ -132,7 +141,14 @@ class ModelResponse:
     usage: Usage = field(default_factory=lambda: Usage(requests=1))
     """What the call cost."""
     stop_reason: str | None = None
-    """Why the model stopped (`end_turn`, `tool_use`, `length`, ...), as the provider says."""
+    """Why the model stopped (`end_turn`, `tool_calls`, `max_tokens`, ...), as the provider
+    says it."""
+    finish_reason: FinishReason | None = None
+    """Why the model stopped, in one vocabulary for every provider (see `FinishReason`).
+
+    The agent loop runs the tool calls of a response only when it is `stop` or `tool_call`
+    (or None: a model of your own that does not say); a response cut by `length`,
+    `content_filter` or for an `other` reason is never acted on."""
     model_name: str | None = None
     """The model that answered."""
 

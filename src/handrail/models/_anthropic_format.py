@@ -6,9 +6,10 @@
   blocks in their order, and its calls' results become `tool_result` blocks that open the
   next `user` turn, in the calls' order. Consecutive turns of one role are merged, as the
   API wants strictly alternating turns with the tool results first.
-- Reasoning is replayed only when Anthropic produced it (`ReasoningPart.provider`), with its
-  signature; a part with a signature and no text is a `redacted_thinking` block (its
-  signature holds the block's encrypted `data`).
+- Reasoning is replayed only when Anthropic produced it (`ReasoningPart.provider`) and has a
+  signature: as a `thinking` block with its text and signature (the text is empty when the
+  request asked for `display: "omitted"`), or, for a part marked `redacted`, as a
+  `redacted_thinking` block whose encrypted `data` the part keeps in `signature`.
 - Structured output is a tool the model is made to call (`OUTPUT_NAME`); its input is the
   answer, which the adapter turns back into a text part of JSON. A schema that is not an
   object is wrapped in `{"response": ...}`, as tool inputs must be objects.
@@ -44,14 +45,23 @@ OUTPUT_DESCRIPTION = "Give your final answer. Call this only when you have the a
 
 
 def tool_input(part: ToolCallPart) -> dict[str, Any]:
-    """The input of a call: an object (as the API wants), even for arguments that did not parse."""
-    if part.raw_args is None:
+    """The input of a call as the model sent it, as an object (the API wants one).
+
+    The model's own text when it is a JSON object; else what the pipeline made of near-JSON
+    it repaired; else the text, wrapped (`{"invalid_json": ...}`).
+    """
+    raw = part.raw_args
+    if raw is None or not raw.strip():
         return part.args
     try:
-        value = pydantic_core.from_json(part.raw_args)
+        value = pydantic_core.from_json(raw)
     except ValueError:
         value = None
-    return value if isinstance(value, dict) else {"invalid_json": part.raw_args}
+    if isinstance(value, dict):
+        return value
+    if part.args:
+        return part.args
+    return {"invalid_json": raw}
 
 
 def anthropic_messages(
@@ -106,13 +116,8 @@ def anthropic_messages(
                 if is_error:
                     result["is_error"] = True
                 results.append(result)
-            elif isinstance(part, ReasoningPart) and part.provider == PROVIDER:
-                if part.text and part.signature:
-                    blocks.append(
-                        {"type": "thinking", "thinking": part.text, "signature": part.signature}
-                    )
-                elif part.signature:
-                    blocks.append({"type": "redacted_thinking", "data": part.signature})
+            elif isinstance(part, ReasoningPart) and part.provider == PROVIDER and part.signature:
+                blocks.append(_thinking(part, part.signature))
         if said:
             add("assistant", blocks)
         add("user", results)
@@ -121,6 +126,14 @@ def anthropic_messages(
 
 def _text(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
+
+
+def _thinking(part: ReasoningPart, signature: str) -> dict[str, Any]:
+    # Thinking shown as `omitted` has no text but a real signature: it must go back as
+    # `thinking` (empty), since only a redacted block's data may be sent as `redacted_thinking`.
+    if part.redacted:
+        return {"type": "redacted_thinking", "data": signature}
+    return {"type": "thinking", "thinking": part.text, "signature": signature}
 
 
 def anthropic_tools(tools: Sequence[ToolDefinition], names: ToolNames) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from . import Model
     from .openai import OpenAIModel
 
-__all__ = ["PROVIDERS", "infer"]
+__all__ = ["PROVIDERS", "as_model", "infer"]
 
 PROVIDERS = ("openai", "anthropic", "openai-compatible")
 """The provider prefixes `infer` knows."""
@@ -67,6 +67,30 @@ def infer(spec: str) -> Model:
     raise ConfigError(
         f"Model {spec!r}: unknown provider {provider!r}; known providers: {', '.join(PROVIDERS)}."
     )
+
+
+def as_model(model: Model | str, *, where: str) -> Model:
+    """`model` itself, or the model a string names (`infer`); anything else is refused now.
+
+    Args:
+        model: a model, or a string such as `"openai:gpt-4o-mini"`.
+        where: what was given the model (`"Runtime(model=...)"`), for the error.
+
+    Raises:
+        ConfigError: `model` is neither a model nor a string `infer` understands (the message
+            says which), or its provider's extra or API key is missing.
+    """
+    if isinstance(model, str):
+        return infer(model)
+    from . import Model
+
+    if not isinstance(model, Model):
+        raise ConfigError(
+            f"{where}: {model!r} is not a model. Pass a model (OpenAIModel(...), "
+            f"AnthropicModel(...), ScriptedModel(...)) or a string that handrail.models.infer "
+            f"reads, such as 'openai:gpt-4o-mini'."
+        )
+    return model
 
 
 def _openai() -> type[OpenAIModel]:

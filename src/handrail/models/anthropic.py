@@ -11,13 +11,19 @@ thinking = AnthropicModel(
 
 Text, thinking (as reasoning parts carrying their signature, replayed to Anthropic on the next
 request as the API requires during tool use) and tool-call arguments stream as they come.
+Thinking shown as `display: "omitted"` is a reasoning part with no text and its signature;
+a `redacted_thinking` block is one marked `redacted`, its encrypted data in `signature`.
 A structured answer arrives as the input of a forced tool and leaves as a text part of JSON,
 streamed as text. How messages are converted is `_anthropic_format`; retries are
 `RetryPolicy`'s alone (the SDK's own are off).
+
+A streamed answer is whole once `message_stop` came: a stream that ends without it, cleanly or
+cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Literal, cast
@@ -27,6 +33,7 @@ import pydantic_core
 from ..exceptions import ConfigError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from . import (
+    FinishReason,
     ModelChunk,
     ModelRequest,
     ModelResponse,
@@ -37,7 +44,7 @@ from . import (
 )
 from ._anthropic_format import PROVIDER, anthropic_request, output_is_wrapped
 from ._openai_format import request_tool_names
-from ._sdk import SDKModel, describe_sdk_error
+from ._sdk import SDKModel, body_broken, describe_sdk_error, incomplete
 from ._wire import ToolNames
 from .retry import Failure, RetryPolicy
 
@@ -50,6 +57,7 @@ try:
         RawContentBlockStopEvent,
         RawMessageDeltaEvent,
         RawMessageStartEvent,
+        RawMessageStopEvent,
         RawMessageStreamEvent,
         RedactedThinkingBlock,
         SignatureDelta,
@@ -70,6 +78,20 @@ __all__ = ["AnthropicModel"]
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 
 Parts = list[TextPart | ReasoningPart | ToolCallPart]
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_call",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+
+
+def finish_reason(raw: str | None) -> FinishReason:
+    """A Messages API `stop_reason` in handrail's vocabulary (`pause_turn` and unknown: `other`)."""
+    return _FINISH_REASONS.get(raw or "", "other")
 
 
 class AnthropicModel(SDKModel):
@@ -132,6 +154,7 @@ class AnthropicModel(SDKModel):
 
         Raises:
             ModelHTTPError: the API failed for good (see `RetryPolicy`).
+            IncompleteResponseError: the answer did not arrive whole (see `RetryPolicy`).
         """
         names = request_tool_names(request.tools, request.messages)
         body = anthropic_request(request, names)
@@ -161,80 +184,115 @@ class AnthropicModel(SDKModel):
         stop: str | None = None
         model_name: str | None = None
         calls = 0
-        async with stream:
-            event: RawMessageStreamEvent
-            async for event in stream:
-                if isinstance(event, RawContentBlockDeltaEvent):
-                    block = blocks[event.index]
-                    delta = event.delta
-                    if isinstance(delta, TextDelta):
-                        block.pieces.append(delta.text)
-                        yield TextChunk(text=delta.text)
-                    elif isinstance(delta, InputJSONDelta):
-                        block.pieces.append(delta.partial_json)
-                        if block.kind == "call":
-                            yield ToolCallChunk(index=block.call, args_delta=delta.partial_json)
-                        elif not output.wrapped and delta.partial_json:
-                            yield TextChunk(text=delta.partial_json)
-                    elif isinstance(delta, ThinkingDelta):
-                        block.pieces.append(delta.thinking)
-                        yield ReasoningChunk(text=delta.thinking)
-                    elif isinstance(delta, SignatureDelta):
-                        block.signature = (block.signature or "") + delta.signature
-                elif isinstance(event, RawContentBlockStartEvent):
-                    content = event.content_block
-                    if isinstance(content, TextBlock):
-                        block = blocks[event.index] = _Block("text")
-                        if content.text:
-                            block.pieces.append(content.text)
-                            yield TextChunk(text=content.text)
-                    elif isinstance(content, ThinkingBlock):
-                        block = blocks[event.index] = _Block("thinking", content.signature or None)
-                        if content.thinking:
-                            block.pieces.append(content.thinking)
-                            yield ReasoningChunk(text=content.thinking)
-                    elif isinstance(content, RedactedThinkingBlock):
-                        blocks[event.index] = _Block("thinking", content.data)
-                    elif isinstance(content, ToolUseBlock) and content.name == output.name:
-                        blocks[event.index] = _Block("output")
-                    elif isinstance(content, ToolUseBlock):
-                        name = names.handrail(content.name)
-                        blocks[event.index] = _Block("call", id=content.id, name=name, call=calls)
-                        yield ToolCallChunk(index=calls, id=content.id, name=name)
-                        calls += 1
-                    else:  # a server tool's block: not handrail's to run or replay
-                        blocks[event.index] = _Block("other")
-                elif isinstance(event, RawContentBlockStopEvent):
-                    block = blocks[event.index]
-                    if block.kind == "output" and output.wrapped:
-                        yield TextChunk(text=output.text(block.text))
-                elif isinstance(event, RawMessageStartEvent):
-                    model_name = event.message.model
-                    _count(usage, event.message.usage)
-                elif isinstance(event, RawMessageDeltaEvent):
-                    stop = event.delta.stop_reason or stop
-                    _count(usage, event.usage)
+        stopped = False
+        try:
+            async with stream:
+                event: RawMessageStreamEvent
+                async for event in stream:
+                    if isinstance(event, RawContentBlockDeltaEvent):
+                        block = blocks[event.index]
+                        delta = event.delta
+                        if isinstance(delta, TextDelta):
+                            block.pieces.append(delta.text)
+                            yield TextChunk(text=delta.text)
+                        elif isinstance(delta, InputJSONDelta):
+                            block.pieces.append(delta.partial_json)
+                            if block.kind == "call":
+                                yield ToolCallChunk(index=block.call, args_delta=delta.partial_json)
+                            elif not output.wrapped and delta.partial_json:
+                                yield TextChunk(text=delta.partial_json)
+                        elif isinstance(delta, ThinkingDelta):
+                            block.pieces.append(delta.thinking)
+                            yield ReasoningChunk(text=delta.thinking)
+                        elif isinstance(delta, SignatureDelta):
+                            block.signature = (block.signature or "") + delta.signature
+                    elif isinstance(event, RawContentBlockStartEvent):
+                        content = event.content_block
+                        if isinstance(content, TextBlock):
+                            block = blocks[event.index] = _Block("text")
+                            if content.text:
+                                block.pieces.append(content.text)
+                                yield TextChunk(text=content.text)
+                        elif isinstance(content, ThinkingBlock):
+                            block = blocks[event.index] = _Block(
+                                "thinking", content.signature or None
+                            )
+                            if content.thinking:
+                                block.pieces.append(content.thinking)
+                                yield ReasoningChunk(text=content.thinking)
+                        elif isinstance(content, RedactedThinkingBlock):
+                            blocks[event.index] = _Block("redacted", content.data)
+                        elif isinstance(content, ToolUseBlock) and content.name == output.name:
+                            blocks[event.index] = _Block("output")
+                        elif isinstance(content, ToolUseBlock):
+                            name = names.handrail(content.name)
+                            blocks[event.index] = _Block(
+                                "call", id=content.id, name=name, call=calls
+                            )
+                            yield ToolCallChunk(index=calls, id=content.id, name=name)
+                            calls += 1
+                        else:  # a server tool's block: not handrail's to run or replay
+                            blocks[event.index] = _Block("other")
+                    elif isinstance(event, RawContentBlockStopEvent):
+                        block = blocks[event.index]
+                        if block.kind == "output" and output.wrapped:
+                            yield TextChunk(text=output.text(block.text))
+                    elif isinstance(event, RawMessageStartEvent):
+                        model_name = event.message.model
+                        _count(usage, event.message.usage)
+                    elif isinstance(event, RawMessageDeltaEvent):
+                        stop = event.delta.stop_reason or stop
+                        _count(usage, event.usage)
+                    elif isinstance(event, RawMessageStopEvent):
+                        stopped = True
+        except Exception as exc:
+            why = body_broken(exc, connection_error=anthropic.APIConnectionError)
+            if why is None:
+                raise
+            if not stopped:
+                raise incomplete(PROVIDER, "message_stop", why) from exc
+            # Cut after the last event: nothing of the answer was lost.
+        if not stopped:
+            # The SDK ends quietly on a body that ends early.
+            raise incomplete(PROVIDER, "message_stop", "the body ended with no error")
         parts: Parts = []
         for _, block in sorted(blocks.items()):
             if block.kind == "text":
                 parts.append(TextPart(text=block.text))
-            elif block.kind == "thinking":
+            elif block.kind in ("thinking", "redacted"):
                 parts.append(
-                    ReasoningPart(text=block.text, signature=block.signature, provider=PROVIDER)
+                    ReasoningPart(
+                        text=block.text,
+                        signature=block.signature,
+                        provider=PROVIDER,
+                        redacted=block.kind == "redacted",
+                    )
                 )
             elif block.kind == "output":
                 parts.append(TextPart(text=output.text(block.text)))
             elif block.kind == "call":
                 parts.append(ToolCallPart(id=block.id, name=block.name, raw_args=block.text))
-        yield ModelResponse(parts=parts, usage=usage, stop_reason=stop, model_name=model_name)
+        yield ModelResponse(
+            parts=parts,
+            usage=usage,
+            stop_reason=stop,
+            finish_reason=finish_reason(stop),
+            model_name=model_name,
+        )
 
     async def _complete(
         self, body: dict[str, Any], names: ToolNames, output: _Output
     ) -> AsyncGenerator[ModelChunk, None]:
-        message = cast(
-            AnthropicMessage,
-            await self.client.messages.create(model=self.model_name, **body),
-        )
+        try:
+            message = cast(
+                AnthropicMessage,
+                await self.client.messages.create(model=self.model_name, **body),
+            )
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            # A body that ended early while the transport saw a proper end (a body delimited
+            # by closing the connection, or a server's bug): the SDK fails to parse it.
+            why = body_broken(exc, connection_error=anthropic.APIConnectionError)
+            raise incomplete(PROVIDER, "complete JSON body", str(why)) from exc
         usage = Usage(requests=1)
         _count(usage, message.usage)
         parts: Parts = []
@@ -249,26 +307,29 @@ class AnthropicModel(SDKModel):
                         text=content.thinking, signature=content.signature, provider=PROVIDER
                     )
                 )
-                yield ReasoningChunk(text=content.thinking)
+                if content.thinking:
+                    yield ReasoningChunk(text=content.thinking)
             elif isinstance(content, RedactedThinkingBlock):
-                parts.append(ReasoningPart(text="", signature=content.data, provider=PROVIDER))
+                parts.append(
+                    ReasoningPart(text="", signature=content.data, provider=PROVIDER, redacted=True)
+                )
             elif isinstance(content, ToolUseBlock) and content.name == output.name:
                 text = output.text(pydantic_core.to_json(content.input).decode())
                 parts.append(TextPart(text=text))
                 yield TextChunk(text=text)
             elif isinstance(content, ToolUseBlock):
                 name = names.handrail(content.name)
-                args = cast(dict[str, Any], content.input)
-                parts.append(ToolCallPart(id=content.id, name=name, args=args))
-                yield ToolCallChunk(
-                    index=calls,
-                    id=content.id,
-                    name=name,
-                    args_delta=pydantic_core.to_json(args).decode(),
-                )
+                # Kept as the model's own text: later requests show it the input it sent.
+                raw = pydantic_core.to_json(cast(dict[str, Any], content.input)).decode()
+                parts.append(ToolCallPart(id=content.id, name=name, raw_args=raw))
+                yield ToolCallChunk(index=calls, id=content.id, name=name, args_delta=raw)
                 calls += 1
         yield ModelResponse(
-            parts=parts, usage=usage, stop_reason=message.stop_reason, model_name=message.model
+            parts=parts,
+            usage=usage,
+            stop_reason=message.stop_reason,
+            finish_reason=finish_reason(message.stop_reason),
+            model_name=message.model,
         )
 
 
@@ -279,7 +340,7 @@ class _Block:
 
     def __init__(
         self,
-        kind: Literal["text", "thinking", "call", "output", "other"],
+        kind: Literal["text", "thinking", "redacted", "call", "output", "other"],
         signature: str | None = None,
         *,
         id: str = "",

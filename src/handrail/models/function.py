@@ -7,7 +7,10 @@ function receives the `ModelRequest` and returns a *step*, which is any of
 - a tool call made with `call(...)` (or `call_raw(...)` for malformed arguments),
 - a `reasoning(...)` part,
 - a list of the above: one answer with several parts (parallel tool calls, text + calls),
-- a complete `ModelResponse`.
+- a complete `ModelResponse`, played as it is (its `finish_reason` included: a step can be
+  an answer cut by `length`).
+
+The response's `finish_reason` is `tool_call` when the step has calls, else `stop`.
 
 Text is streamed word by word, as a real provider would, so streaming paths are exercised.
 """
@@ -138,9 +141,13 @@ class FunctionModel:
                     f"A model step must be a str, call(...), reasoning(...), a list of those or a "
                     f"ModelResponse; got {type(item).__name__}"
                 )
-        stop = "tool_use" if any(isinstance(p, ToolCallPart) for p in parts) else "end_turn"
+        calls = any(isinstance(p, ToolCallPart) for p in parts)
         return ModelResponse(
-            parts=parts, usage=Usage(requests=1), stop_reason=stop, model_name=self._name
+            parts=parts,
+            usage=Usage(requests=1),
+            stop_reason="tool_use" if calls else "end_turn",
+            finish_reason="tool_call" if calls else "stop",
+            model_name=self._name,
         )
 
 

@@ -10,17 +10,25 @@ Text, reasoning (`reasoning_content` or `reasoning`, which compatible servers st
 tool-call arguments stream as they come; usage arrives with the last chunk
 (`stream_options.include_usage`). How messages are converted is `_openai_format`; retries
 are `RetryPolicy`'s alone (the SDK's own are off).
+
+A streamed answer is whole once a chunk carried its `finish_reason`: a stream that ends
+without one, cleanly or cut, raises `IncompleteResponseError` (the SDK ends quietly on a body
+that lacks `[DONE]`, so the adapter checks); one cut after it has lost only the usage chunk and
+`[DONE]`, and is kept. Parallel calls are told apart by their `id` as well as their `index`
+(see `_Calls`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, cast
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from . import (
+    FinishReason,
     ModelChunk,
     ModelRequest,
     ModelResponse,
@@ -30,7 +38,7 @@ from . import (
     Usage,
 )
 from ._openai_format import openai_request, request_tool_names
-from ._sdk import SDKModel, describe_sdk_error
+from ._sdk import SDKModel, body_broken, describe_sdk_error, incomplete
 from ._wire import ToolNames
 from .retry import Failure, RetryPolicy
 
@@ -44,6 +52,25 @@ except ImportError as _error:  # pragma: no cover - exercised without the extra 
 __all__ = ["OpenAIModel"]
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "tool_call",
+    "function_call": "tool_call",
+    "length": "length",
+    "content_filter": "content_filter",
+    # What OpenAI-compatible servers send instead (llama.cpp, TGI, gateways to other APIs).
+    "eos": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "model_length": "length",
+    "max_tokens": "length",
+}
+
+
+def finish_reason(raw: str | None) -> FinishReason:
+    """A Chat Completions `finish_reason` in handrail's vocabulary (`other` when unknown)."""
+    return _FINISH_REASONS.get(raw or "", "other")
 
 
 class OpenAIModel(SDKModel):
@@ -108,6 +135,8 @@ class OpenAIModel(SDKModel):
 
         Raises:
             ModelHTTPError: the API failed for good (see `RetryPolicy`).
+            IncompleteResponseError: the answer did not arrive whole (see `RetryPolicy`).
+            ModelError: the server streamed tool calls that cannot be told apart.
         """
         names = request_tool_names(request.tools, request.messages)
         body = openai_request(request, names)
@@ -135,50 +164,53 @@ class OpenAIModel(SDKModel):
         )
         text: list[str] = []
         reasoning: list[str] = []
-        calls: dict[int, _Call] = {}
+        calls = _Calls(self.provider, names)
         usage: CompletionUsage | None = None
         stop: str | None = None
         model_name: str | None = None
-        async with stream:
-            chunk: ChatCompletionChunk
-            async for chunk in stream:
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                if not chunk.choices:
-                    continue
-                model_name = chunk.model
-                choice = chunk.choices[0]
-                delta = choice.delta
-                extra = delta.model_extra
-                if extra:
-                    thought = extra.get("reasoning_content") or extra.get("reasoning")
-                    if isinstance(thought, str) and thought:
-                        reasoning.append(thought)
-                        yield ReasoningChunk(text=thought)
-                content = delta.content or delta.refusal
-                if content:
-                    text.append(content)
-                    yield TextChunk(text=content)
-                if delta.tool_calls:
-                    for piece in delta.tool_calls:
-                        call = calls.get(piece.index)
+        try:
+            async with stream:
+                chunk: ChatCompletionChunk
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    if not chunk.choices:
+                        continue
+                    model_name = chunk.model
+                    choice = chunk.choices[0]
+                    delta = choice.delta
+                    extra = delta.model_extra
+                    if extra:
+                        thought = extra.get("reasoning_content") or extra.get("reasoning")
+                        if isinstance(thought, str) and thought:
+                            reasoning.append(thought)
+                            yield ReasoningChunk(text=thought)
+                    content = delta.content or delta.refusal
+                    if content:
+                        text.append(content)
+                        yield TextChunk(text=content)
+                    for piece in delta.tool_calls or ():
                         function = piece.function
-                        name = function.name if function is not None else None
-                        if call is None:
-                            call = calls[piece.index] = _Call(piece.id)
-                        elif piece.id:
-                            call.id = piece.id
-                        if name:
-                            name = names.handrail(name)
-                            call.name = name
-                        args = (function.arguments if function is not None else None) or ""
-                        if args:
-                            call.args.append(args)
-                        yield ToolCallChunk(
-                            index=piece.index, id=piece.id, name=name, args_delta=args
+                        out = calls.add(
+                            piece.index,
+                            piece.id,
+                            function.name if function is not None else None,
+                            (function.arguments if function is not None else None) or "",
                         )
-                if choice.finish_reason is not None:
-                    stop = choice.finish_reason
+                        if out is not None:
+                            yield out
+                    if choice.finish_reason:
+                        stop = choice.finish_reason
+        except Exception as exc:
+            why = body_broken(exc, connection_error=openai.APIConnectionError)
+            if why is None:
+                raise
+            if stop is None:
+                raise incomplete(self.provider, "finish_reason", why) from exc
+            # The answer had finished: only the usage chunk and `[DONE]` were lost.
+        if stop is None:
+            # The SDK ends quietly on a body that ends early, `[DONE]` or not.
+            raise incomplete(self.provider, "finish_reason", "the body ended with no error")
         parts: list[TextPart | ReasoningPart | ToolCallPart] = []
         if reasoning:
             parts.append(ReasoningPart(text="".join(reasoning), provider=self.provider))
@@ -190,19 +222,29 @@ class OpenAIModel(SDKModel):
                 name=call.name,
                 raw_args="".join(call.args),
             )
-            for _, call in sorted(calls.items())
+            for call in calls.calls
         )
         yield ModelResponse(
-            parts=parts, usage=_usage(usage), stop_reason=stop, model_name=model_name
+            parts=parts,
+            usage=_usage(usage),
+            stop_reason=stop,
+            finish_reason=finish_reason(stop),
+            model_name=model_name,
         )
 
     async def _complete(
         self, body: dict[str, Any], names: ToolNames
     ) -> AsyncGenerator[ModelChunk, None]:
-        completion = cast(
-            ChatCompletion,
-            await self.client.chat.completions.create(model=self.model_name, **body),
-        )
+        try:
+            completion = cast(
+                ChatCompletion,
+                await self.client.chat.completions.create(model=self.model_name, **body),
+            )
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            # A body that ended early while the transport saw a proper end (a body delimited
+            # by closing the connection, or a server's bug): the SDK fails to parse it.
+            why = body_broken(exc, connection_error=openai.APIConnectionError)
+            raise incomplete(self.provider, "complete JSON body", str(why)) from exc
         response = _response(completion, names, self.provider)
         calls = 0
         for part in response.parts:
@@ -221,12 +263,149 @@ class OpenAIModel(SDKModel):
 class _Call:
     """A tool call being streamed."""
 
-    __slots__ = ("args", "id", "name")
+    __slots__ = ("args", "id", "json", "name", "number")
 
-    def __init__(self, id: str | None) -> None:
+    def __init__(self, number: int, id: str | None) -> None:
+        self.number = number
         self.id = id
         self.name = ""
         self.args: list[str] = []
+        self.json = _JsonEnd()
+
+    def label(self) -> str:
+        """How an error names the call."""
+        return f"{self.id!r} ({self.name or 'no name yet'})" if self.id else f"#{self.number}"
+
+
+class _Calls:
+    """The tool calls of a streamed answer, assembled from their deltas.
+
+    OpenAI numbers parallel calls by `index`, but some compatible servers (Ollama 0.20, some
+    gateways) give every call `index: 0` and tell them apart by `id` alone. So a delta whose
+    `id` differs from the call open at its index starts a new call, and calls are numbered in
+    the order they start (the `ToolCallChunk.index` handrail yields), whatever the server's
+    index. A delta that cannot be placed without guessing is a `ModelError`, never two calls
+    merged into one: one that names no call at an index with none open, a call id that comes
+    back after another call took its index, another tool's name with no new id, or more
+    arguments after the call's arguments already made one complete JSON value.
+    """
+
+    __slots__ = ("_ids", "_names", "_open", "_provider", "calls")
+
+    def __init__(self, provider: str, names: ToolNames) -> None:
+        self._provider = provider
+        self._names = names
+        self.calls: list[_Call] = []
+        self._open: dict[int, _Call] = {}
+        self._ids: set[str] = set()
+
+    def add(self, index: int, id: str | None, name: str | None, args: str) -> ToolCallChunk | None:
+        """Take one delta; what to stream for it (None: nothing new)."""
+        call = self._open.get(index)
+        new_id = None
+        if id and (call is None or (call.id is not None and call.id != id)):
+            if id in self._ids:
+                where = f", where call {call.label()} is open" if call is not None else ""
+                raise self._error(f"call id {id!r} came again at index {index}{where}")
+            call = self._start(index, id)
+            new_id = id
+        elif id and call is not None and call.id is None:
+            if id in self._ids:
+                raise self._error(f"call id {id!r} came again at index {index}, for a second call")
+            call.id = new_id = id
+            self._ids.add(id)
+        elif call is None:
+            if not name:
+                raise self._error(
+                    f"a delta at index {index} names no call (no id, no tool name) and no call "
+                    f"is open there"
+                )
+            call = self._start(index, None)
+        new_name = None
+        if name:
+            name = self._names.handrail(name)
+            if call.name and call.name != name:
+                raise self._error(
+                    f"call {call.label()} at index {index} is named {name!r} with no new id"
+                )
+            if not call.name:
+                call.name = new_name = name
+        if args:
+            if call.json.feed(args):
+                raise self._error(
+                    f"call {call.label()} at index {index} got more arguments ({args!r}) after "
+                    f"a complete JSON value, with no new id; two calls would run as one"
+                )
+            call.args.append(args)
+        if new_id is None and new_name is None and not args:
+            return None
+        return ToolCallChunk(index=call.number, id=new_id, name=new_name, args_delta=args)
+
+    def _start(self, index: int, id: str | None) -> _Call:
+        call = self._open[index] = _Call(len(self.calls), id)
+        self.calls.append(call)
+        if id:
+            self._ids.add(id)
+        return call
+
+    def _error(self, what: str) -> ModelError:
+        return ModelError(
+            f"{self._provider}: the streamed tool calls cannot be told apart: {what}. The "
+            f"response was refused rather than guessed at; if the server numbers parallel calls "
+            f"oddly, try OpenAIModel(..., stream=False)."
+        )
+
+
+class _JsonEnd:
+    """Whether the arguments streamed so far already hold one complete JSON object or array.
+
+    A small scanner over the pieces as they come (strings and escapes included), so each piece
+    is read once. Arguments that do not start as an object or array are not judged: repairing
+    or refusing them is the dispatch pipeline's business.
+    """
+
+    __slots__ = ("_depth", "_escape", "_string", "done", "judged")
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._string = False
+        self._escape = False
+        self.done = False
+        self.judged = True
+
+    def feed(self, text: str) -> bool:
+        """Read `text`; True when something other than whitespace follows a complete value."""
+        if not self.judged:
+            return False
+        for char in text:
+            if self.done:
+                if not char.isspace():
+                    return True
+            elif self._string:
+                if self._escape:
+                    self._escape = False
+                elif char == "\\":
+                    self._escape = True
+                elif char == '"':
+                    self._string = False
+            elif char == '"':
+                if self._depth == 0:
+                    self.judged = False
+                    return False
+                self._string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    self.done = self._depth == 0
+                    self.judged = self.done
+                    if not self.judged:
+                        return False
+            elif self._depth == 0 and not char.isspace():
+                self.judged = False
+                return False
+        return False
 
 
 def _response(completion: ChatCompletion, names: ToolNames, provider: str) -> ModelResponse:
@@ -257,6 +436,7 @@ def _response(completion: ChatCompletion, names: ToolNames, provider: str) -> Mo
         parts=parts,
         usage=_usage(completion.usage),
         stop_reason=stop,
+        finish_reason=finish_reason(stop),
         model_name=completion.model,
     )
 

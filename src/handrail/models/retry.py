@@ -8,11 +8,15 @@ decides, the same way for OpenAI and Anthropic:
   `retry-after-ms`;
 - never retried: every other status, notably 400, 401, 403, 404 and 422: the request itself
   is wrong and sending it again cannot help;
-- a stream that breaks is retried only while it has produced nothing: once a chunk went out
-  to the caller, a retry would repeat it, so the failure propagates instead (the agent loop
-  keeps the partial text in the history and ends the run with `run-failed`).
+- an incomplete response (`IncompleteResponseError`: the provider adapter saw the body end,
+  cleanly or cut, before the protocol's end marker) is retried like a connection error;
+- a stream that breaks (cut, ended early, or an error event) is retried only while it has
+  produced nothing: once a chunk went out to the caller, a retry would repeat it, so the
+  failure propagates instead (the agent loop keeps the partial text in the history and ends
+  the run with `run-failed`).
 
-Giving up raises `ModelHTTPError` with the status, the provider, its request id and its message.
+Giving up raises `ModelHTTPError` with the status, the provider, its request id and its
+message, or, for an incomplete response, `IncompleteResponseError` with the attempts made.
 `sleep`, `clock` and `random` are injectable, so a test takes no real time:
 
 ```python
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
-from ..exceptions import ConfigError, ModelHTTPError
+from ..exceptions import ConfigError, IncompleteResponseError, ModelHTTPError
 
 __all__ = ["Failure", "RetryPolicy", "is_retryable_status", "parse_retry_after"]
 
@@ -100,9 +104,10 @@ class RetryPolicy:
 
     The wait before attempt `n + 1` is `min(max_delay, base_delay * 2 ** (n - 1))`, shortened
     by up to `jitter` of itself at random; a `Retry-After` from the provider replaces it. The
-    policy gives up (raising `ModelHTTPError`) after `max_attempts` requests, when the next
-    wait would pass `deadline`, or when the provider asks for a wait longer than `max_delay`
-    (waiting less would only be refused again).
+    policy gives up (raising `ModelHTTPError`, or `IncompleteResponseError` when the last
+    attempt's response was incomplete) after `max_attempts` requests, when the next wait would
+    pass `deadline`, or when the provider asks for a wait longer than `max_delay` (waiting less
+    would only be refused again).
     """
 
     max_attempts: int = 4
@@ -147,12 +152,15 @@ class RetryPolicy:
 
         Args:
             provider: named in the error when the policy gives up.
-            open_stream: makes one attempt: sends the request and yields its items.
+            open_stream: makes one attempt: sends the request and yields its items. It raises
+                `IncompleteResponseError` for a response that did not arrive whole.
             describe: turns an exception of an attempt into a `Failure`; None for an
                 exception that is not about the request (it propagates untouched).
 
         Raises:
             ModelHTTPError: the request failed for good.
+            IncompleteResponseError: the response did not arrive whole, after output had
+                reached the caller (never retried) or on the last attempt.
         """
         started = self.clock()
         attempt = 0
@@ -166,6 +174,13 @@ class RetryPolicy:
                         item = await stream.__anext__()
                     except StopAsyncIteration:
                         return
+                    except IncompleteResponseError as exc:
+                        cut = Failure(status=None, message=str(exc), retryable=True)
+                        decision = self._decide(cut, attempt, emitted, started)
+                        if isinstance(decision, str):
+                            raise _gave_up(exc, decision, attempt) from exc
+                        wait = decision
+                        break
                     except Exception as exc:
                         failure = describe(exc)
                         if failure is None:
@@ -207,3 +222,15 @@ class RetryPolicy:
         if self.deadline is not None and self.clock() - started + wait > self.deadline:
             return f" (gave up: the next retry would pass the {self.deadline:g} s deadline)"
         return wait
+
+
+def _gave_up(exc: IncompleteResponseError, why: str, attempts: int) -> IncompleteResponseError:
+    """`exc` once the policy gave up on it: `why` and the attempts made added to its message."""
+    tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+    return IncompleteResponseError(
+        f"{exc}{why}{tries}",
+        provider=exc.provider,
+        missing=exc.missing,
+        attempts=attempts,
+        state=exc.state,
+    )

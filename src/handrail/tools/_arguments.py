@@ -1,13 +1,15 @@
 """Turning what the model sent into a tool's validated arguments, leniently.
 
 Models send arguments that are almost right. The text may not quite be JSON: wrapped in a
-code fence or in prose, with trailing commas, single quotes, Python's `True`/`False`/`None`,
-or cut off mid-object when the answer ran out of tokens. `parse_arguments` repairs that
-(valid JSON is never touched). The values may not quite fit: `"3"` for an integer, one value
-where a list is expected, `null` for an argument they mean to leave out, a nested object as a
-JSON string, padded strings. `validate_arguments` repairs those. What cannot be repaired
-becomes ONE error that names the problem (every bad field), written so the model can send the
-call again correctly.
+code fence or in prose, with trailing commas, single quotes, Python's `True`/`False`/`None`
+or bare keys. `parse_arguments` repairs that (valid JSON is never touched). Text cut off
+midway is never completed: closing it would be a guess at what the model meant (a cut string
+is not the string it was writing), so it is an error the model reads. The values may not
+quite fit: `"3"` for an integer, one value where a list is expected, `null` for an argument
+they mean to leave out, a nested object as a JSON string. `validate_arguments` repairs those,
+and only those values that fail validation: a value that validates reaches the tool as sent
+(whitespace and all). What cannot be repaired becomes ONE error that names the problem (every
+bad field), written so the model can send the call again correctly.
 """
 
 from __future__ import annotations
@@ -65,9 +67,7 @@ _PYTHON_WORDS = {"True": "true", "False": "false", "None": "null"}
 def _repaired(text: str) -> Any:
     """The value of near-JSON `text` after `repair_json`, or None when even that fails."""
     try:
-        # A cut-off answer: `allow_partial` keeps every complete member and drops the last,
-        # unfinished one (an unfinished string is kept as far as it goes).
-        return pydantic_core.from_json(repair_json(text), allow_partial="trailing-strings")
+        return pydantic_core.from_json(repair_json(text))
     except ValueError:
         return None
 
@@ -78,9 +78,8 @@ def repair_json(text: str) -> str:
     Unwraps a Markdown code fence (or prose around the first `{` and the last `}`), turns
     single-quoted strings into double-quoted ones, Python's `True`/`False`/`None` into JSON's,
     quotes bare keys, escapes raw control characters in strings and drops trailing commas.
-    Inside strings nothing but the quotes changes. A text cut off midway is left open: parse
-    the result with `pydantic_core.from_json(..., allow_partial="trailing-strings")`, which
-    closes what is open and keeps every complete member.
+    Inside strings nothing but the quotes changes. A text cut off midway is left open (and
+    so still fails to parse): nothing is invented to close it.
     """
     text = text.strip()
     fence = _FENCE.match(text)

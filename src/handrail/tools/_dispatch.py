@@ -4,11 +4,14 @@ Each call goes through the same steps, in this order:
 
 1. parse the JSON arguments (malformed or not an object: a tool error the model can read);
 2. the domain's `transform_args` hook;
-3. bind arguments from the context store (`bindings`: scope comes from the session);
-4. the tool's `normalize`, then validation with lenient repair (every bad field listed);
+3. bind arguments from the context store (`bindings`: scope comes from the session); the
+   values are kept on the part (`bound`): a captured call is applied with them later;
+4. the tool's `normalize`, then validation: a value that validates reaches the tool as the
+   model sent it; only a value that fails is repaired, and only in ways that cannot change
+   its meaning (every field still bad is listed);
 5. allow-list and permission check (an unknown tool's error lists the close names);
-6. dedup (an identical successful call this turn is reused and marked) and the
-   idempotent-tool cache;
+6. dedup (a `read` call identical to a successful one earlier this turn, with no
+   side-effecting call in between, is reused and marked) and the idempotent-tool cache;
 7. execute, with the tool's timeout, draining progress from streaming tools;
 8. digest (a small UI projection);
 9. capture the output into the context store (`tool:`, `tool:[]`, `call:`);
@@ -16,9 +19,12 @@ Each call goes through the same steps, in this order:
 11. stamp the part (status, result, timings).
 
 Gated, human and client calls stop after step 6 and wait (see `handrail.suspension`): each
-gets a card, a placeholder result and an entry in the pending map. When the run resumes,
+gets a card, a placeholder result and an entry in the pending map, and no
+`tool-call-started` (a call starts once: an approved call starts when it runs, a call that
+never runs here only completes). When the run resumes,
 `Dispatcher.resume` settles the decided calls and runs the approved ones through steps 7-11,
-after validating their arguments again and checking them against the approved digest.
+after binding and validating their arguments again against the context of now (a binding
+that no longer resolves refuses the call) and checking them against the approved digest.
 
 The pipeline never raises for a
 tool's failure: an exception becomes `ToolResult(ok=False)` and the loop goes on. Independent
@@ -84,6 +90,19 @@ Emit = Callable[[Event], None]
 _Final: TypeAlias = None  # what `_prepare` returns for a part that is already final or waiting
 
 
+class _Copy:
+    """A read identical to one earlier in the same response.
+
+    It reuses that call's result once the call succeeded, and runs itself when it failed.
+    """
+
+    __slots__ = ("original", "ready")
+
+    def __init__(self, ready: _Ready, original: _Ready) -> None:
+        self.ready = ready
+        self.original = original
+
+
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
@@ -135,23 +154,24 @@ class Dispatcher:
         appended to `cards`; the caller suspends the run when any are.
         """
         ready: list[_Ready] = []
-        copies: list[tuple[ToolCallPart, ToolCallPart]] = []
-        planned: dict[str, ToolCallPart] = {}
+        copies: list[_Copy] = []
+        planned: dict[str, _Ready] = {}
         finished: list[ToolCallPart] = []
         for part in calls:
-            outcome = self._prepare(part, planned)
+            outcome, parsed = self._prepare(part, planned)
+            if part.status == "waiting":  # it starts when it runs, after its decision
+                yield self._wait(part, cards)
+                continue
             yield ToolCallStarted(
                 agent=self.agent,
                 tool_call_id=part.id,
                 name=part.name,
-                args=part.args if part.raw_args is None else None,
+                args=part.args if parsed else None,
             )
             if isinstance(outcome, _Ready):
                 ready.append(outcome)
-            elif isinstance(outcome, ToolCallPart):
-                copies.append((part, outcome))
-            elif part.status == "waiting":
-                yield self._wait(part, cards)
+            elif isinstance(outcome, _Copy):
+                copies.append(outcome)
             else:
                 finished.append(part)
         for part in finished:
@@ -161,9 +181,16 @@ class Dispatcher:
             yield completed_event(part)
         async for event in self._execute_ready(ready, checkpoint=True):
             yield event
-        for part, original in copies:
-            self._reuse(part, original, in_batch=True)
-            yield completed_event(part)
+        again: list[_Ready] = []
+        for copy in copies:
+            if copy.original.part.status == "completed":
+                self._reuse(copy.ready.part, copy.original.part)
+                yield completed_event(copy.ready.part)
+            else:  # a failed result is never reused: the copy tries for itself
+                self.state.turn_calls[copy.ready.key] = copy.ready.part
+                again.append(copy.ready)
+        async for event in self._execute_ready(again, checkpoint=False):
+            yield event
 
     async def resume(self, message: Message, cards: list[ApprovalCardPart]) -> AsyncIterator[Event]:
         """Settle the decided calls of a suspended `message`; run the approved ones.
@@ -216,12 +243,13 @@ class Dispatcher:
         async for event in self._execute_ready(ready, checkpoint=False):
             yield event
 
-    def _rerun(self, part: ToolCallPart) -> _Ready | _Final:
+    def _rerun(self, part: ToolCallPart, bound: dict[str, Any] | None = None) -> _Ready | _Final:
+        """Look the tool up, bind (from `bound`, else the context) and validate again."""
         tool = self.tools.get(part.name)
         if tool is None:
             return self._fail(part, _unknown_tool(part.name, self.tools))
         try:
-            validated = tool.validate(part.args, self.state.context)
+            validated = tool.validate(part.args, self.state.context, bound)
         except Exception as exc:
             return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
         return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, part.args))
@@ -289,39 +317,42 @@ class Dispatcher:
     # -- steps 1 to 6 ---------------------------------------------------------------------
 
     def _prepare(
-        self, part: ToolCallPart, planned: dict[str, ToolCallPart]
-    ) -> _Ready | ToolCallPart | _Final:
+        self, part: ToolCallPart, planned: dict[str, _Ready]
+    ) -> tuple[_Ready | _Copy | _Final, bool]:
         """Steps 1-6 for one call.
 
-        Returns what to execute, an in-batch original to copy, or None when the part is
-        already final (an error, a reuse) or waiting.
+        Returns what to execute, an in-response copy of an identical read, or None when the
+        part is already final (an error, a reuse) or waiting; and whether its arguments
+        parsed.
         """
         runtime = self.runtime
+        state = self.state
         part.started_at = runtime.clock()
         part.duration_ms = 0.0
-        try:  # 1. parse
+        try:  # 1. parse (the text is kept as the model sent it: it is shown to it again)
             if part.raw_args is not None:
                 part.args = parse_arguments(part.raw_args)
-                part.raw_args = None
         except ArgumentsError as exc:
-            self.state.usage.invalid_tool_calls += 1
-            return self._fail(part, f"Tool {part.name!r}: {exc}")
+            state.usage.invalid_tool_calls += 1
+            return self._fail(part, f"Tool {part.name!r}: {exc}"), False
         tool = self.tools.get(part.name)
         if tool is None:  # the allow-list: only the agent's tools exist for its model
-            return self._fail(part, _unknown_tool(part.name, self.tools))
+            return self._fail(part, _unknown_tool(part.name, self.tools)), True
         part.executor = tool.executor
         try:
             args = part.args
             if runtime.transform_args is not None:  # 2. domain transform
                 args = runtime.transform_args(tool, dict(args))
-            validated = tool.validate(args, self.state.context)  # 3. bind, 4. validate
+            bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
+            validated = tool.validate(args, state.context, bound)  # 4. validate
         except ArgumentsError as exc:
-            return self._fail(part, f"Tool {part.name!r}: {exc}")
+            return self._fail(part, f"Tool {part.name!r}: {exc}"), True
         except PathError as exc:
-            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
+            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}"), True
         except Exception as exc:  # a user hook failed: still data, never a crash
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}"), True
         part.args = tool.stored_args(validated)
+        part.bound = bound
         kwargs = tool.arguments(validated)
 
         # 5. permission policy (the allow-list was checked when the tool was looked up)
@@ -331,40 +362,55 @@ class Dispatcher:
                 part,
                 f"Tool {part.name!r} needs permission {tool.permission!r}, which this run "
                 f"does not allow (allowed: {', '.join(sorted(allowed))}).",
-            )
+            ), True
 
         # 6. dedup and the idempotent cache
         # Validated arguments dump in field order, so their JSON is canonical for the tool.
         key = _call_key(part.name, part.args)
-        earlier = self.state.turn_calls.get(key)
-        if earlier is not None and earlier is not part:
-            if earlier.id in planned:
-                return earlier
-            if earlier.status == "completed":
-                self._reuse(part, earlier, in_batch=False)
-                return None
+        reusable = (
+            tool.dedup
+            and runtime.dedup
+            and tool.permission == "read"
+            and tool.executor == "server"
+            and not tool.gated
+        )
+        if reusable:
+            twin = planned.get(key)
+            if twin is not None:
+                part.status = "running"
+                return _Copy(_Ready(part, tool, kwargs, key), twin), True
+            earlier = state.turn_calls.get(key)
+            if earlier is not None and earlier is not part and earlier.status == "completed":
+                self._reuse(part, earlier)
+                return None, True
+        elif tool.permission != "read":
+            # A side effect may change what any earlier read said: none of them is reused.
+            state.turn_calls.clear()
+            planned.clear()
         if tool.cache_ttl is not None:
-            hit = self.state.tool_cache.get(key)
+            hit = state.tool_cache.get(key)
             if hit is not None and hit[0] > part.started_at:
                 part.result = hit[1]
                 part.cached = True
                 part.status = "completed" if hit[1].ok else "failed"
-                return None
-        self.state.turn_calls[key] = part
-        planned[part.id] = part
+                return None, True
 
         if tool.gated or tool.executor in ("human", "client"):
             if tool.capture:
                 self._capture(part, tool)
-                return None
+                return None, True
             self._hold(part, tool)
-            return None
+            return None, True
         if tool.executor == "provider":
             part.result = part.result or ToolResult(summary="ran at the model provider")
             part.status = "completed"
-            return None
+            return None, True
         part.status = "running"
-        return _Ready(part, tool, kwargs, key)
+        ready = _Ready(part, tool, kwargs, key)
+        if reusable:
+            state.turn_calls[key] = part
+            planned[key] = ready
+        return ready, True
 
     def _capture(self, part: ToolCallPart, tool: Tool[Any]) -> None:
         """Capture mode: record a gated call with its predicted output instead of running it."""
@@ -422,16 +468,12 @@ class Dispatcher:
         part.status = "failed"
         return None
 
-    def _reuse(self, part: ToolCallPart, original: ToolCallPart, *, in_batch: bool) -> None:
+    @staticmethod
+    def _reuse(part: ToolCallPart, original: ToolCallPart) -> None:
+        """Give `part` the result of the identical, successful read `original`."""
         part.reused_from = original.id
-        if original.status == "waiting":
-            part.result = ToolResult.failure(
-                f"identical to call {original.id} of the same response, which is waiting for "
-                f"a decision; it is not run twice."
-            )
-        else:
-            part.result = original.result
-        part.status = "completed" if part.result is not None and part.result.ok else "failed"
+        part.result = original.result
+        part.status = "completed"
         part.digest = original.digest
 
     def _wait(
@@ -484,24 +526,29 @@ class Dispatcher:
         cards.append(card)
         return event
 
-    async def apply(self, action: CapturedAction, args: dict[str, Any]) -> ToolCallPart:
+    async def apply(
+        self, action: CapturedAction, args: dict[str, Any], bound: dict[str, Any] | None
+    ) -> ToolCallPart:
         """Run a captured action for real (steps 3-4 and 7-11; applying it is the approval).
 
         Args:
             action: the action.
             args: its arguments, temporary ids already replaced.
+            bound: its bound arguments as they were captured, temporary ids replaced (None:
+                bind from the context).
         """
         part = ToolCallPart(
             id=action.call_id or f"apply_{action.local_index}",
             name=action.tool,
             args=args,
+            bound=bound,
             started_at=self.runtime.clock(),
         )
         tool = self.tools.get(part.name)
         if tool is not None and tool.executor != "server":
             self._fail(part, f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.")
             return part
-        ready = self._rerun(part)  # look the tool up, bind and validate, as for a rerun
+        ready = self._rerun(part, bound)  # look the tool up, bind and validate, as for a rerun
         if ready is not None:
             part.status = "running"
             async for _ in self._execute_ready([ready], checkpoint=False):

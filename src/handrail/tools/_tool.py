@@ -31,7 +31,9 @@ Approval: TypeAlias = Literal["auto", "required"]
 _PERMISSIONS = ("read", "draft", "write", "destructive")
 _EXECUTORS = ("server", "human", "client", "provider")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
-_INPUT_CONFIG = ConfigDict(extra="forbid", str_strip_whitespace=True)
+# No `str_strip_whitespace`, nor any other rewriting: a value that validates reaches the tool
+# exactly as the model sent it (code, e-mail bodies and YAML live in their whitespace).
+_INPUT_CONFIG = ConfigDict(extra="forbid")
 _log = logging.getLogger("handrail.tools")
 
 
@@ -113,6 +115,10 @@ class Tool(Generic[DepsT]):
         expires_after: seconds a pending decision on this tool's calls is accepted; after
             that the call resolves to an "expired" tool error. Default: the runtime's
             `pending_ttl` (None: never).
+        dedup: a `read` call identical to an earlier one of the same turn, with no
+            side-effecting call in between, reuses its result instead of running again
+            (that is what stops a model from looping on one lookup). False: every call runs
+            (a read whose answer changes by itself: a clock, a queue, a sensor).
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class Tool(Generic[DepsT]):
         prompt: str | None = None,
         revalidate: Callable[[ToolContext[Any], dict[str, Any]], Any] | None = None,
         expires_after: float | None = None,
+        dedup: bool = True,
     ) -> None:
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
@@ -255,6 +262,7 @@ class Tool(Generic[DepsT]):
         self.prompt = prompt
         self.revalidate = revalidate
         self.expires_after = expires_after
+        self.dedup = dedup
         self.kind: Literal["sync", "async", "stream"] = _kind(function)
         self.definition = ToolDefinition(
             name=self.name, description=self.description, parameters=self._model_schema()
@@ -264,10 +272,27 @@ class Tool(Generic[DepsT]):
         """(field name in the input model, argument name) pairs."""
         return [(field, self.renamed.get(field, field)) for field in self.input_model.model_fields]
 
-    def validate(self, args: dict[str, Any], context: ContextStore) -> BaseModel:
+    def bind(self, context: ContextStore) -> dict[str, Any]:
+        """The bound arguments of a call, read from `context` (step 3 of dispatch).
+
+        The values are JSON-compatible, so a call keeps them (`ToolCallPart.bound`): a
+        captured call is applied later with exactly what it was captured with.
+
+        Raises:
+            PathError: a binding's path does not resolve.
+        """
+        return {param: jsonable(context.get(path)) for param, path in self.bindings.items()}
+
+    def validate(
+        self,
+        args: dict[str, Any],
+        context: ContextStore,
+        bound: Mapping[str, Any] | None = None,
+    ) -> BaseModel:
         """Bind, normalize and validate a call's arguments (steps 3 and 4 of dispatch).
 
-        Bound arguments are read from `context` and always win over what was sent.
+        Bound arguments always win over what was sent. They are `bound` when given (what a
+        captured call was captured with); otherwise they are read from `context`.
 
         Raises:
             ArgumentsError: listing every bad field, after lenient repair.
@@ -275,9 +300,7 @@ class Tool(Generic[DepsT]):
             Exception: whatever the tool's `normalize` raised.
         """
         if self.bindings:
-            args = dict(args)
-            for param, path in self.bindings.items():
-                args[param] = context.get(path)
+            args = {**args, **(bound if bound is not None else self.bind(context))}
         if self.normalize is not None:
             args = self.normalize(dict(args))
         return validate_arguments(self.input_model, args)

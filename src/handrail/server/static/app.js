@@ -203,7 +203,12 @@ function apply(event) {
       say("The agent is waiting for your decision.");
       return;
     case "run-completed":
-      say("The reply is complete.");
+      if (event.stop_reason === "cut") {
+        note(`The reply was cut off before it was complete (${event.finish_reason || "unknown"}).`, "failed");
+        say("The reply was cut off before it was complete.", true);
+      } else {
+        say("The reply is complete.");
+      }
       return;
     case "run-failed":
       note(`The turn stopped (${event.reason})${event.error ? `: ${event.error}` : "."}`, "failed");
