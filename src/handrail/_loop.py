@@ -69,6 +69,8 @@ _UNFINISHED: dict[str, str] = {
     "length": "your response was cut off by the output token limit before it was complete",
     "content_filter": "the provider's content filter stopped your response before it was complete",
 }
+_FINISHED = frozenset({"stop", "tool_call", None})
+"""The finish reasons of a response that may be acted on (None: a model that does not say)."""
 _NO_TOOLS = (
     "Not run: this request asked for an answer without tool calls, because every call of your "
     "previous response repeated one already made this turn (their results are above). Answer "
@@ -380,7 +382,11 @@ async def _agent_loop(
                 taken.add(part.id)
 
             if calls:
-                refusal = _refusal(response, tool_choice)
+                refusal = (
+                    None
+                    if tool_choice == "auto" and finish in _FINISHED
+                    else _refusal(response, tool_choice)
+                )
                 if refusal is not None:  # never acted on: each call gets why, as its result
                     for part in calls:
                         part.status = "failed"

@@ -181,6 +181,8 @@ class Dispatcher:
             yield completed_event(part)
         async for event in self._execute_ready(ready, checkpoint=True):
             yield event
+        if not copies:
+            return
         again: list[_Ready] = []
         for copy in copies:
             if copy.original.part.status == "completed":
@@ -367,13 +369,7 @@ class Dispatcher:
         # 6. dedup and the idempotent cache
         # Validated arguments dump in field order, so their JSON is canonical for the tool.
         key = _call_key(part.name, part.args)
-        reusable = (
-            tool.dedup
-            and runtime.dedup
-            and tool.permission == "read"
-            and tool.executor == "server"
-            and not tool.gated
-        )
+        reusable = tool.reusable and runtime.dedup
         if reusable:
             twin = planned.get(key)
             if twin is not None:

@@ -263,6 +263,10 @@ class Tool(Generic[DepsT]):
         self.revalidate = revalidate
         self.expires_after = expires_after
         self.dedup = dedup
+        # Only what cannot change the world, runs here and needs nobody is ever reused.
+        self.reusable: bool = (
+            dedup and permission == "read" and executor == "server" and not self.gated
+        )
         self.kind: Literal["sync", "async", "stream"] = _kind(function)
         self.definition = ToolDefinition(
             name=self.name, description=self.description, parameters=self._model_schema()
