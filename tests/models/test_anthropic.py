@@ -23,6 +23,7 @@ from fake_providers import (
 from handrail import (
     Agent,
     Message,
+    ModelError,
     ModelHTTPError,
     ModelResponse,
     ReasoningPart,
@@ -899,3 +900,80 @@ async def test_a_stream_without_message_stop_after_output_fails_the_turn(
     assert events[-1].type == "run-failed"
     assert "message_stop" in events[-1].error
     assert run.result.state.messages[-1].text == "It is su"  # kept, marked by the failure
+
+
+def frames(*events: dict[str, Any]) -> Stream:
+    """A stream of the given events between a message_start and a message_stop."""
+    start = anthropic_stream([], message_stop=False).frames[:2]
+    body = [sse(e, e["type"]) for e in events]
+    end = [
+        sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            },
+            "message_delta",
+        ),
+        sse({"type": "message_stop"}, "message_stop"),
+    ]
+    return Stream([*start, *body, *end])
+
+
+def start(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def delta(index: int, **fields: Any) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": fields}
+
+
+TOOL = {"type": "tool_use", "id": "toolu_1", "name": "weather_today", "input": {}}
+
+
+@pytest.mark.parametrize(
+    ("events", "problem"),
+    [
+        ([delta(3, type="text_delta", text="hi")], "content block 3, which never started"),
+        (
+            [start(0, TOOL), start(0, {**TOOL, "id": "toolu_2"})],
+            "content block 0 started twice",
+        ),
+        (
+            [start(0, TOOL), delta(0, type="text_delta", text='"}')],
+            "text_delta for content block 0, which is a call block",
+        ),
+        (
+            [
+                start(0, {"type": "text", "text": ""}),
+                delta(0, type="input_json_delta", partial_json="{"),
+            ],
+            "input_json_delta for content block 0, which is a text block",
+        ),
+    ],
+)
+async def test_a_stream_that_cannot_be_read_without_guessing_is_refused(
+    fake: FakeProviders, anthropic_model, events: list[dict[str, Any]], problem: str
+):
+    fake.script(frames(*events))
+    with pytest.raises(ModelError, match=problem):
+        await collect(anthropic_model)
+
+
+async def test_a_server_tools_input_is_neither_text_nor_a_call(
+    fake: FakeProviders, anthropic_model
+):
+    server = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    fake.script(
+        frames(
+            start(0, server),
+            delta(0, type="input_json_delta", partial_json='{"query": "weather"}'),
+            {"type": "content_block_stop", "index": 0},
+            start(1, {"type": "text", "text": ""}),
+            delta(1, type="text_delta", text="Sunny."),
+            {"type": "content_block_stop", "index": 1},
+        )
+    )
+    out = await collect(anthropic_model)
+    assert [c.text for c in out if isinstance(c, TextChunk)] == ["Sunny."]
+    assert out[-1].parts == [TextPart(text="Sunny.")]

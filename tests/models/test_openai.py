@@ -1019,3 +1019,19 @@ async def test_a_tool_call_whose_stream_has_no_end_is_never_run(fake: FakeProvid
     for message in run.result.state.messages:
         for part in message.tool_calls:
             assert part.result is not None
+
+
+async def test_only_the_first_choice_is_the_answer_when_choices_interleave(
+    fake: FakeProviders, openai_model
+):
+    # With `n=2` (settings) a server interleaves the second choice; it is never mixed in.
+    other = openai_chunk(content="IGNORED", tool_calls=[tool_call(0, id="x", name="weather_today")])
+    other["choices"][0]["index"] = 1
+    both = openai_chunk(content="lo")
+    both["choices"].insert(0, {**other["choices"][0]})
+    fake.script(openai_stream([other, openai_chunk(content="Hel"), both]))
+
+    out = await collect(openai_model)
+
+    assert out[-1].parts == [TextPart(text="Hello")]
+    assert [c for c in out if isinstance(c, ToolCallChunk)] == []

@@ -30,7 +30,7 @@ from typing import Any, Literal, cast
 
 import pydantic_core
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from . import (
     FinishReason,
@@ -190,8 +190,11 @@ class AnthropicModel(SDKModel):
                 event: RawMessageStreamEvent
                 async for event in stream:
                     if isinstance(event, RawContentBlockDeltaEvent):
-                        block = blocks[event.index]
+                        block = _open_block(blocks, event.index)
                         delta = event.delta
+                        _check_delta(block, delta, event.index)
+                        if block.kind == "other":  # a server tool's: neither text nor a call
+                            continue
                         if isinstance(delta, TextDelta):
                             block.pieces.append(delta.text)
                             yield TextChunk(text=delta.text)
@@ -207,6 +210,11 @@ class AnthropicModel(SDKModel):
                         elif isinstance(delta, SignatureDelta):
                             block.signature = (block.signature or "") + delta.signature
                     elif isinstance(event, RawContentBlockStartEvent):
+                        if event.index in blocks:
+                            raise _stream_error(
+                                f"content block {event.index} started twice; the first one "
+                                f"would be lost"
+                            )
                         content = event.content_block
                         if isinstance(content, TextBlock):
                             block = blocks[event.index] = _Block("text")
@@ -234,7 +242,7 @@ class AnthropicModel(SDKModel):
                         else:  # a server tool's block: not handrail's to run or replay
                             blocks[event.index] = _Block("other")
                     elif isinstance(event, RawContentBlockStopEvent):
-                        block = blocks[event.index]
+                        block = _open_block(blocks, event.index)
                         if block.kind == "output" and output.wrapped:
                             yield TextChunk(text=output.text(block.text))
                     elif isinstance(event, RawMessageStartEvent):
@@ -330,6 +338,40 @@ class AnthropicModel(SDKModel):
             stop_reason=message.stop_reason,
             finish_reason=finish_reason(message.stop_reason),
             model_name=message.model,
+        )
+
+
+_DELTAS: dict[type[Any], tuple[str, ...]] = {
+    TextDelta: ("text", "other"),
+    InputJSONDelta: ("call", "output", "other"),
+    ThinkingDelta: ("thinking", "other"),
+    SignatureDelta: ("thinking", "other"),
+}
+"""Which blocks each kind of delta may extend (a server tool's block, `other`, takes any: it is
+not handrail's to read; a delta type not listed is ignored)."""
+
+
+def _stream_error(what: str) -> ModelError:
+    return ModelError(
+        f"{PROVIDER}: the streamed message cannot be read without guessing: {what}. The "
+        f"response was refused rather than guessed at."
+    )
+
+
+def _open_block(blocks: dict[int, _Block], index: int) -> _Block:
+    block = blocks.get(index)
+    if block is None:
+        raise _stream_error(f"an event for content block {index}, which never started")
+    return block
+
+
+def _check_delta(block: _Block, delta: Any, index: int) -> None:
+    """Refuse a delta that does not belong to its block (text into a call's input, say)."""
+    kinds = _DELTAS.get(type(delta))
+    if kinds is not None and block.kind not in kinds:
+        raise _stream_error(
+            f"{getattr(delta, 'type', type(delta).__name__)} for content block {index}, which "
+            f"is a {block.kind} block"
         )
 
 

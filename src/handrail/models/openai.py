@@ -174,10 +174,11 @@ class OpenAIModel(SDKModel):
                 async for chunk in stream:
                     if chunk.usage is not None:
                         usage = chunk.usage
-                    if not chunk.choices:
+                    # The answer is choice 0 (a request with `n` > 1 interleaves the others).
+                    choice = next((c for c in chunk.choices if c.index == 0), None)
+                    if choice is None:
                         continue
                     model_name = chunk.model
-                    choice = chunk.choices[0]
                     delta = choice.delta
                     extra = delta.model_extra
                     if extra:
