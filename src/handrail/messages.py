@@ -71,9 +71,10 @@ class ReasoningPart:
     """The provider's opaque signature, needed to send the reasoning back."""
     provider: str | None = None
     """Which provider produced it: reasoning is only replayed to that provider."""
-    redacted: bool = False
+    redacted: bool | None = None
     """The block was Anthropic's `redacted_thinking`; `signature` then holds its encrypted
-    `data` (and `text` is empty). Thinking whose text was omitted is not redacted."""
+    `data` (and `text` is empty). Thinking whose text was omitted is not redacted. None: a
+    part stored before handrail told the two apart, read as it was then (no text: redacted)."""
     type: Literal["reasoning"] = "reasoning"
 
 

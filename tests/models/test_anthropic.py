@@ -155,6 +155,7 @@ async def test_thinking_then_parallel_calls_with_awkward_argument_splits(
                 text="Two cities, two calls.",
                 signature="EqQBCgIYAhIM1gbcDa9GJwZA2b3h",
                 provider="anthropic",
+                redacted=False,
             ),
             ToolCallPart(id="toolu_01", name="weather.today", raw_args=first),
             ToolCallPart(id="toolu_02", name="weather.today", raw_args='{"city": "Genève ☔"}'),
@@ -204,7 +205,7 @@ async def test_a_complete_answer_without_streaming(fake: FakeProviders, retry: R
         ToolCallChunk(index=0, id="toolu_1", name="weather.today", args_delta='{"city":"Oslo"}'),
         ModelResponse(
             parts=[
-                ReasoningPart(text="Oslo.", signature="sig1", provider="anthropic"),
+                ReasoningPart(text="Oslo.", signature="sig1", provider="anthropic", redacted=False),
                 ReasoningPart(text="", signature="ENCRYPTED", provider="anthropic", redacted=True),
                 TextPart(text="Checking."),
                 ToolCallPart(id="toolu_1", name="weather.today", raw_args='{"city":"Oslo"}'),
@@ -230,7 +231,9 @@ async def test_history_alternates_with_results_first_and_thinking_replayed(
             id="m2",
             role="assistant",
             parts=[
-                ReasoningPart(text="Look it up.", signature="sig", provider="anthropic"),
+                ReasoningPart(
+                    text="Look it up.", signature="sig", provider="anthropic", redacted=False
+                ),
                 ReasoningPart(text="elsewhere", provider="openai"),
                 ReasoningPart(text="", signature="REDACTED", provider="anthropic", redacted=True),
                 TextPart(text="Looking."),
@@ -708,7 +711,9 @@ async def test_omitted_thinking_goes_back_as_thinking_with_its_signature(
     assert out[0] == TextChunk(text="Hi.")
     parts = out[-1].parts
     assert parts == [
-        ReasoningPart(text="", signature="EqQBCgIYAhIMomitted", provider="anthropic"),
+        ReasoningPart(
+            text="", signature="EqQBCgIYAhIMomitted", provider="anthropic", redacted=False
+        ),
         TextPart(text="Hi."),
     ]
     assert await replay(anthropic_model, fake, parts) == {
@@ -780,6 +785,7 @@ async def test_recorded_stream_with_thinking_and_a_tool_call_replays(
                 text="The user wants the weather in Paris. I'll call the weather tool.",
                 signature="EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds",
                 provider="anthropic",
+                redacted=False,
             ),
             TextPart(text="I'll check the weather in Paris for you."),
             ToolCallPart(
@@ -977,3 +983,31 @@ async def test_a_server_tools_input_is_neither_text_nor_a_call(
     out = await collect(anthropic_model)
     assert [c.text for c in out if isinstance(c, TextChunk)] == ["Sunny."]
     assert out[-1].parts == [TextPart(text="Sunny.")]
+
+
+@pytest.mark.parametrize(
+    ("stored", "sent"),
+    [
+        (
+            {"type": "reasoning", "text": "", "signature": "DATA==", "provider": "anthropic"},
+            {"type": "redacted_thinking", "data": "DATA=="},
+        ),
+        (
+            {"type": "reasoning", "text": "Hmm.", "signature": "SIG", "provider": "anthropic"},
+            {"type": "thinking", "thinking": "Hmm.", "signature": "SIG"},
+        ),
+    ],
+)
+def test_thinking_stored_before_redaction_was_marked_is_sent_as_it_was(
+    stored: dict[str, Any], sent: dict[str, Any]
+):
+    from handrail import MESSAGES
+    from handrail.models._anthropic_format import anthropic_messages
+    from handrail.models._wire import ToolNames
+
+    (message,) = MESSAGES.validate_python(
+        [{"id": "m1", "role": "assistant", "parts": [stored, {"type": "text", "text": "ok"}]}]
+    )
+    assert message.parts[0].redacted is None  # type: ignore[union-attr]
+    _, out = anthropic_messages(None, [message], ToolNames([]))
+    assert out[0]["content"][0] == sent

@@ -131,7 +131,8 @@ def _text(text: str) -> dict[str, Any]:
 def _thinking(part: ReasoningPart, signature: str) -> dict[str, Any]:
     # Thinking shown as `omitted` has no text but a real signature: it must go back as
     # `thinking` (empty), since only a redacted block's data may be sent as `redacted_thinking`.
-    if part.redacted:
+    redacted = part.redacted if part.redacted is not None else not part.text
+    if redacted:
         return {"type": "redacted_thinking", "data": signature}
     return {"type": "thinking", "thinking": part.text, "signature": signature}
 

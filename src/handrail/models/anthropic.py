@@ -312,7 +312,10 @@ class AnthropicModel(SDKModel):
             elif isinstance(content, ThinkingBlock):
                 parts.append(
                     ReasoningPart(
-                        text=content.thinking, signature=content.signature, provider=PROVIDER
+                        text=content.thinking,
+                        signature=content.signature,
+                        provider=PROVIDER,
+                        redacted=False,
                     )
                 )
                 if content.thinking:
