@@ -173,6 +173,7 @@ def test_an_event_is_flat_json_with_its_type():
         "args": {"amount": 5},
         "prompt": None,
         "amendable": [],
+        "kind": "approval",
     }
 
 

@@ -266,8 +266,7 @@ async def _agent_loop(
                 yield event
         while True:
             if message is not None and calls:  # the calls of the last response are settled
-                if cards:
-                    message.parts.extend(cards)
+                if cards:  # each on the message already (`Dispatcher.run`)
                     progress.status = "suspended"
                     run._result = AgentResult(
                         outcome="suspended", state=state, pending=list(state.pending)
@@ -398,7 +397,7 @@ async def _agent_loop(
                 if interrupt.requested:
                     raise _Interrupted
                 progress.message_id = message.id
-                async for event in dispatcher.run(calls, cards):
+                async for event in dispatcher.run(message, calls, cards):
                     yield event
                 progress.calls_made += len(calls)
                 continue

@@ -69,8 +69,17 @@ class Router:
     """The route taken when the supervisor's output does not parse or names no route."""
 
 
-def check_resumable(state: RunState, prompt: str | None, agents: Sequence[str]) -> None:
+def check_resumable(
+    state: RunState, prompt: str | None, agents: Sequence[str], *, waiting: bool = False
+) -> None:
     """Refuse a turn that would talk past a suspended or cut-off one.
+
+    Args:
+        state: the session state.
+        prompt: the new message, or None to go on with the turn in progress.
+        agents: the agents that may go on with it.
+        waiting: calls may still wait for a decision (a turn being recovered: it suspends on
+            them again rather than going on).
 
     Raises:
         UserError: a new prompt while a turn waits for decisions or was cut off, a resumption
@@ -89,7 +98,7 @@ def check_resumable(state: RunState, prompt: str | None, agents: Sequence[str]) 
             f"The session's turn is suspended, waiting on {_ids(state)}: resolve those "
             f"calls and resume the turn (prompt=None) before sending a new message."
         )
-    if state.pending:
+    if state.pending and not waiting:
         raise UserError(
             f"Cannot resume yet: still waiting for a decision on {_ids(state)}. Resolve "
             f"every pending call first."

@@ -20,7 +20,7 @@ import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,7 +37,7 @@ from .capture import (
     captured_actions,
     run_actions,
 )
-from .events import EVENT, ApprovalRequired, Event, RunCompleted, RunStarted, RunSuspended
+from .events import EVENT, Event, RunCompleted, RunStarted, RunSuspended
 from .exceptions import (
     ConflictError,
     SessionBusyError,
@@ -53,7 +53,7 @@ from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
-from .suspension import Decision, decide, expire
+from .suspension import Decision, card_event, decide, expire
 from .tools import Tool
 from .tools._dispatch import Dispatcher, completed_event
 
@@ -303,7 +303,38 @@ class Engine:
             UserError: the session has no turn cut off while running.
             SessionBusyError: a live worker still drives it (its lease has not expired).
         """
-        return self._drive(session_id, None, None, org_id, user_id, model, client, recover=True)
+        return self._drive(session_id, None, None, org_id, user_id, model, client, mode="recover")
+
+    async def advance(
+        self, session_id: str, *, org_id: str | None = None, user_id: str | None = None
+    ) -> AgentResult[Any] | None:
+        """Take a session as far as it can go from whatever state it was left in.
+
+        - A turn cut off while it ran, or while it resumed: recovered from the tool-call log
+          (`recover`); the cards of its last response, and a recovery card for each call that
+          may have run, suspend it again.
+        - A suspended turn whose every call is decided: resumed (`resume`); a decided batch
+          card: applied.
+        - A turn that still waits for a decision, or no turn in progress: nothing to do.
+
+        Its events go to the session's event log (as `drain`), where a client reads them. A
+        restarted process calls this for the sessions it finds; `Worker` calls it for each
+        session its sweeps and wake-ups name.
+
+        Returns:
+            How the turn ended, or None when there was nothing to do.
+
+        Raises:
+            SessionNotFoundError: no such session for this caller.
+            SessionBusyError: a live worker drives the session right now.
+        """
+        run = self._drive(
+            session_id, None, None, org_id, user_id, None, False, mode="advance", create=False
+        )
+        events = [EVENT.dump_python(event, mode="json") async for event in run]
+        if events:
+            await self.store.append_events(session_id, events)
+        return run._result
 
     async def run_headless(
         self,
@@ -404,7 +435,7 @@ class Engine:
         assembly: Assembly | None = None,
         headless: _Headless | None = None,
         *,
-        recover: bool = False,
+        mode: _Mode = "resume",
         create: bool = True,
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
@@ -421,10 +452,17 @@ class Engine:
                 return
             if text is None:
                 progress = state.progress
-                expected = "running" if recover else "suspended"
-                if progress is None or progress.status != expected:
-                    raise UserError(_NOTHING[expected].format(session=session_id))
-                check_resumable(state, None, [progress.agent])
+                if mode == "advance":
+                    if progress is None or (progress.status == "suspended" and state.pending):
+                        return  # no turn to drive, or it waits for decisions: nothing to do
+                    recovering = progress.status == "running"
+                else:
+                    recovering = mode == "recover"
+                    expected = "running" if recovering else "suspended"
+                    if progress is None or progress.status != expected:
+                        raise UserError(_NOTHING[expected].format(session=session_id))
+                # A turn cut off while it ran may hold cards of its last response: they wait.
+                check_resumable(state, None, [progress.agent], waiting=recovering)
                 router = self._router
                 if router is not None and progress.agent == router.supervisor.name:
                     route, cards = router, []  # cut off while choosing: choose again
@@ -435,13 +473,13 @@ class Engine:
                     # the log says which of its calls already started, or finished.
                     agent = agents[progress.step]
                     cards = await self._reconcile(session_id, state, agent)
-                if cards:
+                if cards or state.pending:  # new recovery cards, or the response's own ones
                     progress.status = "suspended"
                     await self._save(record, state, "suspended")
                     run._result = AgentResult(
                         outcome="suspended", state=state, pending=list(state.pending)
                     )
-                    for event in _recovery_events(state, cards):
+                    for event in self._pending_events(state):
                         yield event
                     return
             assert route is not None
@@ -473,7 +511,7 @@ class Engine:
                         result, outcome="suspended", pending=[card.tool_call_id]
                     )
                     await self._save(record, state, "suspended")
-                    yield _card_event(card)
+                    yield card_event(card, None)
                     yield RunSuspended(pending=[card.tool_call_id])
                     return
             await self._save(record, state, _STATUS[result.outcome])
@@ -493,6 +531,17 @@ class Engine:
                 yield terminal
 
         return AgentRun(body)
+
+    def _pending_events(self, state: RunState) -> list[Event]:
+        """A suspension announced again: `run-started`, each pending card's event, `run-suspended`.
+
+        A turn recovered from a crash suspends this way: a client may never have seen its cards.
+        """
+        tools = self._tools()
+        events: list[Event] = [RunStarted(run_id=state.run_id, session_id=state.session_id)]
+        events += [card_event(card, tools.get(card.tool_name)) for card in state.pending.values()]
+        events.append(RunSuspended(pending=list(state.pending)))
+        return events
 
     def _propose(self, state: RunState, actions: list[CapturedAction]) -> ApprovalCardPart:
         """Put a captured turn's actions on ONE batch card and suspend the session on it."""
@@ -820,6 +869,10 @@ def _decode(record: SessionRecord) -> RunState:
         ) from None
 
 
+_Mode: TypeAlias = Literal["resume", "recover", "advance"]
+"""How `_drive` goes on with a turn in progress: resume a suspended one, recover one cut off,
+or whichever it needs (`advance`)."""
+
 _NOTHING = {
     "suspended": "Session {session!r} has no suspended turn to resume.",
     "running": "Session {session!r} has no turn cut off while running, so nothing to recover.",
@@ -846,18 +899,6 @@ class _SessionJournal:
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
         await self.engine.store.log_finished(self.record.id, log_id, result_record(result))
-
-
-def _recovery_events(state: RunState, cards: list[ApprovalCardPart]) -> list[Event]:
-    events: list[Event] = [RunStarted(run_id=state.run_id, session_id=state.session_id)]
-    events += [
-        ApprovalRequired(
-            tool_call_id=card.tool_call_id, name=card.tool_name, args=card.args, prompt=card.prompt
-        )
-        for card in cards
-    ]
-    events.append(RunSuspended(pending=list(state.pending)))
-    return events
 
 
 _STATUS: dict[str, SessionStatus] = {
@@ -890,12 +931,6 @@ def _batch_to_apply(state: RunState) -> ApprovalCardPart | None:
         if isinstance(part, ApprovalCardPart) and part.kind == "batch":
             return part if part.decision is not None else None
     return None
-
-
-def _card_event(card: ApprovalCardPart) -> ApprovalRequired:
-    return ApprovalRequired(
-        tool_call_id=card.tool_call_id, name=card.tool_name, args=card.args, prompt=card.prompt
-    )
 
 
 def _report_text(report: ApplyReport) -> str:

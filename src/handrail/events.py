@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field, TypeAdapter
 
+from .messages import CardKind
+
 __all__ = [
     "EVENT",
     "EVENTS",
@@ -172,6 +174,10 @@ class ApprovalRequired:
     """What to ask."""
     amendable: list[str] = field(default_factory=list)
     """The argument names the human may change."""
+    kind: CardKind = "approval"
+    """What the card asks: `approval` (run this call?), `recovery` (this call may have run
+    before a crash: retry, skip, or say it ran), `batch` (apply a headless run's actions); a
+    recovered turn may also announce `elicitation` and `client_exec` cards this way."""
     type: Literal["approval-required"] = "approval-required"
 
 

@@ -30,6 +30,7 @@ import pydantic_core
 from pydantic import Field, TypeAdapter
 
 from ._tool_result import ToolResult
+from .events import ApprovalRequired, ClientExecRequired, Event, InputRequired
 from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
 from .messages import ApprovalCardPart, DecisionKind, ToolCallPart
 from .tools._arguments import ArgumentsError
@@ -47,6 +48,7 @@ __all__ = [
     "Decision",
     "Reject",
     "args_digest",
+    "card_event",
     "decide",
     "expire",
     "placeholder",
@@ -149,6 +151,39 @@ def _sorted(value: Any) -> Any:
     if isinstance(value, list):
         return [_sorted(v) for v in value]
     return value
+
+
+def card_event(card: ApprovalCardPart, tool: Tool[Any] | None) -> Event:
+    """The event that announces `card`.
+
+    `input-required` for a person's answer, `client-exec-required` for the client, and
+    `approval-required` (with the card's `kind`) for an approval, a recovery card or a batch.
+
+    Args:
+        card: the card.
+        tool: its tool (for the answer's schema of an elicitation), if the agent has it.
+    """
+    if card.kind == "elicitation":
+        adapter = tool.output_adapter if tool is not None else None
+        return InputRequired(
+            tool_call_id=card.tool_call_id,
+            name=card.tool_name,
+            args=card.args,
+            prompt=card.prompt,
+            output_schema=adapter.json_schema() if adapter is not None else None,
+        )
+    if card.kind == "client_exec":
+        return ClientExecRequired(
+            tool_call_id=card.tool_call_id, name=card.tool_name, args=card.args
+        )
+    return ApprovalRequired(
+        tool_call_id=card.tool_call_id,
+        name=card.tool_name,
+        args=card.args,
+        prompt=card.prompt,
+        amendable=list(card.amendable),
+        kind=card.kind,
+    )
 
 
 def placeholder(card: ApprovalCardPart) -> ToolResult:

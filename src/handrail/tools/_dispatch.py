@@ -46,10 +46,7 @@ import pydantic_core
 
 from .._tool_result import ToolResult
 from ..events import (
-    ApprovalRequired,
-    ClientExecRequired,
     Event,
-    InputRequired,
     ToolCallCompleted,
     ToolCallStarted,
     ToolProgress,
@@ -65,7 +62,7 @@ if TYPE_CHECKING:
 
 from ..runtime import Runtime
 from ..state import RunState
-from ..suspension import args_digest, placeholder, settle
+from ..suspension import args_digest, card_event, placeholder, settle
 from ._arguments import ArgumentsError, parse_arguments
 from ._tool import Tool, ToolContext, jsonable
 
@@ -146,12 +143,14 @@ class Dispatcher:
         self.trace = trace
 
     async def run(
-        self, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
+        self, message: Message, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
     ) -> AsyncIterator[Event]:
-        """Dispatch `calls` (stamping each part) and yield the events as they happen.
+        """Dispatch `calls` of `message` (stamping each part) and yield the events as they happen.
 
-        Calls that must wait for a person or a client are left `waiting`, with an approval card
-        appended to `cards`; the caller suspends the run when any are.
+        Calls that must wait for a person or a client are left `waiting`, with a card on
+        `message` (before any call of the response runs: the checkpoint taken before the first
+        side effect holds every card, so a crash cannot drop one) and in `cards`; the caller
+        suspends the run when any are.
         """
         ready: list[_Ready] = []
         copies: list[_Copy] = []
@@ -160,7 +159,7 @@ class Dispatcher:
         for part in calls:
             outcome, parsed = self._prepare(part, planned)
             if part.status == "waiting":  # it starts when it runs, after its decision
-                yield self._wait(part, cards)
+                yield self._wait(message, part, cards)
                 continue
             yield ToolCallStarted(
                 agent=self.agent,
@@ -238,7 +237,7 @@ class Dispatcher:
                 )
                 ready.append(outcome)
             elif part.status == "waiting":  # an approved client tool: now the client runs it
-                yield self._wait(part, cards, approved=True)
+                yield self._wait(message, part, cards, approved=True)
             else:
                 yield completed_event(part)
         # The message was stored when the turn stopped, so the calls are already on record.
@@ -473,9 +472,14 @@ class Dispatcher:
         part.digest = original.digest
 
     def _wait(
-        self, part: ToolCallPart, cards: list[ApprovalCardPart], *, approved: bool = False
+        self,
+        message: Message,
+        part: ToolCallPart,
+        cards: list[ApprovalCardPart],
+        *,
+        approved: bool = False,
     ) -> Event:
-        """Raise the card of a waiting call: its event, its placeholder, its pending entry.
+        """Raise the card of a waiting call: on its message, its event, placeholder, pending entry.
 
         A gated call is asked for approval first; once `approved`, a client tool waits for
         the client's result.
@@ -484,26 +488,10 @@ class Dispatcher:
         kind: CardKind
         if tool.gated and not approved:
             kind = "approval"
-            event: Event = ApprovalRequired(
-                tool_call_id=part.id,
-                name=part.name,
-                args=part.args,
-                prompt=tool.prompt,
-                amendable=list(tool.amendable),
-            )
         elif tool.executor == "human":
             kind = "elicitation"
-            schema = tool.output_adapter.json_schema() if tool.output_adapter else None
-            event = InputRequired(
-                tool_call_id=part.id,
-                name=part.name,
-                args=part.args,
-                prompt=tool.prompt,
-                output_schema=schema,
-            )
         else:
             kind = "client_exec"
-            event = ClientExecRequired(tool_call_id=part.id, name=part.name, args=part.args)
         now = self.runtime.clock()
         ttl = tool.expires_after if tool.expires_after is not None else self.runtime.pending_ttl
         card = ApprovalCardPart(
@@ -519,8 +507,9 @@ class Dispatcher:
         )
         part.result = placeholder(card)
         self.state.pending[part.id] = card
+        message.parts.append(card)
         cards.append(card)
-        return event
+        return card_event(card, tool)
 
     async def apply(
         self, action: CapturedAction, args: dict[str, Any], bound: dict[str, Any] | None
