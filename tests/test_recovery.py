@@ -15,6 +15,7 @@ import pytest
 
 from handrail import (
     Agent,
+    Answer,
     Approve,
     Engine,
     Reject,
@@ -133,6 +134,23 @@ async def test_a_call_cut_off_mid_run_becomes_a_card_a_person_decides():
     assert part.status == "rejected"
     assert "its effect is unknown" in (part.result.error or "")  # type: ignore[union-attr]
     assert len(effects) == 1  # skipped: not run again
+
+
+async def test_a_person_can_say_a_cut_off_call_ran_and_what_it_returned():
+    store = MemoryStore()
+    await crash(engine(store, model(call("charge", order="hang"))), lambda: bool(effects))
+    other = engine(store, model("unused", "Charged once."))
+    events = await events_of(other.recover("s1"))
+    assert events[1].kind == "recovery"
+    # Someone checked the bank: it went through. The model is told so; nothing runs again.
+    await other.resolve("s1", events[1].tool_call_id, Answer(output="charged hang", by="ops"))
+    done = await events_of(other.resume("s1"))
+    assert done[-1].type == "run-completed"
+    assert len(effects) == 1
+    state = await other.session("s1")
+    part = state.messages[1].tool_calls[0]
+    assert (part.status, part.result.data) == ("completed", "charged hang")  # type: ignore[union-attr]
+    assert part.result.summary == "it ran before a crash (confirmed by ops)"  # type: ignore[union-attr]
 
 
 async def test_a_person_can_retry_a_cut_off_call_with_the_same_key():

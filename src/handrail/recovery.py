@@ -36,7 +36,8 @@ __all__ = ["RECOVERY_PROMPT", "Journal", "attempt_id", "idempotency_key", "recon
 
 RECOVERY_PROMPT = (
     "This call may have run before the worker running it stopped (a crash or a restart), so "
-    "its effect is unknown. Retry it (approve), or skip it (reject)?"
+    "its effect is unknown. Retry it (approve), skip it (reject), or, if you checked that it "
+    "ran, say so with what it returned (answer)?"
 )
 RESULT: TypeAdapter[ToolResult] = TypeAdapter(ToolResult)
 """Validates a result as the tool-call log stores it."""

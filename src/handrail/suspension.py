@@ -95,10 +95,15 @@ class Reject:
 
 @dataclass(kw_only=True, slots=True)
 class Answer:
-    """A person's answer for a `human` tool: validated against the tool's output type."""
+    """A person's answer: validated against the tool's output type.
+
+    For a `human` tool's call, the answer itself. For a `recovery` card (a call that may have
+    run before a crash), that it did run and what it returned, as someone checked (the payment
+    provider's dashboard, say): the model is told the effect happened, and nothing runs again.
+    """
 
     output: Any
-    """The answer."""
+    """The answer (or the output of the call that ran)."""
     by: str | None = None
     """Who answered."""
     decision: Literal["answer"] = "answer"
@@ -127,7 +132,7 @@ _ACCEPTS: dict[str, tuple[str, ...]] = {
     "approval": ("approve", "reject"),
     "elicitation": ("answer", "reject"),
     "client_exec": ("client_result", "reject"),
-    "recovery": ("approve", "reject"),
+    "recovery": ("approve", "reject", "answer"),
     "batch": ("approve", "reject"),
 }
 _WAITING = {
@@ -258,7 +263,7 @@ def decide(
     if isinstance(decision, Approve):
         assert tool is not None
         amended = _amend(state, tool, card, decision.amended_args)
-    elif isinstance(decision, Answer):
+    elif isinstance(decision, Answer):  # a person's answer, or what a call that ran returned
         assert tool is not None
         output = _answer(tool, card, decision.output)
     elif isinstance(decision, ClientResult):
@@ -404,6 +409,9 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
             "Nobody decided on this call before its deadline, so it did not run. Tell the "
             "user it is still to be done, or ask again."
         )
+    if decision == "answer" and card.kind == "recovery":
+        who = f" by {card.decided_by}" if card.decided_by else ""
+        return ToolResult(data=card.output, summary=f"it ran before a crash (confirmed{who})")
     if decision == "answer":
         return ToolResult(data=card.output)
     if decision == "client_result":
