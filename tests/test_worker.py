@@ -91,3 +91,112 @@ async def test_a_sweep_resumes_what_a_missed_wake_up_left_and_recovers_dead_work
 def test_a_worker_needs_a_positive_poll_interval():
     with pytest.raises(UserError, match="poll_interval"):
         Worker(engine(MemoryStore(), "w"), poll_interval=0)
+
+
+# -- sweeps on schedule, no window, many at once, errors kept to their session ---------------
+
+
+async def cut_off(store: MemoryStore, session: str) -> None:
+    """A turn whose worker died right after it was on record (its lease given back)."""
+    turn = aiter(engine(store, "dead").submit(session, "B2"))
+    assert (await anext(turn)).type == "run-started"
+    await turn.aclose()  # type: ignore[attr-defined]
+
+
+async def test_sweeps_run_on_schedule_while_wake_ups_keep_coming():
+    store = MemoryStore()
+    await cut_off(store, "s1")
+    stop = asyncio.Event()
+    worker = Worker(engine(store, "w"), poll_interval=0.05)
+    task = asyncio.create_task(worker.run(stop))
+
+    async def chatter() -> None:
+        while not stop.is_set():
+            await store.notify("other")  # a wake-up about another session, again and again
+            await asyncio.sleep(0.005)
+
+    noise = asyncio.create_task(chatter())
+
+    async def recovered() -> bool:
+        return bool((await engine(store, "x").session("s1")).pending)
+
+    await eventually(recovered)  # the sweep came on time: s1 waits on its card again
+    stop.set()
+    await asyncio.gather(task, noise)
+
+
+async def test_a_decided_session_is_found_however_many_newer_ones_wait():
+    store = MemoryStore()
+    api = engine(store, "api")
+    events = [e async for e in api.submit("old", "A1")]
+    await api.resolve("old", events[-1].pending[0], Approve())  # its wake-up is lost
+    for n in range(120):  # then many newer sessions suspend, waiting for people
+        [_ async for _ in api.submit(f"new-{n}", f"N{n}")]
+    assert await Worker(engine(store, "w"), poll_interval=60).sweep() == ["old"]
+    assert ran == ["A1"]
+
+
+async def test_a_worker_drives_up_to_its_concurrency_at_once():
+    store = MemoryStore()
+    started, release = asyncio.Event(), asyncio.Event()
+    running: list[str] = []
+
+    @tool(permission="write")
+    async def slow(order: str) -> str:
+        """Slow refund."""
+        running.append(order)
+        if len(running) >= 3:
+            started.set()
+        await release.wait()
+        return "ok"
+
+    def ask(request: ModelRequest) -> Any:
+        if request.messages[-1].role == "user":
+            return call("slow", order=request.messages[-1].text)
+        return "Done."
+
+    def make(name: str) -> Engine:
+        runtime = Runtime(model=FunctionModel(ask))
+        return Engine(Agent("a", tools=[slow]), store=store, runtime=runtime, worker_id=name)
+
+    api = make("api")
+    for n in range(5):
+        events = [e async for e in api.submit(f"s{n}", f"O{n}")]
+        await api.resolve(f"s{n}", events[-1].pending[0], Approve())
+    worker = Worker(make("w"), poll_interval=0.05, concurrency=3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    async with asyncio.timeout(5):
+        await started.wait()
+    await asyncio.sleep(0.1)  # more sweeps come: no fourth session starts
+    assert len(running) == 3
+    release.set()
+
+    async def all_done() -> bool:
+        return len(running) == 5
+
+    await eventually(all_done)
+    stop.set()
+    await task
+
+
+async def test_an_error_in_one_session_is_logged_kept_off_and_never_stops_the_worker(
+    caplog: pytest.LogCaptureFixture,
+):
+    store = MemoryStore()
+    api = engine(store, "api")
+    events = [e async for e in api.submit("good", "A1")]
+    await api.resolve("good", events[-1].pending[0], Approve())
+    bad = await store.load("good")
+    assert bad is not None
+    bad.id, bad.version = "bad", 0
+    bad.data = {**bad.data, "schema_version": 99}  # a row this handrail cannot read
+    await store.save(bad)
+
+    worker = Worker(engine(store, "w"), poll_interval=0.05)
+    with caplog.at_level("ERROR", logger="handrail.worker"):
+        moved = await worker.sweep()
+    assert moved == ["good"]  # the good one went on, the bad one did not stop it
+    assert any("'bad'" in r.getMessage() and r.exc_info for r in caplog.records)
+    # Parked for its back-off: no worker claims it meanwhile.
+    assert await store.claim(10**10, "other", ttl=30) == []

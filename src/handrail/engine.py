@@ -453,8 +453,13 @@ class Engine:
             if text is None:
                 progress = state.progress
                 if mode == "advance":
+                    expired = expire(state, self.runtime.clock())  # deadlines passed: decided
                     if progress is None or (progress.status == "suspended" and state.pending):
-                        return  # no turn to drive, or it waits for decisions: nothing to do
+                        # Nothing to drive; the store learns when there next will be.
+                        if expired or record.expires_at != self._needs_worker(state):
+                            with contextlib.suppress(ConflictError):
+                                await self._save(record, state, record.status)
+                        return
                     recovering = progress.status == "running"
                 else:
                     recovering = mode == "recover"
@@ -629,25 +634,41 @@ class Engine:
         await self.store.append_events(session_id, events)
         return run.result
 
+    async def advance_due(self, *, limit: int = 100) -> list[str]:
+        """Advance, one after the other, the sessions that need a worker now.
+
+        They are claimed from the store first (`SessionStore.claim`: due, and no live worker
+        holds their lease), so workers sweeping together share them out: cut-off turns whose
+        worker died, decided turns whose wake-up was lost, cards past their deadline.
+
+        Returns:
+            The ids of the sessions that moved (see `advance`).
+        """
+        moved: list[str] = []
+        claimed = await self.store.claim(
+            self.runtime.clock(), self.worker_id, self.lease_ttl, limit=limit
+        )
+        for summary in claimed:
+            try:
+                result = await self.advance(
+                    summary.id, org_id=summary.org_id, user_id=summary.user_id
+                )
+            except (SessionBusyError, SessionNotFoundError, ConflictError):
+                continue  # another worker got there first, or the session went
+            if result is not None:
+                moved.append(summary.id)
+        return moved
+
     async def recover_stale(self) -> list[str]:
         """Recover every session whose turn was cut off and whose worker's lease has expired.
 
-        Returns the ids of the sessions recovered (finished, or suspended on recovery cards).
+        The same sweep as `advance_due` (which also resumes decided turns and expires
+        deadlines): the sessions come from the store's index of what needs a worker.
+
+        Returns:
+            The ids of the sessions that moved (finished, or suspended on recovery cards).
         """
-        recovered: list[str] = []
-        for summary in await self.store.list(status="active", limit=1_000):
-            record = await self.store.load(summary.id)
-            if record is None or (record.data.get("progress") or {}).get("status") != "running":
-                continue
-            try:
-                await self.drain(
-                    summary.id,
-                    self.recover(summary.id, org_id=summary.org_id, user_id=summary.user_id),
-                )
-            except (SessionBusyError, UserError):
-                continue  # a live worker drives it, or another worker got there first
-            recovered.append(summary.id)
-        return recovered
+        return await self.advance_due(limit=1_000)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -844,14 +865,28 @@ class Engine:
             ) from None
         return record, state
 
+    def _needs_worker(self, state: RunState) -> float | None:
+        """When the session next needs a worker (`SessionRecord.expires_at`), if ever.
+
+        A turn in progress needs one now: driven, its lease keeps other workers off; cut off,
+        its lease lapses and the first worker to claim it recovers it. A suspended turn needs
+        one once every call is decided (now) or at its first card's deadline.
+        """
+        progress = state.progress
+        if progress is None:
+            return None
+        if progress.status == "running" or not state.pending:
+            return self.runtime.clock()
+        deadlines = [c.expires_at for c in state.pending.values() if c.expires_at is not None]
+        return min(deadlines) if deadlines else None
+
     async def _save(
         self, record: SessionRecord, state: RunState, status: SessionStatus
     ) -> SessionRecord:
         """Compare-and-swap `state` into `record`'s session; `record` follows the new version."""
         record.data = state.dump()
         record.status = status
-        deadlines = [c.expires_at for c in state.pending.values() if c.expires_at is not None]
-        record.expires_at = min(deadlines) if deadlines else None
+        record.expires_at = self._needs_worker(state)
         saved = await self.store.save(record)
         record.version = saved.version
         return saved

@@ -2,13 +2,18 @@
 
 A suspended turn may be resolved on any worker (an HTTP request lands anywhere); the worker
 that records the last decision wakes the others through the store (`notify`: LISTEN/NOTIFY
-on PostgreSQL), and one of them, the first to take the session's lease, resumes the turn. A
-worker that dies mid-turn leaves its lease to expire; then `sweep` finds the cut-off turn and
-recovers it (`Engine.recover`). Polling (`poll_interval`) is the fallback when a wake-up is
-missed, so no session is left stuck.
+on PostgreSQL), and one of them, the first to take the session's lease, resumes the turn.
+
+Wake-ups are hints, and a worker may die at any moment, so a worker also *sweeps*, every
+`poll_interval` seconds whatever wake-ups arrive: it claims from the store exactly the sessions
+that need a worker (`SessionStore.claim`: a decided turn not resumed, a turn whose worker's
+lease lapsed, a card past its deadline), which live workers pass over, and advances each
+(`Engine.advance`). Up to `concurrency` sessions are driven at once; a session that fails is
+logged with its id and left for a while (its lease, taken for the back-off, keeps every worker
+off it), then tried again; it never stops the worker.
 
 ```python
-worker = Worker(engine)
+worker = Worker(engine, concurrency=8)
 await worker.run(stop)  # until `stop` is set
 ```
 """
@@ -16,102 +21,173 @@ await worker.run(stop)  # until `stop` is set
 from __future__ import annotations
 
 import asyncio
-import random
+import logging
 from typing import Any
 
 from .engine import Engine
-from .exceptions import ConflictError, SessionBusyError, StaleResolutionError, UserError
+from .exceptions import ConflictError, SessionBusyError, SessionNotFoundError, UserError
 
 __all__ = ["Worker"]
 
-_SKIPPED = (SessionBusyError, UserError, ConflictError, StaleResolutionError)
-"""Another worker got there first, or the session moved on: nothing to do here."""
+_SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
+"""Another worker got there first, or the session went: nothing to do here."""
+_log = logging.getLogger("handrail.worker")
 
 
 class Worker:
     """Resumes and recovers the sessions of `engine.store` that are ready to go on.
 
     Args:
-        engine: the engine whose domain, store and runtime drive the turns.
-        poll_interval: seconds between sweeps when no wake-up comes (the fallback for a
-            missed wake-up, and how often deadlines and dead workers are checked).
-        batch: at most this many sessions of each kind handled per sweep.
+        engine: the engine whose domain, store and runtime drive the turns; its `worker_id`
+            names this worker's leases (give each process a stable one, e.g. its host or pod
+            name, so that a restarted process takes its own turns back at once).
+        poll_interval: seconds between sweeps (how soon a missed wake-up, a dead worker's
+            turn or a deadline is handled).
+        batch: at most this many sessions claimed by one sweep.
+        concurrency: at most this many sessions driven at once by this worker.
+        max_backoff: the longest wait, in seconds, before a session that failed is tried
+            again (the wait doubles from `poll_interval` with each failure in a row).
     """
 
-    def __init__(self, engine: Engine, *, poll_interval: float = 1.0, batch: int = 100) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        poll_interval: float = 1.0,
+        batch: int = 100,
+        concurrency: int = 1,
+        max_backoff: float = 300.0,
+    ) -> None:
         if not poll_interval > 0:
             raise UserError(f"Worker(poll_interval={poll_interval!r}) must be positive.")
+        if concurrency < 1 or batch < 1:
+            raise UserError("Worker: concurrency and batch must be at least 1.")
+        if not max_backoff >= poll_interval:
+            raise UserError("Worker: max_backoff must be at least poll_interval.")
         self.engine = engine
         self.poll_interval = poll_interval
         self.batch = batch
+        self.concurrency = concurrency
+        self.max_backoff = max_backoff
+        self._slots = asyncio.Semaphore(concurrency)
+        self._driving: dict[str, asyncio.Task[bool]] = {}
+        self._again: set[str] = set()
+        self._failures: dict[str, int] = {}
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Drive ready sessions until `stop` is set or the store is closed.
 
-        `stop` is checked between wake-ups, at least every `poll_interval`; cancel the task
-        running this to stop at once (a turn in flight is then cut off, and recovered later).
+        Sweeps run on schedule, wake-ups as they come, each session in a task of its own. On
+        `stop`, the sessions being driven finish their turn first; cancel the task running
+        this to stop at once (a turn in flight is then cut off, and recovered later).
         """
-        async with self.engine.store.listen() as wakeups:
+        async with self.engine.store.listen() as wakeups, asyncio.TaskGroup() as group:
             # Subscribed first, then swept: a wake-up sent in between is not missed.
-            await self.sweep()
-            iterator = aiter(wakeups)
-            while stop is None or not stop.is_set():
-                try:
-                    session_id = await asyncio.wait_for(anext(iterator), self.poll_interval)
-                except TimeoutError:
-                    await self.sweep()
-                    continue
-                except StopAsyncIteration:
-                    return  # the store was closed
-                await self.advance(session_id)
+            sweeps = group.create_task(self._sweep_forever(group))
+            listening = group.create_task(self._listen(wakeups, group))
+            waiting: set[asyncio.Future[Any]] = {listening}
+            if stop is not None:
+                waiting.add(group.create_task(stop.wait()))
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in (sweeps, listening, *waiting):
+                task.cancel()
+        # The group has waited for the sessions being driven.
 
     async def sweep(self) -> list[str]:
-        """One round of the fallback: expire deadlines, recover cut-off turns, resume ready ones.
+        """Claim and drive, to the end, every session that needs a worker now.
 
         Returns:
             The sessions this worker moved on.
         """
-        engine = self.engine
-        moved = await engine.expire_due()
-        moved += await engine.recover_stale()
-        ready = await engine.store.list(status="suspended", limit=self.batch)
-        # Workers sweeping together would otherwise all race for the same first session.
-        random.shuffle(ready)
-        for summary in ready:
-            if await self.advance(summary.id):
-                moved.append(summary.id)
-        return moved
+        async with asyncio.TaskGroup() as group:
+            tasks = [self._start(s.id, group) for s in await self._claim(self.batch)]
+        return [s for s, task in tasks if task is not None and task.result()]
 
     async def advance(self, session_id: str) -> bool:
-        """Resume (or recover) `session_id` if it is ready and free; True if this worker did."""
+        """Take `session_id` as far as it goes now (`Engine.advance`); True if it moved.
+
+        Never raises for the session's sake: another worker driving it is skipped, and any
+        other failure is logged with the session's id and the session left for a back-off.
+        """
         engine = self.engine
-        record = await engine.store.load(session_id)
-        if record is None:
-            return False
-        progress = record.data.get("progress") or {}  # a cheap look before the lease
-        if not progress or _has_pending(record.data):
-            return False  # nothing to drive, or still waiting for people
-        drive = engine.recover if progress.get("status") == "running" else engine.resume
         try:
-            await engine.drain(
-                session_id, drive(session_id, org_id=record.org_id, user_id=record.user_id)
-            )
+            record = await engine.store.load(session_id)
+            if record is None:
+                return False
+            result = await engine.advance(session_id, org_id=record.org_id, user_id=record.user_id)
         except _SKIPPED:
             return False
-        return True
+        except Exception:
+            await self._back_off(session_id)
+            return False
+        self._failures.pop(session_id, None)
+        return result is not None
 
+    # -- inside ---------------------------------------------------------------------------
 
-def _has_pending(data: dict[str, Any]) -> bool:
-    """Whether a stored session has an undecided card, read from its raw document.
+    async def _sweep_forever(self, group: asyncio.TaskGroup) -> None:
+        while True:
+            try:
+                free = self.concurrency - len(self._driving)
+                for summary in await self._claim(min(free, self.batch)) if free > 0 else ():
+                    self._start(summary.id, group)
+            except Exception:  # the store is away for a moment: the next sweep tries again
+                _log.exception("handrail worker %s: a sweep failed", self.engine.worker_id)
+            await asyncio.sleep(self.poll_interval)
 
-    The pending map is rebuilt the same way `RunState.load` does it (the latest card of a
-    call counts), without validating the whole state just to decide whether to try.
-    """
-    undecided: dict[str, bool] = {}
-    lists = [data.get("messages") or [], *(data.get("scratch") or {}).values()]
-    for messages in lists:
-        for message in messages:
-            for part in message.get("parts", ()):
-                if part.get("type") == "approval":
-                    undecided[part.get("tool_call_id")] = part.get("decision") is None
-    return any(undecided.values())
+    async def _listen(self, wakeups: Any, group: asyncio.TaskGroup) -> None:
+        async for session_id in wakeups:
+            self._start(session_id, group)
+
+    async def _claim(self, limit: int) -> list[Any]:
+        """Claim up to `limit` due sessions (their leases are then this worker's)."""
+        engine = self.engine
+        return await engine.store.claim(
+            engine.runtime.clock(), engine.worker_id, engine.lease_ttl, limit=limit
+        )
+
+    def _start(
+        self, session_id: str, group: asyncio.TaskGroup
+    ) -> tuple[str, asyncio.Task[bool] | None]:
+        """Drive `session_id` in a task of `group`.
+
+        Unless this worker drives it already: then once more after, since a wake-up may say
+        that something changed.
+        """
+        if session_id in self._driving:
+            self._again.add(session_id)
+            return session_id, None
+        task = group.create_task(self._drive(session_id), name=f"handrail advance {session_id}")
+        self._driving[session_id] = task
+        return session_id, task
+
+    async def _drive(self, session_id: str) -> bool:
+        moved = False
+        try:
+            while True:
+                async with self._slots:
+                    moved = await self.advance(session_id) or moved
+                if session_id not in self._again:
+                    return moved
+                self._again.discard(session_id)
+        finally:
+            del self._driving[session_id]
+
+    async def _back_off(self, session_id: str) -> None:
+        """Log a session that failed, and keep every worker off it for a while."""
+        failures = self._failures[session_id] = self._failures.get(session_id, 0) + 1
+        wait = min(self.max_backoff, self.poll_interval * 2 ** (failures - 1))
+        _log.exception(
+            "handrail worker %s: session %r failed (%d time(s) in a row); trying again in %g s",
+            self.engine.worker_id,
+            session_id,
+            failures,
+            wait,
+        )
+        engine = self.engine
+        try:  # the lease is free again (the failed run gave it back): hold it for the wait
+            await engine.store.acquire_lease(session_id, f"{engine.worker_id}:backoff", wait)
+        except Exception:
+            _log.exception(
+                "handrail worker %s: could not park session %r", engine.worker_id, session_id
+            )

@@ -693,6 +693,35 @@ async def test_of_owners_racing_for_a_lease_exactly_one_wins(make_store: StoreFa
     assert results.count(True) == 1
 
 
+async def test_claim_takes_the_due_sessions_no_live_worker_drives(
+    store: SessionStore, clock: Clock
+) -> None:
+    for id, expires_at in [("late", 50.0), ("none", None), ("early", 10.0), ("future", 99.0)]:
+        await store.save(SessionRecord(id=id, expires_at=expires_at))
+    await store.save(SessionRecord(id="busy", expires_at=5.0))
+    assert await store.acquire_lease("busy", "w2", ttl=30)  # a live worker drives it
+    claimed = await store.claim(50, "w1", ttl=30)
+    assert [s.id for s in claimed] == ["early", "late"]  # the busy one holds no place
+    # Their leases are w1's now: nobody else claims or takes them while they hold.
+    assert await store.claim(50, "w3", ttl=30) == []
+    assert not await store.acquire_lease("early", "w3", ttl=30)
+    assert [s.id for s in await store.claim(50, "w1", ttl=30)] == ["early", "late"]  # own
+    clock.advance(30)  # every lease lapsed: all due sessions go to whoever claims
+    assert [s.id for s in await store.claim(50, "w3", ttl=30, limit=2)] == ["busy", "early"]
+
+
+async def test_claims_made_at_once_share_out_the_sessions(make_store: StoreFactory) -> None:
+    stores = [await make_store(), await make_store()]
+    for n in range(30):
+        await stores[0].save(SessionRecord(id=f"s-{n:02}", expires_at=float(n)))
+    batches = await asyncio.gather(
+        *(stores[n % 2].claim(100, f"w{n}", ttl=30, limit=4) for n in range(10))
+    )
+    claimed = [s.id for batch in batches for s in batch]
+    assert len(claimed) == len(set(claimed))  # no session went to two workers
+    assert len(claimed) == 30 or all(len(batch) == 4 for batch in batches)
+
+
 @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf])
 async def test_a_lease_needs_a_positive_ttl(store: SessionStore, ttl: float) -> None:
     with pytest.raises(ValueError, match="ttl"):

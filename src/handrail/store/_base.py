@@ -62,10 +62,12 @@ class SessionSummary:
     updated_at: float = 0.0
     """When the session was last saved (epoch seconds, from the store's clock)."""
     expires_at: float | None = None
-    """The session's earliest deadline (an approval timeout, an idle TTL), or `None`.
+    """When the session next needs a worker, or `None` (nothing to do until someone acts).
 
-    The engine sets it; the store only indexes it, so that `SessionStore.due` finds what a
-    sweeper must handle.
+    The engine sets it: a waiting card's deadline; the time of the save for a turn whose every
+    call is decided (it is ready to resume); when a running turn's lease would lapse, were its
+    worker to die. The store only indexes it, so that `SessionStore.due` and
+    `SessionStore.claim` find exactly what a worker must handle.
     """
 
 
@@ -183,6 +185,25 @@ class SessionStore(Protocol):
 
     async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
         """Sessions whose `expires_at` is at or before `now`, the earliest first."""
+        ...
+
+    async def claim(
+        self, now: float, owner: str, ttl: float, *, limit: int = 100
+    ) -> builtins.list[SessionSummary]:
+        """Take the lease of sessions that need a worker, for `owner`, in one step.
+
+        The sessions are those `due` at `now` whose lease is free, expired or already
+        `owner`'s, the earliest first; each one's lease is then `owner`'s for `ttl` seconds.
+        Sessions a live worker drives are passed over, so they never hold the window against
+        the others, and of workers claiming at once each session goes to one (PostgreSQL
+        claims with `FOR UPDATE SKIP LOCKED`: they do not wait on each other either).
+
+        Args:
+            now: the time the deadlines are compared with (the engine's clock).
+            owner: who takes the leases.
+            ttl: how long they are held (the store's clock).
+            limit: at most this many.
+        """
         ...
 
     async def delete(self, session_id: str) -> bool:

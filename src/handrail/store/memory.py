@@ -160,6 +160,25 @@ class MemoryStore:
         found.sort(key=lambda s: (s.expires_at, s.id))
         return [replace(s) for s in found[:limit]]
 
+    async def claim(
+        self, now: float, owner: str, ttl: float, *, limit: int = 100
+    ) -> builtins.list[SessionSummary]:
+        """Take the leases of sessions that need a worker; see `SessionStore.claim`."""
+        self._check_open()
+        check_page(limit, 0)
+        check_ttl(ttl)
+        at = self.clock()
+        claimed: builtins.list[SessionSummary] = []
+        for summary in await self.due(now, limit=len(self._sessions) or 1):
+            if len(claimed) == limit:
+                break
+            held = self._leases.get(summary.id)
+            if held is not None and held[0] != owner and held[1] > at:
+                continue  # a live worker drives it
+            self._leases[summary.id] = (owner, at + ttl)
+            claimed.append(summary)
+        return claimed
+
     async def delete(self, session_id: str) -> bool:
         """Delete a session, its logs and its lease; see `SessionStore.delete`."""
         self._check_open()

@@ -418,6 +418,44 @@ class PostgresStore:
         )
         return [summary_from_row(row) for row in rows]
 
+    async def claim(
+        self, now: float, owner: str, ttl: float, *, limit: int = 100
+    ) -> builtins.list[SessionSummary]:
+        """Take the leases of sessions that need a worker; see `SessionStore.claim`.
+
+        One statement: the due sessions whose lease is free are locked `FOR UPDATE SKIP
+        LOCKED` (workers claiming at once pass over each other's rows instead of waiting),
+        and their leases taken with the same upsert as `acquire_lease`.
+        """
+        check_page(limit, 0)
+        check_ttl(ttl)
+        s = self._s
+        columns = ", ".join(f"s.{c}" for c in _SUMMARY.split(", "))
+        rows = await self._fetch(
+            f"""WITH picked AS (
+                SELECT s.id, s.expires_at FROM {s}.handrail_sessions s
+                LEFT JOIN {s}.handrail_leases l ON l.session_id = s.id
+                WHERE s.expires_at IS NOT NULL AND s.expires_at <= %(due)s
+                    AND (l.session_id IS NULL OR l.owner = %(owner)s OR l.expires_at <= {_NOW})
+                ORDER BY s.expires_at, s.id
+                LIMIT %(limit)s
+                FOR UPDATE OF s SKIP LOCKED
+            ), taken AS (
+                INSERT INTO {s}.handrail_leases (session_id, owner, expires_at)
+                SELECT id, %(owner)s, {_NOW} + %(ttl)s FROM picked
+                ON CONFLICT (session_id) DO UPDATE
+                    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+                    WHERE {s}.handrail_leases.owner = EXCLUDED.owner
+                        OR {s}.handrail_leases.expires_at <= {_NOW}
+                RETURNING session_id
+            )
+            SELECT {columns} FROM {s}.handrail_sessions s JOIN taken t ON t.session_id = s.id
+            ORDER BY s.expires_at, s.id""",
+            {"due": now, "owner": owner, "ttl": ttl, "limit": limit, "now": self._now()},
+            None,
+        )
+        return [summary_from_row(row) for row in rows]
+
     async def delete(self, session_id: str) -> bool:
         """Delete a session, its logs and its lease (one statement); see `SessionStore.delete`."""
         rows = await self._fetch(

@@ -358,6 +358,32 @@ class SqliteStore:
         rows = await self._call(lambda db: db.execute(sql, (now, limit)).fetchall(), None)
         return [summary_from_row(row) for row in rows]
 
+    async def claim(
+        self, now: float, owner: str, ttl: float, *, limit: int = 100
+    ) -> builtins.list[SessionSummary]:
+        """Take the leases of sessions that need a worker; see `SessionStore.claim`.
+
+        One write transaction: SQLite lets one writer in at a time, so two processes never
+        claim one session.
+        """
+        check_page(limit, 0)
+        check_ttl(ttl)
+        at = self.clock()
+        columns = ", ".join(f"s.{c}" for c in _SUMMARY.split(", "))
+        sql = f"""SELECT {columns} FROM handrail_sessions s
+            LEFT JOIN handrail_leases l ON l.session_id = s.id
+            WHERE s.expires_at IS NOT NULL AND s.expires_at <= ?
+                AND (l.session_id IS NULL OR l.owner = ? OR l.expires_at <= ?)
+            ORDER BY s.expires_at, s.id LIMIT ?"""
+
+        def claim(db: sqlite3.Connection) -> list[Any]:
+            with _transaction(db):
+                rows = db.execute(sql, (now, owner, at, limit)).fetchall()
+                db.executemany(_LEASE, [(row[0], owner, at + ttl, at) for row in rows])
+            return rows
+
+        return [summary_from_row(row) for row in await self._call(claim, None)]
+
     async def delete(self, session_id: str) -> bool:
         """Delete a session, its logs and its lease; see `SessionStore.delete`."""
 
