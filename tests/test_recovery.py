@@ -17,6 +17,7 @@ from handrail import (
     Agent,
     Answer,
     Approve,
+    ConflictError,
     Engine,
     Reject,
     Runtime,
@@ -271,3 +272,105 @@ async def test_a_resumption_cut_off_mid_call_asks_again_and_so_does_a_cut_off_re
         (f"{call_id}~1", "started"),
         (f"{call_id}~2", "finished"),
     ]
+
+
+# -- one call to finish a session; a restart under the same worker id ------------------------
+
+
+def named(store: MemoryStore, m: FunctionModel, worker_id: str, **kwargs: Any) -> Engine:
+    agent = Agent("a", tools=[charge, book])
+    runtime = Runtime(model=m, ids=sequential_ids())
+    return Engine(agent, store=store, runtime=runtime, worker_id=worker_id, **kwargs)
+
+
+async def test_advance_takes_a_session_as_far_as_it_goes_from_any_state():
+    store = MemoryStore()
+    e = engine(store, model("Hi."))
+    await events_of(e.submit("s1", "hello"))
+    assert await e.advance("s1") is None  # nothing to do: the turn is over
+
+    # Cut off while running: recovered, and suspended on the card of the call that may have run.
+    await crash(engine(store, model(call("charge", order="hang"))), lambda: bool(effects))
+    other = engine(store, model("unused", "Charged once."))
+    result = await other.advance("s1")
+    assert result is not None and result.outcome == "suspended"
+    assert await other.advance("s1") is None  # still waiting for the person: nothing to do
+    (card_id,) = result.pending
+    await other.resolve("s1", card_id, Answer(output="charged hang", by="ops"))
+    # Decided, not resumed (the wake-up went nowhere): resumed to the end.
+    result = await other.advance("s1")
+    assert result is not None and result.outcome == "completed"
+    assert result.output == "Charged once."
+    assert len(effects) == 1
+    logged = [e["type"] for _, e in await store.events("s1")]
+    assert logged[-1] == "run-completed"
+
+
+async def test_a_missing_session_cannot_be_advanced():
+    from handrail import SessionNotFoundError
+
+    with pytest.raises(SessionNotFoundError):
+        await engine(MemoryStore(), model("x")).advance("nope")
+
+
+async def test_a_process_restarted_under_its_worker_id_takes_its_turns_back_at_once():
+    store = MemoryStore()
+    first = named(store, model(call("charge", order="hang")), "w1", lease_ttl=3600)
+    turn = asyncio.create_task(events_of(first.submit("s1", "go")))
+    while not effects:  # noqa: ASYNC110 - polled: the charge has started
+        await asyncio.sleep(0)
+    # The process dies: nothing more of it runs, and its lease stays (for an hour).
+    (held,) = [owner for owner, _ in [store._leases["s1"]]]  # type: ignore[attr-defined]
+    assert held == first.lease_owner
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    await store.acquire_lease("s1", first.lease_owner, 3600)  # as a killed one leaves it
+
+    stranger = named(store, model("unused", "Done."), "w2")
+    with pytest.raises(SessionBusyError):
+        await stranger.advance("s1")  # another worker id waits for the lease to lapse
+    restarted = named(store, model("unused", "Done."), "w1")
+    assert await restarted.reclaim() == ["s1"]  # at once: suspended on its recovery card
+    state = await restarted.session("s1")
+    assert [c.kind for c in state.pending.values()] == ["recovery"]
+
+
+async def test_a_process_whose_lease_was_taken_over_acts_no_more():
+    store = MemoryStore()
+    release = asyncio.Event()
+
+    @tool(permission="write", approval="auto")
+    async def slow(ctx: ToolContext[None], order: str) -> str:
+        """Charge slowly."""
+        effects.append(("slow", ctx.idempotency_key))
+        await release.wait()
+        return "charged"
+
+    def two_charges(request: ModelRequest) -> Any:
+        done = [p for m in request.messages for p in m.tool_calls]
+        if not done:
+            return call("slow", order="A1")
+        if len(done) == 1:
+            return call("charge", order="A1")  # a second side effect, after the first
+        return "Done."
+
+    def make(worker_id: str) -> Engine:
+        runtime = Runtime(model=FunctionModel(two_charges), ids=sequential_ids())
+        agent = Agent("a", tools=[slow, charge])
+        return Engine(agent, store=store, runtime=runtime, worker_id=worker_id, lease_ttl=3600)
+
+    old = make("w1")
+    turn = asyncio.create_task(events_of(old.submit("s1", "go")))
+    while not effects:  # noqa: ASYNC110 - polled: the slow charge has started
+        await asyncio.sleep(0)
+    new = make("w1")  # the same worker id, started while the old process still lives
+    assert await new.reclaim() == ["s1"]  # it takes the session over
+    release.set()  # the old process's call returns; it must not go on to the next one
+    # Refused at its next write: its checkpoint (the new process saved since) or, had the new
+    # one not saved yet, the lease check before the next side effect.
+    with pytest.raises((ConflictError, SessionBusyError)):
+        await turn
+    assert [kind for kind, _ in effects] == ["slow"]  # the second charge never started
+    state = await new.session("s1")
+    assert [c.kind for c in state.pending.values()] == ["recovery"]  # the new one's record

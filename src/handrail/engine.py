@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -53,11 +54,14 @@ from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
+from .store._codec import INCARNATION
 from .suspension import Decision, card_event, decide, expire
 from .tools import Tool
 from .tools._dispatch import Dispatcher, completed_event
 
 __all__ = ["Domain", "Engine", "Resolution"]
+
+_log = logging.getLogger("handrail.engine")
 
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 
@@ -190,7 +194,10 @@ class Engine:
         domain: the agents and routes (a lone `Agent` is a domain of one).
         store: where sessions live (default: a `MemoryStore`, which forgets on exit).
         runtime: dependencies, hooks, policy, clock and ids, shared by every run.
-        worker_id: this worker's name in session leases (default: a random one).
+        worker_id: this worker's name in session leases: give each process a stable one (its
+            host or pod name), so that, restarted, it takes its own turns back at once
+            (`reclaim`). Default: `HANDRAIL_WORKER_ID`, else a random one (a restarted
+            process then waits for its old leases to lapse).
         lease_ttl: seconds a worker's lease on a session lasts unless renewed (it is renewed
             while a turn runs); a dead worker's sessions are taken over after it.
         mode: `live`, or `mock` for evals and tests (see `build_runtime`).
@@ -221,8 +228,13 @@ class Engine:
         self.runtime: Runtime[Any] = self.assembly.runtime
         self._router = self.domain.router()
         self.store: SessionStore = store if store is not None else MemoryStore()
-        self.worker_id = worker_id or f"worker-{os.urandom(6).hex()}"
+        self.worker_id = (
+            worker_id or os.environ.get("HANDRAIL_WORKER_ID") or f"worker-{os.urandom(6).hex()}"
+        )
+        self.lease_owner = f"{self.worker_id}#{os.urandom(6).hex()[: INCARNATION - 1]}"
+        """This process's name on the leases it holds: its worker id and its incarnation."""
         self.lease_ttl = lease_ttl
+        self._lost: set[str] = set()  # sessions whose lease another process took over
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
 
@@ -646,7 +658,7 @@ class Engine:
         """
         moved: list[str] = []
         claimed = await self.store.claim(
-            self.runtime.clock(), self.worker_id, self.lease_ttl, limit=limit
+            self.runtime.clock(), self.lease_owner, self.lease_ttl, limit=limit
         )
         for summary in claimed:
             try:
@@ -657,6 +669,33 @@ class Engine:
                 continue  # another worker got there first, or the session went
             if result is not None:
                 moved.append(summary.id)
+        return moved
+
+    async def reclaim(self) -> list[str]:
+        """Take back, at once, the turns a previous process with this worker id was driving.
+
+        Their leases become this process's (`SessionStore.adopt_leases`) instead of lapsing
+        after `lease_ttl`, and each session is advanced (`advance`). Call it when a process
+        starts (`Worker.run` does). A process that still lives under the same worker id (two
+        processes given one id) loses those leases: it stops their turns and acts no more for
+        them, so one process at a time acts for a session.
+
+        Returns:
+            The ids of the sessions that moved.
+        """
+        moved: list[str] = []
+        for session_id in await self.store.adopt_leases(self.worker_id, self.lease_owner):
+            record = await self.store.load(session_id)
+            if record is None:
+                continue
+            try:
+                result = await self.advance(
+                    session_id, org_id=record.org_id, user_id=record.user_id
+                )
+            except (SessionBusyError, SessionNotFoundError, ConflictError):
+                continue
+            if result is not None:
+                moved.append(session_id)
         return moved
 
     async def recover_stale(self) -> list[str]:
@@ -810,17 +849,20 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _leased(self, session_id: str) -> AsyncIterator[None]:
         """Hold the session's lease (one worker drives a session), renewed while held."""
-        store, owner, ttl = self.store, self.worker_id, self.lease_ttl
+        store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
         if not await store.acquire_lease(session_id, owner, ttl):
             raise SessionBusyError(
                 f"Session {session_id!r} is being driven by another worker right now; wait "
                 f"for its run to end (or for its lease to expire if that worker died)."
             )
+        self._lost.discard(session_id)
 
         async def renew() -> None:
             while True:
                 await asyncio.sleep(ttl / 3)
-                await store.acquire_lease(session_id, owner, ttl)
+                if not await store.acquire_lease(session_id, owner, ttl):
+                    self._lose(session_id)
+                    return
 
         renewal = asyncio.create_task(renew())
         try:
@@ -829,6 +871,31 @@ class Engine:
             renewal.cancel()
             await asyncio.wait([renewal])
             await store.release_lease(session_id, owner)
+
+    def _lose(self, session_id: str) -> None:
+        """Another process took this session's lease (`reclaim`): stop, and write nothing more.
+
+        The turn is interrupted; its saves and side effects are refused from now on, so the
+        process that holds the lease is the only one that acts.
+        """
+        _log.warning(
+            "handrail engine %s: the lease on session %r was taken over; stopping its turn",
+            self.lease_owner,
+            session_id,
+        )
+        self._lost.add(session_id)
+        self.interrupt(session_id)
+
+    async def _check_lease(self, session_id: str) -> None:
+        """Refuse to act for a session whose lease this process no longer holds."""
+        if session_id in self._lost or not await self.store.acquire_lease(
+            session_id, self.lease_owner, self.lease_ttl
+        ):
+            self._lost.add(session_id)
+            raise SessionBusyError(
+                f"Session {session_id!r}: this process ({self.lease_owner}) lost its lease to "
+                f"another one, so it acts no more for it; the other process goes on."
+            )
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -884,6 +951,11 @@ class Engine:
         self, record: SessionRecord, state: RunState, status: SessionStatus
     ) -> SessionRecord:
         """Compare-and-swap `state` into `record`'s session; `record` follows the new version."""
+        if record.id in self._lost:
+            raise SessionBusyError(
+                f"Session {record.id!r}: this process ({self.lease_owner}) lost its lease to "
+                f"another one, so it saves nothing more for it; the other process goes on."
+            )
         record.data = state.dump()
         record.status = status
         record.expires_at = self._needs_worker(state)
@@ -928,6 +1000,9 @@ class _SessionJournal:
         await self.engine._save(self.record, self.state, "active")
 
     async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
+        # The lease is checked (and renewed) at the store right before each side effect:
+        # a process that lost it to another never starts one.
+        await self.engine._check_lease(self.record.id)
         await self.engine.store.log_started(
             self.record.id, log_id, key=key, tool=part.name, args=part.args
         )

@@ -82,7 +82,12 @@ class Worker:
         this to stop at once (a turn in flight is then cut off, and recovered later).
         """
         async with self.engine.store.listen() as wakeups, asyncio.TaskGroup() as group:
-            # Subscribed first, then swept: a wake-up sent in between is not missed.
+            # Subscribed first, then swept: a wake-up sent in between is not missed. What this
+            # worker id drove before a restart comes first, without waiting for a lease to lapse.
+            try:
+                await self.engine.reclaim()
+            except Exception:  # the sweeps find those sessions once their leases lapse
+                _log.exception("handrail worker %s: reclaiming failed", self.engine.worker_id)
             sweeps = group.create_task(self._sweep_forever(group))
             listening = group.create_task(self._listen(wakeups, group))
             waiting: set[asyncio.Future[Any]] = {listening}
@@ -143,7 +148,7 @@ class Worker:
         """Claim up to `limit` due sessions (their leases are then this worker's)."""
         engine = self.engine
         return await engine.store.claim(
-            engine.runtime.clock(), engine.worker_id, engine.lease_ttl, limit=limit
+            engine.runtime.clock(), engine.lease_owner, engine.lease_ttl, limit=limit
         )
 
     def _start(

@@ -722,6 +722,22 @@ async def test_claims_made_at_once_share_out_the_sessions(make_store: StoreFacto
     assert len(claimed) == 30 or all(len(batch) == 4 for batch in batches)
 
 
+async def test_a_restarted_worker_adopts_its_previous_incarnations_leases(
+    store: SessionStore,
+) -> None:
+    old, new = "w1#0123456789a", "w1#fedcba98765"
+    assert await store.acquire_lease("s-1", old, ttl=30)
+    assert await store.acquire_lease("s-2", old, ttl=30)
+    assert await store.acquire_lease("s-3", "w1x#0123456789", ttl=30)  # another worker id
+    assert await store.acquire_lease("s-4", "w1", ttl=30)  # not an incarnation of w1
+    assert await store.adopt_leases("w1", new) == ["s-1", "s-2"]
+    assert await store.acquire_lease("s-1", new, ttl=30)  # its own now
+    assert not await store.acquire_lease("s-1", old, ttl=30)  # the old one lost it
+    assert not await store.release_lease("s-2", old)
+    assert not await store.acquire_lease("s-3", new, ttl=30)
+    assert await store.adopt_leases("w1", new) == []
+
+
 @pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf])
 async def test_a_lease_needs_a_positive_ttl(store: SessionStore, ttl: float) -> None:
     with pytest.raises(ValueError, match="ttl"):

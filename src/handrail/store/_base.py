@@ -314,6 +314,20 @@ class SessionStore(Protocol):
         """Give a lease back; `False` if `owner` did not hold it (nothing changes then)."""
         ...
 
+    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
+        """Make `owner` the holder of every lease held by an owner named `previous` + 12 chars.
+
+        A process restarted under its worker id takes back, at once, the leases its previous
+        incarnation held (an engine's lease owner is its worker id, `#`, and 11 hex digits of
+        its own): it need not wait for them to lapse. Whoever held them loses them at that
+        moment, so two live processes never hold one lease; one that lives on finds out when
+        it next renews.
+
+        Returns:
+            The ids of the sessions whose lease was adopted.
+        """
+        ...
+
     async def notify(self, session_id: str) -> None:
         """Wake every listener (in any process sharing the store) about a session."""
         ...

@@ -23,6 +23,16 @@ EXPORT_SCHEMA_VERSION = 2
 2: adds `"events": [{"seq", "event"}...]`, the event log (a version 1 document has none).
 """
 
+INCARNATION = 12
+"""How many characters an engine's lease owner adds to its worker id: `#` and 11 hex digits,
+its incarnation (`SessionStore.adopt_leases` matches the worker id and exactly this many)."""
+
+
+def incarnation_of(holder: str, previous: str) -> bool:
+    """Whether lease owner `holder` is an incarnation of the worker named `previous`."""
+    return len(holder) == len(previous) + INCARNATION and holder.startswith(previous + "#")
+
+
 LoggedEvents = list[tuple[int, dict[str, Any]]]
 """A page of a session's event log: `(number, event)` pairs in order."""
 EXPORT_KIND = "handrail.session"

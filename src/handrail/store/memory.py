@@ -32,6 +32,9 @@ from ._codec import (
     parse_export,
     stamped,
 )
+from ._codec import (
+    incarnation_of as _incarnation_of,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -311,6 +314,18 @@ class MemoryStore:
             return False
         del self._leases[session_id]
         return True
+
+    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
+        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
+        self._check_open()
+        adopted = [
+            session_id
+            for session_id, (holder, _) in self._leases.items()
+            if _incarnation_of(holder, previous) and holder != owner
+        ]
+        for session_id in adopted:
+            self._leases[session_id] = (owner, self._leases[session_id][1])
+        return sorted(adopted)
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener of this store; see `SessionStore.notify`."""

@@ -29,6 +29,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
 from ._codec import (
+    INCARNATION,
     LoggedEvents,
     check_events_page,
     check_page,
@@ -744,6 +745,23 @@ class PostgresStore:
                 session_id,
             )
         )
+
+    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
+        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
+        rows = await self._fetch(
+            f"""UPDATE {self._s}.handrail_leases SET owner = %(owner)s
+            WHERE length(owner) = %(length)s AND left(owner, %(prefix)s) = %(previous)s
+                AND owner <> %(owner)s
+            RETURNING session_id""",
+            {
+                "owner": owner,
+                "length": len(previous) + INCARNATION,
+                "prefix": len(previous) + 1,
+                "previous": previous + "#",
+            },
+            None,
+        )
+        return sorted(row[0] for row in rows)
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener on this schema, in any process: `pg_notify`."""

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
+    INCARNATION,
     LoggedEvents,
     check_events_page,
     check_page,
@@ -598,6 +599,19 @@ class SqliteStore:
         return bool(
             await self._call(lambda db: db.execute(sql, (session_id, owner)).rowcount, session_id)
         )
+
+    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
+        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
+        sql = """UPDATE handrail_leases SET owner = ?
+            WHERE length(owner) = ? AND substr(owner, 1, ?) = ? AND owner <> ?
+            RETURNING session_id"""
+        params = (owner, len(previous) + INCARNATION, len(previous) + 1, previous + "#", owner)
+
+        def adopt(db: sqlite3.Connection) -> list[Any]:
+            with _transaction(db):
+                return db.execute(sql, params).fetchall()
+
+        return sorted(row[0] for row in await self._call(adopt, None))
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener, in this process at once and in others at their next poll.
