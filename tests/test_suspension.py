@@ -341,6 +341,20 @@ async def test_a_gated_client_tool_suspends_twice_approval_then_the_client_resul
     model.assert_complete()
 
 
+async def test_an_approved_client_tool_resumed_by_a_worker_waits_for_the_client():
+    engine, _ = engine_for([[call("pay", amount=20)], "Paid."])
+    await suspended(engine, client=True)
+    await engine.resolve("s1", "call_1", Approve())
+    result = await engine.advance("s1")  # a worker: no client of its own
+    assert result is not None and result.outcome == "suspended"
+    state = await engine.session("s1")
+    assert [c.kind for c in state.pending.values()] == ["client_exec"]
+    await engine.resolve("s1", "call_1", ClientResult(output={"tab": 3}))
+    result = await engine.advance("s1")
+    assert result is not None and result.outcome == "completed"
+    assert call_parts(await engine.session("s1"))[0].result.data == {"tab": 3}  # type: ignore[union-attr]
+
+
 async def test_a_client_tool_with_no_client_connected_fails_fast():
     engine, _ = engine_for([[call("open_tab", url="x"), call("pay", amount=1)], "Sorry."])
     events = await events_of(engine.submit("s1", "go"))

@@ -287,8 +287,8 @@ class Dispatcher:
                 )
         part.args = final
         if tool.executor == "client":
-            if not self.state.client_connected:
-                return self._fail(part, _NO_CLIENT.format(name=part.name))
+            # It was dispatched with a client connected (else it would have failed then): it
+            # waits for that client's result, whoever resumes the turn (a worker has none).
             part.status = "waiting"
             return None
         part.status = "running"
