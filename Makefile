@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo web test browser lint format typecheck bench clean
+.PHONY: help install demo web test browser lint format typecheck bench crash clean
 
 help: ## List the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
 	$(BIN)/python -m bench.capture
 	$(BIN)/python -m bench.evals
 	$(BIN)/python -m bench.server
+
+crash: $(STAMP) ## Kill workers for real and check every effect (bench.crash)
+	$(BIN)/python -m bench.crash
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .coverage
