@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,26 +55,10 @@ from handrail.messages import ApprovalCardPart, ToolCallPart
 from handrail.models import ModelRequest
 from handrail.store import SqliteStore
 from handrail.testing import FunctionModel, call
+from kill_points import append, crash, lines
 
-CRASH_AT = os.environ.get("CRASH_AT", "")
 KINDS = ("approval", "human", "client")
 ANNOUNCED = frozenset({"approval-required", "input-required", "client-exec-required"})
-
-
-def _crash(point: str) -> None:
-    if point == CRASH_AT:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _append(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def real_result(kind: str, order: str) -> str:
@@ -100,7 +82,7 @@ def build(db: str, effects: Path, kind: str, lease_ttl: float) -> Engine:
     @tool(name="payments.charge", permission="write")
     async def charge(order: str) -> str:
         """Charge an order (gated: a person approves it; not idempotent)."""
-        _append(effects, f"charge {order}")
+        append(effects, f"charge {order}")
         return f"charged {order}"
 
     @tool(name="desk.ask", executor="human", prompt="Which gift note goes in the box?")
@@ -116,9 +98,9 @@ def build(db: str, effects: Path, kind: str, lease_ttl: float) -> Engine:
     @tool(name="shipping.ship", permission="write", approval="auto")
     async def ship(order: str) -> str:
         """Ship an order (runs at once; not idempotent: a second call ships twice)."""
-        _crash("ship-started")
-        _append(effects, f"ship {order}")
-        _crash("ship-done")
+        crash("ship-started")
+        append(effects, f"ship {order}")
+        crash("ship-done")
         return f"shipped {order}"
 
     def waiting(order: str) -> ToolCallPart:
@@ -143,7 +125,7 @@ def build(db: str, effects: Path, kind: str, lease_ttl: float) -> Engine:
 def decide(card: ApprovalCardPart, kind: str, session: str, effects: Path) -> Any:
     """What the person in the loop (or the client) decides on a card."""
     if card.kind == "recovery":  # did the ship happen? check the carrier
-        shipped = f"ship {session}" in _lines(effects)
+        shipped = f"ship {session}" in lines(effects)
         return Reject(reason="it shipped") if shipped else Approve()
     if card.kind == "approval":
         return Approve(by="ops")
@@ -171,7 +153,7 @@ async def drive(engine: Engine, session: str, kind: str, effects: Path) -> str:
         run = engine.submit(session, f"Please process order {session}", client=True)
         async for event in run:
             if event.type == "tool-call-completed" and event.name == "shipping.ship":
-                _crash("before-suspend-save")  # logged finished; not saved suspended yet
+                crash("before-suspend-save")  # logged finished; not saved suspended yet
         print(f"submitted {run.result.outcome}", flush=True)
     reported = not found
     for _ in range(10):

@@ -20,9 +20,7 @@ file (as one would check the bank) and retries only if it did not happen.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,24 +38,7 @@ from handrail import (
 from handrail.models import ModelRequest
 from handrail.store import SessionStore, SqliteStore
 from handrail.testing import FunctionModel, call
-
-CRASH_AT = os.environ.get("CRASH_AT", "")
-
-
-def _crash(point: str) -> None:
-    if point == CRASH_AT:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _append(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+from kill_points import append, crash, lines
 
 
 async def _jitter() -> None:
@@ -69,8 +50,8 @@ def build(store: SessionStore, effects: Path, lease_ttl: float) -> Engine:
     async def ship(ctx: ToolContext[None], order: str) -> str:
         """Ship an order (the carrier deduplicates on the idempotency key)."""
         await _jitter()
-        if f"ship {order} {ctx.idempotency_key}" not in _lines(effects):
-            _append(effects, f"ship {order} {ctx.idempotency_key}")
+        if f"ship {order} {ctx.idempotency_key}" not in lines(effects):
+            append(effects, f"ship {order} {ctx.idempotency_key}")
         await _jitter()
         return f"shipped {order}"
 
@@ -78,9 +59,9 @@ def build(store: SessionStore, effects: Path, lease_ttl: float) -> Engine:
     async def charge(order: str) -> str:
         """Charge an order (not idempotent: a second call charges twice)."""
         await _jitter()
-        _crash("charge-started")
-        _append(effects, f"charge {order}")
-        _crash("charge-done")
+        crash("charge-started")
+        append(effects, f"charge {order}")
+        crash("charge-done")
         await _jitter()
         return f"charged {order}"
 
@@ -92,7 +73,7 @@ def build(store: SessionStore, effects: Path, lease_ttl: float) -> Engine:
             return call("orders.ship", order=order)
         if "orders.charge" not in done:
             return call("orders.charge", order=order)
-        _crash("after-result")
+        crash("after-result")
         return f"Order {order} shipped and charged."
 
     agent = Agent("desk", tools=[ship, charge])
@@ -103,7 +84,7 @@ def build(store: SessionStore, effects: Path, lease_ttl: float) -> Engine:
 def decide(card: Any, session: str, effects: Path) -> Any:
     """What the person in the loop decides on a card."""
     if card.kind == "recovery":  # did the charge happen? check the bank
-        ran = f"charge {session}" in _lines(effects)
+        ran = f"charge {session}" in lines(effects)
         return Reject(reason="it went through") if ran else Approve()
     return Approve(by="ops")
 
@@ -128,7 +109,7 @@ async def drive(engine: Engine, session: str, effects: Path) -> str:
                     run = engine.resume(session)
             async for event in run:
                 if event.type == "run-suspended":
-                    _crash("suspended")
+                    crash("suspended")
         except SessionBusyError:
             await asyncio.sleep(0.05)  # the killed worker's lease has not expired yet
 
