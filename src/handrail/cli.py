@@ -139,6 +139,21 @@ def serve(
             "saved), then streams to send what is left (clients reconnect with Last-Event-ID)."
         ),
     ] = 5.0,
+    sweep_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between sweeps: expired cards, turns whose worker died, decided "
+            "turns nobody resumed (0: no sweeps; run a handrail Worker elsewhere).",
+            min=0,
+        ),
+    ] = 1.0,
+    retention_days: Annotated[
+        float | None,
+        typer.Option(
+            help="Delete finished sessions nobody touched for this many days (default: keep).",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
     """Serve an engine's HTTP API (and its web page) with uvicorn."""
     from .server import ApiKeyAuthenticator, Caller, create_app
@@ -164,6 +179,8 @@ def serve(
         authenticator=authenticator,
         max_body_size=max_body_size,
         shutdown_grace=shutdown_grace,
+        sweep_interval=sweep_interval or None,
+        retention=retention_days * 86_400 if retention_days else None,
     )
     serve_app(application, host=host, port=port, shutdown_grace=shutdown_grace, log_level=log_level)
 

@@ -21,7 +21,10 @@ await worker.run(stop)  # until `stop` is set
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
+import time
 from typing import Any
 
 from .engine import Engine
@@ -47,6 +50,13 @@ class Worker:
         concurrency: at most this many sessions driven at once by this worker.
         max_backoff: the longest wait, in seconds, before a session that failed is tried
             again (the wait doubles from `poll_interval` with each failure in a row).
+        listen: drive the sessions that wake-ups name (a decision recorded in another
+            process); False: sweeps alone, for a process that drives what it decides itself
+            (`handrail serve`).
+        grace: seconds a session may need a worker before a sweep claims it: whoever just
+            made it ready (a server resuming the turn it has just decided) takes it first.
+        retention: when set, finished sessions (`completed`, `failed`) that nobody touched
+            for this many seconds are deleted (`Engine.prune`), once a minute at most.
     """
 
     def __init__(
@@ -57,6 +67,9 @@ class Worker:
         batch: int = 100,
         concurrency: int = 1,
         max_backoff: float = 300.0,
+        listen: bool = True,
+        grace: float = 0.0,
+        retention: float | None = None,
     ) -> None:
         if not poll_interval > 0:
             raise UserError(f"Worker(poll_interval={poll_interval!r}) must be positive.")
@@ -64,6 +77,12 @@ class Worker:
             raise UserError("Worker: concurrency and batch must be at least 1.")
         if not max_backoff >= poll_interval:
             raise UserError("Worker: max_backoff must be at least poll_interval.")
+        if not grace >= 0 or (retention is not None and not retention > 0):
+            raise UserError("Worker: grace cannot be negative, and retention must be positive.")
+        self.listen = listen
+        self.grace = grace
+        self.retention = retention
+        self._pruned = -math.inf
         self.engine = engine
         self.poll_interval = poll_interval
         self.batch = batch
@@ -81,7 +100,9 @@ class Worker:
         `stop`, the sessions being driven finish their turn first; cancel the task running
         this to stop at once (a turn in flight is then cut off, and recovered later).
         """
-        async with self.engine.store.listen() as wakeups, asyncio.TaskGroup() as group:
+        store = self.engine.store
+        wakeups = store.listen() if self.listen else contextlib.nullcontext(None)
+        async with wakeups as subscription, asyncio.TaskGroup() as group:
             # Subscribed first, then swept: a wake-up sent in between is not missed. What this
             # worker id drove before a restart comes first, without waiting for a lease to lapse.
             try:
@@ -89,12 +110,13 @@ class Worker:
             except Exception:  # the sweeps find those sessions once their leases lapse
                 _log.exception("handrail worker %s: reclaiming failed", self.engine.worker_id)
             sweeps = group.create_task(self._sweep_forever(group))
-            listening = group.create_task(self._listen(wakeups, group))
-            waiting: set[asyncio.Future[Any]] = {listening}
+            waiting: set[asyncio.Future[Any]] = set()
+            if subscription is not None:
+                waiting.add(group.create_task(self._listen(subscription, group)))
             if stop is not None:
                 waiting.add(group.create_task(stop.wait()))
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for task in (sweeps, listening, *waiting):
+            await asyncio.wait(waiting or {sweeps}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (sweeps, *waiting):
                 task.cancel()
         # The group has waited for the sessions being driven.
 
@@ -136,9 +158,22 @@ class Worker:
                 free = self.concurrency - len(self._driving)
                 for summary in await self._claim(min(free, self.batch)) if free > 0 else ():
                     self._start(summary.id, group)
+                await self._prune()
             except Exception:  # the store is away for a moment: the next sweep tries again
                 _log.exception("handrail worker %s: a sweep failed", self.engine.worker_id)
             await asyncio.sleep(self.poll_interval)
+
+    async def _prune(self) -> None:
+        """Delete the finished sessions past `retention`, once a minute at most."""
+        now = time.monotonic()
+        if self.retention is None or now - self._pruned < 60:
+            return
+        self._pruned = now
+        deleted = await self.engine.prune(idle_for=self.retention)
+        if deleted:
+            _log.info(
+                "handrail worker %s: pruned %d session(s)", self.engine.worker_id, len(deleted)
+            )
 
     async def _listen(self, wakeups: Any, group: asyncio.TaskGroup) -> None:
         async for session_id in wakeups:
@@ -148,7 +183,7 @@ class Worker:
         """Claim up to `limit` due sessions (their leases are then this worker's)."""
         engine = self.engine
         return await engine.store.claim(
-            engine.runtime.clock(), engine.lease_owner, engine.lease_ttl, limit=limit
+            engine.runtime.clock() - self.grace, engine.lease_owner, engine.lease_ttl, limit=limit
         )
 
     def _start(

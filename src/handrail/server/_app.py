@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -21,6 +22,7 @@ from ..engine import Engine
 from ..exceptions import SessionNotFoundError
 from ..state import RunState
 from ..store import SessionRecord
+from ..worker import Worker
 from ._auth import Authenticator, Caller
 from ._bodies import (
     AgentBody,
@@ -64,6 +66,9 @@ def create_app(
     ping_interval: float = 15.0,
     send_timeout: float | None = 30.0,
     shutdown_grace: float = 5.0,
+    sweep_interval: float | None = None,
+    sweep_concurrency: int = 4,
+    retention: float | None = None,
 ) -> Starlette:
     """The HTTP API of `engine`, as an ASGI app (run it with uvicorn: `handrail serve`).
 
@@ -82,6 +87,15 @@ def create_app(
         send_timeout: seconds a stream may wait for a slow reader before dropping it (the
             client reconnects with `Last-Event-ID` and misses nothing); None: forever.
         shutdown_grace: seconds running turns get to stop at shutdown.
+        sweep_interval: when set, the app runs a `Worker` (sweeps alone: it drives itself what
+            its requests decide) every this many seconds, from start-up: what a previous
+            process under the engine's worker id drove is taken back at once; turns whose
+            worker died are recovered; cards past their deadline expire and their turns go on,
+            so the model can finish them; decided turns nobody resumed are resumed. None: no
+            sweeps (run a `Worker` elsewhere). `handrail serve` sweeps every second.
+        sweep_concurrency: how many sessions the sweeps drive at once.
+        retention: with sweeps, finished sessions nobody touched for this many seconds are
+            deleted (None: kept).
     """
     runs = Runs(engine, poll_interval=poll_interval)
     api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout)
@@ -94,8 +108,31 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await runs.aclose(grace=shutdown_grace)
+        stop = asyncio.Event()
+        sweeps: asyncio.Task[None] | None = None
+        if sweep_interval is not None:
+            worker = Worker(
+                engine,
+                poll_interval=sweep_interval,
+                concurrency=sweep_concurrency,
+                listen=False,
+                grace=sweep_interval,
+                max_backoff=max(300.0, sweep_interval),
+                retention=retention,
+            )
+            sweeps = asyncio.create_task(worker.run(stop), name="handrail sweeps")
+        try:
+            yield
+        finally:
+            stop.set()
+            await runs.aclose(grace=shutdown_grace)
+            if sweeps is not None:
+                try:  # a turn the sweeps drive gets the same grace, then is cut off
+                    async with asyncio.timeout(shutdown_grace):
+                        await sweeps
+                except TimeoutError:
+                    sweeps.cancel()
+                    await asyncio.wait([sweeps])
 
     app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.runs = runs

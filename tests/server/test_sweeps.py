@@ -1,0 +1,60 @@
+"""`handrail serve` runs the sweeps itself: an expired card leads to a run the model finishes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from handrail import Agent, Engine, Runtime, tool
+from handrail.models import ModelRequest
+from handrail.server import create_app
+from handrail.store import MemoryStore
+from handrail.testing import FunctionModel, call
+
+from .conftest import ANA, authenticator
+
+
+@tool(name="orders.refund", permission="write", expires_after=0.2)
+def refund(order: str) -> str:
+    """Refund an order (a person must approve within 0.2 s)."""
+    raise AssertionError("never approved, so never run")
+
+
+def answer(request: ModelRequest) -> Any:
+    calls = [p for m in request.messages for p in m.tool_calls]
+    if not calls:
+        return call("orders.refund", order="A1")
+    return f"I could not refund: {calls[0].result.error}"  # type: ignore[union-attr]
+
+
+async def test_an_expired_card_leads_to_a_run_the_model_finishes():
+    engine = Engine(
+        Agent("desk", tools=[refund]),
+        store=MemoryStore(),
+        runtime=Runtime(model=FunctionModel(answer)),
+    )
+    app = create_app(engine, authenticator=authenticator(), sweep_interval=0.05)
+    transport = httpx.ASGITransport(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+    ):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        turn = await client.post(
+            f"/sessions/{session}/turns", json={"text": "refund A1"}, headers=ANA
+        )
+        assert turn.status_code == 202
+        async with asyncio.timeout(10):
+            while True:  # nobody decides: the deadline passes, and the sweeps go on with it
+                view = (await client.get(f"/sessions/{session}", headers=ANA)).json()
+                if view["status"] == "completed":
+                    break
+                await asyncio.sleep(0.05)
+        assert view["pending"] == []
+        answer_text = view["messages"][-1]["parts"][0]["text"]
+        assert "Nobody decided on this call before its deadline" in answer_text
+        # The run the sweeps drove is in the event log, for the page to show.
+        events = [e["type"] for _, e in await engine.store.events(session)]
+        assert events[-1] == "run-completed"
