@@ -105,6 +105,35 @@ async def test_the_pending_card_is_read_with_the_session(server: Server) -> None
     }
 
 
+@pytest.mark.parametrize(
+    ("amount", "where"),
+    [
+        ("NaN", "body.decision.amended_args.amount"),
+        ("Infinity", "body.decision.amended_args.amount"),
+        ("-Infinity", "body.decision.amended_args.amount"),
+        ("1e400", "body.decision.amended_args.amount"),
+    ],
+)
+async def test_a_number_that_is_not_finite_is_refused_and_nothing_is_recorded(
+    server: Server, amount: str, where: str
+) -> None:
+    session_id, call_id = await suspended(server)
+    body = (
+        f'{{"tool_call_id": "{call_id}", "decision": '
+        f'{{"decision": "approve", "amended_args": {{"amount": {amount}}}}}}}'
+    )
+    response = await server.client.post(
+        f"/sessions/{session_id}/resolve",
+        content=body,
+        headers={**ANA, "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert error["message"].startswith(f"{where}: numbers must be finite")
+    assert [c["tool_call_id"] for c in await server.pending(session_id)] == [call_id]
+
+
 async def test_an_amended_approval_resumes_the_turn_to_completion(server: Server) -> None:
     session_id, call_id = await suspended(server)
     response = await server.client.post(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -139,6 +140,43 @@ def create_app(
     return app
 
 
+def _check_finite(body: bytes) -> None:
+    """Refuse a body with a number that is not finite.
+
+    `NaN`, `Infinity` or a number past the float range (`1e400`) would reach a tool as nothing
+    it can use (and be stored as null). A body that is not JSON at all is left to the model's
+    validation to name.
+    """
+    try:
+        value = pydantic_core.from_json(body)  # NaN and Infinity read, to be named below
+    except ValueError:
+        return
+    where = _infinite(value, "body")
+    if where is not None:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{where}: numbers must be finite (not NaN, not Infinity, not past ±1.8e308).",
+        )
+
+
+def _infinite(value: Any, where: str) -> str | None:
+    """Where in `value` a number is not finite, or None."""
+    if isinstance(value, float):
+        return where if not math.isfinite(value) else None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _infinite(item, f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -246,6 +284,7 @@ class _Api:
             body += chunk
             if len(body) > self.max_body_size:
                 raise self._too_large()
+        _check_finite(bytes(body))
         return model.model_validate_json(bytes(body))
 
     def _too_large(self) -> ApiError:
