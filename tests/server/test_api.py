@@ -678,3 +678,32 @@ async def test_many_turns_at_once_each_stream_whole_and_in_order() -> None:
         assert [e.id for e in events] == list(range(1, len(events) + 1))
         assert events[-1].type == "run-completed"
         assert sum(e.type == "text-delta" for e in events) == 30
+
+
+# -- bounded inputs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "headers", "problem"),
+    [
+        ("/sessions", {"offset": str(2**63)}, {}, "offset"),
+        ("/sessions/{id}/events", {"after": str(2**63)}, {}, "after"),
+        ("/sessions/{id}/events", {}, {"Last-Event-ID": "\u00b2"}, "Last-Event-ID"),
+        ("/sessions/{id}/events", {}, {"Last-Event-ID": str(2**63)}, "Last-Event-ID"),
+        ("/sessions/a%00b", {}, {}, "Not a session id"),
+        ("/sessions/a%00b/events", {}, {}, "Not a session id"),
+        ("/sessions/" + "x" * 300, {}, {}, "Not a session id"),
+    ],
+)
+async def test_numbers_and_ids_no_store_could_take_are_refused_with_json(
+    server: Server, path: str, params: dict[str, str], headers: dict[str, str], problem: str
+) -> None:
+    session_id = await server.new_session()
+    encoded = {k: v.encode("latin-1") for k, v in headers.items()}  # a raw header byte
+    response = await server.client.get(
+        path.replace("{id}", session_id), params=params, headers={**ANA, **encoded}
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert problem in error["message"]

@@ -26,6 +26,7 @@ from ..store import SessionRecord
 from ..worker import Worker
 from ._auth import Authenticator, Caller
 from ._bodies import (
+    MAX_NUMBER,
     AgentBody,
     ClientQuery,
     DomainBody,
@@ -138,6 +139,28 @@ def create_app(
     app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.runs = runs
     return app
+
+
+_SESSION_ID_MAX = 256
+
+
+def _session_id(request: Request) -> str:
+    """The session id of the path, refused (422) if no store could hold it or a log show it.
+
+    Control characters (a NUL among them: PostgreSQL refuses it, and it would go raw into the
+    log) and ids longer than 256 characters are never session ids.
+    """
+    session_id: str = request.path_params["session_id"]
+    if len(session_id) > _SESSION_ID_MAX or any(
+        ch < " " or "\x7f" <= ch <= "\x9f" for ch in session_id
+    ):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"Not a session id (control characters, or over {_SESSION_ID_MAX} characters): "
+            f"{session_id[:40]!r}.",
+        )
+    return session_id
 
 
 def _check_finite(body: bytes) -> None:
@@ -262,14 +285,14 @@ class _Api:
     async def _session(self, request: Request) -> tuple[Caller, str, RunState]:
         """The caller, and the session of the path if it is the caller's (else 404)."""
         caller = await self._caller(request)
-        session_id = request.path_params["session_id"]
+        session_id = _session_id(request)
         state = await self.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
         return caller, session_id, state
 
     async def _owned(self, request: Request) -> tuple[Caller, str]:
         """As `_session`, without reading the session's state (a turn reads it anyway)."""
         caller = await self._caller(request)
-        session_id = request.path_params["session_id"]
+        session_id = _session_id(request)
         record = await self.store.load(session_id)
         if record is None or (record.org_id, record.user_id) != tuple(caller):
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
@@ -409,7 +432,7 @@ class _Api:
         """
         caller = await self._caller(request)
         org_id, user_id = caller
-        session_id = request.path_params["session_id"]
+        session_id = _session_id(request)
         body = await self._body(request, TurnBody)
         client = self._query(request, ClientQuery).client
         if body.route is not None and body.route not in self.engine.domain.routes:
@@ -441,9 +464,12 @@ class _Api:
         after = query.after
         if after is None:
             last = request.headers.get("last-event-id", "0").strip() or "0"
-            if not last.isdigit():
+            # ASCII digits only: `str.isdigit` also takes "²" and other digits `int` refuses.
+            if not (last.isascii() and last.isdigit()) or int(last) > MAX_NUMBER:
                 raise ApiError(
-                    422, "invalid_request", f"Last-Event-ID: not an event number: {last!r}."
+                    422,
+                    "invalid_request",
+                    f"Last-Event-ID: not an event number (0 to {MAX_NUMBER}): {last[:40]!r}.",
                 )
             after = int(last)
         return self._stream(session_id, after, forever=query.follow)
@@ -469,7 +495,7 @@ class _Api:
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
         caller = await self._caller(request)
-        session_id = request.path_params["session_id"]
+        session_id = _session_id(request)
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {

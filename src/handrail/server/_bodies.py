@@ -11,6 +11,7 @@ from ..store import SessionStatus
 from ..suspension import Decision
 
 __all__ = [
+    "MAX_NUMBER",
     "AgentBody",
     "ClientQuery",
     "DomainBody",
@@ -27,6 +28,11 @@ __all__ = [
     "TurnAccepted",
     "TurnBody",
 ]
+
+
+MAX_NUMBER = 2**53
+"""The largest offset or event number a request may give (exact in JSON, and in every store's
+integers): a larger one is refused before it reaches a store."""
 
 
 class _Strict(BaseModel):
@@ -72,14 +78,17 @@ class ListQuery(_Strict):
 
     status: SessionStatus | None = Field(None, description="Only sessions in this status.")
     limit: int = Field(50, ge=1, le=500, description="At most this many.")
-    offset: int = Field(0, ge=0, description="Skip this many first.")
+    offset: int = Field(0, ge=0, le=MAX_NUMBER, description="Skip this many first.")
 
 
 class EventsQuery(_Strict):
     """Where a stream of a session's events starts, and whether it ends."""
 
     after: int | None = Field(
-        None, ge=0, description="Start after this event (default: `Last-Event-ID`, else 0)."
+        None,
+        ge=0,
+        le=MAX_NUMBER,
+        description="Start after this event (default: `Last-Event-ID`, else 0).",
     )
     follow: bool = Field(
         False, description="Keep streaming after the turn ends (default: end after it)."
