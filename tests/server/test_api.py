@@ -707,3 +707,20 @@ async def test_numbers_and_ids_no_store_could_take_are_refused_with_json(
     error = response.json()["error"]
     assert error["type"] == "invalid_request"
     assert problem in error["message"]
+
+
+# -- security headers ---------------------------------------------------------------------------
+
+
+async def test_the_page_and_the_api_carry_security_headers(server: Server) -> None:
+    page = await server.client.get("/")
+    api = await server.client.get("/sessions", headers=ANA)
+    refused = await server.client.get("/sessions")  # an error answer too
+    for response in (page, api, refused):
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+    assert api.headers["cache-control"] == "no-store"
+    assert refused.headers["cache-control"] == "no-store"
+    assert page.status_code == 200 and "no-store" not in page.headers.get("cache-control", "")

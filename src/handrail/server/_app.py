@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pydantic_core
 from pydantic import BaseModel
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -43,6 +44,7 @@ from ._bodies import (
     TurnBody,
 )
 from ._errors import EXCEPTION_HANDLERS, ApiError
+from ._headers import SecurityHeaders
 from ._openapi import Operation, openapi
 from ._runs import Runs
 from ._sse import EventStream, frame
@@ -136,7 +138,12 @@ def create_app(
                     sweeps.cancel()
                     await asyncio.wait([sweeps])
 
-    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+        middleware=[Middleware(SecurityHeaders)],
+    )
     app.state.runs = runs
     return app
 
