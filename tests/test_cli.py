@@ -367,3 +367,64 @@ def test_serve_tunes_the_garbage_collector_for_a_long_run(
     assert result.exit_code == 0, result.output
     assert (ran[0].config.port, ran[0].config.timeout_graceful_shutdown) == (8124, 5.0)
     assert gc.get_threshold()[0] == 5_000 and gc.get_freeze_count() > 0
+
+
+def test_serve_warns_of_a_key_on_the_command_line_and_reads_a_key_file(
+    app_module: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(
+        "handrail.server.serve", lambda app, **options: served.update(app=app, **options)
+    )
+    flagged = run("serve", f"{app_module}:engine", "--api-key", "acme:ana:k")
+    assert flagged.exit_code == 0
+    assert "Warning: --api-key puts the key in the process's command line" in flagged.output
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# the desk's keys\nacme:ana:k1\n\nglobex:bob:k2\n")
+    filed = run("serve", f"{app_module}:engine", "--api-keys-file", str(keys))
+    assert filed.exit_code == 0, filed.output
+    assert "Warning" not in filed.output and "No --api-key given" not in filed.output
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "acme:ana:k3")
+    from_env = run("serve", f"{app_module}:engine")
+    assert from_env.exit_code == 0 and "Warning" not in from_env.output
+
+
+def test_the_access_log_never_shows_a_key_nor_a_raw_control_character(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("handrail")), "serve", "handrail.demo.web:engine"]
+    command += ["--port", str(port), "--shutdown-grace", "0.5"]
+    env = {
+        **os.environ,
+        "HANDRAIL_DEMO_DB": str(tmp_path / "web.db"),
+        "HANDRAIL_API_KEYS": "acme:ana:k",
+    }
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            for _ in range(200):
+                try:
+                    client.get("/?key=s3cr3t-key&x=1")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+            client.get("/sessions?token=t0ken", headers={"Authorization": "Bearer k"})
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+        assert server.stdout is not None
+        with server.stdout:
+            log = server.stdout.read()
+    assert "s3cr3t-key" not in log and "t0ken" not in log
+    assert "/?key=***&x=1" in log and "/sessions?token=***" in log

@@ -119,16 +119,22 @@ def _one_line_errors(command: Callable[P, T]) -> Callable[P, T]:
 @app.command()
 @_one_line_errors
 def serve(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
     host: Annotated[str, typer.Option(help="The interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
     api_key: Annotated[
         list[str] | None,
         typer.Option(
-            help="ORG:USER:KEY, once a key (or HANDRAIL_API_KEYS, space-separated). "
-            "Without any, a key is made for this run and printed.",
+            help="ORG:USER:KEY, once a key. Prefer HANDRAIL_API_KEYS (space-separated) or "
+            "--api-keys-file: a key on the command line is visible to every user of the "
+            "machine (ps, /proc). Without any key, one is made for this run and printed.",
             envvar="HANDRAIL_API_KEYS",
         ),
+    ] = None,
+    api_keys_file: Annotated[
+        Path | None,
+        typer.Option(help="A file of ORG:USER:KEY lines (blank lines and # comments skipped)."),
     ] = None,
     max_body_size: Annotated[int, typer.Option(help="Bytes a request body may have.")] = 1_000_000,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
@@ -161,10 +167,22 @@ def serve(
 
     engine = load_engine(target)
     authenticator = ApiKeyAuthenticator()
-    for spec in api_key or ():
+    source = ctx.get_parameter_source("api_key")
+    if api_key and source is not None and source.name == "COMMANDLINE":
+        typer.echo(
+            "Warning: --api-key puts the key in the process's command line, where every user "
+            "of this machine can read it (ps, /proc/PID/cmdline). Use HANDRAIL_API_KEYS or "
+            "--api-keys-file instead.",
+            err=True,
+        )
+    specs = list(api_key or ())
+    if api_keys_file is not None:
+        lines = api_keys_file.read_text().splitlines()
+        specs += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    for spec in specs:
         org_id, user_id, key = _key_spec(spec)
         authenticator.add(key, Caller(org_id, user_id))
-    if not api_key:
+    if not specs:
         key = ApiKeyAuthenticator.generate_key()
         authenticator.add(key, Caller("local", "local"))
         typer.echo(

@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import gc
+import logging
 import math
+import re
 import socket
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["serve", "tune_gc"]
+__all__ = ["AccessLogScrubber", "serve", "tune_gc"]
+
+_SECRET = re.compile(
+    r"([?&](?:key|api_key|apikey|token|access_token|password|secret)=)[^&#\s]*", re.IGNORECASE
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class AccessLogScrubber(logging.Filter):
+    r"""Keeps secrets and control characters out of uvicorn's access log.
+
+    A key sent in a query string (`?key=...`: the API never reads one, but a mistyped page
+    address sends it) is logged as `key=***`, and control characters in a path (a NUL, a
+    newline that would forge a log line) are logged escaped (`\x00`).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record's path argument; never drops a record."""
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path = _SECRET.sub(r"\1***", args[2])
+            path = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", path)
+            record.args = (*args[:2], path, *args[3:])
+        return True
 
 
 def tune_gc() -> None:
@@ -76,4 +101,5 @@ def serve(
         **uvicorn_options,
     )
     tune_gc()
+    logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     _Server(config, app, shutdown_grace).run()
