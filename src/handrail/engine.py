@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, ValidationError
 
 from ._loop import AgentResult, AgentRun
+from ._redact import public_event
 from ._tool_result import ToolResult
 from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
@@ -343,7 +344,9 @@ class Engine:
         run = self._drive(
             session_id, None, None, org_id, user_id, None, False, mode="advance", create=False
         )
-        events = [EVENT.dump_python(event, mode="json") async for event in run]
+        events = [
+            public_event(session_id, EVENT.dump_python(event, mode="json")) async for event in run
+        ]
         if events:
             await self.store.append_events(session_id, events)
         return run._result
@@ -642,7 +645,9 @@ class Engine:
         can still read or stream them (`GET /sessions/{id}/events`). `Worker` and
         `recover_stale` drive turns this way.
         """
-        events = [EVENT.dump_python(event, mode="json") async for event in run]
+        events = [
+            public_event(session_id, EVENT.dump_python(event, mode="json")) async for event in run
+        ]
         await self.store.append_events(session_id, events)
         return run.result
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from .._loop import AgentRun
+from .._redact import public_event
 from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
 from ..exceptions import SessionBusyError, SessionNotFoundError, UserError
@@ -149,6 +150,7 @@ class Runs:
             del self._tasks[session_id], self._callers[session_id]
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
+        event = public_event(session_id, event)  # what a failure tells the tenant
         seq = await self.engine.store.append_events(session_id, [event])
         for queue in self._listeners.get(session_id, ()):
             # A slow reader's queue is full: it sees the gap and reads the log instead.
