@@ -43,6 +43,9 @@ async def suspended(server: Server) -> tuple[str, str]:
     return session_id, call_id
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def approve(call_id: str, **amended: Any) -> dict[str, Any]:
     return {"tool_call_id": call_id, "decision": {"decision": "approve", "amended_args": amended}}
 
@@ -364,6 +367,7 @@ async def test_a_duplicate_resolution_is_a_conflict_with_the_reason(server: Serv
         "error": {
             "type": "stale_resolution",
             "message": IsStr(regex=rf".*{call_id}.*"),
+            "request_id": IsStr(),
         }
     }
     await server.join(session_id)
@@ -469,7 +473,11 @@ async def test_another_tenants_session_is_not_found(
     nobodys = await server.client.request(method, f"/sessions/nope{path}", json=body, headers=BOB)
     assert theirs.status_code == nobodys.status_code == 404
     assert theirs.json() == {
-        "error": {"type": "not_found", "message": f"No session {session_id!r} for this caller."}
+        "error": {
+            "type": "not_found",
+            "message": f"No session {session_id!r} for this caller.",
+            "request_id": IsStr(),
+        }
     }
     assert len(await server.pending(session_id)) == 1  # nothing changed
 
@@ -548,10 +556,21 @@ async def test_a_bad_body_is_422_saying_where(
 async def test_a_body_that_is_not_json_is_422(server: Server) -> None:
     session_id = await server.new_session()
     response = await server.client.post(
-        f"/sessions/{session_id}/turns", content=b"{nope", headers=ANA
+        f"/sessions/{session_id}/turns", content=b"{nope", headers={**ANA, **JSON}
     )
     assert response.status_code == 422
     assert "Invalid JSON" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("media", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_a_body_that_is_not_said_to_be_json_is_415(server: Server, media: str | None) -> None:
+    session_id = await server.new_session()
+    headers = {**ANA, **({"Content-Type": media} if media else {})}
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", content=b'{"text": "hi"}', headers=headers
+    )
+    assert response.status_code == 415
+    assert response.json()["error"]["type"] == "unsupported_media_type"
 
 
 async def test_a_decision_that_does_not_fit_the_card_is_422(server: Server) -> None:
@@ -563,6 +582,7 @@ async def test_a_decision_that_does_not_fit_the_card_is_422(server: Server) -> N
     assert response.json()["error"] == {
         "type": "invalid_decision",
         "message": IsStr(regex=r".*order_id cannot be amended \(amendable: amount\).*"),
+        "request_id": IsStr(),
     }
     twice = await server.client.post(
         f"/sessions/{session_id}/resolve", json=[approve(call_id), approve(call_id)], headers=ANA
@@ -580,6 +600,7 @@ async def test_an_oversized_body_is_413(server: Server) -> None:
     assert response.json()["error"] == {
         "type": "body_too_large",
         "message": "The request body is over 1000 bytes.",
+        "request_id": IsStr(),
     }
 
     async def chunked() -> Any:  # no Content-Length: counted as it arrives
@@ -587,7 +608,7 @@ async def test_an_oversized_body_is_413(server: Server) -> None:
             yield b"x" * 100
 
     response = await server.client.post(
-        f"/sessions/{session_id}/turns", content=chunked(), headers=ANA
+        f"/sessions/{session_id}/turns", content=chunked(), headers={**ANA, **JSON}
     )
     assert response.status_code == 413
 
@@ -724,3 +745,40 @@ async def test_the_page_and_the_api_carry_security_headers(server: Server) -> No
     assert api.headers["cache-control"] == "no-store"
     assert refused.headers["cache-control"] == "no-store"
     assert page.status_code == 200 and "no-store" not in page.headers.get("cache-control", "")
+
+
+async def test_every_error_names_its_request_and_an_unexpected_one_is_json(
+    server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    refused = await server.client.get("/sessions", headers={"X-Request-ID": "trace-42"})
+    assert refused.headers["x-request-id"] == "trace-42"
+    assert refused.json()["error"]["request_id"] == "trace-42"
+    odd = await server.client.get("/sessions", headers={"X-Request-ID": "no spaces\tplease"})
+    assert odd.headers["x-request-id"] != "no spaces\tplease"  # not taken: a new one
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("internal detail: db at 10.0.0.7")
+
+    monkeypatch.setattr(server.app.state.runs.engine.store, "list", broken)
+    app = server.app
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        with caplog.at_level("ERROR", logger="handrail.server"):
+            response = await client.get("/sessions", headers=ANA)
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "internal_error" and "10.0.0.7" not in error["message"]
+    rid = error["request_id"]
+    assert response.headers["x-request-id"] == rid
+    assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_another_tenants_decision_is_refused_before_any_wait(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    engine = server.app.state.runs.engine
+    async with engine._lock(session_id):  # the session is busy here (a long save, say)
+        async with asyncio.timeout(2):  # answered at once, not after the lock is free
+            response = await server.client.post(
+                f"/sessions/{session_id}/resolve", json=approve(call_id), headers=BOB
+            )
+    assert response.status_code == 404

@@ -306,6 +306,13 @@ class _Api:
         return caller, session_id
 
     async def _body(self, request: Request, model: type[M]) -> M:
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"The body must be JSON (Content-Type: application/json), not {media[:60]!r}.",
+            )
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_size:
             raise self._too_large()
@@ -501,8 +508,8 @@ class _Api:
 
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
-        caller = await self._caller(request)
-        session_id = _session_id(request)
+        # Ownership first: another tenant's request never waits for this session's lock.
+        caller, session_id = await self._owned(request)
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {

@@ -18,6 +18,7 @@ from ..exceptions import (
     StoreError,
     UserError,
 )
+from ._headers import request_id, security_headers
 from ._runs import TurnInProgressError
 
 __all__ = ["EXCEPTION_HANDLERS", "ApiError"]
@@ -44,14 +45,19 @@ class ApiError(Exception):
 
 
 def error_response(
+    request: Request,
     status: int,
     kind: str,
     message: str,
     details: list[dict[str, object]] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    """The JSON body every error answers: `{"error": {"type": kind, "message": ...}}`."""
-    error: dict[str, object] = {"type": kind, "message": message}
+    """The JSON body every error answers: `{"error": {"type", "message", "request_id"}}`."""
+    error: dict[str, object] = {
+        "type": kind,
+        "message": message,
+        "request_id": request_id(request.scope),
+    }
     if details is not None:
         error["details"] = details
     return JSONResponse({"error": error}, status_code=status, headers=headers)
@@ -71,17 +77,25 @@ _STATUS: dict[type[Exception], tuple[int, str]] = {
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.kind, exc.message, headers=exc.headers)
+    return error_response(request, exc.status, exc.kind, exc.message, headers=exc.headers)
 
 
 async def _handrail_error(request: Request, exc: Exception) -> Response:
     status, kind = next(_STATUS[k] for k in type(exc).__mro__ if k in _STATUS)
-    return error_response(status, kind, str(exc))
+    return error_response(request, status, kind, str(exc))
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:
-    _log.error("Session store failed on %s %s: %s", request.method, request.url.path, exc)
-    return error_response(503, "store_unavailable", "The session store failed; try again later.")
+    _log.error(
+        "request %s: the session store failed on %s %r: %s",
+        request_id(request.scope),
+        request.method,
+        request.url.path,
+        exc,
+    )
+    return error_response(
+        request, 503, "store_unavailable", "The session store failed; try again later."
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
@@ -92,7 +106,11 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     where = ".".join(str(p) for p in first["loc"]) or "body"
     more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
     return error_response(
-        422, "invalid_request", f"{where}: {first['msg']}{more}", details=list(map(dict, details))
+        request,
+        422,
+        "invalid_request",
+        f"{where}: {first['msg']}{more}",
+        details=list(map(dict, details)),
     )
 
 
@@ -100,7 +118,31 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     names = {404: "not_found", 405: "method_not_allowed"}
     return error_response(
-        exc.status_code, names.get(exc.status_code, "http_error"), exc.detail, headers=exc.headers
+        request,
+        exc.status_code,
+        names.get(exc.status_code, "http_error"),
+        exc.detail,
+        headers=exc.headers,
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """A failure nobody foresaw: JSON all the same, and the detail only in the log."""
+    rid = request_id(request.scope)
+    _log.error(
+        "request %s: %s %r failed unexpectedly",
+        rid,
+        request.method,
+        request.url.path,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    return error_response(
+        request,
+        500,
+        "internal_error",
+        f"The server failed on this request (request id {rid}); it is in the server's log.",
+        # Answered by Starlette's outermost middleware, past the one that adds these.
+        headers=security_headers(request.scope),
     )
 
 
@@ -110,5 +152,6 @@ EXCEPTION_HANDLERS = {
     ValidationError: _validation_error,
     HTTPException: _http_error,
     **dict.fromkeys(_STATUS, _handrail_error),
+    Exception: _unexpected,
 }
 """Starlette's `exception_handlers`: every error the API answers, as JSON."""

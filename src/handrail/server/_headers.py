@@ -9,13 +9,18 @@
   session ids do not) goes nowhere.
 - `Cache-Control: no-store` on API answers (JSON), unless the answer sets its own: sessions
   and decisions are never kept by a cache on the way.
+- `X-Request-ID`: every request gets an id (the client's own `X-Request-ID` when it is a
+  short token, else a new one), which error bodies and the server's log lines name too.
 """
 
 from __future__ import annotations
 
+import os
+import re
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CSP", "SecurityHeaders"]
+__all__ = ["CSP", "SecurityHeaders", "request_id", "security_headers"]
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -30,6 +35,20 @@ _ALWAYS = [
 ]
 
 
+def security_headers(scope: Scope) -> dict[str, str]:
+    """The headers above, for an answer made outside the middleware (an unexpected error's)."""
+    headers = {name.decode(): value.decode() for name, value in _ALWAYS}
+    return {**headers, "x-request-id": request_id(scope), "cache-control": "no-store"}
+
+
+_GIVEN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def request_id(scope: Scope) -> str:
+    """The id of the request of `scope` (set by `SecurityHeaders`)."""
+    return str(scope.get("state", {}).get("request_id", "-"))
+
+
 class SecurityHeaders:
     """ASGI middleware that adds the headers above to every HTTP answer of `app`."""
 
@@ -40,12 +59,17 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+        text = given.decode("latin-1")
+        rid = text if _GIVEN_ID.fullmatch(text) else os.urandom(6).hex()
+        scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
                 names = {name.lower() for name, _ in headers}
                 headers += [(n, v) for n, v in _ALWAYS if n not in names]
+                headers.append((b"x-request-id", rid.encode()))
                 json = any(
                     n.lower() == b"content-type" and v.startswith(b"application/json")
                     for n, v in headers
