@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from typing import Any
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from dirty_equals import IsStr
 
-from handrail import ApprovalCardPart
+from handrail import ApprovalCardPart, StoreError
 from handrail.demo.support_desk import CUSTOMER_MESSAGE
 
 from .conftest import ANA, BOB, Server, frames
@@ -782,3 +783,22 @@ async def test_another_tenants_decision_is_refused_before_any_wait(server: Serve
                 f"/sessions/{session_id}/resolve", json=approve(call_id), headers=BOB
             )
     assert response.status_code == 404
+
+
+async def test_a_stream_that_fails_after_its_200_ends_with_an_error_event(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session_id = await server.new_session()
+
+    async def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("the event log cannot be read")
+
+    monkeypatch.setattr(server.app.state.runs.engine.store, "events", unreadable)
+    async with server.streaming.stream(
+        "GET", f"/sessions/{session_id}/events", headers={**ANA, "X-Request-ID": "r-7"}
+    ) as response:
+        assert response.status_code == 200
+        body = (await response.aread()).decode()
+    assert body.startswith("event: error\r\ndata: ")
+    error = json.loads(body.split("data: ", 1)[1])["error"]
+    assert (error["type"], error["request_id"]) == ("stream_failed", "r-7")

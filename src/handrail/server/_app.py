@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -44,12 +45,14 @@ from ._bodies import (
     TurnBody,
 )
 from ._errors import EXCEPTION_HANDLERS, ApiError
-from ._headers import SecurityHeaders
+from ._headers import SecurityHeaders, request_id
 from ._openapi import Operation, openapi
 from ._runs import Runs
-from ._sse import EventStream, frame
+from ._sse import EventStream, error_frame, frame
 
 __all__ = ["create_app"]
+
+_log = logging.getLogger("handrail.server")
 
 STATIC = Path(__file__).parent / "static"
 """The web page's files, served at `/` when the directory exists."""
@@ -465,7 +468,8 @@ class _Api:
         )
         after = await self.runs.start(session_id, run, caller)
         if "text/event-stream" in request.headers.get("accept", ""):
-            return self._stream(session_id, after, forever=False)  # the turn's events, here
+            # the turn's events, here
+            return self._stream(request, session_id, after, forever=False)
         accepted = TurnAccepted(
             session_id=session_id, after=after, events=self._events_url(session_id, after)
         )
@@ -486,23 +490,41 @@ class _Api:
                     f"Last-Event-ID: not an event number (0 to {MAX_NUMBER}): {last[:40]!r}.",
                 )
             after = int(last)
-        return self._stream(session_id, after, forever=query.follow)
+        return self._stream(request, session_id, after, forever=query.follow)
 
-    def _stream(self, session_id: str, after: int, *, forever: bool) -> Response:
-        """The session's events after `after` as Server-Sent Events (see `Runs.follow`)."""
+    def _stream(self, request: Request, session_id: str, after: int, *, forever: bool) -> Response:
+        """The session's events after `after` as Server-Sent Events (see `Runs.follow`).
+
+        A stream that fails once its 200 is sent (the store went away, a row it cannot read)
+        ends with an `error` event naming the request id, never just a cut connection.
+        """
         events = self.runs.follow(session_id, after, forever=forever)
+        rid = request_id(request.scope)
 
         async def frames() -> AsyncGenerator[bytes, None]:
             async with contextlib.aclosing(events):
-                async for batch in events:  # every event there is now, in few writes
-                    chunk = bytearray()
-                    for seq, event in batch:
-                        chunk += frame(seq, pydantic_core.to_json(event))
-                        if len(chunk) >= _WRITE:  # a slow reader holds back the next write
+                try:
+                    async for batch in events:  # every event there is now, in few writes
+                        chunk = bytearray()
+                        for seq, event in batch:
+                            chunk += frame(seq, pydantic_core.to_json(event))
+                            if len(chunk) >= _WRITE:  # a slow reader holds the next write
+                                yield bytes(chunk)
+                                chunk.clear()
+                        if chunk or not batch:
                             yield bytes(chunk)
-                            chunk.clear()
-                    if chunk or not batch:
-                        yield bytes(chunk)
+                except Exception:
+                    _log.exception("request %s: the stream of session %r failed", rid, session_id)
+                    error = {
+                        "type": "error",
+                        "error": {
+                            "type": "stream_failed",
+                            "message": "The stream failed on the server; reconnect with "
+                            "Last-Event-ID to go on from the last event you had.",
+                            "request_id": rid,
+                        },
+                    }
+                    yield error_frame(pydantic_core.to_json(error))
 
         return EventStream(frames(), ping=self.ping_interval, send_timeout=self.send_timeout)
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Mapping
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["EventStream", "frame"]
+__all__ = ["EventStream", "error_frame", "frame"]
 
 _PING = b": ping\r\n\r\n"
 
@@ -27,6 +27,15 @@ _PING = b": ping\r\n\r\n"
 def frame(seq: int, data: bytes) -> bytes:
     """One Server-Sent Event: its id (the event's number in the session's log) and its JSON."""
     return b"id: %d\r\ndata: %b\r\n\r\n" % (seq, data)
+
+
+def error_frame(data: bytes) -> bytes:
+    """An `error` event, with no id.
+
+    It is not one of the session's events: a client that reconnects with `Last-Event-ID`
+    picks up where the session's events stopped.
+    """
+    return b"event: error\r\ndata: %b\r\n\r\n" % data
 
 
 class EventStream(Response):
