@@ -43,6 +43,7 @@ from .events import EVENT, Event, RunCompleted, RunStarted, RunSuspended
 from .exceptions import (
     ConflictError,
     SessionBusyError,
+    SessionCorruptError,
     SessionNotFoundError,
     StoreError,
     UserError,
@@ -974,7 +975,7 @@ def _decode(record: SessionRecord) -> RunState:
     try:
         return RunState.load(record.data)
     except UserError as exc:
-        raise StoreError(
+        raise SessionCorruptError(
             f"Session {record.id!r} cannot be read: {exc}. The stored row is left untouched; "
             f"restore it from an export, or delete the session.",
             session_id=record.id,

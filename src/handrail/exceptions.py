@@ -17,7 +17,8 @@ HandrailError
     ├── SessionBusyError       another run is driving (or resuming) the session right now
     ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
     └── StoreError             a session store failed, or holds something it cannot read
-        └── ConflictError      a stale save: someone else saved the session first
+        ├── ConflictError      a stale save: someone else saved the session first
+        └── SessionCorruptError  a stored session that cannot be read (left as it is)
 ```
 
 Signals from a tool to the engine are not errors and do not inherit from `HandrailError`, so
@@ -49,6 +50,7 @@ __all__ = [
     "PathError",
     "RunError",
     "SessionBusyError",
+    "SessionCorruptError",
     "SessionNotFoundError",
     "StaleResolutionError",
     "StoreError",
@@ -222,6 +224,14 @@ class StoreError(RunError):
     def __init__(self, message: str, *, session_id: str | None = None, state: Any = None) -> None:
         super().__init__(message, state=state)
         self.session_id = session_id
+
+
+class SessionCorruptError(StoreError):
+    """A stored session (or one of its log rows) that this handrail cannot read.
+
+    The row is left as it is. The message names the session and the fix: restore it from a
+    backup or an export, or delete it (deleting never needs to read it).
+    """
 
 
 class ConflictError(StoreError):

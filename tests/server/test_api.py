@@ -802,3 +802,23 @@ async def test_a_stream_that_fails_after_its_200_ends_with_an_error_event(
     assert body.startswith("event: error\r\ndata: ")
     error = json.loads(body.split("data: ", 1)[1])["error"]
     assert (error["type"], error["request_id"]) == ("stream_failed", "r-7")
+
+
+async def test_a_corrupt_session_says_so_and_can_still_be_deleted(server: Server) -> None:
+    session_id = await server.new_session()
+    await server.submit(session_id, "Where is my order A1042?")
+    await server.join(session_id)
+    store = server.app.state.runs.engine.store
+    record = await store.load(session_id)
+    record.data = {**record.data, "schema_version": 99}  # written by a newer handrail, say
+    await store.save(record)
+
+    read = await server.client.get(f"/sessions/{session_id}", headers=ANA)
+    assert read.status_code == 500
+    error = read.json()["error"]
+    assert error["type"] == "session_corrupt"
+    assert "DELETE the session" in error["message"] and "upgrade handrail" in error["message"]
+    assert (await server.client.get(f"/sessions/{session_id}", headers=BOB)).status_code == 404
+    deleted = await server.client.delete(f"/sessions/{session_id}", headers=ANA)
+    assert deleted.status_code == 204
+    assert (await server.client.get(f"/sessions/{session_id}", headers=ANA)).status_code == 404

@@ -52,6 +52,12 @@ async def test_a_new_session_saves_at_version_1_and_loads_back_equal(
     assert await store.load("s-1") == saved
 
 
+async def test_a_summary_is_the_metadata_without_the_document(store: SessionStore) -> None:
+    assert await store.summary("nope") is None
+    saved = await store.save(SessionRecord(id="s-1", org_id="o", user_id="u", data={"a": 1}))
+    assert await store.summary("s-1") == saved.summary()
+
+
 async def test_loading_an_unknown_session_gives_none(store: SessionStore) -> None:
     assert await store.load("nope") is None
 

@@ -303,8 +303,8 @@ class _Api:
         """As `_session`, without reading the session's state (a turn reads it anyway)."""
         caller = await self._caller(request)
         session_id = _session_id(request)
-        record = await self.store.load(session_id)
-        if record is None or (record.org_id, record.user_id) != tuple(caller):
+        found = await self.store.summary(session_id)  # never the document: it may be unreadable
+        if found is None or (found.org_id, found.user_id) != tuple(caller):
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id
 

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from ..exceptions import (
     InvalidDecisionError,
     SessionBusyError,
+    SessionCorruptError,
     SessionNotFoundError,
     StaleResolutionError,
     StoreError,
@@ -85,6 +86,16 @@ async def _handrail_error(request: Request, exc: Exception) -> Response:
     return error_response(request, status, kind, str(exc))
 
 
+async def _corrupt(request: Request, exc: Exception) -> Response:
+    _log.error("request %s: %s", request_id(request.scope), exc)
+    return error_response(
+        request,
+        500,
+        "session_corrupt",
+        f"{exc} (The row is kept for a person to look at: DELETE the session to remove it.)",
+    )
+
+
 async def _store_error(request: Request, exc: Exception) -> Response:
     _log.error(
         "request %s: the session store failed on %s %r: %s",
@@ -149,6 +160,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     ApiError: _api_error,
     StoreError: _store_error,
+    SessionCorruptError: _corrupt,
     ValidationError: _validation_error,
     HTTPException: _http_error,
     **dict.fromkeys(_STATUS, _handrail_error),

@@ -140,6 +140,14 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        """The session's metadata (scope, status, times), never reading its document.
+
+        What a caller needs to know whose a session is: it works for a session whose document
+        cannot be read, too (to delete it, say).
+        """
+        ...
+
     async def save(self, record: SessionRecord) -> SessionRecord:
         """Save `record` if the store still holds the version it was loaded at.
 

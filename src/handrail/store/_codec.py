@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..exceptions import StoreError
+from ..exceptions import SessionCorruptError, StoreError
 from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
 
 EXPORT_SCHEMA_VERSION = 2
@@ -71,14 +71,14 @@ def decode(session_id: str, text: str | bytes, *, what: str = "data") -> dict[st
             text = text.decode()
         value = _decoder.decode(text)
     except (ValueError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError
-        raise StoreError(
+        raise SessionCorruptError(
             f"Session {session_id!r}: the stored {what} is not valid JSON ({error}). The row is "
             f"corrupt and was left as it is: restore it from a backup or an export, or delete "
             f"the session.",
             session_id=session_id,
         ) from error
     if not isinstance(value, dict):
-        raise StoreError(
+        raise SessionCorruptError(
             f"Session {session_id!r}: the stored {what} is a JSON {type(value).__name__}, not an "
             f"object. The row is corrupt and was left as it is: restore it from a backup or an "
             f"export, or delete the session.",

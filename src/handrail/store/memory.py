@@ -86,6 +86,12 @@ class MemoryStore:
         if self._closed:
             raise StoreError("This MemoryStore is closed: make a new one.")
 
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        """The session's metadata; see `SessionStore.summary`."""
+        self._check_open()
+        stored = self._sessions.get(session_id)
+        return None if stored is None else replace(stored.summary)
+
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
         self._check_open()

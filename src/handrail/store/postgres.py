@@ -320,6 +320,15 @@ class PostgresStore:
 
     # -- sessions -------------------------------------------------------------------------
 
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        """The session's metadata, never its document; see `SessionStore.summary`."""
+        rows = await self._fetch(
+            f"SELECT {_SUMMARY} FROM {self._s}.handrail_sessions WHERE id = %(id)s",
+            {"id": session_id},
+            session_id,
+        )
+        return summary_from_row(rows[0]) if rows else None
+
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
         rows = await self._fetch(

@@ -272,6 +272,12 @@ class SqliteStore:
 
     # -- sessions -------------------------------------------------------------------------
 
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        """The session's metadata, never its document; see `SessionStore.summary`."""
+        sql = f"SELECT {_SUMMARY} FROM handrail_sessions WHERE id = ?"
+        row = await self._call(lambda db: db.execute(sql, (session_id,)).fetchone(), session_id)
+        return None if row is None else summary_from_row(row)
+
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
 
