@@ -24,6 +24,7 @@ from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
     response_schema_conformance,
+    status_code_conformance,
 )
 from starlette.testclient import TestClient
 
@@ -32,9 +33,13 @@ from handrail.server import create_app
 
 from .conftest import ANA, authenticator
 
-# No 5xx, and what is answered matches the document. (Not yet `status_code_conformance`:
-# GET /sessions answers 422 for a bad query without documenting it.)
-CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
+# No 5xx, and what is answered (status, type, body) matches the document.
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    response_schema_conformance,
+    content_type_conformance,
+]
 
 app = create_app(build_scenario().engine, authenticator=authenticator(), static_dir=None)
 schema = schemathesis.openapi.from_dict(TestClient(app).get("/openapi.json").json())

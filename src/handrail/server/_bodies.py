@@ -182,6 +182,7 @@ class _Error(BaseModel):
     details: list[dict[str, Any]] | None = Field(
         None, description="For invalid_request: each problem, with where it is (`loc`)."
     )
+    request_id: str = Field(description="The request's id (its X-Request-ID), as logged.")
 
 
 class ErrorBody(BaseModel):

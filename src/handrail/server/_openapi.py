@@ -22,7 +22,10 @@ _ERRORS = {
     404: "No such session for this caller (another tenant's included)",
     409: "The session is not in a state for this (the message says why)",
     413: "The body is too large",
+    415: "The body is not sent as JSON (Content-Type: application/json)",
     422: "The request is invalid (`details` says where)",
+    500: "The session cannot be read (session_corrupt), or the server failed (internal_error)",
+    503: "The session store failed",
 }
 
 
@@ -68,7 +71,12 @@ def openapi(operations: list[Operation], *, title: str, version: str) -> dict[st
                 "Server-Sent Events (`id` is the event's number, `data` the event)",
                 "content": {"text/event-stream": {"schema": {"$ref": _REF.format(model="Event")}}},
             }
-        for status in (401, *op.errors):
+        errors = {401, 500, 503, *op.errors}
+        if op.body is not None:
+            errors |= {413, 415, 422}
+        if op.query is not None or "{session_id}" in op.path:
+            errors.add(422)  # a bad query parameter, or a session id no store could hold
+        for status in sorted(errors):
             responses[str(status)] = {
                 "description": _ERRORS[status],
                 "content": {"application/json": {"schema": ref(ErrorBody)}},
