@@ -29,7 +29,7 @@ from schemathesis.checks import (
 from starlette.testclient import TestClient
 
 from handrail.demo.support_desk import build_scenario
-from handrail.server import create_app
+from handrail.server import Limits, create_app
 
 from .conftest import ANA, authenticator
 
@@ -41,7 +41,13 @@ CHECKS = [
     content_type_conformance,
 ]
 
-app = create_app(build_scenario().engine, authenticator=authenticator(), static_dir=None)
+# Thousands of requests from one key in seconds: no rate limit here (tests/server/test_limits.py).
+app = create_app(
+    build_scenario().engine,
+    authenticator=authenticator(),
+    static_dir=None,
+    limits=Limits(rate=None),
+)
 schema = schemathesis.openapi.from_dict(TestClient(app).get("/openapi.json").json())
 
 

@@ -22,6 +22,15 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from ._app import create_app
 from ._auth import ApiKeyAuthenticator, Authenticator, Caller
+from ._limits import Limits
 from ._serve import serve, tune_gc
 
-__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller", "create_app", "serve", "tune_gc"]
+__all__ = [
+    "ApiKeyAuthenticator",
+    "Authenticator",
+    "Caller",
+    "Limits",
+    "create_app",
+    "serve",
+    "tune_gc",
+]

@@ -46,6 +46,7 @@ from ._bodies import (
 )
 from ._errors import EXCEPTION_HANDLERS, ApiError
 from ._headers import SecurityHeaders, request_id
+from ._limits import Limits
 from ._openapi import Operation, openapi
 from ._runs import Runs
 from ._sse import EventStream, error_frame, frame
@@ -76,6 +77,7 @@ def create_app(
     sweep_interval: float | None = None,
     sweep_concurrency: int = 4,
     retention: float | None = None,
+    limits: Limits | None = None,
 ) -> Starlette:
     """The HTTP API of `engine`, as an ASGI app (run it with uvicorn: `handrail serve`).
 
@@ -103,9 +105,19 @@ def create_app(
         sweep_concurrency: how many sessions the sweeps drive at once.
         retention: with sweeps, finished sessions nobody touched for this many seconds are
             deleted (None: kept).
+        limits: what one caller or organisation may use: requests a second, open streams,
+            running turns (`Limits()` by default); past them, 429 with `Retry-After`.
     """
     runs = Runs(engine, poll_interval=poll_interval)
-    api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout)
+    api = _Api(
+        engine,
+        runs,
+        authenticator,
+        max_body_size,
+        ping_interval,
+        send_timeout,
+        limits if limits is not None else Limits(),
+    )
     operations = api.operations()
     document = openapi(operations, title="handrail", version=_version())
     routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in operations]
@@ -234,7 +246,9 @@ class _Api:
         max_body_size: int,
         ping_interval: float,
         send_timeout: float | None,
+        limits: Limits,
     ) -> None:
+        self.limits = limits
         self.engine = engine
         self.store = engine.store
         self.runs = runs
@@ -290,6 +304,8 @@ class _Api:
                 "Send an API key: `Authorization: Bearer <key>`.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        self.limits.request(caller)
+        request.state.caller = caller
         return caller
 
     async def _session(self, request: Request) -> tuple[Caller, str, RunState]:
@@ -466,6 +482,7 @@ class _Api:
             client=client,
             create=False,  # the engine checks the session is the caller's as it loads it
         )
+        self.limits.turn(caller, self.runs.running_for(org_id))
         after = await self.runs.start(session_id, run, caller)
         if "text/event-stream" in request.headers.get("accept", ""):
             # the turn's events, here
@@ -498,10 +515,14 @@ class _Api:
         A stream that fails once its 200 is sent (the store went away, a row it cannot read)
         ends with an `error` event naming the request id, never just a cut connection.
         """
+        caller: Caller = request.state.caller
+        self.limits.check_stream(caller)
         events = self.runs.follow(session_id, after, forever=forever)
         rid = request_id(request.scope)
 
         async def frames() -> AsyncGenerator[bytes, None]:
+            # Counted while it runs: a stream whose client left before it began never counts.
+            self.limits.open_stream(caller)
             async with contextlib.aclosing(events):
                 try:
                     async for batch in events:  # every event there is now, in few writes
@@ -525,6 +546,8 @@ class _Api:
                         },
                     }
                     yield error_frame(pydantic_core.to_json(error))
+                finally:
+                    self.limits.close_stream(caller)
 
         return EventStream(frames(), ping=self.ping_interval, send_timeout=self.send_timeout)
 

@@ -24,6 +24,7 @@ _ERRORS = {
     413: "The body is too large",
     415: "The body is not sent as JSON (Content-Type: application/json)",
     422: "The request is invalid (`details` says where)",
+    429: "Past a limit of the caller or its organisation (`Retry-After` says when to retry)",
     500: "The session cannot be read (session_corrupt), or the server failed (internal_error)",
     503: "The session store failed",
 }
@@ -71,7 +72,7 @@ def openapi(operations: list[Operation], *, title: str, version: str) -> dict[st
                 "Server-Sent Events (`id` is the event's number, `data` the event)",
                 "content": {"text/event-stream": {"schema": {"$ref": _REF.format(model="Event")}}},
             }
-        errors = {401, 500, 503, *op.errors}
+        errors = {401, 429, 500, 503, *op.errors}
         if op.body is not None:
             errors |= {413, 415, 422}
         if op.query is not None or "{session_id}" in op.path:

@@ -80,6 +80,10 @@ class Runs:
     def _started(self, _: asyncio.Future[int]) -> None:
         self._starting -= 1
 
+    def running_for(self, org_id: str | None) -> int:
+        """How many turns of `org_id`'s sessions run in this server now."""
+        return sum(1 for caller in self._callers.values() if caller.org_id == org_id)
+
     def running(self, session_id: str) -> bool:
         """Whether a turn of the session runs in this server now."""
         return session_id in self._tasks
