@@ -186,14 +186,16 @@ def serve(store_kind: str, db: str | None, pace: float, floor: str | None = None
 
     import uvicorn
 
-    from handrail.server import ApiKeyAuthenticator, Caller, create_app, tune_gc
+    from handrail.server import ApiKeyAuthenticator, Caller, Limits, create_app, tune_gc
 
     if floor is not None:
         app = _with_probe(_floor_app(streamed=floor == "stream"))
     else:
         engine = _engine(store_kind, db, pace)
         keys = ApiKeyAuthenticator({KEY: Caller("bench", "bench")})
-        app = _with_probe(create_app(engine, authenticator=keys, static_dir=None))
+        # One tenant's burst of 200 turns: the per-tenant limits (429s) are not what is measured.
+        unlimited = Limits(rate=None, streams=None, turns=None)
+        app = _with_probe(create_app(engine, authenticator=keys, static_dir=None, limits=unlimited))
     # IPPROTO_TCP named, or asyncio leaves Nagle on for the accepted connections (it sets
     # TCP_NODELAY only on sockets whose proto says TCP), and each response waits ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

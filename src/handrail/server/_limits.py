@@ -30,7 +30,7 @@ class Limits:
     """Requests one caller may make at once, above the average."""
     streams: int | None = 100
     """Event streams one organisation may have open at once."""
-    turns: int | None = 50
+    turns: int | None = 100
     """Turns one organisation may have running at once on this server."""
     clock: Callable[[], float] = time.monotonic
     """Seconds, for the rate (injectable for tests)."""

@@ -72,6 +72,7 @@ class Runs:
         self.queue_size = queue_size
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._callers: dict[str, Caller] = {}  # whose turn each is
+        self._per_org: collections.Counter[str | None] = collections.Counter()
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
         self._starting = 0  # turns started here whose first event is not logged yet
         self._closed = False  # the server is shutting down: streams end once caught up
@@ -82,7 +83,7 @@ class Runs:
 
     def running_for(self, org_id: str | None) -> int:
         """How many turns of `org_id`'s sessions run in this server now."""
-        return sum(1 for caller in self._callers.values() if caller.org_id == org_id)
+        return self._per_org[org_id]
 
     def running(self, session_id: str) -> bool:
         """Whether a turn of the session runs in this server now."""
@@ -115,6 +116,7 @@ class Runs:
             self._drive(session_id, run, started), name=f"handrail turn {session_id}"
         )
         self._callers[session_id] = caller
+        self._per_org[caller.org_id] += 1
         return await asyncio.shield(started)
 
     async def _drive(
@@ -151,7 +153,11 @@ class Runs:
     def _end(self, session_id: str) -> None:
         """Forget the session's turn, if it is the one of the running task."""
         if self._tasks.get(session_id) is asyncio.current_task():
-            del self._tasks[session_id], self._callers[session_id]
+            org_id = self._callers.pop(session_id).org_id
+            del self._tasks[session_id]
+            self._per_org[org_id] -= 1
+            if not self._per_org[org_id]:
+                del self._per_org[org_id]
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
         event = public_event(session_id, event)  # what a failure tells the tenant
