@@ -59,22 +59,28 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
-        text = given.decode("latin-1")
-        rid = text if _GIVEN_ID.fullmatch(text) else os.urandom(6).hex()
+        rid = ""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                text = value.decode("latin-1")
+                rid = text if _GIVEN_ID.fullmatch(text) else ""
+                break
+        rid = rid or os.urandom(6).hex()
         scope.setdefault("state", {})["request_id"] = rid
+        own = [(b"x-request-id", rid.encode())]
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
-                names = {name.lower() for name, _ in headers}
-                headers += [(n, v) for n, v in _ALWAYS if n not in names]
-                headers.append((b"x-request-id", rid.encode()))
-                json = any(
-                    n.lower() == b"content-type" and v.startswith(b"application/json")
-                    for n, v in headers
-                )
-                if json and b"cache-control" not in names:
+                json = caching = False
+                for name, value in headers:  # the app's own: a few, lower-case (Starlette)
+                    if name == b"content-type":
+                        json = value.startswith(b"application/json")
+                    elif name == b"cache-control":
+                        caching = True
+                headers += _ALWAYS
+                headers += own
+                if json and not caching:
                     headers.append((b"cache-control", b"no-store"))
                 message = {**message, "headers": headers}
             await send(message)
