@@ -381,11 +381,7 @@ async def _agent_loop(
                 taken.add(part.id)
 
             if calls:
-                refusal = (
-                    None
-                    if tool_choice == "auto" and finish in _FINISHED
-                    else _refusal(response, tool_choice)
-                )
+                refusal = _refusal(response, tool_choice)
                 if refusal is not None:  # never acted on: each call gets why, as its result
                     for part in calls:
                         part.status = "failed"
@@ -407,7 +403,7 @@ async def _agent_loop(
                 _say(history, ids, agent.nudge)
                 continue
             output = message.text
-            cut = finish is not None and finish not in ("stop", "tool_call")
+            cut = finish not in _FINISHED
             if cut and finish == "length" and len(pieces) < agent.continue_on_length:
                 pieces.append(message)
                 _say(history, ids, CONTINUE_PROMPT)
@@ -483,8 +479,8 @@ def _refusal(response: ModelResponse, tool_choice: str) -> str | None:
     writing; and a model that calls tools when asked for none is not obeyed.
     """
     finish = response.finish_reason
-    if finish is not None and finish not in ("stop", "tool_call"):
-        why = _UNFINISHED.get(finish) or (
+    if finish not in _FINISHED:
+        why = _UNFINISHED.get(finish or "") or (
             f"the provider ended your response with stop reason {response.stop_reason!r}, "
             f"which does not say it was complete"
         )

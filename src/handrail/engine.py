@@ -66,6 +66,8 @@ __all__ = ["Domain", "Engine", "Resolution"]
 _log = logging.getLogger("handrail.engine")
 
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
+SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
+"""What a worker passes over: another worker got to the session first, or it went."""
 
 
 @dataclass(kw_only=True)
@@ -345,11 +347,9 @@ class Engine:
         run = self._drive(
             session_id, None, None, org_id, user_id, None, False, mode="advance", create=False
         )
-        events = [
-            public_event(session_id, EVENT.dump_python(event, mode="json")) async for event in run
-        ]
+        events = [EVENT.dump_python(event, mode="json") async for event in run]
         if events:
-            await self.store.append_events(session_id, events)
+            await self.log_events(session_id, events)
         return run._result
 
     async def run_headless(
@@ -646,11 +646,28 @@ class Engine:
         can still read or stream them (`GET /sessions/{id}/events`). `Worker` and
         `recover_stale` drive turns this way.
         """
-        events = [
-            public_event(session_id, EVENT.dump_python(event, mode="json")) async for event in run
-        ]
-        await self.store.append_events(session_id, events)
+        await self.log_events(
+            session_id, [EVENT.dump_python(event, mode="json") async for event in run]
+        )
         return run.result
+
+    async def log_events(
+        self, session_id: str, events: list[dict[str, Any]]
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """Append events to the session's event log, as its clients may read them.
+
+        The one way events enter an event log: a failure's detail is replaced by a reference
+        on the way (see `handrail._redact`).
+
+        Args:
+            session_id: the session.
+            events: as `EVENT.dump_python(event, mode="json")` gives them.
+
+        Returns:
+            The number of the last event in the log, and the events as logged.
+        """
+        logged = [public_event(session_id, event) for event in events]
+        return await self.store.append_events(session_id, logged), logged
 
     async def advance_due(self, *, limit: int = 100) -> list[str]:
         """Advance, one after the other, the sessions that need a worker now.
@@ -662,20 +679,10 @@ class Engine:
         Returns:
             The ids of the sessions that moved (see `advance`).
         """
-        moved: list[str] = []
         claimed = await self.store.claim(
             self.runtime.clock(), self.lease_owner, self.lease_ttl, limit=limit
         )
-        for summary in claimed:
-            try:
-                result = await self.advance(
-                    summary.id, org_id=summary.org_id, user_id=summary.user_id
-                )
-            except (SessionBusyError, SessionNotFoundError, ConflictError):
-                continue  # another worker got there first, or the session went
-            if result is not None:
-                moved.append(summary.id)
-        return moved
+        return await self._advance_each([summary.id for summary in claimed])
 
     async def reclaim(self) -> list[str]:
         """Take back, at once, the turns a previous process with this worker id was driving.
@@ -689,20 +696,35 @@ class Engine:
         Returns:
             The ids of the sessions that moved.
         """
+        return await self._advance_each(
+            await self.store.adopt_leases(self.worker_id, self.lease_owner)
+        )
+
+    async def _advance_each(self, session_ids: list[str]) -> list[str]:
+        """`advance` each session, one after the other, in its own scope; the ids that moved.
+
+        A session another worker got to first, or that went, is passed over.
+        """
         moved: list[str] = []
-        for session_id in await self.store.adopt_leases(self.worker_id, self.lease_owner):
-            record = await self.store.load(session_id)
-            if record is None:
-                continue
+        for session_id in session_ids:
             try:
-                result = await self.advance(
-                    session_id, org_id=record.org_id, user_id=record.user_id
-                )
-            except (SessionBusyError, SessionNotFoundError, ConflictError):
+                if await self.advance_owned(session_id) is not None:
+                    moved.append(session_id)
+            except SKIPPED:
                 continue
-            if result is not None:
-                moved.append(session_id)
         return moved
+
+    async def advance_owned(self, session_id: str) -> AgentResult[Any] | None:
+        """`advance`, in the session's own scope (read from its metadata: a worker's view).
+
+        Raises:
+            SessionNotFoundError: there is no such session.
+            SessionBusyError: a live worker drives the session right now.
+        """
+        found = await self.store.summary(session_id)
+        if found is None:
+            raise SessionNotFoundError(f"No session {session_id!r}.")
+        return await self.advance(session_id, org_id=found.org_id, user_id=found.user_id)
 
     async def recover_stale(self) -> list[str]:
         """Recover every session whose turn was cut off and whose worker's lease has expired.
@@ -898,10 +920,13 @@ class Engine:
             session_id, self.lease_owner, self.lease_ttl
         ):
             self._lost.add(session_id)
-            raise SessionBusyError(
-                f"Session {session_id!r}: this process ({self.lease_owner}) lost its lease to "
-                f"another one, so it acts no more for it; the other process goes on."
-            )
+            raise self._lost_lease(session_id)
+
+    def _lost_lease(self, session_id: str) -> SessionBusyError:
+        return SessionBusyError(
+            f"Session {session_id!r}: this process ({self.lease_owner}) lost its lease to "
+            f"another one, so it acts no more for it; the other process goes on."
+        )
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -958,10 +983,7 @@ class Engine:
     ) -> SessionRecord:
         """Compare-and-swap `state` into `record`'s session; `record` follows the new version."""
         if record.id in self._lost:
-            raise SessionBusyError(
-                f"Session {record.id!r}: this process ({self.lease_owner}) lost its lease to "
-                f"another one, so it saves nothing more for it; the other process goes on."
-            )
+            raise self._lost_lease(record.id)
         record.data = state.dump()
         record.status = status
         record.expires_at = self._needs_worker(state)

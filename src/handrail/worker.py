@@ -27,13 +27,11 @@ import math
 import time
 from typing import Any
 
-from .engine import Engine
-from .exceptions import ConflictError, SessionBusyError, SessionNotFoundError, UserError
+from .engine import SKIPPED, Engine
+from .exceptions import UserError
 
 __all__ = ["Worker"]
 
-_SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
-"""Another worker got there first, or the session went: nothing to do here."""
 _log = logging.getLogger("handrail.worker")
 
 
@@ -136,13 +134,9 @@ class Worker:
         Never raises for the session's sake: another worker driving it is skipped, and any
         other failure is logged with the session's id and the session left for a back-off.
         """
-        engine = self.engine
         try:
-            record = await engine.store.load(session_id)
-            if record is None:
-                return False
-            result = await engine.advance(session_id, org_id=record.org_id, user_id=record.user_id)
-        except _SKIPPED:
+            result = await self.engine.advance_owned(session_id)
+        except SKIPPED:
             return False
         except Exception:
             await self._back_off(session_id)

@@ -20,7 +20,6 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from .._loop import AgentRun
-from .._redact import public_event
 from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
 from ..exceptions import SessionBusyError, SessionNotFoundError, UserError
@@ -160,8 +159,7 @@ class Runs:
                 del self._per_org[org_id]
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
-        event = public_event(session_id, event)  # what a failure tells the tenant
-        seq = await self.engine.store.append_events(session_id, [event])
+        seq, (event,) = await self.engine.log_events(session_id, [event])
         for queue in self._listeners.get(session_id, ()):
             # A slow reader's queue is full: it sees the gap and reads the log instead.
             with contextlib.suppress(asyncio.QueueFull):

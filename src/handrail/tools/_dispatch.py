@@ -157,7 +157,8 @@ class Dispatcher:
         planned: dict[str, _Ready] = {}
         finished: list[ToolCallPart] = []
         for part in calls:
-            outcome, parsed = self._prepare(part, planned)
+            parsed = self._parse(part)
+            outcome = self._prepare(part, planned) if parsed else None
             if part.status == "waiting":  # it starts when it runs, after its decision
                 yield self._wait(message, part, cards)
                 continue
@@ -317,28 +318,34 @@ class Dispatcher:
 
     # -- steps 1 to 6 ---------------------------------------------------------------------
 
-    def _prepare(
-        self, part: ToolCallPart, planned: dict[str, _Ready]
-    ) -> tuple[_Ready | _Copy | _Final, bool]:
-        """Steps 1-6 for one call.
+    def _parse(self, part: ToolCallPart) -> bool:
+        """Step 1 for one call: parse its arguments; False (and the call failed) if they did not.
+
+        The text is kept as the model sent it: it is shown to the model again.
+        """
+        part.started_at = self.runtime.clock()
+        part.duration_ms = 0.0
+        if part.raw_args is None:
+            return True
+        try:
+            part.args = parse_arguments(part.raw_args)
+        except ArgumentsError as exc:
+            self.state.usage.invalid_tool_calls += 1
+            self._fail(part, f"Tool {part.name!r}: {exc}")
+            return False
+        return True
+
+    def _prepare(self, part: ToolCallPart, planned: dict[str, _Ready]) -> _Ready | _Copy | _Final:
+        """Steps 2-6 for a call whose arguments parsed.
 
         Returns what to execute, an in-response copy of an identical read, or None when the
-        part is already final (an error, a reuse) or waiting; and whether its arguments
-        parsed.
+        part is already final (an error, a reuse) or waiting.
         """
         runtime = self.runtime
         state = self.state
-        part.started_at = runtime.clock()
-        part.duration_ms = 0.0
-        try:  # 1. parse (the text is kept as the model sent it: it is shown to it again)
-            if part.raw_args is not None:
-                part.args = parse_arguments(part.raw_args)
-        except ArgumentsError as exc:
-            state.usage.invalid_tool_calls += 1
-            return self._fail(part, f"Tool {part.name!r}: {exc}"), False
         tool = self.tools.get(part.name)
         if tool is None:  # the allow-list: only the agent's tools exist for its model
-            return self._fail(part, _unknown_tool(part.name, self.tools)), True
+            return self._fail(part, _unknown_tool(part.name, self.tools))
         part.executor = tool.executor
         try:
             args = part.args
@@ -347,11 +354,11 @@ class Dispatcher:
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
             validated = tool.validate(args, state.context, bound)  # 4. validate
         except ArgumentsError as exc:
-            return self._fail(part, f"Tool {part.name!r}: {exc}"), True
+            return self._fail(part, f"Tool {part.name!r}: {exc}")
         except PathError as exc:
-            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}"), True
+            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
         except Exception as exc:  # a user hook failed: still data, never a crash
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}"), True
+            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
         part.args = tool.stored_args(validated)
         part.bound = bound
         kwargs = tool.arguments(validated)
@@ -363,7 +370,7 @@ class Dispatcher:
                 part,
                 f"Tool {part.name!r} needs permission {tool.permission!r}, which this run "
                 f"does not allow (allowed: {', '.join(sorted(allowed))}).",
-            ), True
+            )
 
         # 6. dedup and the idempotent cache
         # Validated arguments dump in field order, so their JSON is canonical for the tool.
@@ -373,39 +380,39 @@ class Dispatcher:
             twin = planned.get(key)
             if twin is not None:
                 part.status = "running"
-                return _Copy(_Ready(part, tool, kwargs, key), twin), True
+                return _Copy(_Ready(part, tool, kwargs, key), twin)
             earlier = state.turn_calls.get(key)
             if earlier is not None and earlier is not part and earlier.status == "completed":
                 self._reuse(part, earlier)
-                return None, True
+                return None
         elif tool.permission != "read":
             # A side effect may change what any earlier read said: none of them is reused.
             state.turn_calls.clear()
             planned.clear()
         if tool.cache_ttl is not None:
             hit = state.tool_cache.get(key)
-            if hit is not None and hit[0] > part.started_at:
+            if hit is not None and hit[0] > (part.started_at or 0.0):
                 part.result = hit[1]
                 part.cached = True
                 part.status = "completed" if hit[1].ok else "failed"
-                return None, True
+                return None
 
         if tool.gated or tool.executor in ("human", "client"):
             if tool.capture:
                 self._capture(part, tool)
-                return None, True
+                return None
             self._hold(part, tool)
-            return None, True
+            return None
         if tool.executor == "provider":
             part.result = part.result or ToolResult(summary="ran at the model provider")
             part.status = "completed"
-            return None, True
+            return None
         part.status = "running"
         ready = _Ready(part, tool, kwargs, key)
         if reusable:
             state.turn_calls[key] = part
             planned[key] = ready
-        return ready, True
+        return ready
 
     def _capture(self, part: ToolCallPart, tool: Tool[Any]) -> None:
         """Capture mode: record a gated call with its predicted output instead of running it."""
