@@ -9,16 +9,19 @@ HandrailError
 │   │   └── ContextFullError   a session-scoped write that does not fit under the size cap
 │   ├── InvalidDecisionError   a decision that does not fit its pending call (kind, amendment)
 │   └── SessionNotFoundError   no such session for this caller (another tenant's included)
-└── RunError                   a run failed; carries what the run had got to
-    ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
-    │   └── IncompleteResponseError  the provider's response ended without its protocol's end
-    ├── ModelHTTPError         a model provider's API failed for good (after retries, or at once)
-    ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
-    ├── SessionBusyError       another run is driving (or resuming) the session right now
-    ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
-    └── StoreError             a session store failed, or holds something it cannot read
-        ├── ConflictError      a stale save: someone else saved the session first
-        └── SessionCorruptError  a stored session that cannot be read (left as it is)
+├── RunError                   a run failed; carries what the run had got to
+│   ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
+│   │   └── IncompleteResponseError  the provider's response ended without its protocol's end
+│   ├── ModelHTTPError         a model provider's API failed for good (after retries, or at once)
+│   ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
+│   ├── SessionBusyError       another run is driving (or resuming) the session right now
+│   ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
+│   └── StoreError             a session store failed, or holds something it cannot read
+│       ├── ConflictError      a stale save: someone else saved the session first
+│       └── SessionCorruptError  a stored session that cannot be read (left as it is)
+└── DocumentError              handrail.documents could not ingest, embed or index
+    ├── DocumentLoadError      a file that is unsupported or unreadable (names the file)
+    └── DocumentIndexError     the embedder or the index failed, or holds what it cannot use
 ```
 
 Signals from a tool to the engine are not errors and do not inherit from `HandrailError`, so
@@ -40,6 +43,9 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ContextFullError",
+    "DocumentError",
+    "DocumentIndexError",
+    "DocumentLoadError",
     "HandrailError",
     "IncompleteResponseError",
     "InvalidDecisionError",
@@ -259,6 +265,26 @@ class ConflictError(StoreError):
         )
         self.expected = expected
         self.actual = actual
+
+
+class DocumentError(HandrailError):
+    """`handrail.documents` could not ingest, embed or index something."""
+
+
+class DocumentLoadError(DocumentError):
+    """A file that is unsupported or cannot be read; the rest of a batch goes on.
+
+    Attributes:
+        source: the file (as the batch names it).
+    """
+
+    def __init__(self, message: str, *, source: str) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+class DocumentIndexError(DocumentError):
+    """The embedder or the index failed, or holds something it cannot use (names the fix)."""
 
 
 class ModelRetry(Exception):
