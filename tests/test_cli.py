@@ -145,6 +145,25 @@ def test_serve_hands_the_engines_app_to_uvicorn(
         assert isinstance(served["app"].state.runs.engine, Engine)
 
 
+def test_serve_takes_the_limits_and_timeouts_from_its_flags(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(
+        "handrail.server.serve", lambda app, **options: served.update(app=app, **options)
+    )
+    flags = ["--rate", "5", "--burst", "7", "--streams", "0", "--turns", "3"]
+    flags += ["--stream-bytes", "1000", "--header-timeout", "2", "--body-timeout", "4"]
+    flags += ["--idle-timeout", "1.5", "--max-connections", "0"]
+    result = run("serve", f"{app_module}:engine", *flags)
+    assert result.exit_code == 0, result.output
+    limits = served["app"].state.limits
+    assert (limits.rate, limits.burst, limits.streams, limits.turns) == (5.0, 7, None, 3)
+    assert limits.stream_bytes == 1000.0
+    timeouts = ("header_timeout", "body_timeout", "idle_timeout", "max_connections")
+    assert [served[name] for name in timeouts] == [2.0, 4.0, 1.5, None]
+
+
 def test_serve_without_a_key_makes_one_for_the_run(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -160,9 +160,37 @@ def serve(
             min=0,
         ),
     ] = None,
+    rate: Annotated[
+        float, typer.Option(help="Requests a second per key, on average (0: no limit).", min=0)
+    ] = 50.0,
+    burst: Annotated[int, typer.Option(help="Requests per key at once.", min=1)] = 100,
+    streams: Annotated[
+        int, typer.Option(help="Open event streams per organisation (0: no limit).", min=0)
+    ] = 100,
+    turns: Annotated[
+        int, typer.Option(help="Running turns per organisation (0: no limit).", min=0)
+    ] = 100,
+    stream_bytes: Annotated[
+        float,
+        typer.Option(
+            help="Bytes a second an organisation's event streams may send (0: no limit).", min=0
+        ),
+    ] = 4_000_000.0,
+    header_timeout: Annotated[
+        float, typer.Option(help="Seconds a connection has to send a request's headers.", min=0.1)
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds a request's body has to arrive.", min=0.1)
+    ] = 30.0,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Seconds a kept-alive connection may idle.", min=0.1)
+    ] = 5.0,
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections past which new ones get 503 (0: no cap).", min=0)
+    ] = 1_000,
 ) -> None:
     """Serve an engine's HTTP API (and its web page) with uvicorn."""
-    from .server import ApiKeyAuthenticator, Caller, create_app
+    from .server import ApiKeyAuthenticator, Caller, Limits, create_app
     from .server import serve as serve_app
 
     engine = load_engine(target)
@@ -199,8 +227,25 @@ def serve(
         shutdown_grace=shutdown_grace,
         sweep_interval=sweep_interval or None,
         retention=retention_days * 86_400 if retention_days else None,
+        limits=Limits(
+            rate=rate or None,
+            burst=burst,
+            streams=streams or None,
+            turns=turns or None,
+            stream_bytes=stream_bytes or None,
+        ),
     )
-    serve_app(application, host=host, port=port, shutdown_grace=shutdown_grace, log_level=log_level)
+    serve_app(
+        application,
+        host=host,
+        port=port,
+        shutdown_grace=shutdown_grace,
+        log_level=log_level,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections or None,
+    )
 
 
 def load_engine(target: str) -> Engine:

@@ -804,6 +804,24 @@ async def test_a_stream_that_fails_after_its_200_ends_with_an_error_event(
     assert (error["type"], error["request_id"]) == ("stream_failed", "r-7")
 
 
+async def test_a_corrupt_event_row_does_not_stop_every_reconnect_at_it(server: Server) -> None:
+    session_id = await server.new_session()
+    await server.submit(session_id, "Where is my order A1042?")
+    await server.join(session_id)
+    store = server.app.state.runs.engine.store
+    log = store._events[session_id]  # the memory store's rows: corrupt the second one
+    log[1] = (log[1][0], '{"type": "text-delta", "delta": ')
+
+    frames_ = await server.events(session_id)
+    assert [f.id for f in frames_] == [seq for seq, _ in log]  # every event, the bad one too
+    bad = frames_[1]
+    assert bad.type == "event-unreadable" and bad.data["seq"] == 2
+    assert frames_[-1].type == "run-completed"
+    # A client that had the event before it reconnects past it, and on to the end.
+    again = await server.events(session_id, after=1)
+    assert [f.id for f in again] == [f.id for f in frames_[1:]]
+
+
 async def test_a_corrupt_session_says_so_and_can_still_be_deleted(server: Server) -> None:
     session_id = await server.new_session()
     await server.submit(session_id, "Where is my order A1042?")

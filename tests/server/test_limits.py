@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -17,14 +19,21 @@ from .conftest import ANA, BOB, StreamingTransport, authenticator
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
+        self.step = 0.0
 
     def __call__(self) -> float:
+        self.now += self.step
         return self.now
 
 
-async def client_for(limits: Limits, latency: float = 0.0) -> AsyncIterator[httpx.AsyncClient]:
+async def client_for(
+    limits: Limits, latency: float = 0.0, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(
-        build_scenario(latency=latency).engine, authenticator=authenticator(), limits=limits
+        build_scenario(latency=latency).engine,
+        authenticator=authenticator(),
+        limits=limits,
+        **options,
     )
     async with (
         app.router.lifespan_context(app),
@@ -76,3 +85,55 @@ async def test_an_organisation_past_its_running_turns_gets_429(latency: float):
         refused = await client.post(f"/sessions/{two}/turns", json=body, headers=ANA)
         assert refused.status_code == 429
         assert refused.json()["error"]["type"] == "too_many_requests"
+
+
+async def idle(client: httpx.AsyncClient, session: str) -> None:
+    """Wait until no turn of the session runs."""
+    for _ in range(500):
+        if not (await client.get(f"/sessions/{session}", headers=ANA)).json()["running"]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"session {session} still runs")
+
+
+async def test_an_organisation_past_its_stream_bandwidth_waits_and_opens_no_new_stream():
+    clock = Clock()  # stands still until the test lets time pass: the debt stays until then
+    limits = Limits(stream_bytes=1_000, stream_burst=1_000, clock=clock)
+    async for client in client_for(limits, ping_interval=0.02):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        turn = await client.post(
+            f"/sessions/{session}/turns", json={"text": CUSTOMER_MESSAGE}, headers=ANA
+        )
+        assert turn.status_code == 202
+        await idle(client, session)  # until it waits for the refund's approval
+        other = (await client.post("/sessions", headers=BOB)).json()["id"]
+        path = f"/sessions/{session}/events?follow=true"
+        async with client.stream("GET", path, headers=ANA) as follow:
+            assert follow.status_code == 200
+            lines = follow.aiter_lines()
+            async for line in lines:  # the first write: the turn up to its card
+                if '"type":"run-suspended"' in line:
+                    break
+            # That first write (the turn so far, ~6 kB) took the organisation past 1,000 bytes:
+            # no new stream of it opens, and its open stream waits before its next write.
+            refused = await client.get(path, headers=ANA)
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) >= 2
+            assert "bytes a second" in refused.json()["error"]["message"]
+            async with client.stream("GET", f"/sessions/{other}/events", headers=BOB) as theirs:
+                assert theirs.status_code == 200  # another organisation's bandwidth is its own
+            card = (await client.get(f"/sessions/{session}", headers=ANA)).json()["pending"][0]
+            decision = {"tool_call_id": card["tool_call_id"], "decision": {"decision": "approve"}}
+            resolved = await client.post(f"/sessions/{session}/resolve", json=decision, headers=ANA)
+            assert resolved.json()["resumed"] is True
+            await idle(client, session)  # the resumed turn runs to its end meanwhile
+            seen: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    async for line in lines:
+                        seen.append(line)
+            assert seen and all(line in ("", ": ping") for line in seen)  # only keep-alives
+            clock.step = 3_600.0  # from now on an hour passes at each look: the debt is paid
+            async for line in lines:
+                if line.startswith("data: ") and '"type":"run-completed"' in line:
+                    break  # the resumed turn's events came, to its end

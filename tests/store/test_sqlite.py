@@ -172,6 +172,27 @@ async def test_a_corrupt_log_entry_raises_a_store_error_naming_the_session(
             await store.tool_log("s-1")
 
 
+async def test_a_corrupt_event_row_is_passed_over_with_its_number(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with SqliteStore(tmp_path / "s.db") as store:
+        await store.append_events("s-1", [{"type": "a"}, {"type": "b"}, {"type": "c"}])
+        with raw(tmp_path / "s.db") as db:
+            db.execute("UPDATE handrail_events SET event = '{cut' WHERE seq = 2")
+        with caplog.at_level("ERROR", logger="handrail.store"):
+            page = await store.events("s-1")
+        assert [seq for seq, _ in page] == [1, 2, 3]
+        assert page[0][1] == {"type": "a"} and page[2][1] == {"type": "c"}
+        unreadable = page[1][1]
+        assert (unreadable["type"], unreadable["seq"]) == ("event-unreadable", 2)
+        assert "Session 's-1': the stored event 2 is not valid JSON" in unreadable["error"]
+        assert "restore it from a backup" in unreadable["error"]
+        assert "event 2 is not valid JSON" in caplog.text
+        assert await store.events("s-1", after=2) == [(3, {"type": "c"})]  # left as it is:
+    with raw(tmp_path / "s.db") as db:
+        assert db.execute("SELECT event FROM handrail_events WHERE seq = 2").fetchone() == ("{cut",)
+
+
 async def test_the_schema_is_made_once_and_versioned(tmp_path: Path, clock: Clock) -> None:
     for _ in range(2):
         async with SqliteStore(tmp_path / "s.db", clock=clock) as store:

@@ -23,7 +23,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from ._app import create_app
 from ._auth import ApiKeyAuthenticator, Authenticator, Caller
 from ._limits import Limits
-from ._serve import serve, tune_gc
+from ._serve import escape_logs, serve, server_config, tune_gc
 
 __all__ = [
     "ApiKeyAuthenticator",
@@ -31,6 +31,8 @@ __all__ = [
     "Caller",
     "Limits",
     "create_app",
+    "escape_logs",
     "serve",
+    "server_config",
     "tune_gc",
 ]

@@ -110,15 +110,8 @@ def create_app(
             running turns (`Limits()` by default); past them, 429 with `Retry-After`.
     """
     runs = Runs(engine, poll_interval=poll_interval)
-    api = _Api(
-        engine,
-        runs,
-        authenticator,
-        max_body_size,
-        ping_interval,
-        send_timeout,
-        limits if limits is not None else Limits(),
-    )
+    limits = limits if limits is not None else Limits()
+    api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
     operations = api.operations()
     document = openapi(operations, title="handrail", version=_version())
     routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in operations]
@@ -161,6 +154,7 @@ def create_app(
         middleware=[Middleware(SecurityHeaders)],
     )
     app.state.runs = runs
+    app.state.limits = limits
     return app
 
 
@@ -537,10 +531,16 @@ class _Api:
                         for seq, event in batch:
                             chunk += frame(seq, pydantic_core.to_json(event))
                             if len(chunk) >= _WRITE:  # a slow reader holds the next write
+                                async for keep_alive in self._within_bandwidth(caller):
+                                    yield keep_alive
                                 yield bytes(chunk)
+                                self.limits.sent(caller, len(chunk))
                                 chunk.clear()
                         if chunk or not batch:
+                            async for keep_alive in self._within_bandwidth(caller):
+                                yield keep_alive
                             yield bytes(chunk)
+                            self.limits.sent(caller, len(chunk))
                 except Exception:
                     _log.exception("request %s: the stream of session %r failed", rid, session_id)
                     error = {
@@ -557,6 +557,18 @@ class _Api:
                     self.limits.close_stream(caller)
 
         return EventStream(frames(), ping=self.ping_interval, send_timeout=self.send_timeout)
+
+    async def _within_bandwidth(self, caller: Caller) -> AsyncGenerator[bytes, None]:
+        """Before a stream writes: past its organisation's bandwidth, wait until within.
+
+        Yields `b""` while it waits, so that the stream still sends its keep-alives. (A write
+        is counted after it is made: the last write of a stream never waits.)
+        """
+        wait = self.limits.stream_wait(caller)
+        while wait > 0:
+            await asyncio.sleep(min(wait, self.ping_interval))
+            yield b""
+            wait = self.limits.stream_wait(caller)
 
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""

@@ -34,6 +34,8 @@ TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 _PAGE = 500
 _SHARE = 8
 """How many waiting turns go on, for one event each, per pass of the event loop."""
+_READERS = 2
+"""How many streams may read a page of the event log at once."""
 _log = logging.getLogger("handrail.server")
 
 Logged = tuple[int, dict[str, Any]]
@@ -76,6 +78,7 @@ class Runs:
         self._starting = 0  # turns started here whose first event is not logged yet
         self._closed = False  # the server is shutting down: streams end once caught up
         self._pacer = _Pacer()
+        self._readers = asyncio.Semaphore(_READERS)  # streams take turns to read the log
 
     def _started(self, _: asyncio.Future[int]) -> None:
         self._starting -= 1
@@ -210,7 +213,12 @@ class Runs:
         try:
             last = after
             while True:
-                page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
+                # Reading the log is the costly part of a stream. When many streams replay long
+                # logs at once, they take turns, a page at a time: the store's connections (and
+                # SQLite's one thread) are never queued up with hundreds of reads that every
+                # other request would wait behind.
+                async with self._readers:
+                    page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
                 batch, ended = _upto_end(page, last, forever)
                 if batch:
                     last = batch[-1][0]

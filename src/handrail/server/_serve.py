@@ -7,12 +7,22 @@ import logging
 import math
 import re
 import socket
+import traceback
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
-__all__ = ["AccessLogScrubber", "serve", "tune_gc"]
+from ._connections import guarded_protocol
+
+__all__ = [
+    "AccessLogScrubber",
+    "ControlEscaper",
+    "escape_logs",
+    "serve",
+    "server_config",
+    "tune_gc",
+]
 
 _SECRET = re.compile(
     r"([?&](?:key|api_key|apikey|token|access_token|password|secret)=)[^&#\s]*", re.IGNORECASE
@@ -33,9 +43,78 @@ class AccessLogScrubber(logging.Filter):
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
             path = _SECRET.sub(r"\1***", args[2])
-            path = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", path)
+            path = _escape(path)
             record.args = (*args[:2], path, *args[3:])
         return True
+
+
+class ControlEscaper(logging.Filter):
+    r"""Escapes control characters in every log line (`\n` as `\x0a`): no forged lines.
+
+    A message can carry what a client or a provider sent (an error's text, a header), and a
+    newline in it would start a line that looks like the server's own. The message is
+    formatted, escaped and kept with no arguments; a traceback keeps its lines, each escaped.
+    uvicorn's access log is left to `AccessLogScrubber`, whose formatter needs its arguments.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Escape the record's message (and traceback); never drops a record."""
+        if record.name == "uvicorn.access":
+            return True
+        message = record.getMessage()
+        if _CONTROL.search(message):
+            record.msg, record.args = _escape(message), None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = "".join(_traceback(record.exc_info[1])).rstrip("\n")
+        return True
+
+
+def _escape(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _traceback(error: BaseException) -> list[str]:
+    """`error`'s traceback, as `logging` writes it, with its messages escaped.
+
+    The frames' lines are the server's own code and keep their lines; what an exception says
+    (which may quote a client or a provider) is escaped, in every chained exception too.
+    """
+    lines: list[str] = []
+    cause, context = error.__cause__, error.__context__
+    if cause is not None:
+        lines += [*_traceback(cause), "\nThe above exception was the direct cause of the "
+                  "following exception:\n\n"]  # fmt: skip
+    elif context is not None and not error.__suppress_context__:
+        lines += [*_traceback(context), "\nDuring handling of the above exception, another "
+                  "exception occurred:\n\n"]  # fmt: skip
+    summary = traceback.TracebackException.from_exception(error, limit=None)
+    if summary.stack:
+        lines += ["Traceback (most recent call last):\n", *summary.stack.format()]
+    lines += [_escape(line.rstrip("\n")) + "\n" for line in summary.format_exception_only()]
+    return lines
+
+
+def escape_logs() -> None:
+    """Escape control characters in every log line the server writes (`serve` calls it).
+
+    Adds `ControlEscaper` to the handlers of uvicorn's loggers and of the root logger, and,
+    when nothing would show `handrail`'s own log lines (no handler on its way up), a handler
+    that writes them to stderr as uvicorn writes its own.
+    """
+    escaper = ControlEscaper()
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    loggers.append(logging.getLogger())
+    handrail = logging.getLogger("handrail")
+    if not handrail.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        handrail.addHandler(handler)
+        handrail.setLevel(logging.INFO)
+        loggers.append(handrail)
+    for logger in loggers:
+        for handler in logger.handlers:
+            if not any(isinstance(f, ControlEscaper) for f in handler.filters):
+                handler.addFilter(escaper)
 
 
 def tune_gc() -> None:
@@ -72,12 +151,44 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def server_config(
+    app: Starlette,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    shutdown_grace: float = 5.0,
+    header_timeout: float = 10.0,
+    body_timeout: float = 30.0,
+    idle_timeout: float = 5.0,
+    max_connections: int | None = 1_000,
+    **uvicorn_options: Any,
+) -> uvicorn.Config:
+    """The `uvicorn.Config` of `app` as `serve` runs it (its arguments are `serve`'s)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=guarded_protocol(
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            max_connections=max_connections,
+        ),
+        timeout_keep_alive=idle_timeout,  # type: ignore[arg-type]  # uvicorn takes a float
+        timeout_graceful_shutdown=math.ceil(shutdown_grace),  # uvicorn takes whole seconds
+        **uvicorn_options,
+    )
+
+
 def serve(
     app: Starlette,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
     shutdown_grace: float = 5.0,
+    header_timeout: float = 10.0,
+    body_timeout: float = 30.0,
+    idle_timeout: float = 5.0,
+    max_connections: int | None = 1_000,
     **uvicorn_options: Any,
 ) -> None:
     """Serve `app` (from `create_app`) with uvicorn until Ctrl-C or SIGTERM.
@@ -85,21 +196,33 @@ def serve(
     It uses uvloop and httptools when they are installed (the `server` extra installs them),
     and tunes the garbage collector (`tune_gc`). At shutdown, running turns get
     `shutdown_grace` seconds to stop, and streams as long again to send what is left.
+    Connections that hold the server without using it are closed (`_connections`).
 
     Args:
         app: the app to serve.
         host: the interface to listen on.
         port: the port to listen on.
         shutdown_grace: seconds, as above.
+        header_timeout: seconds a connection has to send a request's headers (from when it
+            opens, or its previous answer ends); then it is closed (408 if a request began).
+        body_timeout: seconds a request's body has to arrive after its headers.
+        idle_timeout: seconds a kept-alive connection may stay idle between requests.
+        max_connections: open connections past which a new one is answered 503 and closed
+            (None: no cap; the process's file-descriptor limit still applies).
         uvicorn_options: more of `uvicorn.Config`'s options (`log_level`, ...).
     """
-    config = uvicorn.Config(
+    config = server_config(
         app,
         host=host,
         port=port,
-        timeout_graceful_shutdown=math.ceil(shutdown_grace),  # uvicorn takes whole seconds
+        shutdown_grace=shutdown_grace,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections,
         **uvicorn_options,
     )
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
+    escape_logs()
     _Server(config, app, shutdown_grace).run()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -85,6 +86,26 @@ def decode(session_id: str, text: str | bytes, *, what: str = "data") -> dict[st
             session_id=session_id,
         )
     return value
+
+
+UNREADABLE_EVENT = "event-unreadable"
+"""The type of what `SessionStore.events` gives in place of a logged event it cannot read."""
+
+_log = logging.getLogger("handrail.store")
+
+
+def decode_event(session_id: str, seq: int, text: str | bytes) -> dict[str, Any]:
+    """A logged event back as a dict; an `event-unreadable` event if its row is corrupt.
+
+    One bad row must not stop every reader at the same place forever (a client reconnecting
+    with `Last-Event-ID` would fail there again and again): the row is left as it is, logged
+    as an error, and its number is passed with an event that says what happened.
+    """
+    try:
+        return decode(session_id, text, what=f"event {seq}")
+    except SessionCorruptError as error:
+        _log.error("%s", error)
+        return {"type": UNREADABLE_EVENT, "seq": seq, "error": str(error)}
 
 
 def check_record(record: SessionRecord) -> None:

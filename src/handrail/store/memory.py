@@ -24,6 +24,7 @@ from ._codec import (
     check_status,
     check_ttl,
     decode,
+    decode_event,
     encode,
     encode_events,
     exists_error,
@@ -297,8 +298,7 @@ class MemoryStore:
         log = self._events.get(session_id, [])
         start = bisect.bisect_right(log, after, key=lambda logged: logged[0])
         return [
-            (seq, decode(session_id, text, what="event"))
-            for seq, text in log[start : start + limit]
+            (seq, decode_event(session_id, seq, text)) for seq, text in log[start : start + limit]
         ]
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:

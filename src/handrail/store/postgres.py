@@ -36,7 +36,7 @@ from ._codec import (
     check_record,
     check_status,
     check_ttl,
-    decode,
+    decode_event,
     encode,
     encode_events,
     exists_error,
@@ -717,9 +717,7 @@ class PostgresStore:
             f"WHERE session_id = %(id)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s",
             {"id": session_id, "after": after, "limit": limit},
         )
-        return [
-            (seq, decode(session_id, text, what="event")) for seq, text in await cursor.fetchall()
-        ]
+        return [(seq, decode_event(session_id, seq, text)) for seq, text in await cursor.fetchall()]
 
     # -- leases and wake-ups --------------------------------------------------------------
 

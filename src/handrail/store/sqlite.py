@@ -31,7 +31,7 @@ from ._codec import (
     check_record,
     check_status,
     check_ttl,
-    decode,
+    decode_event,
     encode,
     encode_events,
     exists_error,
@@ -844,7 +844,7 @@ def _read_events(
         "ORDER BY seq LIMIT ?",
         (session_id, after, limit),
     ).fetchall()
-    return [(seq, decode(session_id, text, what="event")) for seq, text in rows]
+    return [(seq, decode_event(session_id, seq, text)) for seq, text in rows]
 
 
 def _nothing(db: sqlite3.Connection) -> None:
