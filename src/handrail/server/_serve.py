@@ -106,9 +106,9 @@ def escape_logs() -> None:
     loggers.append(logging.getLogger())
     handrail = logging.getLogger("handrail")
     if not handrail.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        handrail.addHandler(handler)
+        ours = logging.StreamHandler()
+        ours.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        handrail.addHandler(ours)
         handrail.setLevel(logging.INFO)
         loggers.append(handrail)
     for logger in loggers:
