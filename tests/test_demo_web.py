@@ -37,7 +37,16 @@ def test_serve_prints_the_page_url_with_the_key_it_made(
     url = re.search(r"Open the web page: (http://127\.0\.0\.1:8123/#key=(\S+))", result.output)
     assert bearer is not None and url is not None
     assert url.group(2) == bearer.group(1)
-    assert served == {"host": "127.0.0.1", "port": 8123, "log_level": "info", "shutdown_grace": 5.0}
+    assert served == {
+        "host": "127.0.0.1",
+        "port": 8123,
+        "log_level": "info",
+        "shutdown_grace": 5.0,
+        "header_timeout": 10.0,
+        "body_timeout": 30.0,
+        "idle_timeout": 5.0,
+        "max_connections": 1000,
+    }
 
 
 def test_the_engine_keeps_its_sessions_in_the_sqlite_file(demo_db: Path) -> None:

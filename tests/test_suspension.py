@@ -13,6 +13,7 @@ from handrail import (
     Answer,
     ApprovalCardPart,
     Approve,
+    AskPerson,
     ClientResult,
     Domain,
     Engine,
@@ -24,6 +25,7 @@ from handrail import (
     SessionNotFoundError,
     StaleResolutionError,
     ToolCallPart,
+    ToolContext,
     UserError,
     tool,
 )
@@ -848,3 +850,75 @@ async def test_a_read_after_an_approved_write_runs_again_across_a_reload(reopen:
     assert effects[2:] == [("refund", ("A1", 84.0)), ("lookup", "A1")]
     parts = call_parts(await engine.session("s1"))
     assert [p.reused_from for p in parts] == [None, "call_1", None, None, None]
+
+
+# -- a tool that asks a person mid-call (AskPerson) -----------------------------------------
+
+
+@tool(name="policy.answer")
+def policy_answer(ctx: ToolContext[None], question: str) -> dict[str, Any]:
+    """Answer a policy question, or ask a person when unsure."""
+    effects.append(("policy.answer", (question, ctx.answer, ctx.answered_by)))
+    if ctx.answer is None:
+        raise AskPerson(f"Nobody wrote down the answer to {question!r}: do you know it?")
+    return {"answer": ctx.answer, "by": ctx.answered_by}
+
+
+def asking_engine(store: Any, steps: list[Any]) -> Engine:
+    runtime = Runtime(model=ScriptedModel(steps), ids=sequential_ids(), clock=Clock())
+    return Engine(Agent("support", tools=[policy_answer, lookup]), store=store, runtime=runtime)
+
+
+async def test_a_tool_that_asks_a_person_waits_and_runs_again_with_the_answer(reopen: Any):
+    steps = [
+        [call("policy.answer", question="pets?"), call("orders.lookup", order_id="A1")],
+        "Pets are welcome.",
+    ]
+    engine = asking_engine(reopen(), steps)
+    first = await suspended(engine)
+    types = [e.type for e in first]
+    assert types.count("tool-call-started") == 2  # it ran, and asked
+    asked = next(e for e in first if e.type == "input-required")
+    assert asked.tool_call_id == "call_1" and asked.output_schema == {"type": "string"}
+    assert asked.prompt == "Nobody wrote down the answer to 'pets?': do you know it?"
+    assert effects == [("policy.answer", ("pets?", None, None)), ("lookup", "A1")]
+    state = await engine.session("s1")
+    (card,) = state.pending.values()
+    assert (card.kind, card.executor) == ("question", "server")
+
+    engine = asking_engine(reopen(), steps[1:])  # a restart while it waits
+    with pytest.raises(InvalidDecisionError, match="answer it with text"):
+        await engine.resolve("s1", "call_1", Answer(output={"answer": "yes"}))
+    await engine.resolve("s1", "call_1", Answer(output="Yes, on a lead.", by="ana"))
+    resumed = await events_of(engine.resume("s1"))
+    assert "tool-call-started" not in [e.type for e in resumed]  # a call starts once
+    (done,) = [e for e in resumed if e.type == "tool-call-completed"]
+    assert (done.tool_call_id, done.ok) == ("call_1", True)
+    assert effects[-1] == ("policy.answer", ("pets?", "Yes, on a lead.", "ana"))
+    assert resumed[-1].type == "run-completed"
+    state = await engine.session("s1")
+    (part,) = [p for p in call_parts(state) if p.id == "call_1"]
+    assert part.status == "completed"
+    assert part.result is not None and part.result.data == {
+        "answer": "Yes, on a lead.",
+        "by": "ana",
+    }
+
+
+async def test_a_declined_question_fails_the_call_with_the_reason_for_the_model(reopen: Any):
+    engine = asking_engine(reopen(), [[call("policy.answer", question="pets?")], "Sorry."])
+    await suspended(engine)
+    await engine.resolve("s1", "call_1", Reject(reason="not my area", by="bo"))
+    resumed = await events_of(engine.resume("s1"))
+    (done,) = [e for e in resumed if e.type == "tool-call-completed"]
+    assert not done.ok
+    state = await engine.session("s1")
+    (part,) = call_parts(state)
+    assert part.result is not None and part.result.error is not None
+    assert "declined to answer: not my area" in part.result.error
+    assert len([e for e in effects if e[0] == "policy.answer"]) == 1  # it did not run again
+
+
+def test_ask_person_needs_a_question() -> None:
+    with pytest.raises(TypeError, match="needs the question"):
+        AskPerson("  ")

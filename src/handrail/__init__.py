@@ -41,6 +41,7 @@ from .events import (
     UsageEvent,
 )
 from .exceptions import (
+    AskPerson,
     ConfigError,
     ConflictError,
     ContextFullError,
@@ -97,6 +98,7 @@ __all__ = [
     "ApprovalCardPart",
     "ApprovalRequired",
     "Approve",
+    "AskPerson",
     "CapturedAction",
     "ClientExecRequired",
     "ClientResult",

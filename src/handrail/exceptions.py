@@ -29,6 +29,7 @@ a broad `except HandrailError` cannot swallow them:
 
 ```
 ModelRetry        raise inside a tool: the message goes back to the model as a tool error
+AskPerson         raise inside a tool: the call waits for a person's answer, then runs again
 ```
 
 Inside the agent loop failures are data (a `ToolResult` with `ok=False` that the model reads);
@@ -40,6 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AskPerson",
     "ConfigError",
     "ConflictError",
     "ContextFullError",
@@ -296,3 +298,26 @@ class ModelRetry(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class AskPerson(Exception):
+    """Raised by a server tool that needs a person's answer before it can finish.
+
+    The call stops and waits, like a `human` tool's: it gets a card of kind `question` with
+    `prompt` (an `input-required` event, then `run-suspended`), and the turn suspends once
+    the other calls of the response are done. When a person answers (`Answer("...")`, text),
+    the tool runs again from the start with the answer in `ctx.answer`; when they decline
+    (`Reject`), the call fails with their reason and the model reads it. So raise it before
+    any side effect: what ran before it runs again.
+
+    Not a `HandrailError`: it is a signal to the engine, not a failure of the run.
+
+    Args:
+        prompt: the question, as the person will read it.
+    """
+
+    def __init__(self, prompt: str) -> None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise TypeError("AskPerson needs the question to ask, as a non-empty string")
+        super().__init__(prompt)
+        self.prompt = prompt

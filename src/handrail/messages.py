@@ -42,7 +42,9 @@ ToolCallStatus: TypeAlias = Literal[
 a client (the result is a placeholder until the decision comes); `completed`/`failed`: the
 result is final; `rejected`: a human refused the call, which never ran; `interrupted`: the
 run was cancelled before the call produced a result (the result says so)."""
-CardKind: TypeAlias = Literal["approval", "elicitation", "client_exec", "recovery", "batch"]
+CardKind: TypeAlias = Literal[
+    "approval", "elicitation", "question", "client_exec", "recovery", "batch"
+]
 """What a card asks: approve a call, answer for a person (`human` tool), run it in the client,
 decide about a call that may have run before a crash, or approve a captured run's actions as
 one batch (`handrail.capture`)."""

@@ -1,6 +1,7 @@
 """Suspension: ONE primitive for approval, elicitation and client-executed tools.
 
-A call that must wait (a gated tool, a `human` tool, a `client` tool) gets a *card*
+A call that must wait (a gated tool, a `human` tool, a `client` tool, a server tool that
+raised `AskPerson` while it ran) gets a *card*
 (`ApprovalCardPart`) on its assistant message and an entry in the state's pending map
 (`RunState.pending`, tool call id -> card); its `ToolCallPart` is `waiting` with a placeholder
 result that says so. The run suspends. Then, for each pending call, somebody decides:
@@ -8,7 +9,8 @@ result that says so. The run suspends. Then, for each pending call, somebody dec
 - `Approve` (a gated call; optionally amending the tool's `amendable` arguments, which are
   validated again),
 - `Reject` (any card; the tool never runs and the model is told, with the reason),
-- `Answer` (a `human` call: validated against the tool's output type),
+- `Answer` (a `human` call: validated against the tool's output type; a `question` card: the
+  text the tool asked for, and the tool runs again with it in `ctx.answer`),
 - `ClientResult` (a `client` call: untrusted, so an invalid result becomes a tool error).
 
 `decide` validates a decision against the pending map and records it on the card (who, when,
@@ -97,6 +99,9 @@ class Reject:
 class Answer:
     """A person's answer: validated against the tool's output type.
 
+    For a `question` card (a tool asked with `AskPerson`), the answer is text, and the tool
+    runs again with it.
+
     For a `human` tool's call, the answer itself. For a `recovery` card (a call that may have
     run before a crash), that it did run and what it returned, as someone checked (the payment
     provider's dashboard, say): the model is told the effect happened, and nothing runs again.
@@ -131,6 +136,7 @@ DECISION: TypeAdapter[Decision] = TypeAdapter(Decision)
 _ACCEPTS: dict[str, tuple[str, ...]] = {
     "approval": ("approve", "reject"),
     "elicitation": ("answer", "reject"),
+    "question": ("answer", "reject"),
     "client_exec": ("client_result", "reject"),
     "recovery": ("approve", "reject", "answer"),
     "batch": ("approve", "reject"),
@@ -138,6 +144,7 @@ _ACCEPTS: dict[str, tuple[str, ...]] = {
 _WAITING = {
     "approval": "waiting for a person to approve it",
     "elicitation": "waiting for a person to answer",
+    "question": "waiting for a person to answer its question",
     "client_exec": "waiting for the client to run it",
     "recovery": "waiting for a person to decide whether to retry it",
     "batch": "waiting for a person to approve the batch it belongs to",
@@ -168,6 +175,14 @@ def card_event(card: ApprovalCardPart, tool: Tool[Any] | None) -> Event:
         card: the card.
         tool: its tool (for the answer's schema of an elicitation), if the agent has it.
     """
+    if card.kind == "question":
+        return InputRequired(
+            tool_call_id=card.tool_call_id,
+            name=card.tool_name,
+            args=card.args,
+            prompt=card.prompt,
+            output_schema={"type": "string"},
+        )
     if card.kind == "elicitation":
         adapter = tool.output_adapter if tool is not None else None
         return InputRequired(
@@ -263,6 +278,14 @@ def decide(
     if isinstance(decision, Approve):
         assert tool is not None
         amended = _amend(state, tool, card, decision.amended_args)
+    elif isinstance(decision, Answer) and card.kind == "question":
+        if not isinstance(decision.output, str) or not decision.output.strip():
+            raise InvalidDecisionError(
+                f"Call {tool_call_id} ({card.tool_name}) asked a question: answer it with "
+                f'text (Answer(output="...")), not {type(decision.output).__name__} '
+                f"{str(decision.output)[:40]!r}."
+            )
+        output = decision.output
     elif isinstance(decision, Answer):  # a person's answer, or what a call that ran returned
         assert tool is not None
         output = _answer(tool, card, decision.output)
@@ -379,7 +402,8 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
     """The final result of a decided call that does not run here, or None if it must run.
 
     A rejection, an expiry, an answer and a client result settle the call; an approval
-    returns None (the dispatcher runs it, after checking its digest). `tool` is None when
+    returns None (the dispatcher runs it, after checking its digest), and so does the answer
+    to a `question` (the tool runs again, with it). `tool` is None when
     the agent no longer has it (a deploy removed it while the call waited).
     """
     if tool is None and card.decision not in ("reject", "expire"):
@@ -393,6 +417,19 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
             "This call may have run before a crash, and a person chose not to retry it, so "
             "its effect is unknown. Tell the user to check whether it happened."
         )
+    if decision == "reject" and card.kind == "question":
+        who = f" ({card.decided_by})" if card.decided_by else ""
+        why = f": {card.reason.rstrip('.')}" if card.reason else ""
+        return ToolResult(
+            ok=False,
+            error=(
+                f"The tool asked a person{who} a question ({card.prompt}), who declined to "
+                f"answer{why}. The call did not finish; tell the user."
+            ),
+            summary=f"declined{who}" + (f": {card.reason}" if card.reason else ""),
+        )
+    if decision == "answer" and card.kind == "question":
+        return None  # the tool runs again, with the answer
     if decision == "reject":
         who = f" by {card.decided_by}" if card.decided_by else ""
         why = f" Reason: {card.reason.rstrip('.')}." if card.reason else ""

@@ -51,7 +51,7 @@ from ..events import (
     ToolCallStarted,
     ToolProgress,
 )
-from ..exceptions import ModelRetry, PathError
+from ..exceptions import AskPerson, ModelRetry, PathError
 from ..messages import ApprovalCardPart, CardKind, Message, ToolCallPart
 from ..recovery import Journal, attempt_id, idempotency_key
 
@@ -103,7 +103,7 @@ class _Copy:
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("key", "kwargs", "log_id", "part", "tool")
+    __slots__ = ("answer", "key", "kwargs", "log_id", "part", "tool")
 
     def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
         self.part = part
@@ -111,6 +111,7 @@ class _Ready:
         self.kwargs = kwargs
         self.key = key
         self.log_id = part.id  # the attempt's id in the tool-call log (a retry has its own)
+        self.answer: ApprovalCardPart | None = None  # the answered question, on a rerun
 
 
 class Dispatcher:
@@ -141,6 +142,7 @@ class Dispatcher:
         self.agent = agent
         self.journal = journal
         self.trace = trace
+        self._asked: dict[str, str] = {}  # calls that raised `AskPerson` -> their question
 
     async def run(
         self, message: Message, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
@@ -179,7 +181,7 @@ class Dispatcher:
                 assert part.result is not None
                 await self._finish(part, self.tools[part.name], part.result, None)
             yield completed_event(part)
-        async for event in self._execute_ready(ready, checkpoint=True):
+        async for event in self._execute_ready(ready, message, cards, checkpoint=True):
             yield event
         if not copies:
             return
@@ -188,10 +190,10 @@ class Dispatcher:
             if copy.original.part.status == "completed":
                 self._reuse(copy.ready.part, copy.original.part)
                 yield completed_event(copy.ready.part)
-            else:  # a failed result is never reused: the copy tries for itself
+            else:  # a failed (or asking) call is never reused: the copy tries for itself
                 self.state.turn_calls[copy.ready.key] = copy.ready.part
                 again.append(copy.ready)
-        async for event in self._execute_ready(again, checkpoint=False):
+        async for event in self._execute_ready(again, message, cards, checkpoint=False):
             yield event
 
     async def resume(self, message: Message, cards: list[ApprovalCardPart]) -> AsyncIterator[Event]:
@@ -223,6 +225,16 @@ class Dispatcher:
                 continue
             tool = self.tools.get(part.name)
             result = settle(tool, part, card)
+            if result is None and card.kind == "question":  # answered: the tool runs again
+                outcome = self._rerun(part)
+                if isinstance(outcome, _Ready):
+                    outcome.log_id = attempt_id(message, part)
+                    outcome.answer = card
+                    part.status = "running"
+                    ready.append(outcome)
+                else:
+                    yield completed_event(part)
+                continue
             if result is not None:
                 await self._finish(part, tool, result, None)
                 if card.decision == "reject":
@@ -242,7 +254,7 @@ class Dispatcher:
             else:
                 yield completed_event(part)
         # The message was stored when the turn stopped, so the calls are already on record.
-        async for event in self._execute_ready(ready, checkpoint=False):
+        async for event in self._execute_ready(ready, message, cards, checkpoint=False):
             yield event
 
     def _rerun(self, part: ToolCallPart, bound: dict[str, Any] | None = None) -> _Ready | _Final:
@@ -296,8 +308,22 @@ class Dispatcher:
         return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, final))
 
     async def _execute_ready(
-        self, ready: list[_Ready], *, checkpoint: bool
+        self,
+        ready: list[_Ready],
+        message: Message,
+        cards: list[ApprovalCardPart],
+        *,
+        checkpoint: bool,
     ) -> AsyncIterator[Event]:
+        """Steps 7-11 for `ready`; then a card for each call that asked a person."""
+        async for event in self._execute_all(ready, checkpoint=checkpoint):
+            yield event
+        for item in ready:
+            prompt = self._asked.pop(item.part.id, None)
+            if prompt is not None:
+                yield self._wait(message, item.part, cards, question=prompt)
+
+    async def _execute_all(self, ready: list[_Ready], *, checkpoint: bool) -> AsyncIterator[Event]:
         journal = self.journal
         if journal is not None:
             effects = [r for r in ready if r.tool.permission != "read"]
@@ -485,15 +511,20 @@ class Dispatcher:
         cards: list[ApprovalCardPart],
         *,
         approved: bool = False,
+        question: str | None = None,
     ) -> Event:
         """Raise the card of a waiting call: on its message, its event, placeholder, pending entry.
 
         A gated call is asked for approval first; once `approved`, a client tool waits for
-        the client's result.
+        the client's result. A call that ran and asked `question` (`AskPerson`) waits for
+        a person's answer.
         """
         tool = self.tools[part.name]
         kind: CardKind
-        if tool.gated and not approved:
+        if question is not None:
+            kind = "question"
+            part.status = "waiting"
+        elif tool.gated and not approved:
             kind = "approval"
         elif tool.executor == "human":
             kind = "elicitation"
@@ -505,7 +536,7 @@ class Dispatcher:
             tool_call_id=part.id,
             tool_name=part.name,
             args=part.args,
-            prompt=tool.prompt,
+            prompt=question if question is not None else tool.prompt,
             amendable=list(tool.amendable) if kind == "approval" else [],
             kind=kind,
             executor=tool.executor,
@@ -543,8 +574,14 @@ class Dispatcher:
         ready = self._rerun(part, bound)  # look the tool up, bind and validate, as for a rerun
         if ready is not None:
             part.status = "running"
-            async for _ in self._execute_ready([ready], checkpoint=False):
+            async for _ in self._execute_all([ready], checkpoint=False):
                 pass
+            if self._asked.pop(part.id, None) is not None:
+                self._fail(
+                    part,
+                    f"Tool {part.name!r} asked a person a question while it was "
+                    f"applied; a captured action must run without one.",
+                )
         return part
 
     # -- steps 7 to 11 --------------------------------------------------------------------
@@ -614,6 +651,10 @@ class Dispatcher:
         try:
             output = await self._invoke(ready, emit)
             result = tool.to_result(output)
+        except AskPerson as ask:  # it waits for a person: its card comes once the calls end
+            self._asked[part.id] = ask.prompt
+            part.duration_ms = (time.perf_counter() - begun) * 1000.0
+            return
         except ModelRetry as exc:
             result = ToolResult.failure(exc.message)
         except TimeoutError as exc:
@@ -655,7 +696,9 @@ class Dispatcher:
         part.status = "completed" if result.ok else "failed"
         state.usage.tool_calls += 1
 
-    def _context(self, part: ToolCallPart, tool: Tool[Any]) -> ToolContext[Any]:
+    def _context(
+        self, part: ToolCallPart, tool: Tool[Any], answer: ApprovalCardPart | None = None
+    ) -> ToolContext[Any]:
         state = self.state
         return ToolContext(
             deps=self.runtime.deps,
@@ -669,6 +712,8 @@ class Dispatcher:
             session_id=state.session_id,
             state=state.domain_state,
             idempotency_key=idempotency_key(state, part),
+            answer=None if answer is None else answer.output,
+            answered_by=None if answer is None else answer.decided_by,
         )
 
     async def _invoke(self, ready: _Ready, emit: Emit) -> Any:
@@ -676,7 +721,7 @@ class Dispatcher:
         function = tool.function
         assert function is not None  # server tools always have one (checked at definition)
         if tool.takes_ctx:
-            context = self._context(ready.part, tool)
+            context = self._context(ready.part, tool, ready.answer)
             call: Callable[[], Any] = functools.partial(function, context, **ready.kwargs)
         else:
             call = functools.partial(function, **ready.kwargs)

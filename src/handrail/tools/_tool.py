@@ -69,6 +69,10 @@ class ToolContext(Generic[DepsT]):
     idempotency_key: str = ""
     """The same for every attempt to run this call (a retry after a crash included): pass it
     to APIs that deduplicate (payments, bookings) so an idempotent tool has one effect."""
+    answer: str | None = None
+    """When the tool asked a person (`raise AskPerson(...)`) and runs again: their answer."""
+    answered_by: str | None = None
+    """Who gave `answer` (as the decision recorded it), when known."""
 
 
 _UNSET: Any = object()

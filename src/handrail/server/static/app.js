@@ -423,6 +423,7 @@ function cardFor(card) {
   const titles = {
     approval: `Approve ${card.tool_name}?`,
     elicitation: `${card.tool_name} asks you`,
+    question: `${card.tool_name} asks you`,
     client_exec: `${card.tool_name} runs in the client app`,
     recovery: `${card.tool_name} may have run before a crash`,
     batch: "Approve these actions?",
@@ -454,6 +455,13 @@ function cardFor(card) {
     }
     form.append(box);
   }
+  if (card.kind === "question") {
+    // A tool asked while it ran: the answer is text, and the tool runs again with it.
+    const field = schemaField(`${id}-answer`, "Your answer", { type: "string" }, undefined);
+    field.input.required = true;
+    fields.push(field);
+    form.append(field.node);
+  }
   if (card.kind === "elicitation") {
     const schema = (tool && tool.output_schema) || { type: "string" };
     const resolved = deref(schema, schema);
@@ -475,8 +483,9 @@ function cardFor(card) {
     }
   }
   const reason = el("input", { id: `${id}-reason`, type: "text", name: "reason", autocomplete: "off" });
-  const rejectLabel = card.kind === "elicitation" ? "Decline" : card.kind === "recovery" ? "Skip" : "Reject";
-  const approveLabel = { approval: "Approve", elicitation: "Send answer", recovery: "Run it again", batch: "Approve" }[card.kind];
+  const asks = card.kind === "elicitation" || card.kind === "question";
+  const rejectLabel = asks ? "Decline" : card.kind === "recovery" ? "Skip" : "Reject";
+  const approveLabel = { approval: "Approve", elicitation: "Send answer", question: "Send answer", recovery: "Run it again", batch: "Approve" }[card.kind];
   const buttons = el("div", { class: "buttons" });
   if (approveLabel) {
     buttons.append(el("button", { type: "submit", class: "primary", text: approveLabel }));
@@ -526,7 +535,7 @@ function decisionFrom(card, fields, node) {
     }
     if (value !== undefined) values[field.name] = value;
   }
-  if (card.kind === "elicitation") {
+  if (card.kind === "elicitation" || card.kind === "question") {
     if (fields.length === 1 && fields[0].name === "Your answer") return { decision: "answer", output: values["Your answer"] };
     return { decision: "answer", output: values };
   }
