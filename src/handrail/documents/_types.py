@@ -57,7 +57,7 @@ class Chunk:
     """A piece of a document of about the chunker's target size: what is embedded and cited."""
 
     id: str
-    """Stable for the same content: `<content_hash[:16]>:<index>`."""
+    """Stable for the same file at the same place: `<chunk_prefix(source, hash)>:<index>`."""
     source: str
     text: str
     index: int

@@ -1,0 +1,157 @@
+"""PDF: pages into paragraphs, with their page numbers (pypdf)."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import DocumentLoadError
+from ._draft import INSTALL, Draft
+
+__all__ = ["read_pdf"]
+
+if TYPE_CHECKING:
+    from pypdf import PageObject
+
+
+@dataclass(slots=True)
+class _Line:
+    text: str = ""
+    y: float = 0.0
+    size: float = 0.0
+
+
+class _LineCollector:
+    """A pypdf text visitor: the page's lines with their baseline and font size."""
+
+    def __init__(self) -> None:
+        self.lines: list[_Line] = []
+        self.current = _Line()
+        self.placed = False
+
+    def __call__(self, text: str, cm: Any, tm: Any, font: Any, font_size: Any) -> None:
+        for i, part in enumerate(text.split("\n")):
+            if i:
+                self.end_line()
+            if part.strip() and not self.placed:
+                # the text matrix times the current transformation matrix, as pypdf does
+                self.current.y = tm[4] * cm[1] + tm[5] * cm[3] + cm[5]
+                scale = abs(tm[2] * cm[1] + tm[3] * cm[3]) or 1.0
+                self.current.size = float(font_size or 0) * scale
+                self.placed = True
+            self.current.text += part
+
+    def end_line(self) -> None:
+        self.current.text = " ".join(self.current.text.replace("\x00", "").split())
+        self.lines.append(self.current)
+        self.current, self.placed = _Line(), False
+
+
+def read_pdf(data: bytes, source: str) -> tuple[list[Draft], str | None]:
+    try:
+        from pypdf import PasswordType, PdfReader
+        from pypdf.errors import DependencyError
+    except ImportError as exc:
+        raise ImportError(INSTALL) from exc
+    pages: list[list[list[str]]] = []  # a page's paragraphs, a paragraph's lines
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            try:
+                opened = reader.decrypt("")  # many PDFs only restrict printing or copying
+            except DependencyError as exc:
+                raise DocumentLoadError(
+                    f"{source}: is encrypted with AES, which needs the cryptography package: "
+                    f"pip install cryptography.",
+                    source=source,
+                ) from exc
+            if opened == PasswordType.NOT_DECRYPTED:
+                raise DocumentLoadError(
+                    f"{source}: is encrypted with a password; save a decrypted copy (e.g. "
+                    f"qpdf --decrypt --password=PASSWORD in.pdf out.pdf) and load that.",
+                    source=source,
+                )
+        for page in reader.pages:
+            pages.append(_pdf_paragraphs(page))
+    except DocumentLoadError:
+        raise
+    except Exception as exc:  # pypdf raises many kinds on a damaged file; none may escape raw
+        where = f" at page {len(pages) + 1}" if pages else ""
+        raise DocumentLoadError(
+            f"{source}: is not a readable PDF ({type(exc).__name__}{where}: {exc}); check that "
+            f"the file is complete (download or export it again).",
+            source=source,
+        ) from exc
+    vocabulary = {
+        word.lower()
+        for paragraphs in pages
+        for lines in paragraphs
+        for line in lines
+        for word in re.findall(r"[^\W\d_]+", line)
+    }
+    drafts = [
+        Draft("paragraph", _join_lines(lines, vocabulary), page=number)
+        for number, paragraphs in enumerate(pages, start=1)
+        for lines in paragraphs
+    ]
+    if not any(draft.text.strip() for draft in drafts):
+        raise DocumentLoadError(
+            f"{source}: has no extractable text; it may be a scanned image. Run OCR on it "
+            f"(e.g. ocrmypdf in.pdf out.pdf) and load the result.",
+            source=source,
+        )
+    try:
+        title = reader.metadata.title if reader.metadata else None
+    except Exception:  # a damaged info dictionary costs the title, not the document
+        title = None
+    return drafts, (title.strip() or None) if isinstance(title, str) else None
+
+
+def _pdf_paragraphs(page: PageObject) -> list[list[str]]:
+    collector = _LineCollector()
+    page.extract_text(visitor_text=collector)
+    collector.end_line()
+    lines = collector.lines
+    placed = [line for line in lines if line.text]
+    gaps = [a.y - b.y for a, b in pairwise(placed) if a.y - b.y > 0.5]
+    typical = median(gaps) if gaps else 0.0
+    paragraphs: list[list[str]] = [[]]
+    previous: _Line | None = None
+    for line in lines:
+        if not line.text:
+            paragraphs.append([])
+            previous = None
+            continue
+        if previous is not None:
+            gap = previous.y - line.y
+            size = max(previous.size, line.size)
+            if (
+                gap < -0.5  # moved up: a new column or a new frame
+                or (typical and gap > typical * 1.3 + 0.5)
+                or (size and gap > size * 2.0)
+                or (size and abs(previous.size - line.size) > 0.15 * size)
+            ):
+                paragraphs.append([])
+        paragraphs[-1].append(line.text)
+        previous = line
+    return [lines for lines in paragraphs if lines]
+
+
+def _join_lines(lines: Sequence[str], vocabulary: set[str]) -> str:
+    text = lines[0]
+    for line in lines[1:]:
+        before = re.search(r"([^\W\d_]+)-$", text)
+        after = re.match(r"[^\W\d_]+", line)
+        if text.endswith("\u00ad"):  # a soft hyphen marks a hyphenation point by definition
+            text = text[:-1] + line
+        elif before and after:
+            joined = (before.group(1) + after.group(0)).lower()
+            text = (text[:-1] if joined in vocabulary else text) + line
+        else:
+            text += " " + line
+    return text
