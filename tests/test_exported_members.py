@@ -12,12 +12,20 @@ from typing import Any
 import pytest
 
 import handrail
+import handrail.documents
 import handrail.evals
 import handrail.server
 import handrail.testing
 import handrail.tools
 
-PACKAGES = [handrail, handrail.evals, handrail.server, handrail.testing, handrail.tools]
+PACKAGES = [
+    handrail,
+    handrail.documents,
+    handrail.evals,
+    handrail.server,
+    handrail.testing,
+    handrail.tools,
+]
 
 
 def isort_order(name: str) -> tuple[int, str]:

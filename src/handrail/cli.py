@@ -38,6 +38,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._loop import AgentRun
+from .documents._cli import docs_app
 from .engine import Engine
 from .evals._cli import eval_command
 from .events import (
@@ -76,6 +77,7 @@ sessions = typer.Typer(
     help="List, show, export, import and delete stored sessions.", no_args_is_help=True
 )
 app.add_typer(sessions, name="sessions")
+app.add_typer(docs_app, name="docs")
 app.command("eval")(eval_command)
 
 _out = Console()

@@ -176,8 +176,11 @@ def test_chunks_know_the_pages_they_start_and_end_on():
         pdf.multi_cell(0, 6, prose(3, start=page * 3))
     document = load_bytes(bytes(pdf.output()), source="p.pdf")
     chunks = chunk(document, target_tokens=40, overlap=12, count_tokens=count_words)
-    assert [(c.page, c.end_page) for c in chunks] == [(1, 2), (2, 3)]  # the overlap is on p. 2
-    assert chunks[1].text.startswith("five words.\n\nSentence 6")
+    # A chunk keeps to its page, with no overlap reaching back into the page before.
+    assert [(c.page, c.end_page) for c in chunks] == [(1, 1), (2, 2), (3, 3)]
+    for c in chunks:
+        assert {b.page for b in document.blocks if c.start <= b.start < c.end} == {c.page}
+    assert chunks[1].text.startswith("Sentence 3")
 
 
 def test_the_default_tokenizer_keeps_chunks_within_200_tokens():

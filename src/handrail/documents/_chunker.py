@@ -13,6 +13,8 @@ How blocks become chunks:
   target. A block bigger than the target alone is split: prose at sentence ends, then between
   words; a list between lines, then as prose; a table between rows and a code block between
   lines, never inside one.
+- A chunk keeps to one page (PDF): a page break ends it, and the next one starts without
+  overlap, so a citation of a chunk names the page its text is on.
 - A heading is never the last thing in a chunk when more follows: it moves to the next chunk,
   with the text it heads. When a heading and the first piece of what follows cannot fit
   together, that piece is split finer.
@@ -158,7 +160,12 @@ class _Packer:
         while queue:
             atom = queue[0]
             start = options[0] if options else (own[0].start if own else atom.start)
-            if self.fits(start, atom):
+            if own and self.page(atom) != self.page(own[0]):
+                # A chunk keeps to one page, so that a citation of it names the right page;
+                # nor does its overlap reach back into the page before.
+                spans.append(self.close(own, queue, start))
+                options, own = [], []
+            elif self.fits(start, atom):
                 own.append(queue.popleft())
             elif own and not all(self.heading(a) for a in own):
                 spans.append(self.close(own, queue, options[0] if options else own[0].start))
@@ -183,6 +190,9 @@ class _Packer:
 
     def fits(self, start: int, atom: _Atom) -> bool:
         return self.count(self.text[start : atom.end]) <= self.target
+
+    def page(self, atom: _Atom) -> int | None:
+        return self.blocks[atom.block].page
 
     def heading(self, atom: _Atom) -> bool:
         return self.blocks[atom.block].kind == "heading"
