@@ -185,6 +185,14 @@ def test_python_m_handrail_demo_runs_offline_and_rejects_when_nobody_can_answer(
     assert "refunds made  0" in out
     assert "is saved in" in out and (tmp_path / "demo.db").exists()
     assert "\x1b[" not in out  # no colours or cursor moves in a pipe
+    # Then policy questions, answered from the shop's documents (Markdown and PDF):
+    assert "Ingested refunds.md and shipping.pdf" in out
+    assert "costs 12.50 euros" in out and "(Source: shipping.pdf, page 1.)" in out
+    assert "✓ documents.answer → confidence 0.83 · sources shipping.pdf p. 1" in out
+    assert "documents.answer asks a person" in out  # one they cannot answer
+    assert "Your colleague Ana answered (played by the demo)." in out
+    assert "(My colleague Ana answered this.)" in out
+    assert "(Source: a note from Ana.)" in out  # the next time, the note answers
 
 
 def test_yes_approves_and_the_refund_is_made(tmp_path: Any):
@@ -211,7 +219,7 @@ def test_the_person_at_the_terminal_decides(
 
     def ask(question: str) -> str:
         asked.append(question)
-        return next(replies)
+        return next(replies, "")  # then Enter at the policy question: Ana's answer
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=100, color_system=None)

@@ -222,6 +222,18 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _digest_item(key: str, value: Any) -> str:
+    """One item of a digest; a documents answer's citations as their sources."""
+    if key == "citations" and isinstance(value, list):
+        where = [
+            f"{c.get('source')}" + (f" p. {c['page']}" if c.get("page") else "")
+            for c in value
+            if isinstance(c, dict)
+        ]
+        return f"sources {', '.join(where)}" if where else "no sources"
+    return f"{key} {value}"
+
+
 def outcome_line(done: ToolCallCompleted) -> str:
     """A finished call in a few words: its digest, else its summary, or what went wrong."""
     if done.status == "rejected":
@@ -229,7 +241,7 @@ def outcome_line(done: ToolCallCompleted) -> str:
     if not done.ok:
         return done.error or "failed"
     if isinstance(done.digest, dict):
-        return " · ".join(f"{k} {v}" for k, v in done.digest.items())
+        return " · ".join(_digest_item(k, v) for k, v in done.digest.items())
     if done.digest is not None:
         return _json(done.digest)
     return done.summary or "done"

@@ -380,3 +380,49 @@ def test_a_required_answer_cannot_be_sent_empty(clerk: Served, new_page: NewPage
     expect(card.get_by_role("alert")).to_contain_text("note: ")
     expect(card.get_by_label("note")).to_be_focused()
     expect(card).to_be_visible()
+
+
+# -- answers from documents: citations, and a question for a person ----------------------------
+
+
+@pytest.fixture
+def librarian(serve: Serve, tmp_path: Any) -> Served:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from handrail.demo.policy_desk import POLICIES, policy_engine
+    from handrail.documents import Library
+
+    async def ingest() -> None:
+        async with Library.open(tmp_path / "index") as library:
+            await library.ingest(POLICIES)
+
+    # In a thread of its own: Playwright keeps an event loop running in this one.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(ingest())).result()
+    return serve(policy_engine(Library.open(tmp_path / "index")))
+
+
+def test_an_answer_from_documents_shows_its_sources_and_a_person_answers_the_rest(
+    librarian: Served, new_page: NewPage, shoot: Shoot
+) -> None:
+    page = signed_in(new_page, librarian)
+    send(page, "How much does express shipping cost?")
+    expect(reply(page).last).to_contain_text("costs 12.50 euros")
+    sources = page.get_by_role("list", name="Sources")
+    expect(sources.locator("li")).to_have_count(1)
+    expect(sources.locator("cite")).to_have_text("shipping.pdf, page 1")
+    expect(sources.locator("q")).to_contain_text("Express shipping within the European Union")
+    shoot(page, "cited")
+
+    send(page, "Do you price-match other shops?")
+    card = page.locator(".card.question")
+    expect(card).to_be_focused()
+    expect(card).to_contain_text("documents.answer asks you")
+    expect(card).to_contain_text("The documents do not answer it well enough")
+    shoot(page, "asked")
+    card.get_by_label("Your answer").fill("Yes, within the EU.")
+    card.get_by_role("button", name="Send answer").click()
+    expect(reply(page).last).to_contain_text("Yes, within the EU.")
+    expect(reply(page).last).to_contain_text("(My colleague ana answered this.)")
+    shoot(page, "answered")

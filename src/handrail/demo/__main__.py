@@ -32,11 +32,13 @@ from handrail import (
     AgentResult,
     AgentRun,
     AgentStarted,
+    Answer,
     ApprovalRequired,
     Approve,
     ConfigError,
     Decision,
     Event,
+    InputRequired,
     Reject,
     RunCompleted,
     RunFailed,
@@ -46,6 +48,7 @@ from handrail import (
     ToolCallStarted,
 )
 from handrail._cards import Ask, approval_card, ask_decision, outcome_line
+from handrail.demo.policy_desk import POLICY_QUESTIONS, PRICE_MATCH_ANSWER, build_policy_desk
 from handrail.demo.support_desk import Scenario, build_scenario
 from handrail.models import Model, as_model, infer
 from handrail.store import SqliteStore
@@ -93,11 +96,15 @@ def main(
     if ask is None and sys.stdin is not None and sys.stdin.isatty():
         ask = console.input
     decide = _decider(args.decision, ask)
-    return asyncio.run(_run(args, console, decide, model))
+    return asyncio.run(_run(args, console, decide, model, _answerer(ask)))
 
 
 async def _run(
-    args: argparse.Namespace, console: Console, decide: Decide, model: Model | None
+    args: argparse.Namespace,
+    console: Console,
+    decide: Decide,
+    model: Model | None,
+    answer: AnswerQuestion,
 ) -> int:
     store = SqliteStore(args.db)
     try:
@@ -109,6 +116,8 @@ async def _run(
         if model is not None:  # the same agent, tools and engine: only the model changes
             scenario.engine.runtime.model = model
         status = await play(scenario, console, decide, pace=0.04 if args.slow else 0.0)
+        if status == 0 and not args.no_documents:
+            status = await play_policies(console, answer, pace=0.04 if args.slow else 0.0)
     finally:
         await store.close()
         close = getattr(model, "aclose", None)
@@ -150,6 +159,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_const",
         const="reject",
         help="reject the refund, without asking",
+    )
+    parser.add_argument(
+        "--no-documents",
+        action="store_true",
+        help="skip the policy questions answered from the shop's documents",
     )
     parser.add_argument(
         "--db",
@@ -233,6 +247,65 @@ async def play(scenario: Scenario, console: Console, decide: Decide, *, pace: fl
     return 1 if result.outcome == "failed" else 0
 
 
+AnswerQuestion = Callable[[InputRequired], tuple[Decision, str]]
+"""Turns a question a tool asked a person into an answer and a line saying who gave it."""
+
+
+def _answerer(ask: Ask | None) -> AnswerQuestion:
+    def answer(card: InputRequired) -> tuple[Decision, str]:
+        if ask is not None:
+            typed = ask("Your answer (Enter for your colleague Ana's): ").strip()
+            if typed:
+                return Answer(output=typed, by="you"), "You answered."
+        return (
+            Answer(output=PRICE_MATCH_ANSWER, by="Ana"),
+            "Your colleague Ana answered (played by the demo).",
+        )
+
+    return answer
+
+
+async def play_policies(console: Console, answer: AnswerQuestion, *, pace: float = 0.0) -> int:
+    """Policy questions answered from the shop's documents, one escalated to a person.
+
+    The documents (a Markdown file and a PDF) are ingested into a temporary index with the
+    real embedder; a question they answer is answered with its citation; one they cannot goes
+    to a person, whose answer is the reply and becomes a note the next question finds.
+
+    Returns:
+        The exit status: 1 when a run failed, else 0.
+    """
+    import tempfile
+
+    console.print(Text("\nPolicy questions, answered from the shop's documents", style="bold"))
+    with tempfile.TemporaryDirectory(prefix="handrail-demo-") as index:
+        desk = await build_policy_desk(index)
+        try:
+            count = await desk.library.index.count()
+            console.print(
+                Text(
+                    f"Ingested refunds.md and shipping.pdf: {count} chunks, embedded offline "
+                    f"(all-MiniLM-L6-v2).",
+                    style="dim",
+                )
+            )
+            transcript = Transcript(console, pace=pace)
+            for question in POLICY_QUESTIONS:
+                console.print(Text.assemble(("\nCustomer  ", "bold cyan"), question))
+                transcript.question = None
+                result = await _show(desk.submit(question), transcript)
+                if result.outcome == "suspended" and transcript.question is not None:
+                    decision, how = answer(transcript.question)
+                    await desk.resolve(decision)
+                    console.print(Text.assemble(("✔ Answer recorded", "bold"), f": {how}"))
+                    result = await _show(desk.resume(), transcript)
+                if result.outcome == "failed":
+                    return 1
+        finally:
+            await desk.close()
+    return 0
+
+
 async def _show(run: AgentRun[Any], transcript: Transcript) -> AgentResult[Any]:
     async for event in run:
         await transcript.show(event)
@@ -262,6 +335,10 @@ def _header(model: Model | str | None) -> Panel:
         "  python -m handrail.demo --model openai:gpt-4o-mini",
     )
     return Panel(body, title="handrail demo · support desk", title_align="left", expand=False)
+
+
+_SPEAKERS = frozenset({"responder", "librarian"})
+"""The agents whose text is the reply to the customer."""
 
 
 @dataclass(slots=True)
@@ -302,6 +379,7 @@ class Transcript:
         self.ran = self.waiting = 0
         self.seen: set[str] = set()
         self.card: ApprovalRequired | None = None
+        self.question: InputRequired | None = None
         self._calls: dict[str, _Call] = {}
         self._reply: Text | None = None
         self._live: Live | None = None
@@ -342,13 +420,23 @@ class Transcript:
                 self._draw(Text.assemble("  ", call.line()))
                 self.close()
                 out.print(approval_card(asked))
+            case InputRequired(tool_call_id=call_id, prompt=prompt) as asked:
+                self.waiting += 1
+                self.question = asked
+                call = self._calls.setdefault(call_id, _Call(asked.name, asked.args))
+                call.state, call.note = "waiting", "asks a person"
+                self._draw(Text.assemble("  ", call.line()))
+                self.close()
+                body = Text(prompt or "", style="yellow")
+                out.print(Panel(body, title=f"{asked.name} asks a person", expand=False))
             case TextDelta(agent="supervisor"):
                 pass  # its decision is drawn when it completes
             case TextDelta(agent=agent, delta=delta):
                 if self._reply is None:
                     self.close()
-                    style = "bold green" if agent == "responder" else "dim green"
-                    label = "Agent" if agent == "responder" else f"{agent} (note for the team)"
+                    speaks = agent in _SPEAKERS  # to the customer, or to the team
+                    style = "bold green" if speaks else "dim green"
+                    label = "Agent" if speaks else f"{agent} (note for the team)"
                     out.print(Text(label, style=style))
                     self._reply = Text()
                 self._reply.append(delta)

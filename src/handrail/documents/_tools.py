@@ -42,11 +42,28 @@ class Passage(BaseModel):
     chunk_id: str
 
 
+def _digest(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a page shows of an answer (as stored): its confidence, who answered, its sources."""
+    digest: dict[str, Any] = {"confidence": round(answer["confidence"], 2)}
+    if answer.get("answered_by"):
+        digest["answered by"] = answer["answered_by"]
+    digest["citations"] = [
+        {"source": c["source"], "page": c.get("page"), "quote": c["quote"]}
+        for c in answer["citations"]
+    ]
+    return digest
+
+
 def document_tools(answerer: Answerer) -> list[Tool[Any]]:
     """`documents.answer`, `documents.retrieve` and `documents.extract` over `answerer`."""
     library = answerer.library
 
-    @tool(name="documents.answer", permission="read")
+    @tool(
+        name="documents.answer",
+        permission="read",
+        digest=_digest,
+        summary=lambda a: f"confidence {a['confidence']:.2f}, {len(a['citations'])} citation(s)",
+    )
     async def answer(ctx: ToolContext[Any], question: str) -> DocumentAnswer:
         """Answer a question from the company's documents, with citations and a confidence.
 

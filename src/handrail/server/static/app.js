@@ -309,8 +309,15 @@ function callLine(call) {
   ];
   const args = describe(merged.args);
   if (args) parts.push(" ", el("span", { class: "call-args", text: args }));
-  const shown = merged.error || describe(merged.digest) || merged.summary;
+  // An answer from documents carries its citations: listed under the line, not in it.
+  let digest = merged.digest;
+  let citations = null;
+  if (digest && typeof digest === "object" && Array.isArray(digest.citations)) {
+    ({ citations, ...digest } = digest);
+  }
+  const shown = merged.error || describe(digest) || merged.summary;
   if (shown) parts.push(el("span", { class: "call-digest", text: `→ ${shown}` }));
+  if (citations && citations.length) parts.push(citationList(citations));
   if (!line) {
     line = el("p", { class: "call line", "data-call": call.id });
     $("transcript").append(line);
@@ -319,6 +326,16 @@ function callLine(call) {
   line.dataset.live = JSON.stringify(merged);
   line.replaceChildren(...parts);
   scrollDown();
+}
+
+/** The sources an answer rests on: where each quote is, and the quote. */
+function citationList(citations) {
+  const list = el("ol", { class: "citations", "aria-label": "Sources" });
+  for (const c of citations) {
+    const where = c.page ? `${c.source}, page ${c.page}` : c.source;
+    list.append(el("li", {}, el("cite", { text: where }), " ", el("q", { text: c.quote })));
+  }
+  return list;
 }
 
 function describe(value) {
