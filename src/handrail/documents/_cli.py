@@ -80,7 +80,9 @@ def _open_library(index: Path | None, collection: str) -> Library:
     Raises:
         ImportError: the documents extra is missing (the message names it).
     """
-    from ._library import Library  # here, so `handrail --help` needs neither numpy nor Chroma
+    # Here, so `handrail --help` needs neither numpy nor Chroma; through the package, whose
+    # lazy import names the extra when it is missing.
+    from . import Library
 
     return Library.open(index if index is not None else DEFAULT_INDEX, collection=collection)
 

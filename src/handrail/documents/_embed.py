@@ -29,15 +29,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from ..exceptions import ConfigError, DocumentIndexError
+import numpy as np
+from numpy.typing import NDArray
 
-try:
-    import numpy as np
-    from numpy.typing import NDArray
-except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        'handrail.documents needs numpy: pip install "handrail[documents]"'
-    ) from _error
+from ..exceptions import ConfigError, DocumentIndexError
 
 if TYPE_CHECKING:
     import onnxruntime  # type: ignore[import-untyped]

@@ -25,17 +25,12 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+import numpy as np
+from numpy.typing import NDArray
+
 from ..exceptions import ConfigError, DocumentIndexError, HandrailError
 from ._embed import Embedder, Vectors, normalize
 from ._types import Chunk
-
-try:
-    import numpy as np
-    from numpy.typing import NDArray
-except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        'handrail.documents needs numpy: pip install "handrail[documents]"'
-    ) from _error
 
 if TYPE_CHECKING:
     from chromadb.api import ClientAPI

@@ -19,14 +19,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._types import Chunk
+import numpy as np
 
-try:
-    import numpy as np
-except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        'handrail.documents needs numpy: pip install "handrail[documents]"'
-    ) from _error
+from ._types import Chunk
 
 if TYPE_CHECKING:
     import bm25s  # type: ignore[import-untyped]

@@ -43,6 +43,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, TypeAlias
 
+import numpy as np
+
 from ..exceptions import ConfigError, DocumentLoadError
 from ..models import Model
 from ._chunker import chunk as chunk_document
@@ -52,13 +54,6 @@ from ._index import ChromaIndex, Index
 from ._keyword import KeywordIndex
 from ._loaders import SUPPORTED_SUFFIXES, load_bytes
 from ._types import Chunk, Document
-
-try:
-    import numpy as np
-except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        'handrail.documents needs numpy: pip install "handrail[documents]"'
-    ) from _error
 
 __all__ = [
     "NOTE_PREFIX",
