@@ -207,6 +207,16 @@ async def test_upsert_then_get_round_trips_every_field(index: ChromaIndex) -> No
     assert await index.get([]) == []
 
 
+async def test_vectors_are_read_back_by_id(index: ChromaIndex) -> None:
+    written = vectors(3, seed=7)
+    await index.upsert([chunk("a.md", i) for i in range(3)], written)
+    found = await index.vectors(["a.md:2", "nope", "a.md:0"])
+    assert sorted(found) == ["a.md:0", "a.md:2"]  # an unknown id is left out
+    np.testing.assert_allclose(found["a.md:0"], written[0], atol=1e-6)
+    np.testing.assert_allclose(found["a.md:2"], written[2], atol=1e-6)
+    assert await index.vectors([]) == {}
+
+
 async def test_query_returns_the_nearest_by_cosine_similarity(index: ChromaIndex) -> None:
     chunks = [chunk(f"doc-{i % 3}.md", i) for i in range(40)]
     stored = vectors(40)

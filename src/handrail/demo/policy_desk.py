@@ -116,12 +116,14 @@ def policy_engine(library: Library, *, store: SessionStore | None = None) -> Eng
     extractive model: no network, no API key. The embedder and the index are the real ones.
     """
     answerer = Answerer(library, extractive_model())
-    librarian = Agent(
+    librarian: Agent[str] = Agent(
         "librarian",
         instructions="Answer the customer's policy questions from the shop's documents only.",
         tools=document_tools(answerer),
     )
-    runtime = Runtime(model=FunctionModel(librarian_script, name="scripted"), ids=sequential_ids())
+    runtime: Runtime[None] = Runtime(
+        model=FunctionModel(librarian_script, name="scripted"), ids=sequential_ids()
+    )
     return Engine(librarian, store=store or MemoryStore(), runtime=runtime)
 
 

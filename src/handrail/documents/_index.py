@@ -87,6 +87,10 @@ class Index(Protocol):
         """The chunks with these ids, in this order; an id not in the index is left out."""
         ...
 
+    async def vectors(self, ids: Sequence[str]) -> dict[str, Vectors]:
+        """The stored vectors of these chunks (unit length), by id; an unknown id is left out."""
+        ...
+
     async def chunks(self) -> list[Chunk]:
         """Every chunk, by source then position (to build the keyword index).
 
@@ -260,6 +264,12 @@ class ChromaIndex:
             return []
         return await self._call(self._get, list(ids))
 
+    async def vectors(self, ids: Sequence[str]) -> dict[str, Vectors]:
+        """See `Index.vectors`."""
+        if not ids:
+            return {}
+        return await self._call(self._vectors, list(ids))
+
     async def chunks(self) -> list[Chunk]:
         """See `Index.chunks`."""
         return await self._call(self._chunks)
@@ -395,6 +405,20 @@ class ChromaIndex:
             ):
                 found[id_] = _decode(id_, text, meta)
         return [found[id_] for id_ in ids if id_ in found]
+
+    def _vectors(self, ids: list[str]) -> dict[str, Vectors]:
+        found: dict[str, Vectors] = {}
+        collection = self._open()
+        for start in range(0, len(ids), self._max_batch):
+            result = collection.get(
+                ids=ids[start : start + self._max_batch], include=["embeddings"]
+            )
+            embeddings = result["embeddings"]
+            if embeddings is None:
+                continue
+            for id_, vector in zip(result["ids"], embeddings, strict=True):
+                found[id_] = np.asarray(vector, dtype=np.float32)
+        return found
 
     def _pages(self, include: Any) -> Any:
         collection = self._open()

@@ -3,7 +3,8 @@
 A suite (YAML, or Python building the same pydantic objects) lists scenarios: the user's
 turns, mocked tool outputs, the model, and what must happen (route, tool calls, captured
 actions, approvals, final text, structured output, model calls, tokens, an LLM judge).
-`handrail eval suite.yaml` runs it; see docs/evals.md.
+`handrail eval suite.yaml` runs it; see docs/evals.md. A suite with `kind: documents` measures
+retrieval (and answers) over a folder of documents and its eval questions instead.
 
 ```python
 import asyncio
@@ -18,6 +19,15 @@ from __future__ import annotations
 
 from ._check import Call, Transcript, TurnRecord
 from ._config import AgentConfig, AgentOverride, configure, load_config
+from ._documents import (
+    DocumentsResult,
+    DocumentsSuite,
+    MetricCheck,
+    QuestionOutcome,
+    load_documents_suite,
+    run_documents_suite,
+)
+from ._documents_report import documents_json, documents_junit
 from ._judge import Verdict
 from ._load import SuiteError, load_suite
 from ._match import matches, mismatch
@@ -46,11 +56,15 @@ __all__ = [
     "Call",
     "CapturedExpectation",
     "CountingModel",
+    "DocumentsResult",
+    "DocumentsSuite",
     "Expect",
     "Failure",
     "Judge",
+    "MetricCheck",
     "Mock",
     "ModelSpec",
+    "QuestionOutcome",
     "Scenario",
     "ScenarioResult",
     "StepPart",
@@ -66,11 +80,15 @@ __all__ = [
     "Verdict",
     "configure",
     "diff_baseline",
+    "documents_json",
+    "documents_junit",
     "load_config",
+    "load_documents_suite",
     "load_suite",
     "matches",
     "mismatch",
     "read_report",
+    "run_documents_suite",
     "run_suite",
     "to_json",
     "to_junit",

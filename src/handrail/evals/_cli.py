@@ -4,9 +4,11 @@
 handrail eval evals/support_desk.yaml --json report.json --junit junit.xml
 handrail eval evals/support_desk.yaml --baseline report.json
 handrail eval evals/support_desk.yaml --compare draft.yaml pinned.yaml
+handrail eval evals/documents/suite.yaml --json numbers.json   # kind: documents
 ```
 
-Exits 1 when a scenario fails, or with one line on stderr when the suite cannot be run.
+Exits 1 when a scenario fails (a documents suite: when a threshold is missed), or with one
+line on stderr when the suite cannot be run.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from rich.text import Text
 
 from ..exceptions import HandrailError
 from ._config import AgentConfig, load_config
-from ._load import load_suite
+from ._documents_cli import documents_command
+from ._load import load_suite, suite_kind
 from ._report import BaselineDiff, diff_baseline, read_report, to_json, to_junit
 from ._result import ScenarioResult, SuiteResult
 from ._runner import run_suite
@@ -60,6 +63,18 @@ def eval_command(
 ) -> None:
     """Run an eval suite: a table of results, JSON and JUnit reports, exit 1 on a failure."""
     out = Console(highlight=False)
+    try:
+        documents = suite_kind(suite) == "documents"
+        if documents and (baseline is not None or compare):
+            raise typer.BadParameter("--baseline and --compare are for suites of scenarios.")
+    except (HandrailError, typer.BadParameter) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    if documents:
+        documents_command(
+            suite, json_path=json_path, junit=junit, timings=timings, concurrency=concurrency
+        )
+        return
     try:
         loaded = load_suite(suite)
         configs = [load_config(path) for path in compare] if compare else []

@@ -24,7 +24,15 @@ from ..engine import Domain
 from ..exceptions import ConfigError
 from ._suite import Suite
 
-__all__ = ["SuiteError", "check_suite", "import_target", "load_suite", "read_yaml", "validate"]
+__all__ = [
+    "SuiteError",
+    "check_suite",
+    "import_target",
+    "load_suite",
+    "read_yaml",
+    "suite_kind",
+    "validate",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -84,7 +92,13 @@ def load_suite(path: str | Path) -> Suite:
     if path.suffix == ".py":
         suite = _python_suite(path)
     else:
-        suite = validate(Suite, read_yaml(path), str(path))
+        data = read_yaml(path)
+        if _kind_of(data, path) == "documents":
+            raise SuiteError(
+                f"{path}: a documents suite (kind: documents): run it with `handrail eval "
+                f"{path}`, or load it with handrail.evals.load_documents_suite."
+            )
+        suite = validate(Suite, data, str(path))
         if suite.name is None:
             suite = suite.model_copy(update={"name": path.stem})
     with _importable(path.parent):
@@ -93,6 +107,28 @@ def load_suite(path: str | Path) -> Suite:
             suite.deps = import_target(suite.deps, f"{path}: deps")
     check_suite(suite, str(path))
     return suite
+
+
+def suite_kind(path: str | Path) -> str:
+    """`documents` for a YAML suite with `kind: documents`, else `agents` (the scenarios).
+
+    Raises:
+        SuiteError: the file is not YAML, or names another kind.
+    """
+    path = Path(path)
+    if path.suffix == ".py" or not path.exists():
+        return "agents"  # load_suite says what is wrong with a missing file
+    return _kind_of(read_yaml(path), path)
+
+
+def _kind_of(data: Any, path: Path) -> str:
+    kind = data.get("kind", "agents") if isinstance(data, Mapping) else "agents"
+    if kind not in ("agents", "documents"):
+        raise SuiteError(
+            f"{path}: kind: {kind!r} is not a kind of suite: write `kind: documents` for a "
+            f"documents suite, or leave it out for scenarios."
+        )
+    return str(kind)
 
 
 def _python_suite(path: Path) -> Suite:

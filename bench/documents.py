@@ -1,0 +1,322 @@
+"""`python -m bench.documents`: retrieval quality, ingest rate, query latency and memory.
+
+Over the repository's docs/ and the eval set evals/documents/questions.yaml:
+
+1. **Ingest**: docs/ into a fresh `Library` (MiniLM int8 on the CPU, an embedded Chroma in a
+   temporary folder): chunks a second, loading, chunking, embedding and writing included,
+   with the embedder batching (its default) and unbatched (`MiniLMEmbedder(batch_size=1)`),
+   and the embedder's own rate on the same texts.
+2. **Quality**: recall@5, recall@10 and MRR@10 of hybrid retrieval (`Library.retrieve`,
+   `min_relevance=0`, no neighbours) against its two halves alone: BM25 (`KeywordIndex`
+   over the same chunks) and dense (`Index.query` with the query's embedding). Then what
+   the relevance threshold refuses and keeps (unanswerable questions left with no evidence,
+   answerable ones that keep a gold passage), for hybrid at several thresholds.
+3. **Latency**: `Library.retrieve(question)` (defaults: top_k 5, min_relevance 0.5,
+   neighbours; no model) over an index of 10,000 chunks, and with `--large` 100,000: the
+   docs' real chunks replicated, text and vectors unchanged, under varied sources
+   (`copy-00042/tools.md`), so the index holds real text in real proportions without
+   paraphrase. p50/p99 over every question, several rounds, after a warm-up (the first
+   query builds the BM25 index: its time is printed apart).
+4. **Memory**: peak RSS of the process after each part (`getrusage(...).ru_maxrss`).
+
+The 100k part takes 3 to 4 minutes more on 2 cores (mostly Chroma's inserts: 2 minutes),
+so it runs only with `--large`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from handrail.documents import Chunk
+from handrail.documents._embed import MiniLMEmbedder
+from handrail.documents._index import ChromaIndex
+from handrail.documents._keyword import KeywordIndex
+from handrail.documents._library import Library, _embedding_text, relevance_from_cosine
+from handrail.documents._metrics import (
+    Question,
+    load_questions,
+    mean_mrr_at,
+    mean_recall_at,
+    refusal_at,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+QUESTIONS = ROOT / "evals" / "documents" / "questions.yaml"
+THRESHOLD = 0.5
+SWEEP = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+CUTS = (5, 10)
+
+Ranker = Callable[[str, int], Awaitable[list[Chunk]]]
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rate(count: int, seconds: float) -> str:
+    return f"{count / seconds:,.1f} chunks/s ({count} chunks in {seconds:.1f} s)"
+
+
+# -- 1. ingest ---------------------------------------------------------------------------------
+
+
+async def ingest(folder: Path, embedder: MiniLMEmbedder) -> tuple[Library, float]:
+    library = Library.open(folder, embedder=embedder)
+    report = await library.ingest(DOCS)
+    assert not report.skipped, report.skipped
+    return library, report.seconds
+
+
+async def part_ingest(work: Path) -> tuple[Library, MiniLMEmbedder]:
+    print("## Ingest docs/ (load, chunk, embed, write)")
+    embedder = MiniLMEmbedder()
+    embedder.embed_sync(["warm up: the model loads once"])
+    library, seconds = await ingest(work / "batched", embedder)
+    chunks = await library.index.chunks()
+    print(
+        f"  batched (batch_size={embedder.batch_size}, the default): {rate(len(chunks), seconds)}"
+    )
+    single = MiniLMEmbedder(batch_size=1)
+    single.embed_sync(["warm up"])
+    unbatched, seconds_one = await ingest(work / "unbatched", single)
+    await unbatched.close()
+    print(f"  unbatched (batch_size=1):             {rate(len(chunks), seconds_one)}")
+    texts = [_embedding_text(chunk) for chunk in chunks]
+    began = time.perf_counter()
+    embedder.embed_sync(texts)
+    alone = time.perf_counter() - began
+    tokens = embedder._load().tokenizer.encode_batch(texts)
+    mean_tokens = statistics.mean(len(t.ids) for t in tokens)
+    print(
+        f"  the embedder alone, same texts (mean {mean_tokens:.0f} word pieces): "
+        f"{rate(len(chunks), alone)}; target ≥ 100 chunks/s: "
+        f"{'met' if len(chunks) / seconds >= 100 else 'MISSED'}"
+    )
+    print(f"  peak RSS: {peak_mib():.0f} MiB")
+    return library, embedder
+
+
+# -- 2. quality --------------------------------------------------------------------------------
+
+
+async def scores(rank: Ranker, questions: Sequence[Question]) -> dict[str, float | None]:
+    ranked = {k: [await rank(q.question, k) for q in questions] for k in CUTS}
+    gold = [q.gold for q in questions]
+    out: dict[str, float | None] = {}
+    for k in CUTS:
+        out[f"recall@{k}"] = mean_recall_at(k, list(zip(ranked[k], gold, strict=True)))
+    out["MRR@10"] = mean_mrr_at(10, list(zip(ranked[10], gold, strict=True)))
+    return out
+
+
+async def part_quality(
+    library: Library, embedder: MiniLMEmbedder, questions: Sequence[Question]
+) -> None:
+    print(f"\n## Retrieval quality: {len(questions)} questions over docs/")
+    chunks = await library.index.chunks()
+    by_id = {chunk.id: chunk for chunk in chunks}
+    keywords = KeywordIndex.build(chunks)
+
+    async def hybrid(query: str, k: int) -> list[Chunk]:
+        found = await library.retrieve(query, top_k=k, min_relevance=0.0, neighbours=False)
+        return [item.chunk for item in found]
+
+    async def bm25(query: str, k: int) -> list[Chunk]:
+        return [by_id[id_] for id_, _ in keywords.search(query, k)]
+
+    async def dense(query: str, k: int) -> list[Chunk]:
+        vector = (await embedder.embed([query]))[0]
+        return [chunk for chunk, _ in await library.index.query(vector, k)]
+
+    rows = {
+        "hybrid": await scores(hybrid, questions),
+        "BM25 alone": await scores(bm25, questions),
+        "dense alone": await scores(dense, questions),
+    }
+    print(f"  {'':12} {'recall@5':>9} {'recall@10':>10} {'MRR@10':>7}")
+    for name, row in rows.items():
+        cells = [f"{row[m] or 0:.3f}" for m in ("recall@5", "recall@10", "MRR@10")]
+        print(f"  {name:12} {cells[0]:>9} {cells[1]:>10} {cells[2]:>7}")
+    for metric in ("recall@5", "MRR@10"):
+        mine = rows["hybrid"][metric] or 0.0
+        others = [rows[n][metric] or 0.0 for n in ("BM25 alone", "dense alone")]
+        verdict = "beats both" if all(mine > o for o in others) else "does NOT beat both"
+        print(f"  hybrid {metric}: {verdict} ({mine:.3f} vs {max(others):.3f} for the best half)")
+
+    print("\n## Refusal at min_relevance (top_k 5): unanswerable refused, answerable kept")
+    evidence = [
+        await library.retrieve(q.question, top_k=5, min_relevance=THRESHOLD) for q in questions
+    ]
+    gold = [q.gold for q in questions]
+    real = refusal_at(THRESHOLD, list(zip(evidence, gold, strict=True)))
+    print(
+        f"  hybrid, retrieve(min_relevance={THRESHOLD}): refused {real.refused}/"
+        f"{real.unanswerable} ({real.refused_rate or 0:.2f}), kept {real.kept}/"
+        f"{real.answerable} ({real.kept_rate or 0:.2f}), emptied {real.emptied}"
+    )
+    dense_scored = []
+    for q in questions:
+        vector = (await embedder.embed([q.question]))[0]
+        dense_scored.append(
+            [_Scored(c, relevance_from_cosine(s)) for c, s in await library.index.query(vector, 5)]
+        )
+    cut = refusal_at(THRESHOLD, list(zip(dense_scored, gold, strict=True)))
+    print(
+        f"  dense alone, top 5 at relevance ≥ {THRESHOLD}: refused {cut.refused}/"
+        f"{cut.unanswerable}, kept {cut.kept}/{cut.answerable}"
+    )
+    hits = [keywords.search(q.question, 5) for q in questions]
+    no_hit = sum(not h for h, q in zip(hits, questions, strict=True) if not q.gold)
+    print(
+        f"  BM25 alone has no relevance scale: {no_hit}/{real.unanswerable} unanswerable "
+        f"questions share no word with the docs"
+    )
+    wide = [await library.retrieve(q.question, top_k=5, min_relevance=0.0) for q in questions]
+    print("  hybrid sweep (top 5 retrieved at 0, then cut; neighbours boosted):")
+    for threshold in SWEEP:
+        swept = refusal_at(threshold, list(zip(wide, gold, strict=True)))
+        print(
+            f"    ≥ {threshold:.1f}: refused {swept.refused:2}/{swept.unanswerable} "
+            f"({swept.refused_rate or 0:.2f})  kept {swept.kept:2}/{swept.answerable} "
+            f"({swept.kept_rate or 0:.2f})  emptied {swept.emptied}"
+        )
+    best_noise = sorted(
+        max((item.relevance for item in found), default=0.0)
+        for found, q in zip(wide, questions, strict=True)
+        if not q.gold
+    )
+    print(f"  best relevance of each unanswerable question: {[round(x, 2) for x in best_noise]}")
+    print(f"  peak RSS: {peak_mib():.0f} MiB")
+
+
+@dataclasses.dataclass
+class _Scored:
+    chunk: Chunk
+    relevance: float
+
+
+# -- 3. latency --------------------------------------------------------------------------------
+
+
+def replicate(chunks: Sequence[Chunk], count: int) -> list[Chunk]:
+    """`count` chunks: whole copies of the documents, each copy under its own sources."""
+    out: list[Chunk] = []
+    copy = 0
+    while len(out) < count:
+        prefix = f"copy-{copy:05d}"
+        ids = {c.id: f"{prefix}-{c.id}" for c in chunks}
+        for chunk in chunks:
+            out.append(
+                dataclasses.replace(
+                    chunk,
+                    id=ids[chunk.id],
+                    source=f"{prefix}/{chunk.source}",
+                    prev_id=ids.get(chunk.prev_id or ""),
+                    next_id=ids.get(chunk.next_id or ""),
+                )
+            )
+        copy += 1
+    return out[:count]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+async def part_latency(
+    size: int,
+    work: Path,
+    library: Library,
+    embedder: MiniLMEmbedder,
+    questions: Sequence[Question],
+    rounds: int,
+) -> None:
+    print(f"\n## Query latency at {size:,} chunks (Library.retrieve defaults, no model)")
+    real = await library.index.chunks()
+    vectors = await embedder.embed([_embedding_text(c) for c in real])
+    row = {c.id: i for i, c in enumerate(real)}
+    synthetic = replicate(real, size)
+    index = ChromaIndex.persistent(work / f"n{size}", embedder=embedder)
+    began = time.perf_counter()
+    step = 5000
+    for start in range(0, len(synthetic), step):
+        part = synthetic[start : start + step]
+        rows = [row[c.id.split("-", 2)[2]] for c in part]
+        await index.upsert(part, vectors[rows])
+    written = time.perf_counter() - began
+    print(f"  index written (vectors reused, not re-embedded): {rate(size, written)}")
+    big = Library(index, embedder=embedder)
+    began = time.perf_counter()
+    await big.retrieve(questions[0].question)
+    print(f"  first query (reads every chunk, builds BM25): {time.perf_counter() - began:.2f} s")
+    for q in questions[:5]:  # warm-up
+        await big.retrieve(q.question)
+    total: list[float] = []
+    parts: dict[str, list[float]] = {"embed": [], "dense": [], "bm25": []}
+    keywords = await big._keyword_index()
+    for _ in range(rounds):
+        for q in questions:
+            began = time.perf_counter()
+            await big.retrieve(q.question)
+            total.append(time.perf_counter() - began)
+            t0 = time.perf_counter()
+            vector = embedder.embed_sync([q.question])[0]
+            t1 = time.perf_counter()
+            await index.query(vector, 20)
+            t2 = time.perf_counter()
+            keywords.index.search(q.question, 20)
+            t3 = time.perf_counter()
+            parts["embed"].append(t1 - t0)
+            parts["dense"].append(t2 - t1)
+            parts["bm25"].append(t3 - t2)
+    ms = [t * 1000 for t in total]
+    p50, p99 = percentile(ms, 50), percentile(ms, 99)
+    target = "" if size != 10_000 else f"; target p50 ≤ 20 ms: {'met' if p50 <= 20 else 'MISSED'}"
+    print(f"  retrieve: p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(ms)} queries{target}")
+    shares = ", ".join(
+        f"{name} {statistics.median(values) * 1000:.1f} ms" for name, values in parts.items()
+    )
+    print(f"  its parts alone (p50): {shares} (the rest: fusion, cosines of BM25-only hits)")
+    await big.close()
+    print(f"  peak RSS: {peak_mib():.0f} MiB")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+async def main(large: bool, rounds: int) -> None:
+    questions = load_questions(QUESTIONS)
+    with tempfile.TemporaryDirectory(prefix="bench-documents-") as folder:
+        work = Path(folder)
+        library, embedder = await part_ingest(work)
+        await part_quality(library, embedder, questions)
+        await part_latency(10_000, work, library, embedder, questions, rounds)
+        if large:
+            await part_latency(100_000, work, library, embedder, questions, max(1, rounds // 2))
+        else:
+            print("\n(100,000 chunks: run with --large, 3 to 4 minutes more)")
+        await library.close()
+    print(f"\npeak RSS of the whole run: {peak_mib():.0f} MiB")
+
+
+def cli(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.documents", description=__doc__)
+    parser.add_argument("--large", action="store_true", help="also measure 100,000 chunks")
+    parser.add_argument("--rounds", type=int, default=4, help="query rounds over the questions")
+    args: Any = parser.parse_args(argv)
+    asyncio.run(main(args.large, args.rounds))
+
+
+if __name__ == "__main__":
+    cli()
