@@ -75,7 +75,14 @@ def serve(db: str, limited: bool) -> None:
     import uvicorn
 
     from handrail import Agent, Engine, Runtime
-    from handrail.server import ApiKeyAuthenticator, Caller, Limits, create_app, tune_gc
+    from handrail.server import (
+        ApiKeyAuthenticator,
+        Caller,
+        Limits,
+        create_app,
+        server_config,
+        tune_gc,
+    )
     from handrail.store import SqliteStore
     from handrail.testing import FunctionModel
 
@@ -89,7 +96,8 @@ def serve(db: str, limited: bool) -> None:
     sock.bind(("127.0.0.1", 0))
     print(sock.getsockname()[1], flush=True)
     tune_gc()
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=4096)
+    # As `handrail serve` configures uvicorn (its connection guards included).
+    config = server_config(app, log_level="warning", lifespan="on", backlog=4096)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -186,7 +186,14 @@ def serve(store_kind: str, db: str | None, pace: float, floor: str | None = None
 
     import uvicorn
 
-    from handrail.server import ApiKeyAuthenticator, Caller, Limits, create_app, tune_gc
+    from handrail.server import (
+        ApiKeyAuthenticator,
+        Caller,
+        Limits,
+        create_app,
+        server_config,
+        tune_gc,
+    )
 
     if floor is not None:
         app = _with_probe(_floor_app(streamed=floor == "stream"))
@@ -202,7 +209,8 @@ def serve(store_kind: str, db: str | None, pace: float, floor: str | None = None
     sock.bind(("127.0.0.1", 0))
     print(sock.getsockname()[1], flush=True)
     tune_gc()  # as `handrail serve` does
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=4096)
+    # As `handrail serve` configures uvicorn (its connection guards included).
+    config = server_config(app, log_level="warning", lifespan="on", backlog=4096)
     uvicorn.Server(config).run(sockets=[sock])
 
 
