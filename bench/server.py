@@ -157,7 +157,7 @@ def _floor_app(streamed: bool) -> Any:
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    event = b'id: 1\r\ndata: {"type":"run-completed"}\r\n\r\n'
+    event = b'id: 1\ndata: {"type":"run-completed"}\n\n'
 
     async def session(request: Request) -> Response:
         return JSONResponse({"id": "floor"}, status_code=201)

@@ -54,6 +54,21 @@ def approve(call_id: str, **amended: Any) -> dict[str, Any]:
 # -- a turn, streamed ------------------------------------------------------------------------
 
 
+async def test_events_are_framed_with_bare_newlines(server: Server) -> None:
+    """`@ag-ui/client` and other strict readers split events on a blank line of `\\n` only."""
+    session_id = await server.new_session()
+    await server.submit(session_id)
+    await server.join(session_id)
+    async with server.streaming.stream(
+        "GET", f"/sessions/{session_id}/events", headers=ANA
+    ) as response:
+        body = await response.aread()
+    assert b"\r" not in body
+    blocks = [b for b in body.split(b"\n\n") if b]
+    assert [b.split(b"\n")[0] for b in blocks] == [b"id: %d" % n for n in range(1, len(blocks) + 1)]
+    assert all(b.split(b"\n")[1].startswith(b"data: {") for b in blocks)
+
+
 async def test_a_turn_streams_its_events_until_it_suspends(server: Server) -> None:
     session_id = await server.new_session()
     response = await server.client.post(
@@ -799,7 +814,7 @@ async def test_a_stream_that_fails_after_its_200_ends_with_an_error_event(
     ) as response:
         assert response.status_code == 200
         body = (await response.aread()).decode()
-    assert body.startswith("event: error\r\ndata: ")
+    assert body.startswith("event: error\ndata: ")
     error = json.loads(body.split("data: ", 1)[1])["error"]
     assert (error["type"], error["request_id"]) == ("stream_failed", "r-7")
 

@@ -21,12 +21,16 @@ from starlette.types import Receive, Scope, Send
 
 __all__ = ["EventStream", "error_frame", "frame"]
 
-_PING = b": ping\r\n\r\n"
+_PING = b": ping\n\n"
 
 
 def frame(seq: int, data: bytes) -> bytes:
-    """One Server-Sent Event: its id (the event's number in the session's log) and its JSON."""
-    return b"id: %d\r\ndata: %b\r\n\r\n" % (seq, data)
+    r"""One Server-Sent Event: its id (the event's number in the session's log) and its JSON.
+
+    Lines end with `\n` alone: the SSE grammar allows `\r\n` too, but some clients
+    (`@ag-ui/client`) split events on `\n\n` only.
+    """
+    return b"id: %d\ndata: %b\n\n" % (seq, data)
 
 
 def error_frame(data: bytes) -> bytes:
@@ -35,7 +39,7 @@ def error_frame(data: bytes) -> bytes:
     It is not one of the session's events: a client that reconnects with `Last-Event-ID`
     picks up where the session's events stopped.
     """
-    return b"event: error\r\ndata: %b\r\n\r\n" % data
+    return b"event: error\ndata: %b\n\n" % data
 
 
 class EventStream(Response):
