@@ -241,6 +241,11 @@ async def _agent_loop(
     name = agent.name
     ids = runtime.ids
     tracing = runtime.tracing if trace is not None else None
+    if tracing is not None:
+        chat_attributes = {
+            "gen_ai.operation.name": "chat",
+            **tracing.model_attributes(model, state.session_id),
+        }
     dispatcher = Dispatcher(agent.tools, state, runtime, name, journal, trace)
     progress = state.progress
     if progress is None or progress.agent != name:
@@ -312,14 +317,14 @@ async def _agent_loop(
             message_id = ids("msg")
             response: ModelResponse | None = None
             chat = None
+            stream = model.stream(request)
             if tracing is not None:
-                chat = tracing.start(
-                    f"chat {model.name}",
-                    trace,
-                    {"gen_ai.operation.name": "chat", "gen_ai.request.model": model.name},
-                )
+                chat = tracing.start(f"chat {model.name}", trace, chat_attributes, client=True)
+                if tracing.capture_content:
+                    tracing.request_content(chat, request)
+                stream = tracing.within(chat, stream)
             try:
-                async for chunk in model.stream(request):
+                async for chunk in stream:
                     kind = type(chunk)
                     if kind is TextChunk:
                         partial.append(chunk.text)  # type: ignore[union-attr]
@@ -342,7 +347,7 @@ async def _agent_loop(
             except BaseException as exc:
                 if chat is not None:
                     assert tracing is not None
-                    tracing.fail(chat, f"{type(exc).__name__}: {exc}")
+                    tracing.fail(chat, f"{type(exc).__name__}: {exc}", type(exc).__name__)
                     chat.end()
                 raise
             if response is None:
@@ -351,15 +356,8 @@ async def _agent_loop(
             usage = response.usage
             state.usage.add(usage)
             if chat is not None:
-                chat.set_attributes(
-                    {
-                        "gen_ai.usage.input_tokens": usage.input_tokens,
-                        "gen_ai.usage.output_tokens": usage.output_tokens,
-                        "gen_ai.response.finish_reasons": [
-                            response.finish_reason or response.stop_reason or ""
-                        ],
-                    }
-                )
+                assert tracing is not None
+                tracing.response(chat, response)
                 chat.end()
             yield UsageEvent(
                 agent=name,

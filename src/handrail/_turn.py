@@ -34,7 +34,7 @@ from ._loop import (
 from .agent import Agent
 from .events import AgentCompleted, Event, RunCompleted, RunFailed, RunStarted, RunSuspended
 from .exceptions import ModelError, UserError
-from .messages import Message, TextPart
+from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Model
 from .recovery import Journal
 from .runtime import Runtime
@@ -176,7 +176,15 @@ async def _turn(
         async for event in _steps(run, route, resolve, prompt, state, runtime, interrupt, journal):
             yield event
         return
-    span = tracing.start("handrail.turn", None, {"handrail.session.id": state.session_id or ""})
+    attributes: dict[str, Any] = {"handrail.session.id": state.session_id or ""}
+    if state.session_id:
+        attributes["gen_ai.conversation.id"] = state.session_id
+    progress = state.progress
+    attributes["handrail.resumed"] = progress is not None
+    links = tracing.resumed_from(progress.trace) if progress is not None else []
+    span = tracing.start("handrail.turn", None, attributes, links=links)
+    if progress is not None:
+        tracing.decisions(span, _decided(state, progress))
     try:
         async for event in _steps(
             run, route, resolve, prompt, state, runtime, interrupt, journal, span
@@ -185,6 +193,8 @@ async def _turn(
                 tracing.start(
                     "handrail.suspension", span, {"handrail.pending": event.pending}
                 ).end()
+                if state.progress is not None:  # its resumption links to this turn
+                    state.progress.trace = tracing.traceparent(span)
             yield event
     finally:
         result = run._result
@@ -194,9 +204,35 @@ async def _turn(
                 "handrail.outcome": result.outcome if result is not None else "cancelled",
             }
         )
-        if result is not None and result.outcome == "failed":
-            tracing.fail(span, result.error or "failed")
+        if result is not None and result.outcome in ("failed", "interrupted"):
+            error = result.error or result.outcome
+            if result.stop_reason == "max-iterations":
+                error_type = "max_iterations"
+            elif result.outcome == "interrupted":
+                error_type = "interrupted"
+            else:  # `_steps` wrote it as "{class name}: {message}"
+                error_type = error.partition(":")[0]
+            tracing.fail(span, error, error_type)
         span.end()
+
+
+def _decided(state: RunState, progress: Progress) -> list[ApprovalCardPart]:
+    """The decisions a resumed turn acts on: those of the calls its message still awaits."""
+    for message in state.all_messages():
+        if message.id == progress.message_id:
+            waiting = {
+                p.id
+                for p in message.parts
+                if isinstance(p, ToolCallPart) and p.status in ("waiting", "running")
+            }
+            return [
+                p
+                for p in message.parts
+                if isinstance(p, ApprovalCardPart)
+                and p.decision is not None
+                and p.tool_call_id in waiting
+            ]
+    return []
 
 
 async def _steps(
@@ -329,7 +365,11 @@ def _agent_run(
     span = tracing.start(
         f"invoke_agent {agent.name}",
         trace,
-        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name},
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": agent.name,
+            **tracing.model_attributes(model, state.session_id),
+        },
     )
 
     async def traced(r: AgentRun[Any]) -> AsyncGenerator[Event, None]:
@@ -338,6 +378,9 @@ def _agent_run(
                 r, agent, state, runtime, model, journal, last=last, trace=span
             ):
                 yield event
+        except BaseException as exc:
+            tracing.fail(span, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            raise
         finally:
             span.end()
 

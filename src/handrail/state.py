@@ -7,7 +7,7 @@ run resumes after a restart exactly where it stopped.
 Schema versions:
     1: messages, context store, usage, turn counters, dedup and cache, pending progress;
        later (still 1: the new keys are optional) scratch messages, route, domain state,
-       compaction summary, the capture counter.
+       compaction summary, the capture counter, the suspended turn's span (`progress.trace`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class Progress:
     status: Literal["running", "suspended"] = "running"
     """`running` while a worker drives the turn (still so after a crash: the turn is then
     recovered), `suspended` while it waits for decisions or for its resumption."""
+    trace: str = ""
+    """The suspended turn's span as a W3C `traceparent`, when it was traced: the trace of its
+    resumption links to it (`handrail.tracing`)."""
 
 
 @dataclass(kw_only=True, slots=True)

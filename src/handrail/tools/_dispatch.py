@@ -628,21 +628,37 @@ class Dispatcher:
         tracing = self.runtime.tracing
         assert tracing is not None
         part = ready.part
-        span = tracing.start(
-            f"execute_tool {part.name}",
-            self.trace,
-            {
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": part.name,
-                "gen_ai.tool.call.id": part.id,
-            },
-        )
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": part.name,
+            "gen_ai.tool.call.id": part.id,
+            "gen_ai.tool.description": ready.tool.description,
+            "gen_ai.tool.type": "function",
+        }
+        if self.state.session_id:
+            attributes["gen_ai.conversation.id"] = self.state.session_id
+        if tracing.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = pydantic_core.to_json(
+                part.args, fallback=str
+            ).decode()
+        span = tracing.start(f"execute_tool {part.name}", self.trace, attributes)
         try:
-            await self._execute_untraced(ready, emit)
+            with tracing.current(span):  # the tool's own spans nest under this one
+                await self._execute_untraced(ready, emit)
+        except BaseException as exc:
+            tracing.fail(span, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            raise
         finally:
             span.set_attribute("handrail.tool.status", part.status)
-            if part.result is not None and not part.result.ok:
-                tracing.fail(span, part.result.error or "failed")
+            result = part.result
+            if result is not None:
+                if not result.ok:
+                    tracing.fail(span, result.error or "failed", "tool_error")
+                elif tracing.capture_content:
+                    span.set_attribute(
+                        "gen_ai.tool.call.result",
+                        pydantic_core.to_json(result.data, fallback=str).decode(),
+                    )
             span.end()
 
     async def _execute_untraced(self, ready: _Ready, emit: Emit) -> None:
