@@ -33,6 +33,7 @@ browser: ## Install Debian's chromium for the browser tests, if missing and we c
 	  || echo "!!! WARNING: chromium is missing and cannot be installed here (needs apt-get and root): THE BROWSER TESTS WILL BE SKIPPED. Install it with: apt-get install -y chromium"
 
 test: $(STAMP) browser ## Run the whole test suite with branch coverage
+	@if command -v npm >/dev/null; then npm ci --prefix js --no-audit --no-fund; else echo "!!! WARNING: npm is missing: MCP NODE TESTS SKIPPED (install Node.js 20+ and npm)"; fi
 	$(BIN)/python -m pytest --cov --cov-report=term
 
 lint: $(STAMP) ## ruff format --check and ruff check

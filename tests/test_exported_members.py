@@ -14,6 +14,7 @@ import pytest
 import handrail
 import handrail.documents
 import handrail.evals
+import handrail.mcp
 import handrail.server
 import handrail.testing
 import handrail.tools
@@ -22,6 +23,7 @@ PACKAGES = [
     handrail,
     handrail.documents,
     handrail.evals,
+    handrail.mcp,
     handrail.server,
     handrail.testing,
     handrail.tools,

@@ -34,6 +34,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 # No `str_strip_whitespace`, nor any other rewriting: a value that validates reaches the tool
 # exactly as the model sent it (code, e-mail bodies and YAML live in their whitespace).
 _INPUT_CONFIG = ConfigDict(extra="forbid")
+# A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
+_RAW_INPUT_CONFIG = ConfigDict(extra="allow")
 _log = logging.getLogger("handrail.tools")
 
 
@@ -123,6 +125,11 @@ class Tool(Generic[DepsT]):
             side-effecting call in between, reuses its result instead of running again
             (that is what stops a model from looping on one lookup). False: every call runs
             (a read whose answer changes by itself: a clock, a queue, a sensor).
+        parameters: the arguments' JSON Schema (an object schema), given as is instead of
+            read from the signature: for a tool defined elsewhere (an MCP server's). The
+            function then takes `(ctx, **arguments)` or `(**arguments)` and receives the
+            arguments as sent (a JSON object, not checked against the schema: the tool
+            behind it validates them). Cannot be combined with `bindings=` or `amendable=`.
     """
 
     def __init__(
@@ -150,6 +157,7 @@ class Tool(Generic[DepsT]):
         revalidate: Callable[[ToolContext[Any], dict[str, Any]], Any] | None = None,
         expires_after: float | None = None,
         dedup: bool = True,
+        parameters: Mapping[str, Any] | None = None,
     ) -> None:
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
@@ -179,9 +187,14 @@ class Tool(Generic[DepsT]):
         doc = docstring_parser.parse(inspect.getdoc(target) or "") if target else None
         self.description: str = str(description or _description(doc) or self.name)
         signature = _signature(self.name, function)
-        self.takes_ctx, self.input_model, self.renamed = _input_model(
-            self.name, function, signature, doc
-        )
+        self.raw_parameters: dict[str, Any] | None = None
+        if parameters is None:
+            self.takes_ctx, self.input_model, self.renamed = _input_model(
+                self.name, function, signature, doc
+            )
+        else:
+            self.raw_parameters = _raw_schema(label, parameters, bindings, amendable)
+            self.takes_ctx, self.input_model, self.renamed = _raw_input_model(self.name, signature)
         self.param_names: tuple[str, ...] = tuple(
             self.renamed.get(field, field) for field in self.input_model.model_fields
         )
@@ -366,6 +379,8 @@ class Tool(Generic[DepsT]):
 
     def arguments(self, validated: BaseModel) -> dict[str, Any]:
         """The keyword arguments for the function, from a validated input model."""
+        if self.raw_parameters is not None:
+            return dict(validated.model_extra or {})
         values = validated.__dict__
         if not self.renamed:
             return values
@@ -392,6 +407,8 @@ class Tool(Generic[DepsT]):
         return approval
 
     def _model_schema(self) -> dict[str, Any]:
+        if self.raw_parameters is not None:
+            return copy.deepcopy(self.raw_parameters)
         schema = self.input_model.model_json_schema()
         schema.pop("title", None)
         properties: dict[str, Any] = schema.get("properties", {})
@@ -558,6 +575,36 @@ def _input_model(
             ),
         )
     return takes_ctx, create_model(model_name, __config__=_INPUT_CONFIG, **fields), renamed
+
+
+def _raw_schema(
+    label: str,
+    parameters: Mapping[str, Any],
+    bindings: Mapping[str, str] | None,
+    amendable: Sequence[str],
+) -> dict[str, Any]:
+    """A copy of a given arguments schema, checked to be one that the model can fill."""
+    if not isinstance(parameters, Mapping) or parameters.get("type") != "object":
+        raise ToolDefinitionError(
+            f'{label}: parameters= must be a JSON Schema of type "object" (the arguments are '
+            f"named); got {parameters!r:.80}."
+        )
+    if bindings or amendable:
+        raise ToolDefinitionError(
+            f"{label}: bindings= and amendable= name arguments of the function's signature, "
+            f"and this tool's arguments come from parameters=; drop them."
+        )
+    return copy.deepcopy(dict(parameters))
+
+
+def _raw_input_model(
+    name: str, signature: inspect.Signature | None
+) -> tuple[bool, type[BaseModel], dict[str, str]]:
+    """An input model that passes any JSON object through (the schema was given as is)."""
+    params = list(signature.parameters.values()) if signature is not None else []
+    takes_ctx = bool(params) and _is_context(params[0].annotation)
+    model_name = name.replace(".", "_").replace("-", "_") + "_args"
+    return takes_ctx, create_model(model_name, __config__=_RAW_INPUT_CONFIG), {}
 
 
 def _is_context(annotation: Any) -> bool:
