@@ -27,6 +27,7 @@ from ..exceptions import SessionNotFoundError
 from ..state import RunState
 from ..store import SessionRecord
 from ..worker import Worker
+from ._agui import agui_operation
 from ._auth import Authenticator, Caller
 from ._bodies import (
     MAX_NUMBER,
@@ -112,7 +113,7 @@ def create_app(
     runs = Runs(engine, poll_interval=poll_interval)
     limits = limits if limits is not None else Limits()
     api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
-    operations = api.operations()
+    operations = [*api.operations(), agui_operation(api)]  # AG-UI clients: docs/agui.md
     document = openapi(operations, title="handrail", version=_version())
     routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in operations]
     routes.append(Route("/openapi.json", lambda _: JSONResponse(document), methods=["GET"]))

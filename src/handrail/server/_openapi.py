@@ -45,6 +45,8 @@ class Operation:
     errors: tuple[int, ...] = ()
     stream: bool = False
     stream_on_accept: bool = False  # with `Accept: text/event-stream`, 200 and the events
+    foreign_events: str | None = None
+    """A stream of another protocol's events (named here), not handrail's: no event numbers."""
 
 
 def openapi(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
@@ -115,6 +117,11 @@ def openapi(operations: list[Operation], *, title: str, version: str) -> dict[st
 
 
 def _success(op: Operation, ref: Callable[[type[BaseModel]], dict[str, Any]]) -> dict[str, Any]:
+    if op.stream and op.foreign_events is not None:
+        return {
+            "description": f"Server-Sent Events: {op.foreign_events}",
+            "content": {"text/event-stream": {"schema": {"type": "object"}}},
+        }
     if op.stream:
         return {
             "description": "Server-Sent Events: `id` is the event's number, `data` the event",
@@ -145,7 +152,7 @@ def _parameters(op: Operation) -> list[dict[str, Any]]:
                     "schema": {k: v for k, v in field.items() if k != "description"},
                 }
             )
-    if op.stream:
+    if op.stream and op.foreign_events is None:
         parameters.append(
             {
                 "name": "Last-Event-ID",

@@ -1,0 +1,466 @@
+"""`agui_operation`: the AG-UI 1.0 endpoint, `POST /agui`, over the same turns and event log.
+
+An AG-UI client (`@ag-ui/client`'s `HttpAgent`) posts a `RunAgentInput` and reads AG-UI events
+back as Server-Sent Events. Each thread is a handrail session of the caller's, made on first
+use; a suspended turn (an approval, a person's answer, a client-run tool) ends its AG-UI run
+with an interrupt outcome, and the next input answers the interrupts (`resume`) to go on.
+See `docs/agui.md` for the mapping and what AG-UI cannot say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pydantic_core
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..events import (
+    EVENT,
+    ApprovalRequired,
+    ClientExecRequired,
+    Event,
+    InputRequired,
+    ReasoningDelta,
+    RunCompleted,
+    RunFailed,
+    RunSuspended,
+    TextDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+)
+from ..exceptions import HandrailError
+from ..messages import ApprovalCardPart, Message, TextPart
+from ..state import RunState
+from ..suspension import Answer, Approve, ClientResult, Decision, Reject
+from ._auth import Caller
+from ._openapi import Operation
+from ._sse import EventStream
+
+try:
+    from ag_ui import core as agui
+except ImportError as exc:  # pragma: no cover - the server extra brings it
+    raise ImportError(
+        'The AG-UI endpoint needs ag-ui-protocol: pip install "handrail[server]"'
+    ) from exc
+
+if TYPE_CHECKING:
+    from ._app import _Api
+
+__all__ = ["AguiRefusal", "agui_operation", "thread_session_id"]
+
+_log = logging.getLogger("handrail.server")
+
+
+class AguiRefusal(Exception):
+    """An input this endpoint refuses: it ends the AG-UI run with `RUN_ERROR`, nothing done."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def thread_session_id(caller: Caller, thread_id: str) -> str:
+    """The handrail session of `caller`'s AG-UI thread `thread_id`.
+
+    Derived from the caller as well as the thread, so that two tenants who pick the same
+    thread id get two sessions, and nobody can reach (or squat) another tenant's thread.
+    """
+    digest = hashlib.sha256(
+        json.dumps([caller.org_id, caller.user_id, thread_id]).encode()
+    ).hexdigest()
+    return f"agui-{digest[:32]}"
+
+
+def agui_operation(api: _Api, path: str = "/agui") -> Operation:
+    """The `POST /agui` operation of the app's `_Api` (`create_app` mounts it)."""
+    return Operation(
+        "POST",
+        path,
+        _Endpoint(api).run,
+        "AG-UI: run or resume the caller's thread; its AG-UI events stream in the answer",
+        body=agui.RunAgentInput,
+        stream=True,
+        foreign_events="AG-UI 1.0 events (docs/agui.md)",
+        errors=(409,),
+    )
+
+
+class _Endpoint:
+    def __init__(self, api: _Api) -> None:
+        self.api = api
+
+    async def run(self, request: Request) -> Response:
+        """`POST /agui`: run (or resume) the caller's thread; its AG-UI events, as SSE."""
+        api = self.api
+        caller = await api._caller(request)
+        body = await api._body(request, agui.RunAgentInput)
+        session_id = thread_session_id(caller, body.thread_id)
+        api.limits.check_stream(caller)
+        return EventStream(
+            self._frames(caller, session_id, body),
+            ping=api.ping_interval,
+            send_timeout=api.send_timeout,
+        )
+
+    async def _frames(
+        self, caller: Caller, session_id: str, body: agui.RunAgentInput
+    ) -> AsyncGenerator[bytes, None]:
+        api = self.api
+        api.limits.open_stream(caller)
+        domain = api.engine.domain
+        scratch = {a.name for a in domain.agents if a.scratch}
+        if domain.supervisor is not None:
+            scratch.add(domain.supervisor.name)
+        out = _Translator(body.thread_id, body.run_id, scratch)
+        try:
+            yield _encode(
+                agui.RunStartedEvent(
+                    thread_id=body.thread_id,
+                    run_id=body.run_id,
+                    protocol_version=agui.PROTOCOL_VERSION,
+                )
+            )
+            try:
+                after, announced = await self._start(caller, session_id, body)
+            except AguiRefusal as refusal:
+                yield _encode(agui.RunErrorEvent(message=refusal.message, code=refusal.code))
+                return
+            except HandrailError as error:
+                yield _encode(agui.RunErrorEvent(message=str(error), code=type(error).__name__))
+                return
+            out.announced.update(announced)
+            if after is None:  # decisions recorded, more still pending: nothing ran
+                state = await api.engine.session(
+                    session_id, org_id=caller.org_id, user_id=caller.user_id
+                )
+                yield _encode(out.interrupted(state, api))
+                return
+            events = api.runs.follow(session_id, after, forever=False)
+            async with contextlib.aclosing(events):
+                async for batch in events:
+                    chunk = bytearray()
+                    for _, raw in batch:
+                        event = EVENT.validate_python(raw)
+                        if isinstance(event, RunSuspended):
+                            out_events = list(out.close())
+                            state = await api.engine.session(
+                                session_id, org_id=caller.org_id, user_id=caller.user_id
+                            )
+                            out_events.append(out.interrupted(state, api))
+                        else:
+                            out_events = list(out.translate(event))
+                        for ag_event in out_events:
+                            chunk += _encode(ag_event)
+                    yield bytes(chunk)
+        except Exception:
+            _log.exception("The AG-UI stream of session %r failed", session_id)
+            yield _encode(
+                agui.RunErrorEvent(message="The stream failed on the server.", code="stream_failed")
+            )
+        finally:
+            api.limits.close_stream(caller)
+
+    async def _start(
+        self, caller: Caller, session_id: str, body: agui.RunAgentInput
+    ) -> tuple[int | None, set[str]]:
+        """Start the turn the input asks for.
+
+        Returns:
+            The number of the event before its first (None: decisions were recorded, but
+            calls are still pending), and the tool calls the client has seen already.
+        """
+        api = self.api
+        client = bool(body.tools)
+        record = await api.store.summary(session_id)
+        state: RunState | None = None
+        if record is not None:
+            state = await api.engine.session(
+                session_id, org_id=caller.org_id, user_id=caller.user_id
+            )
+        if body.resume:
+            if state is None or not state.pending:
+                raise AguiRefusal(
+                    "nothing_to_resume", "This thread has no pending interrupt to resume."
+                )
+            decisions = {
+                entry.interrupt_id: _decision(state, entry, caller) for entry in body.resume
+            }
+            _, after = await api.runs.resolve(session_id, decisions, caller, client=client)
+            return after, set(decisions)
+        if state is not None and state.pending:
+            raise AguiRefusal(
+                "interrupt_pending",
+                "This thread waits for its interrupts: answer them in `resume` "
+                f"({', '.join(state.pending)}).",
+            )
+        text = _new_user_text(body, state)
+        run = api.engine.submit(
+            session_id,
+            text,
+            org_id=caller.org_id,
+            user_id=caller.user_id,
+            client=client,
+            create=True,
+        )
+        api.limits.turn(caller, api.runs.running_for(caller.org_id))
+        return await api.runs.start(session_id, run, caller), set()
+
+
+def _new_user_text(body: agui.RunAgentInput, state: RunState | None) -> str:
+    """The last of the client's user messages that the session has not seen, as text."""
+    seen = 0 if state is None else sum(1 for m in state.messages if _from_user(m))
+    users = [m for m in body.messages if m.role == "user"]
+    if len(users) <= seen:
+        raise AguiRefusal(
+            "no_new_message",
+            "The input carries no user message that this thread has not seen yet.",
+        )
+    content: Any = users[-1].content
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(getattr(part, "text", "") for part in content)
+    if not text.strip():
+        raise AguiRefusal("empty_message", "The last user message has no text.")
+    return text
+
+
+def _from_user(message: Message) -> bool:
+    """A message the user wrote (not a synthetic note, such as a hand-over)."""
+    if message.role != "user":
+        return False
+    return not all(isinstance(p, TextPart) and p.synthetic for p in message.parts) or not (
+        message.parts
+    )
+
+
+def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decision:
+    """The handrail decision a resume entry stands for, checked against its card."""
+    card = state.pending.get(entry.interrupt_id)
+    if card is None:
+        raise AguiRefusal(
+            "unknown_interrupt",
+            f"No pending interrupt {entry.interrupt_id!r} in this thread "
+            f"(pending: {', '.join(state.pending) or 'none'}).",
+        )
+    by = caller.user_id
+    if entry.status == "cancelled":
+        return Reject(reason="The interrupt was cancelled.", by=by)
+    payload = entry.payload if entry.payload is not None else {}
+    if not isinstance(payload, dict):
+        raise AguiRefusal(
+            "invalid_payload", f"Interrupt {card.tool_call_id}: the payload must be an object."
+        )
+    if card.kind in ("elicitation", "question"):
+        if payload.get("approved") is False:
+            return Reject(reason=payload.get("reason"), by=by)
+        if "answer" not in payload:
+            raise AguiRefusal(
+                "invalid_payload", f"Interrupt {card.tool_call_id}: send {{answer: ...}}."
+            )
+        return Answer(output=payload["answer"], by=by)
+    if card.kind == "client_exec":
+        if payload.get("approved") is False:
+            return Reject(reason=payload.get("reason"), by=by)
+        return ClientResult(output=payload.get("output"), error=payload.get("error"), by=by)
+    approved = payload.get("approved")
+    if not isinstance(approved, bool):
+        raise AguiRefusal(
+            "invalid_payload",
+            f"Interrupt {card.tool_call_id}: send {{approved: true|false, editedArgs?}}.",
+        )
+    if not approved:
+        return Reject(reason=payload.get("reason"), by=by)
+    edited = payload.get("editedArgs")
+    if edited is None:
+        return Approve(by=by)
+    return Approve(amended_args=_amendment(card, edited) or None, by=by)
+
+
+def _amendment(card: ApprovalCardPart, edited: Any) -> dict[str, Any]:
+    """The fields of `edited` (the arguments in full) that differ from the proposed ones.
+
+    A change to a field that is not amendable is refused, never dropped.
+    """
+    label = f"Interrupt {card.tool_call_id} ({card.tool_name})"
+    if not isinstance(edited, dict):
+        raise AguiRefusal("invalid_payload", f"{label}: editedArgs must be an object.")
+    missing = sorted(set(card.args) - set(edited))
+    if missing:
+        raise AguiRefusal(
+            "invalid_payload",
+            f"{label}: editedArgs replaces the arguments in full, and lacks "
+            f"{', '.join(missing)}; send every argument, changed or not.",
+        )
+    changes = {k: v for k, v in edited.items() if k not in card.args or card.args[k] != v}
+    forbidden = sorted(set(changes) - set(card.amendable))
+    if forbidden:
+        allowed = ", ".join(card.amendable) or "none"
+        raise AguiRefusal(
+            "not_amendable",
+            f"{label}: {', '.join(forbidden)} cannot be amended (amendable: {allowed}); "
+            f"nothing was decided.",
+        )
+    return changes
+
+
+def _encode(event: agui.BaseEvent) -> bytes:
+    r"""One SSE frame (`data:` and the event's JSON, lines ending in a bare `\n`)."""
+    return b"data: %b\n\n" % event.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+class _Translator:
+    """Turns handrail events into AG-UI events, keeping which messages and calls are open."""
+
+    def __init__(self, thread_id: str, run_id: str, scratch: set[str]) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.scratch = scratch  # agents whose text is working, not the reply: reasoning
+        self.text: str | None = None  # the open text message
+        self.reasoning: str | None = None  # the open reasoning message
+        self.announced: set[str] = set()  # tool calls the client has been shown
+
+    def close(self) -> Iterator[agui.BaseEvent]:
+        """End the open text and reasoning messages."""
+        if self.text is not None:
+            yield agui.TextMessageEndEvent(message_id=self.text)
+            self.text = None
+        if self.reasoning is not None:
+            yield agui.ReasoningMessageEndEvent(message_id=self.reasoning)
+            yield agui.ReasoningEndEvent(message_id=self.reasoning)
+            self.reasoning = None
+
+    def translate(self, event: Event) -> Iterator[agui.BaseEvent]:
+        """The AG-UI events for one handrail event (none for those AG-UI has no word for)."""
+        if isinstance(event, TextDelta) and event.agent in self.scratch:
+            event = ReasoningDelta(
+                agent=event.agent, message_id=event.message_id, delta=event.delta
+            )
+        if isinstance(event, TextDelta):
+            if not event.delta:
+                return
+            if self.text != event.message_id:
+                yield from self.close()
+                self.text = event.message_id
+                yield agui.TextMessageStartEvent(
+                    message_id=event.message_id, role="assistant", name=event.agent
+                )
+            yield agui.TextMessageContentEvent(message_id=event.message_id, delta=event.delta)
+        elif isinstance(event, ReasoningDelta):
+            reasoning_id = f"{event.message_id}-reasoning"
+            if self.reasoning != reasoning_id:
+                yield from self.close()
+                self.reasoning = reasoning_id
+                yield agui.ReasoningStartEvent(message_id=reasoning_id)
+                yield agui.ReasoningMessageStartEvent(message_id=reasoning_id)
+            yield agui.ReasoningMessageContentEvent(message_id=reasoning_id, delta=event.delta)
+        elif isinstance(
+            event, ToolCallStarted | ApprovalRequired | InputRequired | ClientExecRequired
+        ):
+            yield from self.close()
+            yield from self._announce(event.tool_call_id, event.name, event.args)
+        elif isinstance(event, ToolCallCompleted):
+            yield from self.close()
+            yield from self._announce(event.tool_call_id, event.name, None)
+            content = {
+                "ok": event.ok,
+                "status": event.status,
+                "summary": event.summary,
+                "digest": event.digest,
+                "error": event.error,
+            }
+            yield agui.ToolCallResultEvent(
+                message_id=f"{event.tool_call_id}-result",
+                tool_call_id=event.tool_call_id,
+                content=pydantic_core.to_json(content).decode(),
+                role="tool",
+            )
+        elif isinstance(event, RunCompleted):
+            yield from self.close()
+            yield agui.RunFinishedEvent(
+                thread_id=self.thread_id, run_id=self.run_id, result=event.output
+            )
+        elif isinstance(event, RunFailed):
+            yield from self.close()
+            yield agui.RunErrorEvent(
+                message=event.error or f"The run failed ({event.reason}).", code=event.reason
+            )
+
+    def _announce(self, tool_call_id: str, name: str, args: Any) -> Iterator[agui.BaseEvent]:
+        if tool_call_id in self.announced:
+            return
+        self.announced.add(tool_call_id)
+        yield agui.ToolCallStartEvent(tool_call_id=tool_call_id, tool_call_name=name)
+        if args is not None:
+            yield agui.ToolCallArgsEvent(
+                tool_call_id=tool_call_id, delta=pydantic_core.to_json(args).decode()
+            )
+        yield agui.ToolCallEndEvent(tool_call_id=tool_call_id)
+
+    def interrupted(self, state: RunState, api: _Api) -> agui.BaseEvent:
+        """`RUN_FINISHED` with the interrupt outcome: one interrupt per pending card."""
+        interrupts = [_interrupt(card, api) for card in state.pending.values()]
+        return agui.RunFinishedEvent(
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            outcome=agui.RunFinishedInterruptOutcome(interrupts=interrupts),
+        )
+
+
+def _interrupt(card: ApprovalCardPart, api: _Api) -> agui.Interrupt:
+    tool = next(
+        (a.tools[card.tool_name] for a in api.engine.domain.agents if card.tool_name in a.tools),
+        None,
+    )
+    schema: dict[str, Any]
+    if card.kind in ("elicitation", "question"):
+        answer: dict[str, Any] = {"type": "string"}
+        if card.kind == "elicitation" and tool is not None and tool.output_adapter is not None:
+            answer = tool.output_adapter.json_schema()
+        schema = {"type": "object", "properties": {"answer": answer}, "required": ["answer"]}
+        reason = "input_required"
+    elif card.kind == "client_exec":
+        schema = {
+            "type": "object",
+            "properties": {"output": {}, "error": {"type": "string"}},
+        }
+        reason = "client_tool"
+    else:
+        properties = tool.definition.parameters.get("properties", {}) if tool else {}
+        edited = {name: properties.get(name, {}) for name in card.amendable}
+        schema = {
+            "type": "object",
+            "properties": {
+                "approved": {"type": "boolean"},
+                "editedArgs": {
+                    "type": "object",
+                    "description": "The arguments in full (the proposed ones, in metadata); "
+                    "only these fields may differ from them.",
+                    "properties": edited,
+                },
+            },
+            "required": ["approved"],
+        }
+        reason = "approval" if card.kind == "approval" else card.kind
+    return agui.Interrupt(
+        id=card.tool_call_id,
+        reason=reason,
+        message=card.prompt,
+        tool_call_id=card.tool_call_id,
+        response_schema=schema,
+        metadata={
+            "handrail": {
+                "kind": card.kind,
+                "tool": card.tool_name,
+                "args": card.args,
+                "amendable": list(card.amendable),
+            }
+        },
+    )
