@@ -233,3 +233,20 @@ async def test_without_a_judge_faithfulness_is_not_measured(
     (check,) = result.checks
     assert not check.passed and check.value is None
     assert check.reason.startswith("faithfulness: not measured (no judge")
+
+
+def test_the_offline_extractive_model_can_be_named_in_a_suite(tmp_path: Path) -> None:
+    model = 'model: {function: "handrail.documents.testing:extractive_reply"}\n'
+    suite = small_suite(
+        tmp_path,
+        """\
+        citation_precision: "== 1"
+        escalated_unanswerable: "== 1"
+        """,
+        extra=model,
+    )
+    result = run(suite, "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert metrics["citation_precision"] == 1.0  # every quote it gives is in its excerpt
+    assert metrics["escalated_unanswerable"] == 1.0  # nothing on volcanoes: it says so

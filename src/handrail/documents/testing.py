@@ -24,7 +24,7 @@ from ..testing import FunctionModel
 from ._answer import INSTRUCTIONS, SELF_CHECK, content_words
 from ._tools import EXTRACT
 
-__all__ = ["extractive_model"]
+__all__ = ["extractive_model", "extractive_reply"]
 
 _EXCERPT = re.compile(r"^\[(\d+)\] [^\n]*\n<excerpt>\n(.*?)\n</excerpt>", re.MULTILINE | re.DOTALL)
 _SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?=\S))+[.!?]?")  # "12.50" is not an end
@@ -35,18 +35,22 @@ _FIELDS = re.compile(r"^Fields: (.*)$", re.MULTILINE)
 
 def extractive_model(name: str = "extractive") -> FunctionModel:
     """The offline answering model described above."""
+    return FunctionModel(extractive_reply, name=name)
 
-    def reply(request: ModelRequest) -> str:
-        prompt = "".join(p.text for p in request.messages[-1].parts if isinstance(p, TextPart))
-        if request.instructions == SELF_CHECK:
-            return json.dumps({"support": 1.0})
-        if request.instructions == EXTRACT:
-            return json.dumps(_extract(prompt))
-        if request.instructions == INSTRUCTIONS:
-            return json.dumps(_answer(prompt))
-        return "I can only answer from documents."
 
-    return FunctionModel(reply, name=name)
+def extractive_reply(request: ModelRequest) -> str:
+    """One reply of `extractive_model`: a function an eval suite can name.
+
+    In a documents suite: `model: {function: "handrail.documents.testing:extractive_reply"}`.
+    """
+    prompt = "".join(p.text for p in request.messages[-1].parts if isinstance(p, TextPart))
+    if request.instructions == SELF_CHECK:
+        return json.dumps({"support": 1.0})
+    if request.instructions == EXTRACT:
+        return json.dumps(_extract(prompt))
+    if request.instructions == INSTRUCTIONS:
+        return json.dumps(_answer(prompt))
+    return "I can only answer from documents."
 
 
 def _answer(prompt: str) -> dict[str, Any]:
