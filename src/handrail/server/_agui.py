@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -146,8 +147,12 @@ class _Endpoint:
             async with contextlib.aclosing(events):
                 async for batch in events:
                     chunk = bytearray()
-                    for _, raw in batch:
-                        event = EVENT.validate_python(raw)
+                    for seq, raw in batch:
+                        try:
+                            event = EVENT.validate_python(raw)
+                        except ValidationError:  # an unreadable row, or a newer event
+                            _log.warning("AG-UI: skipped event %d of %r", seq, session_id)
+                            continue
                         if isinstance(event, RunSuspended):
                             out_events = list(out.close())
                             state = await api.engine.session(
@@ -158,7 +163,11 @@ class _Endpoint:
                             out_events = list(out.translate(event))
                         for ag_event in out_events:
                             chunk += _encode(ag_event)
+                    # The same per-organisation bandwidth as the other event streams.
+                    async for keep_alive in api._within_bandwidth(caller):
+                        yield keep_alive
                     yield bytes(chunk)
+                    api.limits.sent(caller, len(chunk))
         except Exception:
             _log.exception("The AG-UI stream of session %r failed", session_id)
             yield _encode(

@@ -233,6 +233,23 @@ def _version() -> str:
         return "0"
 
 
+def _writes(batch: list[tuple[int, dict[str, Any]]]) -> list[bytes]:
+    """A batch of logged events as SSE writes of about `_WRITE` bytes each (`[b""]`: none).
+
+    A slow reader holds up the next write, so the server buffers about one write for it.
+    """
+    writes: list[bytes] = []
+    chunk = bytearray()
+    for seq, event in batch:
+        chunk += frame(seq, pydantic_core.to_json(event))
+        if len(chunk) >= _WRITE:
+            writes.append(bytes(chunk))
+            chunk.clear()
+    if chunk or not writes:
+        writes.append(bytes(chunk))
+    return writes
+
+
 def _json(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status_code=status, media_type="application/json")
 
@@ -528,19 +545,10 @@ class _Api:
             async with contextlib.aclosing(events):
                 try:
                     async for batch in events:  # every event there is now, in few writes
-                        chunk = bytearray()
-                        for seq, event in batch:
-                            chunk += frame(seq, pydantic_core.to_json(event))
-                            if len(chunk) >= _WRITE:  # a slow reader holds the next write
-                                async for keep_alive in self._within_bandwidth(caller):
-                                    yield keep_alive
-                                yield bytes(chunk)
-                                self.limits.sent(caller, len(chunk))
-                                chunk.clear()
-                        if chunk or not batch:
+                        for chunk in _writes(batch):
                             async for keep_alive in self._within_bandwidth(caller):
                                 yield keep_alive
-                            yield bytes(chunk)
+                            yield chunk
                             self.limits.sent(caller, len(chunk))
                 except Exception:
                     _log.exception("request %s: the stream of session %r failed", rid, session_id)

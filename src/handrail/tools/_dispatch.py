@@ -103,7 +103,7 @@ class _Copy:
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("answer", "key", "kwargs", "log_id", "part", "tool")
+    __slots__ = ("answer", "asked", "key", "kwargs", "log_id", "part", "tool")
 
     def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
         self.part = part
@@ -112,6 +112,7 @@ class _Ready:
         self.key = key
         self.log_id = part.id  # the attempt's id in the tool-call log (a retry has its own)
         self.answer: ApprovalCardPart | None = None  # the answered question, on a rerun
+        self.asked: str | None = None  # the question it raised (`AskPerson`) as it ran
 
 
 class Dispatcher:
@@ -142,7 +143,6 @@ class Dispatcher:
         self.agent = agent
         self.journal = journal
         self.trace = trace
-        self._asked: dict[str, str] = {}  # calls that raised `AskPerson` -> their question
 
     async def run(
         self, message: Message, calls: list[ToolCallPart], cards: list[ApprovalCardPart]
@@ -319,9 +319,8 @@ class Dispatcher:
         async for event in self._execute_all(ready, checkpoint=checkpoint):
             yield event
         for item in ready:
-            prompt = self._asked.pop(item.part.id, None)
-            if prompt is not None:
-                yield self._wait(message, item.part, cards, question=prompt)
+            if item.asked is not None:
+                yield self._wait(message, item.part, cards, question=item.asked)
 
     async def _execute_all(self, ready: list[_Ready], *, checkpoint: bool) -> AsyncIterator[Event]:
         journal = self.journal
@@ -576,7 +575,7 @@ class Dispatcher:
             part.status = "running"
             async for _ in self._execute_all([ready], checkpoint=False):
                 pass
-            if self._asked.pop(part.id, None) is not None:
+            if ready.asked is not None:
                 self._fail(
                     part,
                     f"Tool {part.name!r} asked a person a question while it was "
@@ -668,7 +667,7 @@ class Dispatcher:
             output = await self._invoke(ready, emit)
             result = tool.to_result(output)
         except AskPerson as ask:  # it waits for a person: its card comes once the calls end
-            self._asked[part.id] = ask.prompt
+            ready.asked = ask.prompt
             part.duration_ms = (time.perf_counter() - begun) * 1000.0
             return
         except ModelRetry as exc:
