@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo web test browser lint format typecheck bench crash clean
+.PHONY: help install demo web test browser phoenix lint format typecheck bench crash clean
 
 help: ## List the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ browser: ## Install Debian's chromium for the browser tests, if missing and we c
 test: $(STAMP) browser ## Run the whole test suite with branch coverage
 	@if command -v npm >/dev/null; then npm ci --prefix js --no-audit --no-fund; else echo "!!! WARNING: npm is missing: MCP NODE TESTS SKIPPED (install Node.js 20+ and npm)"; fi
 	$(BIN)/python -m pytest --cov --cov-report=term
+
+phoenix: $(STAMP) ## Export spans to a real Arize Phoenix started here and check them (installs it once)
+	PYTHON=$(PYTHON) tests/phoenix.sh
 
 lint: $(STAMP) ## ruff format --check and ruff check
 	$(BIN)/ruff format --check .
