@@ -1,0 +1,236 @@
+"""`python -m bench.age`: does a turn cost more as its session gets older?
+
+A session is grown by real turns (a user message, one tool call, an answer; an instant
+`FunctionModel`) to about 100, 500, 1,300 and 4,000 stored messages, copied into each store
+with `export`/`import_`, and then timed:
+
+- a turn (`Engine.submit` to `run-completed`): median ms of `TURNS` sequential turns, each on
+  a fresh copy of the session, so every sample is at the same age;
+- a pause/resume round trip (a gated call: submit -> `run-suspended` -> `resolve` -> `resume`);
+- bytes written by the turn: the growth of this process's `wchar` (`/proc/self/io`): for
+  SQLite the WAL and database writes of its connection thread, for PostgreSQL what was sent to
+  the server; the memory store writes nothing.
+
+Each with and without compaction (`Compaction(max_tokens=4000)`: the summary and the recent
+turns are what the model sees). Issue 20's targets: with compaction, a turn and a round trip
+at 4,000 messages cost at most 1.5x what they cost at 100 (time and bytes); without
+compaction, the bytes written per turn do not grow with the history. PostgreSQL runs when a
+server answers at $HANDRAIL_BENCH_PG_DSN (default postgresql://postgres@127.0.0.1:5432/test),
+in a schema of its own that is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from handrail import Agent, Approve, Compaction, Engine, MemoryStore, Runtime, tool
+from handrail.models import ModelRequest
+from handrail.store import SqliteStore
+from handrail.testing import FunctionModel, Step, call
+
+PG_DSN = os.environ.get("HANDRAIL_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+SIZES = (100, 500, 1300, 4000)
+TURNS = 15
+RATIO = 1.5  # the target: cost at the largest size / cost at the smallest
+
+
+@tool(name="orders.lookup")
+def lookup(order_id: str) -> dict[str, Any]:
+    """Look an order up."""
+    return {"order_id": order_id, "status": "shipped", "items": ["kettle", "mug"]}
+
+
+@tool(name="orders.refund", permission="write")
+def refund(order_id: str, amount: float) -> dict[str, Any]:
+    """Refund an order."""
+    return {"refund_id": "R-1", "amount": amount}
+
+
+def _answer(request: ModelRequest) -> Step:
+    if request.agent == "compaction":
+        return "The customer asked about many orders; all of them had shipped."
+    last = request.messages[-1]
+    if last.role == "user":
+        if last.text.startswith("refund"):
+            return call("orders.refund", order_id="A1", amount=12.5)
+        return call("orders.lookup", order_id=f"A{len(request.messages)}")
+    return "Your order has shipped: a kettle and a mug."
+
+
+def _engine(store: Any, *, compaction: bool) -> Engine:
+    ids = itertools.count()
+    runtime = Runtime(
+        model=FunctionModel(_answer),
+        ids=lambda prefix: f"{prefix}_{next(ids)}",
+        compaction=Compaction(max_tokens=4000) if compaction else None,
+    )
+    return Engine(Agent("support", tools=[lookup, refund]), store=store, runtime=runtime)
+
+
+async def _drain(run: AsyncIterator[Any]) -> Any:
+    last = None
+    async for last in run:
+        pass
+    return last
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as io:
+        for line in io:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def _grow(compaction: bool) -> dict[int, str]:
+    """Exports of one session at each size, grown by real turns on the memory store."""
+    store = MemoryStore()
+    engine = _engine(store, compaction=compaction)
+    exports: dict[int, str] = {}
+    sizes = iter(SIZES)
+    want = next(sizes)
+    turn = 0
+    while True:
+        await _drain(engine.submit("grown", f"where is my order, question {turn}?"))
+        turn += 1
+        record = await store.load("grown")
+        assert record is not None
+        if len(record.data["messages"]) >= want:
+            exports[want] = await store.export("grown")
+            want = next(sizes, 0)
+            if not want:
+                return exports
+
+
+async def _measure(
+    store: Any, exports: dict[int, str], *, compaction: bool
+) -> dict[int, tuple[float, float, float]]:
+    """size -> (turn ms, bytes a turn, round trip ms), medians."""
+    engine = _engine(store, compaction=compaction)
+    results: dict[int, tuple[float, float, float]] = {}
+    for size, document in exports.items():
+        turns: list[float] = []
+        written: list[float] = []
+        trips: list[float] = []
+        for i in range(TURNS + 2):
+            sid = f"age-{uuid.uuid4().hex[:12]}"
+            await store.import_(document.replace('"grown"', f'"{sid}"'))
+            before, start = _wchar(), time.perf_counter_ns()
+            event = await _drain(engine.submit(sid, f"where is my order {i}?"))
+            elapsed = (time.perf_counter_ns() - start) / 1e6
+            bytes_ = _wchar() - before
+            assert event.type == "run-completed", event
+            start = time.perf_counter_ns()
+            event = await _drain(engine.submit(sid, "refund A1, please"))
+            assert event.type == "run-suspended", event
+            await engine.resolve(sid, event.pending[0], Approve(by="bench"))
+            event = await _drain(engine.resume(sid))
+            trip = (time.perf_counter_ns() - start) / 1e6
+            assert event.type == "run-completed", event
+            await store.delete(sid)
+            if i >= 2:  # warm-up
+                turns.append(elapsed)
+                written.append(bytes_)
+                trips.append(trip)
+        results[size] = (
+            statistics.median(turns),
+            statistics.median(written),
+            statistics.median(trips),
+        )
+    return results
+
+
+@asynccontextmanager
+async def _stores(which: list[str]) -> AsyncIterator[list[tuple[str, Any]]]:
+    opened: list[tuple[str, Any]] = []
+    cleanups: list[Callable[[], Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "memory" in which:
+            opened.append(("memory", MemoryStore()))
+        if "sqlite" in which:
+            opened.append(("sqlite", SqliteStore(Path(tmp) / "age.db")))
+        if "postgres" in which:
+            postgres = await _postgres()
+            if postgres is not None:
+                opened.append(("postgres", postgres[0]))
+                cleanups.append(postgres[1])
+        try:
+            yield opened
+        finally:
+            for _, store in opened:
+                await store.close()
+            for cleanup in cleanups:
+                await cleanup()
+
+
+async def _postgres() -> tuple[Any, Callable[[], Any]] | None:
+    try:
+        import psycopg
+
+        from handrail.store.postgres import PostgresStore
+    except ImportError:
+        print("postgres: skipped (psycopg is not installed)")
+        return None
+    schema = f"bench_age_{os.getpid()}"
+    try:
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
+            await conn.execute(f"CREATE SCHEMA {schema}")
+    except psycopg.OperationalError as exc:
+        print(f"postgres: SKIPPED, no server at {PG_DSN} ({exc})")
+        return None
+    store = PostgresStore(PG_DSN, schema=schema)
+
+    async def drop() -> None:
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
+            await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return store, drop
+
+
+def _report(name: str, compaction: bool, results: dict[int, tuple[float, float, float]]) -> None:
+    label = f"{name}, {'with' if compaction else 'without'} compaction"
+    print(f"\n{label}")
+    print(f"  {'messages':>8}  {'turn ms':>8}  {'bytes/turn':>10}  {'pause/resume ms':>15}")
+    for size, (turn, written, trip) in results.items():
+        print(f"  {size:>8}  {turn:>8.2f}  {written:>10.0f}  {trip:>15.2f}")
+    small, large = results[SIZES[0]], results[SIZES[-1]]
+    checks = [("turn", 0), ("pause/resume", 2)]
+    if name != "memory":
+        checks.insert(1, ("bytes", 1))
+    for what, index in checks:
+        ratio = large[index] / small[index] if small[index] else float("inf")
+        if compaction or what == "bytes":
+            verdict = "ok" if ratio <= RATIO else "MISSED"
+            print(
+                f"  {what} at {SIZES[-1]} / at {SIZES[0]}: {ratio:.2f}x (target ≤ {RATIO}x: {verdict})"
+            )
+        else:
+            print(f"  {what} at {SIZES[-1]} / at {SIZES[0]}: {ratio:.2f}x")
+
+
+async def main(which: list[str]) -> None:
+    print(__doc__.split("\n\n")[0])
+    for compaction in (True, False):
+        exports = await _grow(compaction)
+        async with _stores(which) as stores:
+            for name, store in stores:
+                _report(name, compaction, await _measure(store, exports, compaction=compaction))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--stores", default="memory,sqlite,postgres", help="comma-separated: memory,sqlite,postgres"
+    )
+    asyncio.run(main(parser.parse_args().stores.split(",")))
