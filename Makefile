@@ -64,6 +64,7 @@ bench: $(STAMP) ## Print the benchmark numbers (installs the bench extra)
 	$(BIN)/python -m bench.server
 	$(BIN)/python -m bench.replay
 	$(BIN)/python -m bench.documents
+	$(BIN)/python -m bench.age
 
 crash: $(STAMP) ## Kill workers for real and check every effect (bench.crash)
 	$(BIN)/python -m bench.crash

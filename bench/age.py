@@ -79,10 +79,8 @@ def _engine(store: Any, *, compaction: bool) -> Engine:
 
 
 async def _drain(run: AsyncIterator[Any]) -> Any:
-    last = None
-    async for last in run:
-        pass
-    return last
+    events = [event async for event in run]
+    return events[-1]
 
 
 def _wchar() -> int:
@@ -212,9 +210,8 @@ def _report(name: str, compaction: bool, results: dict[int, tuple[float, float, 
         ratio = large[index] / small[index] if small[index] else float("inf")
         if compaction or what == "bytes":
             verdict = "ok" if ratio <= RATIO else "MISSED"
-            print(
-                f"  {what} at {SIZES[-1]} / at {SIZES[0]}: {ratio:.2f}x (target ≤ {RATIO}x: {verdict})"
-            )
+            target = f"target ≤ {RATIO}x: {verdict}"
+            print(f"  {what} at {SIZES[-1]} / at {SIZES[0]}: {ratio:.2f}x ({target})")
         else:
             print(f"  {what} at {SIZES[-1]} / at {SIZES[0]}: {ratio:.2f}x")
 
