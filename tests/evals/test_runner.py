@@ -202,7 +202,8 @@ def test_a_turn_after_a_suspended_one_cannot_be_sent() -> None:
         (
             "run",
             "turn 1 suspended (waiting on orders.cancel), so turn 2 could not be sent; follow "
-            "it with a decision (decide: approve | reject) or end the scenario there",
+            "it with a decision (decide: approve | reject | answer, or decisions: [...]) or end "
+            "the scenario there",
         )
     ]
 
@@ -450,7 +451,10 @@ def test_a_decision_needs_a_suspended_turn_before_it() -> None:
         ({"turns": ["a", {"decide": "approve"}], "mode": "capture"}, "asks nobody"),
         ({"turns": ["a", {"decide": "reject", "amend": {}}]}, "amend goes with decide: approve"),
         ({"turns": ["a", {"decide": "approve", "reason": "x"}]}, "reason goes with decide: reject"),
-        ({"turns": ["a", {"text": "b", "decide": "approve"}]}, "exactly one of text or decide"),
+        (
+            {"turns": ["a", {"text": "b", "decide": "approve"}]},
+            "exactly one of text, decide or decisions",
+        ),
     ],
 )
 def test_decision_turns_are_validated(fields: dict[str, Any], message: str) -> None:

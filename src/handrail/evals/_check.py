@@ -14,9 +14,9 @@ from typing import Any
 
 from ._match import mismatch
 from ._result import Failure
-from ._suite import Expect, ToolCallExpectation
+from ._suite import Expect, ProposalExpectation, ToolCallExpectation
 
-__all__ = ["Call", "Transcript", "TurnRecord", "check"]
+__all__ = ["Call", "Proposal", "Transcript", "TurnRecord", "check"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,13 +48,31 @@ class Call:
 
 
 @dataclass(kw_only=True, slots=True)
+class Proposal:
+    """A call that waited for a decision (an approval, a person's answer, a client)."""
+
+    tool: str
+    """The tool's name."""
+    args: dict[str, Any] | None
+    """The arguments as the model proposed them (None when they did not parse)."""
+    decision: str = "undecided"
+    """`approved`, `amended` (approved with amendments), `rejected`, `answered` or
+    `undecided` (the scenario ended while it waited)."""
+    tool_call_id: str = ""
+    """The call's id."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Transcript:
     """Everything a scenario's run did that an assertion can look at."""
 
     turns: list[TurnRecord] = field(default_factory=list)
     """The turns that ran."""
     calls: list[Call] = field(default_factory=list)
-    """Every tool call, in the order they started."""
+    """Every tool call that was made, in order: the ones that ran, and the waiting ones a
+    person answered or a client ran (not the ones rejected, or still waiting)."""
+    proposals: list[Proposal] = field(default_factory=list)
+    """Every call that waited for a decision, in the order they asked."""
     approvals: list[str] = field(default_factory=list)
     """The tools whose calls asked for approval, in order."""
     actions: list[Call] = field(default_factory=list)
@@ -87,11 +105,13 @@ def check(
     _routes(expect, seen, fail)
     for wanted in expect.called:
         if not any(_fits(wanted, c) is None for c in seen.calls):
-            fail("called", _missing(wanted, seen.calls, "no call"))
+            fail("called", _missing(wanted, seen.calls, "no call") + _unmade(wanted, seen))
     for unwanted in expect.not_called:
         hit = next((c for c in seen.calls if _fits(unwanted, c) is None), None)
         if hit is not None:
             fail("not_called", f"{hit.tool} was called with {_json(hit.args)}")
+    for proposal in expect.proposed:
+        _proposed(proposal, seen, fail)
     if expect.captured is not None:
         _captured(expect, seen, fail)
     if expect.approvals is not None and seen.approvals != expect.approvals:
@@ -146,6 +166,30 @@ def _captured(expect: Expect, seen: Transcript, fail: Any) -> None:
         position = found + 1
 
 
+def _proposed(wanted: ProposalExpectation, seen: Transcript, fail: Any) -> None:
+    asked = [Call(tool=p.tool, args=p.args) for p in seen.proposals]
+    fitting = [p for p, c in zip(seen.proposals, asked, strict=True) if _fits(wanted, c) is None]
+    if not fitting:
+        fail("proposed", _missing(wanted, asked, "no waiting call"))
+    elif wanted.decision is not None and all(p.decision != wanted.decision for p in fitting):
+        found = ", ".join(p.decision for p in fitting)
+        fail("proposed", f"{_label(wanted)} was {found}, not {wanted.decision}")
+
+
+def _unmade(wanted: ToolCallExpectation, seen: Transcript) -> str:
+    """Why a call the model proposed is not among the calls made, when it is not."""
+    fates = [p.decision for p in seen.proposals if p.tool == wanted.tool]
+    fates = [f for f in fates if f in ("rejected", "undecided")]
+    if not fates:
+        return ""
+    how = " and ".join(dict.fromkeys("still waits" if f == "undecided" else f for f in fates))
+    return f"; a call of {wanted.tool} was proposed, and {how}: assert it with proposed"
+
+
+def _label(wanted: ToolCallExpectation) -> str:
+    return f"{wanted.tool} {_json(wanted.args)}" if wanted.args else wanted.tool
+
+
 def _fits(wanted: ToolCallExpectation, call: Call) -> str | None:
     if call.tool != wanted.tool:
         return f"{call.tool} is another tool"
@@ -155,7 +199,7 @@ def _fits(wanted: ToolCallExpectation, call: Call) -> str | None:
 
 
 def _missing(wanted: ToolCallExpectation, calls: list[Call], nothing: str) -> str:
-    label = f"{wanted.tool} {_json(wanted.args)}" if wanted.args else wanted.tool
+    label = _label(wanted)
     same = [c for c in calls if c.tool == wanted.tool]
     if not same:
         made = ", ".join(dict.fromkeys(c.tool for c in calls)) or "none"

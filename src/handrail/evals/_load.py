@@ -2,9 +2,10 @@
 
 A YAML file is parsed with pyyaml (the `evals` extra) and validated as a `Suite`; a `.py`
 file is imported and its `suite` attribute (a `Suite`, or a function returning one) used.
-Whatever is wrong comes back as ONE `SuiteError` line naming the file, the scenario and the
-field: `suite.yaml: scenario 'refund': expect.max_model_calls: Input should be a valid
-integer`.
+Whatever is wrong comes back as ONE `SuiteError` naming the file, the scenario and the field
+of every problem: one line for one problem (`suite.yaml: scenario 'refund':
+expect.max_model_calls: Input should be a valid integer`), a line a problem under
+`suite.yaml: 3 problems:` for several.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def read_yaml(path: Path) -> Any:
 
 
 def validate(model: type[M], data: Any, where: str) -> M:
-    """`data` as a `model`, or a `SuiteError` naming the first problem's scenario and field."""
+    """`data` as a `model`, or a `SuiteError` naming every problem's scenario and field."""
     if not isinstance(data, Mapping):
         raise SuiteError(f"{where}: expected a mapping of settings, got {_kind(data)}.")
     try:
@@ -186,35 +187,52 @@ def _importable(folder: Path) -> Iterator[None]:
 
 
 def check_suite(suite: Suite, where: str) -> None:
-    """Check the scenarios against the domain: mocked tools and routes must exist.
+    """Check the scenarios against the domain: the tools and routes they name must exist.
+
+    Mocks, decisions that name a tool, `called`, `not_called` and `proposed` name tools;
+    turns and `expect.route` name routes.
 
     Raises:
-        SuiteError: the domain is not a `Domain` or `Agent`, or a scenario names an unknown
-            tool or route.
+        SuiteError: the domain is not a `Domain` or `Agent`, or scenarios name unknown tools
+            or routes (every one of them, each with its place).
     """
     domain = as_domain(suite.domain, f"{where}: domain")
     everyone = [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]
     tools = sorted({name for agent in everyone for name in agent.tools})
     routes = list(domain.routes)
+    problems: list[str] = []
     for scenario in suite.scenarios:
-        at = f"{where}: scenario {scenario.name!r}"
-        for name in scenario.mocks:
+        at = f"scenario {scenario.name!r}"
+
+        def tool(name: str, field: str, at: str = at) -> None:
             if name not in tools:
-                raise SuiteError(
-                    f"{at}: mocks: no agent has a tool {name!r} (tools: {_names(tools)})."
+                problems.append(
+                    f"{at}: {field}: no agent has a tool {name!r} (tools: {_names(tools)})."
                 )
+
+        def route(name: str, field: str, at: str = at) -> None:
+            if name not in routes:
+                problems.append(f"{at}: {field}: no route {name!r} (routes: {_names(routes)}).")
+
+        for name in scenario.mocks:
+            tool(name, "mocks")
         for number, turn in enumerate(scenario.turns):
-            if turn.route is not None and turn.route not in routes:
-                raise SuiteError(
-                    f"{at}: turns[{number}].route: no route {turn.route!r} "
-                    f"(routes: {_names(routes)})."
-                )
-        expected = scenario.expect.route
-        for route in [expected] if isinstance(expected, str) else expected or []:
-            if route not in routes:
-                raise SuiteError(
-                    f"{at}: expect.route: no route {route!r} (routes: {_names(routes)})."
-                )
+            if turn.route is not None:
+                route(turn.route, f"turns[{number}].route")
+            for index, decision in enumerate(turn.decisions or []):
+                if isinstance(decision.target, str):
+                    tool(decision.target, f"turns[{number}].decisions[{index}].{decision.kind}")
+        expect = scenario.expect
+        for key in ("called", "not_called", "proposed"):
+            for index, call in enumerate(getattr(expect, key)):
+                tool(call.tool, f"expect.{key}[{index}]")
+        expected = expect.route
+        if isinstance(expected, str):
+            route(expected, "expect.route")
+        for index, name in enumerate(expected if isinstance(expected, list) else []):
+            route(name, f"expect.route[{index}]")
+    if problems:
+        raise SuiteError(_listed(where, problems))
 
 
 def as_domain(found: Any, where: str) -> Domain:
@@ -237,24 +255,34 @@ def _kind(value: Any) -> str:
 
 
 def _message(exc: ValidationError, data: Mapping[str, Any], where: str) -> str:
-    error = exc.errors(include_url=False)[0]
-    loc = list(error["loc"])
-    prefix = where
-    if len(loc) >= 2 and loc[0] == "scenarios" and isinstance(loc[1], int):
-        scenarios = data.get("scenarios")
-        name = None
-        if isinstance(scenarios, list) and loc[1] < len(scenarios):
-            item = scenarios[loc[1]]
-            name = item.get("name") if isinstance(item, Mapping) else None
-        prefix += f": scenario {name!r}" if name else f": scenarios[{loc[1]}]"
-        loc = loc[2:]
-    field = _path(loc)
-    message = error["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    more = exc.error_count() - 1
-    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{prefix}: {field + ': ' if field else ''}{message}{tail}"
+    problems: list[str] = []
+    for error in exc.errors(include_url=False):
+        loc = list(error["loc"])
+        prefix = ""
+        if len(loc) >= 2 and loc[0] == "scenarios" and isinstance(loc[1], int):
+            scenarios = data.get("scenarios")
+            name = None
+            if isinstance(scenarios, list) and loc[1] < len(scenarios):
+                item = scenarios[loc[1]]
+                name = item.get("name") if isinstance(item, Mapping) else None
+            prefix = f"scenario {name!r}" if name else f"scenarios[{loc[1]}]"
+            loc = loc[2:]
+        field = _path(loc)
+        message = error["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        place = ": ".join(p for p in (prefix, field) if p)
+        problem = f"{place}: {message}" if place else message
+        if problem not in problems:  # the members of a union may say the same thing
+            problems.append(problem)
+    return _listed(where, problems)
+
+
+def _listed(where: str, problems: list[str]) -> str:
+    """One line for one problem; for several, a count, then one indented line each."""
+    if len(problems) == 1:
+        return f"{where}: {problems[0]}"
+    return f"{where}: {len(problems)} problems:" + "".join(f"\n  {p}" for p in problems)
 
 
 def _path(loc: Sequence[int | str]) -> str:

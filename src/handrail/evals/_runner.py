@@ -27,20 +27,23 @@ from ..events import (
     Event,
     InputRequired,
     RunFailed,
+    ToolCallCompleted,
     ToolCallStarted,
 )
+from ..exceptions import InvalidDecisionError
+from ..messages import ApprovalCardPart
 from ..models import Model
 from ..runtime import Runtime, sequential_ids
 from ..store import MemoryStore
-from ..suspension import Approve, Decision, Reject
-from ._check import Call, Transcript, TurnRecord, check
+from ..suspension import Answer, Approve, ClientResult, Decision, Reject
+from ._check import Call, Proposal, Transcript, TurnRecord, check
 from ._config import AgentConfig, configure
 from ._judge import judge
 from ._load import as_domain, check_suite, import_target
 from ._mocks import wrap_tools
 from ._models import CountingModel, Tally, build_model, close, unplayed
 from ._result import Failure, ScenarioResult, SuiteResult
-from ._suite import ModelSpec, Scenario, Suite, Turn
+from ._suite import DecisionSpec, ModelSpec, Scenario, Suite, Turn
 
 __all__ = ["run_suite"]
 
@@ -211,19 +214,27 @@ def _counted_domain(
 async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int) -> None:
     session = f"eval-{index}"
     suspended = False
+    made: dict[str, Proposal] = {}  # answered calls: made once their answer settles them
+    started: set[str] = set()
     for number, turn in enumerate(scenario.turns, 1):
-        if suspended != (turn.decide is not None):
+        if suspended != turn.deciding:
             seen.error = (
                 f"turn {number - 1} suspended (waiting on {_waiting(seen)}), so turn {number} "
-                f"could not be sent; follow it with a decision (decide: approve | reject) or "
-                f"end the scenario there"
+                f"could not be sent; follow it with a decision (decide: approve | reject | "
+                f"answer, or decisions: [...]) or end the scenario there"
                 if suspended
                 else f"turn {number} decides, but nothing waits for a decision"
             )
             return
+        org_id, user_id = turn.org_id, turn.user_id
+        if turn.deciding:
+            try:
+                await _decide(engine, session, turn, seen, made)
+            except _Undecidable as exc:
+                seen.error = f"turn {number}: {exc}"
+                return
         record = TurnRecord(text=turn.label)
         seen.turns.append(record)
-        org_id, user_id = turn.org_id, turn.user_id
         if turn.text is not None and scenario.mode == "capture":
             headless = await engine.run_headless(
                 session, turn.text, org_id=org_id, user_id=user_id, route=turn.route
@@ -239,7 +250,6 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                     session, turn.text, org_id=org_id, user_id=user_id, route=turn.route
                 )
             else:
-                await _decide(engine, session, turn)
                 run = engine.resume(session, org_id=org_id, user_id=user_id)
             events = [event async for event in run]
             result = run.result
@@ -252,14 +262,22 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
             record.answer = json.dumps(record.output, ensure_ascii=False, sort_keys=True)
         for event in events:
             if isinstance(event, ToolCallStarted):
+                started.add(event.tool_call_id)
                 seen.calls.append(Call(tool=event.name, args=event.args))
+            elif isinstance(event, ToolCallCompleted):
+                answered = made.pop(event.tool_call_id, None)
+                if answered is not None and event.tool_call_id not in started:
+                    # A person answered it, or the client ran it: made, though not here.
+                    seen.calls.append(Call(tool=answered.tool, args=answered.args))
             elif isinstance(event, ApprovalRequired | InputRequired | ClientExecRequired):
                 if event.name == BATCH_TOOL:  # the card of a run's captured actions
                     seen.approvals.append(event.name)
                     continue
-                # A call that waits starts only once decided: it is a call the model made
-                # all the same (it shows again as it runs, if it is approved).
-                seen.calls.append(Call(tool=event.name, args=event.args))
+                # A call that waits is only proposed: it is made once it is decided (if it
+                # is approved or answered), and shows among the calls then.
+                seen.proposals.append(
+                    Proposal(tool=event.name, args=event.args, tool_call_id=event.tool_call_id)
+                )
                 if isinstance(event, ApprovalRequired):
                     seen.approvals.append(event.name)
             elif isinstance(event, RunFailed) and record.error is None:
@@ -268,18 +286,102 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
         suspended = record.outcome == "suspended"
 
 
-async def _decide(engine: Engine, session: str, turn: Turn) -> None:
-    """Decide every call the session waits on, as the decision turn says."""
+class _Undecidable(Exception):
+    """A decision turn that does not fit the calls that wait: nothing was decided."""
+
+
+async def _decide(
+    engine: Engine, session: str, turn: Turn, seen: Transcript, made: dict[str, Proposal]
+) -> None:
+    """Decide the calls the session waits on, as the decision turn says, all or none.
+
+    Raises:
+        _Undecidable: a decision names no waiting call (or several), two decide the same
+            call, a waiting call has no decision, or the engine refuses one.
+    """
     scope = {"org_id": turn.org_id, "user_id": turn.user_id}
     state = await engine.session(session, **scope)
-    decision: Decision = (
-        Approve(amended_args=turn.amend) if turn.decide == "approve" else Reject(reason=turn.reason)
-    )
-    await engine.resolve_many(session, dict.fromkeys(state.pending, decision), **scope)
+    waiting = list(state.pending.values())
+    chosen: dict[str, tuple[str, Decision]] = {}
+    if turn.decide is not None:
+        for card in waiting:
+            chosen[card.tool_call_id] = _decision(
+                turn.decide, card, amend=turn.amend, reason=turn.reason, output=turn.output
+            )
+    else:
+        assert turn.decisions is not None
+        by: dict[str, int] = {}
+        for number, spec in enumerate(turn.decisions):
+            card = _target(spec, waiting, f"decisions[{number}] ({spec.label})")
+            if card.tool_call_id in by:
+                raise _Undecidable(
+                    f"decisions[{by[card.tool_call_id]}] and decisions[{number}] both decide "
+                    f"{_show(waiting, card)}; a call is decided once"
+                )
+            by[card.tool_call_id] = number
+            chosen[card.tool_call_id] = _decision(
+                spec.kind, card, amend=spec.amend, reason=spec.reason, output=spec.output
+            )
+        undecided = [c for c in waiting if c.tool_call_id not in chosen]
+        if undecided:
+            raise _Undecidable(
+                f"{len(chosen)} of {len(waiting)} waiting calls decided; no decision for "
+                f"{'; '.join(_show(waiting, c) for c in undecided)} (add one to decisions, "
+                f"or decide every call alike with decide: approve | reject | answer)"
+            )
+    try:
+        await engine.resolve_many(
+            session, {call: decision for call, (_, decision) in chosen.items()}, **scope
+        )
+    except InvalidDecisionError as exc:
+        raise _Undecidable(str(exc)) from None
+    for call, (fate, _) in chosen.items():
+        proposal = next(p for p in reversed(seen.proposals) if p.tool_call_id == call)
+        proposal.decision = fate
+        if fate == "answered":
+            made[call] = proposal
+
+
+def _decision(
+    kind: str, card: ApprovalCardPart, *, amend: Any, reason: str | None, output: Any
+) -> tuple[str, Decision]:
+    """The engine's decision for `card`, and the fate it gives the proposal."""
+    if kind == "approve":
+        return ("amended" if amend else "approved"), Approve(amended_args=amend)
+    if kind == "reject":
+        return "rejected", Reject(reason=reason)
+    if card.kind == "client_exec":
+        return "answered", ClientResult(output=output)
+    return "answered", Answer(output=output)
+
+
+def _target(spec: DecisionSpec, waiting: list[ApprovalCardPart], label: str) -> ApprovalCardPart:
+    target = spec.target
+    listed = "; ".join(_show(waiting, c) for c in waiting) or "none"
+    if isinstance(target, int):
+        if target >= len(waiting):
+            raise _Undecidable(f"{label}: no waiting call [{target}] (waiting: {listed})")
+        return waiting[target]
+    same = [c for c in waiting if c.tool_name == target]
+    if not same:
+        raise _Undecidable(f"{label}: no call of {target} waits (waiting: {listed})")
+    if len(same) > 1:
+        where = ", ".join(f"[{waiting.index(c)}]" for c in same)
+        raise _Undecidable(
+            f"{label}: {len(same)} calls of {target} wait ({where}): name each by its index "
+            f"(waiting: {listed})"
+        )
+    return same[0]
+
+
+def _show(waiting: list[ApprovalCardPart], card: ApprovalCardPart) -> str:
+    args = json.dumps(card.args, ensure_ascii=False, sort_keys=True, default=str)
+    return f"[{waiting.index(card)}] {card.tool_name} {args}"
 
 
 def _waiting(seen: Transcript) -> str:
-    return ", ".join(seen.approvals) or "a decision"
+    names = [p.tool for p in seen.proposals if p.decision == "undecided"]
+    return ", ".join(names) or "a decision"
 
 
 async def _route(

@@ -29,10 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 __all__ = [
     "CapturedExpectation",
+    "DecisionSpec",
     "Expect",
     "Judge",
     "Mock",
     "ModelSpec",
+    "ProposalExpectation",
     "Scenario",
     "StepPart",
     "Suite",
@@ -168,21 +170,103 @@ class Mock(_Strict):
         return self
 
 
-class Turn(_Strict):
-    """One turn: a user message (a plain string in YAML), or a decision on waiting calls.
+_DECISIONS = ("approve", "reject", "answer")
 
-    A decision turn (`decide: approve` or `decide: reject`) follows a turn that suspended: it
-    decides every call waiting for approval, then resumes that turn.
+
+class DecisionSpec(_Strict):
+    """A decision on ONE waiting call, which it names by tool or by position.
+
+    In YAML `{approve: orders.refund, amend: {amount: 40}}`, `{reject: orders.cancel, reason:
+    "not today"}`, `{answer: ask_customer, output: blue}` or `{answer: 1, output: {...}}`. The
+    target is a tool name (the one call of that tool that waits) or an index into the waiting
+    calls, in the order the model proposed them (0 is the first).
+
+    `answer` answers an elicitation (a `human` tool), a tool's question (`AskPerson`) or a
+    `client` tool (its result, as the client would post it).
     """
 
-    text: str | None = None
-    """What the user writes."""
-    decide: Literal["approve", "reject"] | None = None
-    """Decide every waiting call this way, then resume the suspended turn."""
+    approve: str | int | None = None
+    """Approve the call of this tool (or at this index)."""
+    reject: str | int | None = None
+    """Reject the call of this tool (or at this index)."""
+    answer: str | int | None = None
+    """Answer the call of this tool (or at this index) with `output`."""
     amend: dict[str, Any] | None = None
     """With `approve`: the amended arguments (amendable fields only)."""
     reason: str | None = None
     """With `reject`: why (the model reads it)."""
+    output: Any = None
+    """With `answer` (required there): the person's answer, or the client tool's result."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> DecisionSpec:
+        kinds = [k for k in _DECISIONS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                "a decision is exactly one of approve, reject or answer, naming its call: "
+                "{approve: TOOL} or {approve: INDEX}"
+            )
+        _companions(kinds[0], self.amend, self.reason, "output" in self.model_fields_set)
+        target = self.target
+        if isinstance(target, int) and target < 0:
+            raise ValueError(f"{kinds[0]}: an index counts from 0, got {target}")
+        if isinstance(target, str) and not target:
+            raise ValueError(f"{kinds[0]}: name the tool whose call it decides")
+        return self
+
+    @property
+    def kind(self) -> Literal["approve", "reject", "answer"]:
+        """What is decided."""
+        if self.approve is not None:
+            return "approve"
+        return "reject" if self.reject is not None else "answer"
+
+    @property
+    def target(self) -> str | int:
+        """The waiting call it decides: a tool name, or an index into the waiting calls."""
+        found = getattr(self, self.kind)
+        assert found is not None
+        return found  # type: ignore[no-any-return]
+
+    @property
+    def label(self) -> str:
+        """The decision in a message: `approve orders.refund`, `answer [1]`."""
+        target = self.target
+        return f"{self.kind} {f'[{target}]' if isinstance(target, int) else target}"
+
+
+def _companions(kind: str, amend: Any, reason: Any, output: bool, how: str = "") -> None:
+    if amend is not None and kind != "approve":
+        raise ValueError(f"amend goes with {how}approve")
+    if reason is not None and kind != "reject":
+        raise ValueError(f"reason goes with {how}reject")
+    if output and kind != "answer":
+        raise ValueError(f"output goes with {how}answer")
+    if not output and kind == "answer":
+        raise ValueError(f"{how}answer needs its output: the answer, or the client's result")
+
+
+class Turn(_Strict):
+    """One turn: a user message (a plain string in YAML), or decisions on waiting calls.
+
+    A decision turn follows a turn that suspended, decides the calls that wait, then resumes
+    that turn. `decide: approve | reject | answer` decides every waiting call the same way;
+    `decisions: [...]` decides each waiting call on its own (`DecisionSpec`), and must cover
+    every one of them.
+    """
+
+    text: str | None = None
+    """What the user writes."""
+    decide: Literal["approve", "reject", "answer"] | None = None
+    """Decide every waiting call this way, then resume the suspended turn."""
+    decisions: list[DecisionSpec] | None = Field(default=None, min_length=1)
+    """One decision a waiting call, each naming its call; then resume the suspended turn."""
+    amend: dict[str, Any] | None = None
+    """With `decide: approve`: the amended arguments (amendable fields only)."""
+    reason: str | None = None
+    """With `decide: reject`: why (the model reads it)."""
+    output: Any = None
+    """With `decide: answer` (required there): the answer, or the client tool's result."""
     route: str | None = None
     """The route to take (default: the supervisor chooses)."""
     org_id: str | None = None
@@ -197,21 +281,33 @@ class Turn(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Turn:
-        if (self.text is None) == (self.decide is None):
-            raise ValueError("a turn is exactly one of text or decide")
-        if self.amend is not None and self.decide != "approve":
-            raise ValueError("amend goes with decide: approve")
-        if self.reason is not None and self.decide != "reject":
-            raise ValueError("reason goes with decide: reject")
-        if self.route is not None and self.decide is not None:
+        given = [k for k in ("text", "decide", "decisions") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a turn is exactly one of text, decide or decisions")
+        output = "output" in self.model_fields_set
+        if self.decisions is not None:
+            if self.amend is not None or self.reason is not None or output:
+                raise ValueError("with decisions, amend, reason and output go inside each decision")
+        elif self.decide is not None:
+            _companions(self.decide, self.amend, self.reason, output, "decide: ")
+        elif self.amend is not None or self.reason is not None or output:
+            raise ValueError("amend, reason and output go with a decision, not a message")
+        if self.route is not None and self.text is None:
             raise ValueError("a decision resumes its turn on that turn's route: drop route")
         return self
+
+    @property
+    def deciding(self) -> bool:
+        """Whether the turn decides waiting calls (rather than sending a message)."""
+        return self.text is None
 
     @property
     def label(self) -> str:
         """The turn as the judge reads it: the message, or the decision."""
         if self.text is not None:
             return self.text
+        if self.decisions is not None:
+            return f"(a person decides: {', '.join(d.label for d in self.decisions)})"
         return f"(a person decides: {self.decide})"
 
 
@@ -231,6 +327,19 @@ class ToolCallExpectation(_Strict):
     @classmethod
     def _from_name(cls, data: Any) -> Any:
         return {"tool": data} if isinstance(data, str) else data
+
+
+class ProposalExpectation(ToolCallExpectation):
+    """A call that waited for a decision (an approval, an answer, a client), and its fate.
+
+    In YAML a bare tool name, or `{tool, args, decision}`; `args` match the call as the model
+    proposed it, partially.
+    """
+
+    decision: Literal["approved", "amended", "rejected", "answered", "undecided"] | None = None
+    """How it was decided: approved as proposed, approved with amendments, rejected,
+    answered (a person's answer or a client's result), or still undecided when the scenario
+    ended (default: any)."""
 
 
 class CapturedExpectation(_Strict):
@@ -259,9 +368,14 @@ class Expect(_Strict):
     route: str | list[str] | None = None
     """The route chosen: a name checks the last turn, a list checks each turn in order."""
     called: list[ToolCallExpectation] = Field(default_factory=list)
-    """Calls that must happen (each matched by some call, arguments partially)."""
+    """Calls that must happen (each matched by some call, arguments partially): calls that
+    ran, and calls a person answered or a client ran; not the ones rejected or waiting."""
     not_called: list[ToolCallExpectation] = Field(default_factory=list)
-    """Calls that must not happen (a bare tool name: no call of that tool at all)."""
+    """Calls that must not happen (a bare tool name: no call of that tool at all). A call
+    that waited and was rejected, or waits still, did not happen."""
+    proposed: list[ProposalExpectation] = Field(default_factory=list)
+    """Calls that must have waited for a decision (each matched by some waiting call),
+    with how they were decided."""
     captured: CapturedExpectation | None = None
     """The actions capture mode must record."""
     approvals: list[str] | None = None
@@ -279,7 +393,7 @@ class Expect(_Strict):
     judge: Judge | None = None
     """An LLM judge's verdict must be a pass."""
 
-    @field_validator("called", "not_called", "text_contains", mode="before")
+    @field_validator("called", "not_called", "proposed", "text_contains", mode="before")
     @classmethod
     def _listed(cls, value: Any) -> Any:
         return _as_list(value)
@@ -319,9 +433,9 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _decisions(self) -> Scenario:
-        if self.turns[0].decide is not None:
+        if self.turns[0].deciding:
             raise ValueError("turns: the first turn is a message; a decision follows one")
-        if self.mode == "capture" and any(t.decide is not None for t in self.turns):
+        if self.mode == "capture" and any(t.deciding for t in self.turns):
             raise ValueError("turns: a capture-mode run asks nobody, so it has no decisions")
         return self
 
