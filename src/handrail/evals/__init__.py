@@ -1,8 +1,9 @@
 """Evals: run the real agent on scripted or real models with mocked tools, and assert.
 
 A suite (YAML, or Python building the same pydantic objects) lists scenarios: the user's
-turns, mocked tool outputs, the model, and what must happen (route, tool calls, captured
-actions, approvals, final text, structured output, model calls, tokens, an LLM judge).
+turns and a person's decisions on waiting calls, mocked tool outputs, the model, and what
+must happen (route, tool calls, proposed calls and their decisions, captured actions,
+approvals, final text, structured output, model calls, tokens, an LLM judge).
 `handrail eval suite.yaml` runs it; see docs/evals.md. A suite with `kind: documents` measures
 retrieval (and answers) over a folder of documents and its eval questions instead.
 
@@ -17,7 +18,7 @@ assert result.passed
 
 from __future__ import annotations
 
-from ._check import Call, Transcript, TurnRecord
+from ._check import Call, Proposal, Transcript, TurnRecord
 from ._config import AgentConfig, AgentOverride, configure, load_config
 from ._documents import (
     DocumentsResult,
@@ -37,10 +38,12 @@ from ._result import Failure, ScenarioResult, SuiteResult
 from ._runner import run_suite
 from ._suite import (
     CapturedExpectation,
+    DecisionSpec,
     Expect,
     Judge,
     Mock,
     ModelSpec,
+    ProposalExpectation,
     Scenario,
     StepPart,
     Suite,
@@ -56,6 +59,7 @@ __all__ = [
     "Call",
     "CapturedExpectation",
     "CountingModel",
+    "DecisionSpec",
     "DocumentsResult",
     "DocumentsSuite",
     "Expect",
@@ -64,6 +68,8 @@ __all__ = [
     "MetricCheck",
     "Mock",
     "ModelSpec",
+    "Proposal",
+    "ProposalExpectation",
     "QuestionOutcome",
     "Scenario",
     "ScenarioResult",

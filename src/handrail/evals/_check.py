@@ -172,8 +172,9 @@ def _proposed(wanted: ProposalExpectation, seen: Transcript, fail: Any) -> None:
     if not fitting:
         fail("proposed", _missing(wanted, asked, "no waiting call"))
     elif wanted.decision is not None and all(p.decision != wanted.decision for p in fitting):
-        found = ", ".join(p.decision for p in fitting)
-        fail("proposed", f"{_label(wanted)} was {found}, not {wanted.decision}")
+        fates = list(dict.fromkeys(p.decision for p in fitting))
+        found = f"was {fates[0]}" if len(fates) == 1 else f"calls were {', '.join(fates)}"
+        fail("proposed", f"{_label(wanted)} {found}, not {wanted.decision}")
 
 
 def _unmade(wanted: ToolCallExpectation, seen: Transcript) -> str:

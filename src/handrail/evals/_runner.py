@@ -247,10 +247,15 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
         else:
             if turn.text is not None:
                 run = engine.submit(
-                    session, turn.text, org_id=org_id, user_id=user_id, route=turn.route
+                    session,
+                    turn.text,
+                    org_id=org_id,
+                    user_id=user_id,
+                    route=turn.route,
+                    client=scenario.client,
                 )
             else:
-                run = engine.resume(session, org_id=org_id, user_id=user_id)
+                run = engine.resume(session, org_id=org_id, user_id=user_id, client=scenario.client)
             events = [event async for event in run]
             result = run.result
             record.outcome = result.outcome

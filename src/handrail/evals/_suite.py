@@ -423,6 +423,9 @@ class Scenario(_Strict):
     mode: Literal["mock", "capture"] = "mock"
     """`mock`: tools without a mock fail with a tool error; `capture`: gated calls are
     captured through their `mint` (`Engine.run_headless`), others run (or their mock does)."""
+    client: bool = False
+    """The caller runs `client` tools: their calls wait for the client's result, which a
+    decision turn gives (`answer`). Without, they fail fast, as for a caller that cannot."""
     expect: Expect = Field(default_factory=Expect)
     """The assertions."""
 
@@ -437,6 +440,8 @@ class Scenario(_Strict):
             raise ValueError("turns: the first turn is a message; a decision follows one")
         if self.mode == "capture" and any(t.deciding for t in self.turns):
             raise ValueError("turns: a capture-mode run asks nobody, so it has no decisions")
+        if self.mode == "capture" and self.client:
+            raise ValueError("client: a capture-mode run has no client to run its tools")
         return self
 
 
