@@ -455,3 +455,39 @@ def test_unknown_tools_and_routes_are_every_one_named(tmp_path: Path) -> None:
         f"  scenario 'refund': expect.not_called[0]: no agent has a tool 'orders.cancel' {tools}\n"
         f"  scenario 'refund': expect.route[1]: no route 'rush' {routes}"
     )
+
+
+def test_a_mock_that_asks_waits_on_a_question_a_decision_answers() -> None:
+    def looks_up(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        if last.role == "user":
+            return call("orders.lookup", order_id="A1")
+        result = last.tool_calls[0].result
+        return f"{result.data}" if result.ok else f"error: {result.error}"
+
+    def asked(decision: dict[str, Any], **expect: Any) -> Scenario:
+        return Scenario.model_validate(
+            {
+                "name": decision.get("answer", "rejected"),
+                "turns": ["Where is A1?", {"decisions": [decision]}],
+                "mocks": {"orders.lookup": {"ask": "Which warehouse?", "output": "shipped"}},
+                "model": {"function": looks_up},
+                "expect": {"approvals": [], **expect},
+            }
+        )
+
+    answered = asked(
+        {"answer": "orders.lookup", "output": "Leeds"},
+        called=["orders.lookup"],
+        proposed=[{"tool": "orders.lookup", "decision": "answered"}],
+        text_contains="shipped",
+    )
+    declined = asked(
+        {"reject": 0, "reason": "not mine to say"},
+        proposed=[{"tool": "orders.lookup", "decision": "rejected"}],
+        text_contains=["declined to answer: not mine to say", "(Which warehouse?)"],
+    )
+    suite = Suite(name="t", domain=agent, scenarios=[answered, declined])
+    result = asyncio.run(run_suite(suite))
+    assert [s.failures for s in result.scenarios] == [[], []]
+    assert [s.outcome for s in result.scenarios] == ["completed", "completed"]

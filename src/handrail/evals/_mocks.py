@@ -1,12 +1,17 @@
-"""Scenario mocks as the engine's `wrap_tools`: one output, outputs in order, or an error."""
+"""Scenario mocks as the engine's `wrap_tools`: one output, outputs in order, or an error.
+
+A mock with `ask` raises `AskPerson` on a call's first run, so the call waits on a question
+card; the run after the answer gives the output.
+"""
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..exceptions import ModelRetry
+from ..exceptions import AskPerson, ModelRetry
 from ._suite import Mock
 
 __all__ = ["wrap_tools"]
@@ -18,7 +23,25 @@ def wrap_tools(mocks: Mapping[str, Mock]) -> dict[str, Callable[[dict[str, Any]]
     Each scenario gets its own functions, so a list of outputs is consumed by that scenario
     alone.
     """
-    return {name: _mocked(name, mock) for name, mock in mocks.items()}
+    return {name: _asking(mock.ask, _mocked(name, mock)) for name, mock in mocks.items()}
+
+
+def _asking(
+    question: str | None, then: Callable[[dict[str, Any]], Any]
+) -> Callable[[dict[str, Any]], Any]:
+    """`then`, asked for `question` first: each call (by its arguments) asks once."""
+    if question is None:
+        return then
+    asked: set[str] = set()
+
+    def asking(args: dict[str, Any]) -> Any:
+        key = json.dumps(args, sort_keys=True, default=str)
+        if key not in asked:
+            asked.add(key)
+            raise AskPerson(question)
+        return then(args)
+
+    return asking
 
 
 def _mocked(name: str, mock: Mock) -> Callable[[dict[str, Any]], Any]:

@@ -153,6 +153,8 @@ class Mock(_Strict):
     """A mocked tool: one output for every call, outputs in call order, or an error.
 
     The tool keeps its name, schema and approval gate; only its implementation is replaced.
+    With `ask`, a call first asks a person that question (as a tool raising `AskPerson`),
+    and once answered runs again and returns its output.
     """
 
     output: Any = None
@@ -161,6 +163,9 @@ class Mock(_Strict):
     """What the first, second, ... call returns; a call past the end is a tool error."""
     error: str | None = None
     """Every call fails with this tool error (the model reads it)."""
+    ask: str | None = Field(default=None, min_length=1)
+    """Each call first asks a person this question (a `question` card, answered by a
+    decision turn), then runs again and gives its output or error."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> Mock:
