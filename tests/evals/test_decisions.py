@@ -491,3 +491,23 @@ def test_a_mock_that_asks_waits_on_a_question_a_decision_answers() -> None:
     result = asyncio.run(run_suite(suite))
     assert [s.failures for s in result.scenarios] == [[], []]
     assert [s.outcome for s in result.scenarios] == ["completed", "completed"]
+
+
+def test_the_members_of_a_union_give_one_reason_at_one_place(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "s.yaml",
+        """\
+        domain: handrail.demo.support_desk:support_domain
+        scenarios:
+          - name: a
+            turns: [hi, {decisions: [{approve: [1]}]}]
+            expect: {route: 3}
+        """,
+    )
+    with pytest.raises(SuiteError) as caught:
+        load_suite(path)
+    assert str(caught.value).splitlines()[1:] == [
+        "  scenario 'a': turns[1].decisions[0].approve: Input should be a valid string or a "
+        "valid integer",
+        "  scenario 'a': expect.route: Input should be a valid string or a valid list",
+    ]

@@ -255,6 +255,7 @@ def _kind(value: Any) -> str:
 
 
 def _message(exc: ValidationError, data: Mapping[str, Any], where: str) -> str:
+    places: dict[str, list[str]] = {}
     problems: list[str] = []
     for error in exc.errors(include_url=False):
         loc = list(error["loc"])
@@ -272,10 +273,21 @@ def _message(exc: ValidationError, data: Mapping[str, Any], where: str) -> str:
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
         place = ": ".join(p for p in (prefix, field) if p)
-        problem = f"{place}: {message}" if place else message
-        if problem not in problems:  # the members of a union may say the same thing
-            problems.append(problem)
+        said = places.setdefault(place, [])
+        if message not in said:  # each member of a union says why it does not fit
+            said.append(message)
+    for place, said in places.items():
+        message = _either(said)
+        problems.append(f"{place}: {message}" if place else message)
     return _listed(where, problems)
+
+
+def _either(messages: list[str]) -> str:
+    """The reasons of a union's members as one: `Input should be a valid string or ...`."""
+    lead = "Input should be "
+    if len(messages) > 1 and all(m.startswith(lead) for m in messages):
+        return lead + " or ".join(m[len(lead) :] for m in messages)
+    return "; or ".join(messages)
 
 
 def _listed(where: str, problems: list[str]) -> str:
@@ -297,4 +309,4 @@ def _path(loc: Sequence[int | str]) -> str:
     return text
 
 
-_UNION_TAGS = frozenset({"str", "list[str]"})
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list[str]"})
