@@ -511,3 +511,32 @@ def test_the_members_of_a_union_give_one_reason_at_one_place(tmp_path: Path) -> 
         "valid integer",
         "  scenario 'a': expect.route: Input should be a valid string or a valid list",
     ]
+
+
+def test_the_judge_reads_the_calls_made_and_the_proposals_with_their_decisions() -> None:
+    prompts: list[str] = []
+
+    def grade(request: Any) -> str:
+        prompts.append(request.messages[-1].text)
+        return '{"passed": true, "reason": "ok"}'
+
+    (result,) = run(
+        scenario(
+            turns=["Sort my orders out", EVERY_ONE],
+            expect={"judge": {"rubric": "Be right.", "model": {"function": grade}}},
+        )
+    ).scenarios
+    assert result.failures == []
+    (prompt,) = prompts
+    assert prompt.split("\n\nTool calls the agent made:\n")[1] == (
+        '- orders.refund {"order_id": "A1", "amount": 40}\n'
+        '- orders.cancel {"order_id": "C3"}\n'
+        '- ask_customer {"question": "Which colour?"}\n'
+        "- device.locate {}\n\n"
+        "Calls that waited for a decision (as proposed), and the decision:\n"
+        '- orders.refund {"order_id": "A1", "amount": 84}: amended\n'
+        '- orders.cancel {"order_id": "B2"}: rejected\n'
+        '- orders.cancel {"order_id": "C3"}: approved\n'
+        '- ask_customer {"question": "Which colour?"}: answered\n'
+        "- device.locate {}: answered"
+    )

@@ -42,6 +42,7 @@ async def judge(
     turns: Sequence[tuple[str, str]],
     calls: Sequence[tuple[str, dict[str, object] | None]],
     model: Model,
+    proposals: Sequence[tuple[str, dict[str, object] | None, str]] = (),
 ) -> Verdict:
     """Ask `model` whether the conversation meets `rubric`.
 
@@ -50,6 +51,8 @@ async def judge(
         turns: (user's message, agent's answer) for each turn.
         calls: (tool, arguments) of every tool call the agent made.
         model: the judge's model.
+        proposals: (tool, arguments as proposed, decision) of every call that waited for a
+            person's (or a client's) decision.
 
     Returns:
         The verdict; a judge that gives none is a failed verdict saying why.
@@ -60,6 +63,12 @@ async def judge(
     if calls:
         lines += ["", "Tool calls the agent made:"]
         lines += [f"- {name} {json.dumps(args, ensure_ascii=False)}" for name, args in calls]
+    if proposals:
+        lines += ["", "Calls that waited for a decision (as proposed), and the decision:"]
+        lines += [
+            f"- {name} {json.dumps(args, ensure_ascii=False)}: {decision}"
+            for name, args, decision in proposals
+        ]
     runtime: Runtime[None] = Runtime(model=model, ids=sequential_ids())
     try:
         result = await _JUDGE.run("\n".join(lines), runtime=runtime)

@@ -149,7 +149,8 @@ async def _run(
             models.append(judge_model)
             calls = [(c.tool, c.args) for c in seen.calls]
             turns = [(t.text, t.answer) for t in seen.turns]
-            found = await judge(rubric.rubric, turns, calls, judge_model)
+            asked = [(p.tool, p.args, p.decision) for p in seen.proposals]
+            found = await judge(rubric.rubric, turns, calls, judge_model, asked)
         except Exception as exc:
             why = str(exc) if isinstance(exc, _NoJudge) else f"{type(exc).__name__}: {exc}"
             failures.append(Failure(assertion="judge", reason=why))
