@@ -540,3 +540,76 @@ def test_the_judge_reads_the_calls_made_and_the_proposals_with_their_decisions()
         '- ask_customer {"question": "Which colour?"}: answered\n'
         "- device.locate {}: answered"
     )
+
+
+@tool(name="device.wipe", permission="destructive", executor="client")
+def wipe(device: str) -> dict[str, Any]:
+    """Wipe a device (a person approves, then the app does it)."""
+    raise AssertionError("the client runs it")
+
+
+def test_an_approved_client_tool_waits_again_for_its_client_and_is_made_once_answered() -> None:
+    def wipes(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        if last.role == "user":
+            return call("device.wipe", device="phone")
+        return json.dumps(last.tool_calls[0].result.data)
+
+    scenario = Scenario.model_validate(
+        {
+            "name": "wipe",
+            "client": True,
+            "turns": [
+                "Wipe my phone",
+                {"decisions": [{"approve": "device.wipe"}]},
+                {"decisions": [{"answer": "device.wipe", "output": {"wiped": True}}]},
+            ],
+            "model": {"function": wipes},
+            "expect": {
+                "outcome": "completed",
+                "route": ["default", "default", "default"],
+                "approvals": ["device.wipe"],
+                "called": [{"tool": "device.wipe", "args": {"device": "phone"}}],
+                "proposed": [
+                    {"tool": "device.wipe", "decision": "approved"},
+                    {"tool": "device.wipe", "decision": "answered"},
+                ],
+                "text_contains": '{"wiped": true}',
+            },
+        }
+    )
+    suite = Suite(name="t", domain=Agent("wiper", tools=[wipe]), scenarios=[scenario])
+    (result,) = asyncio.run(run_suite(suite)).scenarios
+    assert result.failures == []
+    assert result.outcome == "completed"
+
+
+def test_indexes_count_the_waiting_calls_in_the_order_the_model_proposed_them() -> None:
+    def both(request: ModelRequest) -> Step:
+        last = request.messages[-1]
+        if last.role == "user":  # the lookup asks as it runs: its card comes after the cancel's
+            return [call("orders.lookup", order_id="A1"), call("orders.cancel", order_id="A1")]
+        return " / ".join(f"{c.name}: {c.result.ok}" for c in last.tool_calls if c.result)
+
+    scenario = Scenario.model_validate(
+        {
+            "name": "ordered",
+            "turns": [
+                "Where is A1? And cancel it.",
+                {"decisions": [{"answer": 0, "output": "Leeds"}, {"reject": 1}]},
+            ],
+            "mocks": {"orders.lookup": {"ask": "Which warehouse?", "output": "shipped"}},
+            "model": {"function": both},
+            "expect": {
+                "proposed": [
+                    {"tool": "orders.lookup", "decision": "answered"},
+                    {"tool": "orders.cancel", "decision": "rejected"},
+                ],
+                "text_contains": "orders.lookup: True / orders.cancel: False",
+            },
+        }
+    )
+    (result,) = asyncio.run(
+        run_suite(Suite(name="t", domain=agent, scenarios=[scenario]))
+    ).scenarios
+    assert result.failures == []

@@ -31,7 +31,7 @@ from ..events import (
     ToolCallStarted,
 )
 from ..exceptions import InvalidDecisionError
-from ..messages import ApprovalCardPart
+from ..messages import ApprovalCardPart, ToolCallPart
 from ..models import Model
 from ..runtime import Runtime, sequential_ids
 from ..store import MemoryStore
@@ -307,7 +307,9 @@ async def _decide(
     """
     scope = {"org_id": turn.org_id, "user_id": turn.user_id}
     state = await engine.session(session, **scope)
-    waiting = list(state.pending.values())
+    asked = [p.id for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)]
+    order = {call: position for position, call in enumerate(asked)}
+    waiting = sorted(state.pending.values(), key=lambda c: order.get(c.tool_call_id, len(order)))
     chosen: dict[str, tuple[str, Decision]] = {}
     if turn.decide is not None:
         for card in waiting:
@@ -342,7 +344,11 @@ async def _decide(
     except InvalidDecisionError as exc:
         raise _Undecidable(str(exc)) from None
     for call, (fate, _) in chosen.items():
-        proposal = next(p for p in reversed(seen.proposals) if p.tool_call_id == call)
+        proposal = next((p for p in reversed(seen.proposals) if p.tool_call_id == call), None)
+        if proposal is None:  # its card came with no event this scenario saw
+            card = next(c for c in waiting if c.tool_call_id == call)
+            proposal = Proposal(tool=card.tool_name, args=card.args, tool_call_id=call)
+            seen.proposals.append(proposal)
         proposal.decision = fate
         if fate == "answered":
             made[call] = proposal
