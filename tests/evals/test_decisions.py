@@ -296,6 +296,8 @@ def test_a_decision_that_does_not_fit_the_waiting_calls_fails_the_scenario(
         ({"decisions": [{"reject": 0, "amend": {}}]}, "amend goes with approve"),
         ({"decisions": [{"approve": 0, "reason": "x"}]}, "reason goes with reject"),
         ({"decisions": [{"approve": -1}]}, "an index counts from 0"),
+        ({"decisions": [{"approve": True}]}, "true names no call: give its tool"),
+        ({"decisions": [{"reject": 1.0}]}, "Input should be a valid integer"),
         ({"decisions": []}, "at least 1 item"),
         ({"decisions": [{"approve": 0}], "amend": {}}, "go inside each decision"),
         ({"decide": "approve", "decisions": [{"approve": 0}]}, "exactly one of text, decide"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 __all__ = [
     "CapturedExpectation",
@@ -190,11 +190,11 @@ class DecisionSpec(_Strict):
     `client` tool (its result, as the client would post it).
     """
 
-    approve: str | int | None = None
+    approve: str | StrictInt | None = None
     """Approve the call of this tool (or at this index)."""
-    reject: str | int | None = None
+    reject: str | StrictInt | None = None
     """Reject the call of this tool (or at this index)."""
-    answer: str | int | None = None
+    answer: str | StrictInt | None = None
     """Answer the call of this tool (or at this index) with `output`."""
     amend: dict[str, Any] | None = None
     """With `approve`: the amended arguments (amendable fields only)."""
@@ -202,6 +202,16 @@ class DecisionSpec(_Strict):
     """With `reject`: why (the model reads it)."""
     output: Any = None
     """With `answer` (required there): the person's answer, or the client tool's result."""
+
+    @field_validator("approve", "reject", "answer", mode="before")
+    @classmethod
+    def _call(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML reads `approve: yes` as true, which is no call
+            raise ValueError(
+                f"{str(value).lower()} names no call: give its tool (orders.refund) or its "
+                f"index among the waiting calls (0)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> DecisionSpec:
