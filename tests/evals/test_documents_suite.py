@@ -56,7 +56,7 @@ def test_the_docs_suite_ingests_docs_and_reports_its_retrieval_numbers(tmp_path:
 
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["format"] == "handrail-eval-documents/1" and report["passed"] is True
-    assert report["corpus"]["files"] == len(list((ROOT / "docs").glob("*.md")))
+    assert report["corpus"]["files"] == len(list((DOCS_SUITE.parent / "corpus").glob("*.md")))
     assert report["corpus"]["chunks"] > 100
     metrics = report["metrics"]
     for name in ("recall_at_5", "recall_at_10", "mrr_at_5", "mrr_at_10"):
