@@ -50,7 +50,7 @@ from handrail.documents._metrics import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
+DOCS = ROOT / "evals" / "documents" / "corpus"  # the snapshot its questions were written on
 QUESTIONS = ROOT / "evals" / "documents" / "questions.yaml"
 THRESHOLD = 0.5
 SWEEP = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
