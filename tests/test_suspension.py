@@ -295,12 +295,12 @@ async def test_each_executor_and_decision_settles_the_call(
         (
             call("orders.refund", order_id="A1", amount=5),
             Answer(output={}),
-            "waits for a approval decision, which is one of approve, reject; got 'answer'",
+            "waits for a decision on its approval card, which is one of approve, reject; got 'answer'",
         ),
         (
             call("ask_size", question="?"),
             Approve(),
-            "waits for a elicitation decision, which is one of answer, reject; got 'approve'",
+            "waits for a decision on its elicitation card, which is one of answer, reject; got 'approve'",
         ),
         (
             call("ask_size", question="?"),
@@ -310,7 +310,7 @@ async def test_each_executor_and_decision_settles_the_call(
         (
             call("open_tab", url="x"),
             Approve(),
-            "waits for a client_exec decision, which is one of client_result, reject",
+            "waits for a decision on its client_exec card, which is one of client_result, reject",
         ),
     ],
 )

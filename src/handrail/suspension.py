@@ -254,8 +254,8 @@ def decide(
     kind = decision.decision
     if kind not in _ACCEPTS[card.kind]:
         raise InvalidDecisionError(
-            f"Call {tool_call_id} ({card.tool_name}) waits for a {card.kind} decision, which "
-            f"is one of {', '.join(_ACCEPTS[card.kind])}; got {kind!r}."
+            f"Call {tool_call_id} ({card.tool_name}) waits for a decision on its {card.kind} "
+            f"card, which is one of {', '.join(_ACCEPTS[card.kind])}; got {kind!r}."
         )
     if card.kind == "batch":
         from .capture import decide_batch
