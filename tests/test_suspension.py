@@ -295,12 +295,14 @@ async def test_each_executor_and_decision_settles_the_call(
         (
             call("orders.refund", order_id="A1", amount=5),
             Answer(output={}),
-            "waits for a decision on its approval card, which is one of approve, reject; got 'answer'",
+            "waits for a decision on its approval card, which is one of approve, reject; "
+            "got 'answer'",
         ),
         (
             call("ask_size", question="?"),
             Approve(),
-            "waits for a decision on its elicitation card, which is one of answer, reject; got 'approve'",
+            "waits for a decision on its elicitation card, which is one of answer, reject; "
+            "got 'approve'",
         ),
         (
             call("ask_size", question="?"),

@@ -269,8 +269,8 @@ OTHERS = [{"reject": 1}, {"reject": 2}, {"reject": 3}, {"reject": 4}]
         ),
         (
             [{"answer": 0, "output": 1}, *OTHERS],
-            "Call call_1 (orders.refund) waits for a decision on its approval card, which is one of "
-            "approve, reject; got 'answer'.",
+            "Call call_1 (orders.refund) waits for a decision on its approval card, which is "
+            "one of approve, reject; got 'answer'.",
         ),
         (
             [{"approve": 0, "amend": {"order_id": "Z9"}}, *OTHERS],
