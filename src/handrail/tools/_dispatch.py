@@ -240,6 +240,8 @@ class Dispatcher:
         for part in message.parts:
             if not isinstance(part, ToolCallPart) or part.status not in ("waiting", "running"):
                 continue
+            if part.executor == "provider":  # the provider runs it; its result comes from there
+                continue
             card = decided.get(part.id)
             if part.status == "running" and (card is None or card.decision != "approve"):
                 outcome = self._rerun(part)  # cut off by a crash: never started, or idempotent
