@@ -217,7 +217,7 @@ async def test_code_execution_projects_the_command_and_its_output(
             ]
         )
     )
-    events, result = await turn(Agent("a", tools=[code_execution()]), anthropic_model)
+    _, result = await turn(Agent("a", tools=[code_execution()]), anthropic_model)
     (part,) = result.state.messages[-1].tool_calls
     assert part.name == "code_execution"
     assert part.result == ToolResult(
@@ -290,7 +290,7 @@ async def test_pause_turn_sends_the_content_back_as_it_is_and_the_model_continue
         anthropic_stream([text("Searching. "), SEARCH, RESULTS], stop_reason="pause_turn"),
         anthropic_stream([text("Found two.")]),
     )
-    events, result = await turn(Agent("a", tools=[web_search()]), anthropic_model)
+    _, result = await turn(Agent("a", tools=[web_search()]), anthropic_model)
     assert len(fake.requests) == 2
     continued = fake.requests[1].body["messages"]
     assert continued[-1] == {
@@ -331,7 +331,7 @@ async def test_a_hosted_call_and_a_function_call_in_one_response(
         anthropic_stream([SEARCH, RESULTS, function_call], stop_reason="tool_use"),
         anthropic_stream([text("Noted.")]),
     )
-    events, result = await turn(Agent("a", tools=[web_search(), keep]), anthropic_model)
+    _, result = await turn(Agent("a", tools=[web_search(), keep]), anthropic_model)
     assert ran == ["found two"]  # the function call ran once; the hosted one not at all
     hosted, noted = result.state.messages[1].tool_calls
     assert (hosted.executor, hosted.status, noted.status) == ("provider", "completed", "completed")
