@@ -406,3 +406,21 @@ def test_two_hosted_tools_of_one_kind_cannot_go_to_anthropic():
     )
     with pytest.raises(HostedToolError, match="both hosted web_search tools"):
         anthropic_request(request, ToolNames([]))
+
+
+async def test_a_non_streamed_answer_makes_the_same_hosted_part(fake: FakeProviders, retry):
+    from fake_providers import anthropic_message
+
+    from handrail.models.anthropic import AnthropicModel
+
+    fake.script(
+        anthropic_message([whole(SEARCH), whole(RESULTS), text("Two.")[0] | {"text": "Two."}])
+    )
+    async with AnthropicModel(
+        "claude-sonnet-4-6", api_key="k", base_url=fake.url, retry=retry, stream=False
+    ) as model:
+        _, result = await turn(Agent("a", tools=[web_search()]), model)
+    (part,) = result.state.messages[-1].tool_calls
+    assert part.result == ToolResult(data=SEARCHED, summary="searched the web: 2 sources")
+    assert part.provider_blocks == [whole(SEARCH), whole(RESULTS)]
+    assert result.output == "Two."
