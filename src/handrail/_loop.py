@@ -375,7 +375,15 @@ async def _agent_loop(
             history.append(message)
             calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
             taken = state.call_ids
+            settled: set[str] = set()
             for part in calls:
+                if part.executor == "provider" and part.id in taken:
+                    earlier = _unsettled_hosted(history, message, part.id)
+                    if earlier is not None:  # its result came in this response: same call
+                        earlier.status, earlier.result = part.status, part.result
+                        earlier.digest = part.digest
+                        settled.add(part.id)
+                        continue
                 if not part.id or part.id in taken:
                     part.id = ids("call")
                 taken.add(part.id)
@@ -384,7 +392,7 @@ async def _agent_loop(
             hosted = [p for p in calls if p.executor == "provider"]
             if hosted:
                 calls = [p for p in calls if p.executor != "provider"]
-                for event in dispatcher.hosted(hosted):
+                for event in dispatcher.hosted(hosted, settled):
                     yield event
             if finish == "pause" and not calls:
                 # The provider paused a long turn of its hosted tools: send the conversation
@@ -503,6 +511,24 @@ def _refusal(response: ModelResponse, tool_choice: str) -> str | None:
         )
     if tool_choice == "none":
         return _NO_TOOLS
+    return None
+
+
+def _unsettled_hosted(
+    history: list[Message], current: Message, call_id: str
+) -> ToolCallPart | None:
+    """The earlier part of hosted call `call_id` if its result had not come yet.
+
+    Anthropic runs a server tool called beside a client tool only once the client tool's
+    result is sent: the result then comes in the next response.
+    """
+    for message in reversed(history):
+        if message is current:
+            continue
+        for part in message.tool_calls:
+            if part.id == call_id:
+                unsettled = part.executor == "provider" and part.result is None
+                return part if unsettled else None
     return None
 
 

@@ -20,6 +20,7 @@ from fake_providers import (
 from handrail import (
     Agent,
     Engine,
+    RunState,
     Runtime,
     ToolCallCompleted,
     ToolCallStarted,
@@ -410,7 +411,6 @@ def test_two_hosted_tools_of_one_kind_cannot_go_to_anthropic():
 
 async def test_a_non_streamed_answer_makes_the_same_hosted_part(fake: FakeProviders, retry):
     from fake_providers import anthropic_message
-
     from handrail.models.anthropic import AnthropicModel
 
     fake.script(
@@ -424,3 +424,58 @@ async def test_a_non_streamed_answer_makes_the_same_hosted_part(fake: FakeProvid
     assert part.result == ToolResult(data=SEARCHED, summary="searched the web: 2 sources")
     assert part.provider_blocks == [whole(SEARCH), whole(RESULTS)]
     assert result.output == "Two."
+
+
+async def test_a_hosted_result_that_comes_after_the_function_result_settles_its_call(
+    fake: FakeProviders, anthropic_model
+):
+    ran: list[str] = []
+
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        ran.append(order)
+        return "shipped"
+
+    function_call = (
+        {"type": "tool_use", "id": "toolu_01", "name": "lookup", "input": {}},
+        [{"type": "input_json_delta", "partial_json": '{"order": "A1"}'}],
+    )
+    # Anthropic runs the search only once the client tool's result is sent back.
+    fake.script(
+        anthropic_stream([SEARCH, function_call], stop_reason="tool_use"),
+        anthropic_stream([RESULTS, text("A1 shipped; two sources agree.")]),
+        anthropic_stream([text("Bye.")]),
+    )
+    agent = Agent("a", tools=[web_search(), lookup])
+    state = RunState()
+    runtime = Runtime(model=anthropic_model, ids=sequential_ids())
+    events = [e async for e in agent.run_stream("Where is A1?", state=state, runtime=runtime)]
+    assert ran == ["A1"]
+    second = fake.requests[1].body["messages"]
+    assert second[1]["content"] == [
+        whole(SEARCH),
+        {"type": "tool_use", "id": "toolu_01", "name": "lookup", "input": {"order": "A1"}},
+    ]
+    assert second[2]["content"][0]["tool_use_id"] == "toolu_01"
+
+    first, later = state.messages[1].tool_calls[0], state.messages[2].tool_calls[0]
+    assert (first.id, later.id) == ("srvtoolu_01", "srvtoolu_01")  # one call, in two responses
+    for part in (first, later):
+        assert (part.status, part.args) == ("completed", {"query": "handrail python"})
+        assert part.result == ToolResult(data=SEARCHED, summary="searched the web: 2 sources")
+    assert (first.provider_blocks, later.provider_blocks) == ([whole(SEARCH)], [whole(RESULTS)])
+    hosted = [
+        e.type
+        for e in events
+        if isinstance(e, ToolCallStarted | ToolCallCompleted) and e.tool_call_id == "srvtoolu_01"
+    ]
+    assert hosted == ["tool-call-started", "tool-call-completed"]
+
+    [e async for e in agent.run_stream("Thanks", state=state, runtime=runtime)]
+    third = fake.requests[2].body["messages"]
+    assert [m["role"] for m in third] == ["user", "assistant", "user", "assistant", "user"]
+    assert third[3]["content"] == [
+        whole(RESULTS),
+        {"type": "text", "text": "A1 shipped; two sources agree."},
+    ]

@@ -234,14 +234,23 @@ SERVER_BLOCKS = frozenset({"server_tool_use", *_RESULT_KINDS})
 def hosted_parts(
     items: Sequence[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]],
     hosted_tools: Sequence[HostedTool],
+    history: Sequence[Message] = (),
 ) -> list[TextPart | ReasoningPart | ToolCallPart]:
     """A response's parts, its raw server-tool blocks (dicts) made into hosted-call parts.
 
     A `server_tool_use` and the result block that names it (`tool_use_id`) become ONE part, in
     the call's place, holding both blocks as received; a call whose result is not in this
     response (Anthropic runs it after a client tool's result) is a part with no result yet;
-    a result whose call was in an earlier response is a part of its own.
+    a result whose call was in an earlier response (found in `history`) is a part of its own
+    with that call's id, name and input, holding the result block (the loop settles the
+    earlier part with it).
     """
+    earlier = {
+        p.id: p
+        for m in history
+        for p in m.tool_calls
+        if p.executor == "provider" and p.provider == PROVIDER
+    }
     names = {h.kind: h.name for h in hosted_tools}
     calls: dict[str, dict[str, Any]] = {}
     results: dict[str, dict[str, Any]] = {}
@@ -266,7 +275,10 @@ def hosted_parts(
             if call_id in calls:
                 continue  # with its call
             kind = _RESULT_KINDS[str(item.get("type"))]
-            out.append(_hosted_part(names.get(kind, kind), kind, call_id, None, item))
+            before = earlier.get(call_id)
+            call = before.provider_blocks[0] if before and before.provider_blocks else None
+            name = before.name if before is not None else names.get(kind, kind)
+            out.append(_hosted_part(name, kind, call_id, call, item, carried=call is not None))
     return out
 
 
@@ -276,9 +288,12 @@ def _hosted_part(
     call_id: str,
     call: dict[str, Any] | None,
     result: dict[str, Any] | None,
+    *,
+    carried: bool = False,
 ) -> ToolCallPart:
+    """One hosted call's part; `carried`: `call` is an earlier response's (not kept here)."""
     args: dict[str, Any] = dict(call.get("input") or {}) if call is not None else {}
-    blocks = [b for b in (call, result) if b is not None]
+    blocks = [b for b in (None if carried else call, result) if b is not None]
     if result is None:
         return ToolCallPart(
             id=call_id,

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import pydantic_core
 
 from ..exceptions import ConfigError, ModelError
-from ..messages import ReasoningPart, TextPart, ToolCallPart
+from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import HostedTool
 from . import (
     FinishReason,
@@ -169,7 +169,7 @@ class AnthropicModel(SDKModel):
         body.setdefault("max_tokens", self.max_tokens)
         body.update(self.settings)
         output = _Output(body, request.output_schema)
-        hosted = list(request.hosted_tools)
+        hosted = _Hosted(request.hosted_tools, request.messages)
         attempt = self._stream if self.streaming else self._complete
         return self.retry.stream(
             self.provider, lambda: attempt(body, names, output, hosted), self._describe
@@ -185,7 +185,7 @@ class AnthropicModel(SDKModel):
         )
 
     async def _stream(
-        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: list[HostedTool]
+        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: _Hosted
     ) -> AsyncGenerator[ModelChunk, None]:
         stream = await self.client.messages.create(model=self.model_name, stream=True, **body)
         blocks: dict[int, _Block] = {}
@@ -294,7 +294,7 @@ class AnthropicModel(SDKModel):
             elif block.kind == "call":
                 parts.append(ToolCallPart(id=block.id, name=block.name, raw_args=block.text))
         yield ModelResponse(
-            parts=hosted_parts(parts, hosted),
+            parts=hosted_parts(parts, hosted.tools, hosted.history),
             usage=usage,
             stop_reason=stop,
             finish_reason=finish_reason(stop),
@@ -302,7 +302,7 @@ class AnthropicModel(SDKModel):
         )
 
     async def _complete(
-        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: list[HostedTool]
+        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: _Hosted
     ) -> AsyncGenerator[ModelChunk, None]:
         try:
             message = cast(
@@ -351,7 +351,7 @@ class AnthropicModel(SDKModel):
             else:  # a hosted call or its result: kept as received
                 parts.append(_server_block(content))
         yield ModelResponse(
-            parts=hosted_parts(parts, hosted),
+            parts=hosted_parts(parts, hosted.tools, hosted.history),
             usage=usage,
             stop_reason=message.stop_reason,
             finish_reason=finish_reason(message.stop_reason),
@@ -459,6 +459,16 @@ class _Block:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+
+class _Hosted:
+    """A request's hosted tools, and its history (where a late result's call is)."""
+
+    __slots__ = ("history", "tools")
+
+    def __init__(self, tools: Sequence[HostedTool], history: Sequence[Message]) -> None:
+        self.tools = list(tools)
+        self.history = history
 
 
 class _Output:

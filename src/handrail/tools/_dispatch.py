@@ -197,24 +197,26 @@ class Dispatcher:
         async for event in self._execute_ready(again, message, cards, checkpoint=False):
             yield event
 
-    def hosted(self, calls: list[ToolCallPart]) -> list[Event]:
+    def hosted(self, calls: list[ToolCallPart], started: set[str] | None = None) -> list[Event]:
         """The events of calls the model provider ran, which arrived with their results.
 
         They are not run here and their results are kept as the provider gave them; a
         successful one is captured into the context store (`tool:web_search`) like any
-        other call. A call whose result has not arrived yet only starts.
+        other call. A call whose result has not arrived yet only starts; one whose id is in
+        `started` (it started in an earlier response) only completes.
         """
         events: list[Event] = []
         for part in calls:
-            events.append(
-                ToolCallStarted(
-                    agent=self.agent,
-                    tool_call_id=part.id,
-                    name=part.name,
-                    args=part.args,
-                    executor="provider",
+            if started is None or part.id not in started:
+                events.append(
+                    ToolCallStarted(
+                        agent=self.agent,
+                        tool_call_id=part.id,
+                        name=part.name,
+                        args=part.args,
+                        executor="provider",
+                    )
                 )
-            )
             result = part.result
             if result is None:
                 continue
