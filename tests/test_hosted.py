@@ -202,3 +202,10 @@ def test_another_providers_hosted_call_reads_as_a_note_in_chat_completions():
             {"type": "text", "text": "Two sources."},
         ],
     }
+
+
+async def test_a_hosted_call_counts_toward_min_tool_calls():
+    model = ScriptedModel([[searched(), "Found it."]])
+    events, _ = await run(Agent("a", tools=[web_search()], min_tool_calls=1), model)
+    assert len(model.calls) == 1  # no nudge: the search was the call the agent owed
+    assert (events[-1].type, events[-1].output) == ("run-completed", "Found it.")

@@ -392,6 +392,7 @@ async def _agent_loop(
             hosted = [p for p in calls if p.executor == "provider"]
             if hosted:
                 calls = [p for p in calls if p.executor != "provider"]
+                progress.calls_made += len(hosted) - len(settled)  # for `min_tool_calls`
                 for event in dispatcher.hosted(hosted, settled):
                     yield event
             if finish == "pause" and not calls:
