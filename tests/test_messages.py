@@ -45,7 +45,12 @@ tool_results = st.builds(
     markdown=optional_texts,
     error=optional_texts,
 )
-text_parts = st.builds(TextPart, text=texts, synthetic=st.booleans())
+text_parts = st.builds(
+    TextPart,
+    text=texts,
+    synthetic=st.booleans(),
+    citations=st.none() | st.lists(json_objects, max_size=2),
+)
 reasoning_parts = st.builds(
     ReasoningPart, text=texts, signature=optional_texts, provider=optional_texts
 )
@@ -140,7 +145,12 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
             "role": "assistant",
             "agent": "support",
             "parts": [
-                {"type": "text", "text": "Looking it up.", "synthetic": False},
+                {
+                    "type": "text",
+                    "text": "Looking it up.",
+                    "synthetic": False,
+                    "citations": None,
+                },
                 {
                     "type": "tool-call",
                     "id": "call_1",

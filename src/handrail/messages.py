@@ -60,6 +60,10 @@ class TextPart:
     """The text."""
     synthetic: bool = False
     """Written by the engine, not by a person or the model (e.g. the `min_tool_calls` nudge)."""
+    citations: list[dict[str, Any]] | None = None
+    """The provider's citations of this text, as received (Anthropic's
+    `web_search_result_location` has `url`, `title` and `cited_text`), for a UI to show the
+    sources; the text is sent back without them."""
     type: Literal["text"] = "text"
 
 

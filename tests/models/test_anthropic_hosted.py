@@ -22,6 +22,7 @@ from handrail import (
     Engine,
     RunState,
     Runtime,
+    TextPart,
     ToolCallCompleted,
     ToolCallStarted,
     ToolResult,
@@ -479,3 +480,37 @@ async def test_a_hosted_result_that_comes_after_the_function_result_settles_its_
         whole(RESULTS),
         {"type": "text", "text": "A1 shipped; two sources agree."},
     ]
+
+
+async def test_a_cited_text_keeps_its_citations_and_is_sent_back_as_text(
+    fake: FakeProviders, anthropic_model
+):
+    citation = {
+        "type": "web_search_result_location",
+        "url": "https://example.com/a",
+        "title": "A <guide>",
+        "encrypted_index": "Eo8BCioIAhgB",
+        "cited_text": "handrail is a Python engine",
+    }
+    cited = (
+        {"type": "text", "text": "", "citations": []},
+        [
+            {"type": "citations_delta", "citation": citation},
+            {"type": "text_delta", "text": "It is a Python engine."},
+        ],
+    )
+    fake.script(
+        anthropic_stream([SEARCH, RESULTS, cited]),
+        anthropic_stream([text("Bye.")]),
+    )
+    agent = Agent("a", tools=[web_search()])
+    state = RunState()
+    runtime = Runtime(model=anthropic_model, ids=sequential_ids())
+    [e async for e in agent.run_stream("What is it?", state=state, runtime=runtime)]
+    answer = state.messages[1].parts[-1]
+    assert answer == TextPart(text="It is a Python engine.", citations=[citation])
+    [e async for e in agent.run_stream("Thanks", state=state, runtime=runtime)]
+    assert fake.requests[1].body["messages"][1]["content"][-1] == {
+        "type": "text",
+        "text": "It is a Python engine.",
+    }

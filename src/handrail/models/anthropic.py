@@ -59,6 +59,7 @@ from .retry import Failure, RetryPolicy
 try:
     import anthropic
     from anthropic.types import (
+        CitationsDelta,
         InputJSONDelta,
         RawContentBlockDeltaEvent,
         RawContentBlockStartEvent,
@@ -220,6 +221,8 @@ class AnthropicModel(SDKModel):
                             yield ReasoningChunk(text=delta.thinking)
                         elif isinstance(delta, SignatureDelta):
                             block.signature = (block.signature or "") + delta.signature
+                        elif isinstance(delta, CitationsDelta):
+                            block.citations.append(delta.citation.to_dict(mode="json"))
                     elif isinstance(event, RawContentBlockStartEvent):
                         if event.index in blocks:
                             raise _stream_error(
@@ -229,6 +232,7 @@ class AnthropicModel(SDKModel):
                         content = event.content_block
                         if isinstance(content, TextBlock):
                             block = blocks[event.index] = _Block("text")
+                            block.citations.extend(_citations(content))
                             if content.text:
                                 block.pieces.append(content.text)
                                 yield TextChunk(text=content.text)
@@ -279,7 +283,7 @@ class AnthropicModel(SDKModel):
             if block.kind == "server":
                 parts.append(_server_input(block, index))
             elif block.kind == "text":
-                parts.append(TextPart(text=block.text))
+                parts.append(TextPart(text=block.text, citations=block.citations or None))
             elif block.kind in ("thinking", "redacted"):
                 parts.append(
                     ReasoningPart(
@@ -320,7 +324,7 @@ class AnthropicModel(SDKModel):
         calls = 0
         for content in message.content:
             if isinstance(content, TextBlock):
-                parts.append(TextPart(text=content.text))
+                parts.append(TextPart(text=content.text, citations=_citations(content) or None))
                 yield TextChunk(text=content.text)
             elif isinstance(content, ThinkingBlock):
                 parts.append(
@@ -364,9 +368,15 @@ _DELTAS: dict[type[Any], tuple[str, ...]] = {
     InputJSONDelta: ("call", "output", "server"),
     ThinkingDelta: ("thinking",),
     SignatureDelta: ("thinking",),
+    CitationsDelta: ("text",),
 }
 """Which blocks each kind of delta may extend (a hosted call's input streams as JSON; its
 result block comes whole; a delta type not listed, such as `citations_delta`, is ignored)."""
+
+
+def _citations(block: TextBlock) -> list[dict[str, Any]]:
+    """A text block's citations, as received."""
+    return [c.to_dict(mode="json") for c in block.citations or []]
 
 
 def _server_block(content: Any) -> dict[str, Any]:
@@ -436,7 +446,7 @@ def _check_delta(block: _Block, delta: Any, index: int) -> None:
 class _Block:
     """A content block being streamed."""
 
-    __slots__ = ("call", "id", "kind", "name", "pieces", "raw", "signature")
+    __slots__ = ("call", "citations", "id", "kind", "name", "pieces", "raw", "signature")
 
     def __init__(
         self,
@@ -449,6 +459,7 @@ class _Block:
         raw: dict[str, Any] | None = None,
     ) -> None:
         self.raw = raw
+        self.citations: list[dict[str, Any]] = []
         self.kind = kind
         self.signature = signature
         self.id = id
