@@ -267,7 +267,7 @@ async def _agent_loop(
         if progress.message_id:  # the turn goes on: settle the calls it left first
             progress.status = "running"
             message = next(m for m in reversed(history) if m.id == progress.message_id)
-            calls = message.tool_calls
+            calls = [p for p in message.tool_calls if p.executor != "provider"]
             async for event in dispatcher.resume(message, cards):
                 yield event
         while True:

@@ -17,6 +17,11 @@ A structured answer arrives as the input of a forced tool and leaves as a text p
 streamed as text. How messages are converted is `_anthropic_format`; retries are
 `RetryPolicy`'s alone (the SDK's own are off).
 
+Hosted tools (`web_search()`, `code_execution()`, `web_fetch()`) are declared in Anthropic's
+form; a `server_tool_use` block and its result block become one provider part holding both
+blocks as received, replayed unchanged (`_anthropic_format`); `pause_turn` is
+`finish_reason="pause"`; a content block handrail does not know refuses the response.
+
 A streamed answer is whole once `message_stop` came: a stream that ends without it, cleanly or
 cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early).
 """
@@ -371,7 +376,7 @@ _DELTAS: dict[type[Any], tuple[str, ...]] = {
     CitationsDelta: ("text",),
 }
 """Which blocks each kind of delta may extend (a hosted call's input streams as JSON; its
-result block comes whole; a delta type not listed, such as `citations_delta`, is ignored)."""
+result block comes whole; a delta type not listed is ignored)."""
 
 
 def _citations(block: TextBlock) -> list[dict[str, Any]]:
