@@ -209,3 +209,34 @@ async def test_a_hosted_call_counts_toward_min_tool_calls():
     events, _ = await run(Agent("a", tools=[web_search()], min_tool_calls=1), model)
     assert len(model.calls) == 1  # no nudge: the search was the call the agent owed
     assert (events[-1].type, events[-1].output) == ("run-completed", "Found it.")
+
+
+async def test_a_turn_suspended_beside_a_hosted_call_resumes_without_touching_it():
+    from handrail import Approve, Engine, MemoryStore
+
+    sent: list[str] = []
+
+    @tool(permission="write")
+    def send(to: str) -> str:
+        """Send a reply."""
+        sent.append(to)
+        return "sent"
+
+    model = ScriptedModel([[searched(id="srvtoolu_1"), call("send", to="ana")], "Sent it."])
+    engine = Engine(
+        Agent("a", tools=[web_search(), send]),
+        store=MemoryStore(),
+        runtime=Runtime(model=model, ids=sequential_ids()),
+    )
+    first = [e async for e in engine.submit("s1", "Find and send")]
+    assert first[-1].type == "run-suspended"
+    (pending,) = (await engine.session("s1")).pending
+    await engine.resolve("s1", pending, Approve())
+    second = [e async for e in engine.resume("s1")]
+    assert second[-1].type == "run-completed"
+    model.assert_complete()
+    assert sent == ["ana"]
+    hosted = (await engine.session("s1")).messages[1].tool_calls[0]
+    assert (hosted.id, hosted.status) == ("srvtoolu_1", "completed")
+    assert hosted.result == ToolResult(data=SEARCH, summary="searched the web: 2 sources")
+    assert not [e for e in second if getattr(e, "tool_call_id", None) == "srvtoolu_1"]
