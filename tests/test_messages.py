@@ -45,7 +45,12 @@ tool_results = st.builds(
     markdown=optional_texts,
     error=optional_texts,
 )
-text_parts = st.builds(TextPart, text=texts, synthetic=st.booleans())
+text_parts = st.builds(
+    TextPart,
+    text=texts,
+    synthetic=st.booleans(),
+    citations=st.none() | st.lists(json_objects, max_size=2),
+)
 reasoning_parts = st.builds(
     ReasoningPart, text=texts, signature=optional_texts, provider=optional_texts
 )
@@ -59,6 +64,8 @@ tool_call_parts = st.builds(
     result=st.none() | tool_results,
     digest=json_values,
     executor=st.sampled_from(get_args(Executor)),
+    provider=optional_texts,
+    provider_blocks=st.none() | st.lists(json_objects, max_size=3),
     reused_from=optional_texts,
     cached=st.booleans(),
     started_at=optional_floats,
@@ -138,7 +145,12 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
             "role": "assistant",
             "agent": "support",
             "parts": [
-                {"type": "text", "text": "Looking it up.", "synthetic": False},
+                {
+                    "type": "text",
+                    "text": "Looking it up.",
+                    "synthetic": False,
+                    "citations": None,
+                },
                 {
                     "type": "tool-call",
                     "id": "call_1",
@@ -156,6 +168,8 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
                     },
                     "digest": {"status": "shipped"},
                     "executor": "server",
+                    "provider": None,
+                    "provider_blocks": None,
                     "reused_from": None,
                     "cached": False,
                     "started_at": None,

@@ -255,7 +255,8 @@ async def _agent_loop(
     turn_cap = runtime.max_turn_iterations
     tool_choice: Literal["auto", "none"] = "auto"
     insist = False  # the model called tools although asked not to: ask again without them
-    pieces: list[Message] = []  # a cut answer being continued (`continue_on_length`)
+    pieces: list[Message] = []  # an answer in pieces: cut (`continue_on_length`) or paused
+    continued = 0  # how many times a cut answer was continued
     partial: list[str] = []
     message_id = ""
     yield AgentStarted(agent=name)
@@ -266,7 +267,7 @@ async def _agent_loop(
         if progress.message_id:  # the turn goes on: settle the calls it left first
             progress.status = "running"
             message = next(m for m in reversed(history) if m.id == progress.message_id)
-            calls = message.tool_calls
+            calls = [p for p in message.tool_calls if p.executor != "provider"]
             async for event in dispatcher.resume(message, cards):
                 yield event
         while True:
@@ -309,6 +310,7 @@ async def _agent_loop(
                 instructions=agent.instructions_for(state),
                 messages=[*shared, *history] if history is not shared else shared,
                 tools=agent.tool_definitions,
+                hosted_tools=agent.hosted_tools,
                 tool_choice=tool_choice,
                 output_schema=agent.output_schema,
             )
@@ -373,10 +375,31 @@ async def _agent_loop(
             history.append(message)
             calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
             taken = state.call_ids
+            settled: set[str] = set()
             for part in calls:
+                if part.executor == "provider" and part.id in taken:
+                    earlier = _unsettled_hosted(history, message, part.id)
+                    if earlier is not None:  # its result came in this response: same call
+                        earlier.status, earlier.result = part.status, part.result
+                        earlier.digest = part.digest
+                        settled.add(part.id)
+                        continue
                 if not part.id or part.id in taken:
                     part.id = ids("call")
                 taken.add(part.id)
+            # The provider ran these already: they are shown, never run, and never a reason
+            # to ask the model again.
+            hosted = [p for p in calls if p.executor == "provider"]
+            if hosted:
+                calls = [p for p in calls if p.executor != "provider"]
+                progress.calls_made += len(hosted) - len(settled)  # for `min_tool_calls`
+                for event in dispatcher.hosted(hosted, settled):
+                    yield event
+            if finish == "pause" and not calls:
+                # The provider paused a long turn of its hosted tools: send the conversation
+                # back as it is (this message included) and the model goes on from there.
+                pieces.append(message)
+                continue
 
             if calls:
                 refusal = _refusal(response, tool_choice)
@@ -402,7 +425,8 @@ async def _agent_loop(
                 continue
             output = message.text
             cut = finish not in _FINISHED
-            if cut and finish == "length" and len(pieces) < agent.continue_on_length:
+            if cut and finish == "length" and continued < agent.continue_on_length:
+                continued += 1
                 pieces.append(message)
                 _say(history, ids, CONTINUE_PROMPT)
                 continue
@@ -488,6 +512,24 @@ def _refusal(response: ModelResponse, tool_choice: str) -> str | None:
         )
     if tool_choice == "none":
         return _NO_TOOLS
+    return None
+
+
+def _unsettled_hosted(
+    history: list[Message], current: Message, call_id: str
+) -> ToolCallPart | None:
+    """The earlier part of hosted call `call_id` if its result had not come yet.
+
+    Anthropic runs a server tool called beside a client tool only once the client tool's
+    result is sent: the result then comes in the next response.
+    """
+    for message in reversed(history):
+        if message is current:
+            continue
+        for part in message.tool_calls:
+            if part.id == call_id:
+                unsettled = part.executor == "provider" and part.result is None
+                return part if unsettled else None
     return None
 
 

@@ -60,6 +60,10 @@ class TextPart:
     """The text."""
     synthetic: bool = False
     """Written by the engine, not by a person or the model (e.g. the `min_tool_calls` nudge)."""
+    citations: list[dict[str, Any]] | None = None
+    """The provider's citations of this text, as received (Anthropic's
+    `web_search_result_location` has `url`, `title` and `cited_text`), for a UI to show the
+    sources; the text is sent back without them."""
     type: Literal["text"] = "text"
 
 
@@ -111,6 +115,14 @@ class ToolCallPart:
     """A small UI projection of the output (the tool's `digest`)."""
     executor: Executor = "server"
     """Who runs the tool."""
+    provider: str | None = None
+    """For a call the model provider ran (`executor="provider"`: a hosted web search, code
+    execution, web fetch): which provider ran it (`"anthropic"`, `"openai-responses"`). Its
+    `provider_blocks` are sent back only to that provider; any other reads a short note."""
+    provider_blocks: list[dict[str, Any]] | None = None
+    """For a call the model provider ran: the provider's own blocks (or items) for the call
+    and its result, as received (JSON), sent back unchanged on the next request to the same
+    provider. `result` and `digest` hold handrail's projection of them."""
     reused_from: str | None = None
     """Set when the result was reused from an identical call earlier this turn (its id)."""
     cached: bool = False

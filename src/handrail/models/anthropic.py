@@ -17,6 +17,11 @@ A structured answer arrives as the input of a forced tool and leaves as a text p
 streamed as text. How messages are converted is `_anthropic_format`; retries are
 `RetryPolicy`'s alone (the SDK's own are off).
 
+Hosted tools (`web_search()`, `code_execution()`, `web_fetch()`) are declared in Anthropic's
+form; a `server_tool_use` block and its result block become one provider part holding both
+blocks as received, replayed unchanged (`_anthropic_format`); `pause_turn` is
+`finish_reason="pause"`; a content block handrail does not know refuses the response.
+
 A streamed answer is whole once `message_stop` came: a stream that ends without it, cleanly or
 cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early).
 """
@@ -25,13 +30,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import pydantic_core
 
 from ..exceptions import ConfigError, ModelError
-from ..messages import ReasoningPart, TextPart, ToolCallPart
+from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
+from ..tools._hosted import HostedTool
 from . import (
     FinishReason,
     ModelChunk,
@@ -42,7 +48,14 @@ from . import (
     ToolCallChunk,
     Usage,
 )
-from ._anthropic_format import PROVIDER, anthropic_request, output_is_wrapped
+from ._anthropic_format import (
+    HOSTED_CALLS,
+    PROVIDER,
+    SERVER_BLOCKS,
+    anthropic_request,
+    hosted_parts,
+    output_is_wrapped,
+)
 from ._openai_format import request_tool_names
 from ._sdk import SDKModel, body_broken, describe_sdk_error, incomplete
 from ._wire import ToolNames
@@ -51,6 +64,7 @@ from .retry import Failure, RetryPolicy
 try:
     import anthropic
     from anthropic.types import (
+        CitationsDelta,
         InputJSONDelta,
         RawContentBlockDeltaEvent,
         RawContentBlockStartEvent,
@@ -77,7 +91,6 @@ __all__ = ["AnthropicModel"]
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 
-Parts = list[TextPart | ReasoningPart | ToolCallPart]
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -86,11 +99,12 @@ _FINISH_REASONS: dict[str, FinishReason] = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
     "refusal": "content_filter",
+    "pause_turn": "pause",
 }
 
 
 def finish_reason(raw: str | None) -> FinishReason:
-    """A Messages API `stop_reason` in handrail's vocabulary (`pause_turn` and unknown: `other`)."""
+    """A Messages API `stop_reason` in handrail's words (`pause_turn`: `pause`; else `other`)."""
     return _FINISH_REASONS.get(raw or "", "other")
 
 
@@ -161,9 +175,10 @@ class AnthropicModel(SDKModel):
         body.setdefault("max_tokens", self.max_tokens)
         body.update(self.settings)
         output = _Output(body, request.output_schema)
+        hosted = _Hosted(request.hosted_tools, request.messages)
         attempt = self._stream if self.streaming else self._complete
         return self.retry.stream(
-            self.provider, lambda: attempt(body, names, output), self._describe
+            self.provider, lambda: attempt(body, names, output, hosted), self._describe
         )
 
     def _describe(self, exc: Exception) -> Failure | None:
@@ -176,7 +191,7 @@ class AnthropicModel(SDKModel):
         )
 
     async def _stream(
-        self, body: dict[str, Any], names: ToolNames, output: _Output
+        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: _Hosted
     ) -> AsyncGenerator[ModelChunk, None]:
         stream = await self.client.messages.create(model=self.model_name, stream=True, **body)
         blocks: dict[int, _Block] = {}
@@ -193,7 +208,9 @@ class AnthropicModel(SDKModel):
                         block = _open_block(blocks, event.index)
                         delta = event.delta
                         _check_delta(block, delta, event.index)
-                        if block.kind == "other":  # a server tool's: neither text nor a call
+                        if block.kind == "server":  # a hosted call's input: not handrail's call
+                            if isinstance(delta, InputJSONDelta):
+                                block.pieces.append(delta.partial_json)
                             continue
                         if isinstance(delta, TextDelta):
                             block.pieces.append(delta.text)
@@ -209,6 +226,8 @@ class AnthropicModel(SDKModel):
                             yield ReasoningChunk(text=delta.thinking)
                         elif isinstance(delta, SignatureDelta):
                             block.signature = (block.signature or "") + delta.signature
+                        elif isinstance(delta, CitationsDelta):
+                            block.citations.append(delta.citation.to_dict(mode="json"))
                     elif isinstance(event, RawContentBlockStartEvent):
                         if event.index in blocks:
                             raise _stream_error(
@@ -218,6 +237,7 @@ class AnthropicModel(SDKModel):
                         content = event.content_block
                         if isinstance(content, TextBlock):
                             block = blocks[event.index] = _Block("text")
+                            block.citations.extend(_citations(content))
                             if content.text:
                                 block.pieces.append(content.text)
                                 yield TextChunk(text=content.text)
@@ -239,8 +259,8 @@ class AnthropicModel(SDKModel):
                             )
                             yield ToolCallChunk(index=calls, id=content.id, name=name)
                             calls += 1
-                        else:  # a server tool's block: not handrail's to run or replay
-                            blocks[event.index] = _Block("other")
+                        else:  # a hosted call or its result: kept as received
+                            blocks[event.index] = _Block("server", raw=_server_block(content))
                     elif isinstance(event, RawContentBlockStopEvent):
                         block = _open_block(blocks, event.index)
                         if block.kind == "output" and output.wrapped:
@@ -263,10 +283,12 @@ class AnthropicModel(SDKModel):
         if not stopped:
             # The SDK ends quietly on a body that ends early.
             raise incomplete(PROVIDER, "message_stop", "the body ended with no error")
-        parts: Parts = []
-        for _, block in sorted(blocks.items()):
-            if block.kind == "text":
-                parts.append(TextPart(text=block.text))
+        parts: list[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]] = []
+        for index, block in sorted(blocks.items()):
+            if block.kind == "server":
+                parts.append(_server_input(block, index))
+            elif block.kind == "text":
+                parts.append(TextPart(text=block.text, citations=block.citations or None))
             elif block.kind in ("thinking", "redacted"):
                 parts.append(
                     ReasoningPart(
@@ -281,7 +303,7 @@ class AnthropicModel(SDKModel):
             elif block.kind == "call":
                 parts.append(ToolCallPart(id=block.id, name=block.name, raw_args=block.text))
         yield ModelResponse(
-            parts=parts,
+            parts=hosted_parts(parts, hosted.tools, hosted.history),
             usage=usage,
             stop_reason=stop,
             finish_reason=finish_reason(stop),
@@ -289,7 +311,7 @@ class AnthropicModel(SDKModel):
         )
 
     async def _complete(
-        self, body: dict[str, Any], names: ToolNames, output: _Output
+        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: _Hosted
     ) -> AsyncGenerator[ModelChunk, None]:
         try:
             message = cast(
@@ -303,11 +325,11 @@ class AnthropicModel(SDKModel):
             raise incomplete(PROVIDER, "complete JSON body", str(why)) from exc
         usage = Usage(requests=1)
         _count(usage, message.usage)
-        parts: Parts = []
+        parts: list[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]] = []
         calls = 0
         for content in message.content:
             if isinstance(content, TextBlock):
-                parts.append(TextPart(text=content.text))
+                parts.append(TextPart(text=content.text, citations=_citations(content) or None))
                 yield TextChunk(text=content.text)
             elif isinstance(content, ThinkingBlock):
                 parts.append(
@@ -335,8 +357,10 @@ class AnthropicModel(SDKModel):
                 parts.append(ToolCallPart(id=content.id, name=name, raw_args=raw))
                 yield ToolCallChunk(index=calls, id=content.id, name=name, args_delta=raw)
                 calls += 1
+            else:  # a hosted call or its result: kept as received
+                parts.append(_server_block(content))
         yield ModelResponse(
-            parts=parts,
+            parts=hosted_parts(parts, hosted.tools, hosted.history),
             usage=usage,
             stop_reason=message.stop_reason,
             finish_reason=finish_reason(message.stop_reason),
@@ -345,13 +369,59 @@ class AnthropicModel(SDKModel):
 
 
 _DELTAS: dict[type[Any], tuple[str, ...]] = {
-    TextDelta: ("text", "other"),
-    InputJSONDelta: ("call", "output", "other"),
-    ThinkingDelta: ("thinking", "other"),
-    SignatureDelta: ("thinking", "other"),
+    TextDelta: ("text",),
+    InputJSONDelta: ("call", "output", "server"),
+    ThinkingDelta: ("thinking",),
+    SignatureDelta: ("thinking",),
+    CitationsDelta: ("text",),
 }
-"""Which blocks each kind of delta may extend (a server tool's block, `other`, takes any: it is
-not handrail's to read; a delta type not listed is ignored)."""
+"""Which blocks each kind of delta may extend (a hosted call's input streams as JSON; its
+result block comes whole; a delta type not listed is ignored)."""
+
+
+def _citations(block: TextBlock) -> list[dict[str, Any]]:
+    """A text block's citations, as received."""
+    return [c.to_dict(mode="json") for c in block.citations or []]
+
+
+def _server_block(content: Any) -> dict[str, Any]:
+    """A hosted call's block (or its result's) as received, or a refusal of an unknown block.
+
+    An unknown block is never dropped (the next request would lose it) nor acted on: the
+    response is refused, naming the block.
+    """
+    kind = getattr(content, "type", None)
+    known = kind in SERVER_BLOCKS and (
+        kind != "server_tool_use" or getattr(content, "name", None) in HOSTED_CALLS
+    )
+    if not known:
+        what = f"{kind!r}" + (
+            f" (a server tool named {getattr(content, 'name', None)!r})"
+            if kind == "server_tool_use"
+            else ""
+        )
+        raise ModelError(
+            f"{PROVIDER}: the response has a content block of type {what}, which handrail "
+            f"cannot read or send back; the response was refused rather than dropped in part. "
+            f"Remove the tool that produces it, or upgrade handrail."
+        )
+    raw: dict[str, Any] = content.to_dict(mode="json")
+    return raw
+
+
+def _server_input(block: _Block, index: int) -> dict[str, Any]:
+    """A streamed hosted block, its input made whole from the pieces it came in."""
+    raw = block.raw
+    assert raw is not None
+    if raw.get("type") != "server_tool_use" or not block.pieces:
+        return raw
+    try:
+        value = json.loads(block.text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise _stream_error(f"the input of server tool call {index} is not a JSON object")
+    return {**raw, "input": value}
 
 
 def _stream_error(what: str) -> ModelError:
@@ -381,17 +451,20 @@ def _check_delta(block: _Block, delta: Any, index: int) -> None:
 class _Block:
     """A content block being streamed."""
 
-    __slots__ = ("call", "id", "kind", "name", "pieces", "signature")
+    __slots__ = ("call", "citations", "id", "kind", "name", "pieces", "raw", "signature")
 
     def __init__(
         self,
-        kind: Literal["text", "thinking", "redacted", "call", "output", "other"],
+        kind: Literal["text", "thinking", "redacted", "call", "output", "server"],
         signature: str | None = None,
         *,
         id: str = "",
         name: str = "",
         call: int = 0,
+        raw: dict[str, Any] | None = None,
     ) -> None:
+        self.raw = raw
+        self.citations: list[dict[str, Any]] = []
         self.kind = kind
         self.signature = signature
         self.id = id
@@ -402,6 +475,16 @@ class _Block:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+
+class _Hosted:
+    """A request's hosted tools, and its history (where a late result's call is)."""
+
+    __slots__ = ("history", "tools")
+
+    def __init__(self, tools: Sequence[HostedTool], history: Sequence[Message]) -> None:
+        self.tools = list(tools)
+        self.history = history
 
 
 class _Output:
