@@ -745,3 +745,101 @@ def anthropic_error(
         status=status,
         headers={"request-id": f"req_{status}", **(headers or {})},
     )
+
+
+# -- Anthropic server tools (hosted) ----------------------------------------------------------
+
+
+def anthropic_server_tool_use(
+    id: str, name: str, input: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A `server_tool_use` block as Anthropic streams it: empty input, then JSON in two pieces."""
+    text = json.dumps(input)
+    middle = len(text) // 2
+    return (
+        {"type": "server_tool_use", "id": id, "name": name, "input": {}},
+        [
+            {"type": "input_json_delta", "partial_json": text[:middle]},
+            {"type": "input_json_delta", "partial_json": text[middle:]},
+        ],
+    )
+
+
+def anthropic_web_search_result(
+    tool_use_id: str, sources: Sequence[tuple[str, str]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A `web_search_tool_result` block (it comes whole, with no deltas)."""
+    return (
+        {
+            "type": "web_search_tool_result",
+            "tool_use_id": tool_use_id,
+            "content": [
+                {
+                    "type": "web_search_result",
+                    "url": url,
+                    "title": title,
+                    "encrypted_content": f"EqgfCioIARgB{index}",
+                    "page_age": None if index else "April 30, 2025",
+                }
+                for index, (url, title) in enumerate(sources)
+            ],
+        },
+        [],
+    )
+
+
+def anthropic_web_fetch_result(
+    tool_use_id: str, url: str, title: str, text: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A `web_fetch_tool_result` block with the fetched page as a text document."""
+    return (
+        {
+            "type": "web_fetch_tool_result",
+            "tool_use_id": tool_use_id,
+            "content": {
+                "type": "web_fetch_result",
+                "url": url,
+                "content": {
+                    "type": "document",
+                    "source": {"type": "text", "media_type": "text/plain", "data": text},
+                    "title": title,
+                },
+                "retrieved_at": "2025-08-25T10:30:00Z",
+            },
+        },
+        [],
+    )
+
+
+def anthropic_bash_result(
+    tool_use_id: str, stdout: str, stderr: str = "", return_code: int = 0
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A `bash_code_execution_tool_result` block (code execution 20250825)."""
+    return (
+        {
+            "type": "bash_code_execution_tool_result",
+            "tool_use_id": tool_use_id,
+            "content": {
+                "type": "bash_code_execution_result",
+                "stdout": stdout,
+                "stderr": stderr,
+                "return_code": return_code,
+                "content": [],
+            },
+        },
+        [],
+    )
+
+
+def anthropic_server_tool_error(
+    result_type: str, tool_use_id: str, error_code: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A server tool's result block carrying an error (`web_search_tool_result_error`, ...)."""
+    return (
+        {
+            "type": result_type,
+            "tool_use_id": tool_use_id,
+            "content": {"type": f"{result_type}_error", "error_code": error_code},
+        },
+        [],
+    )

@@ -917,15 +917,16 @@ async def test_arguments_given_as_an_object_skip_parsing():
     assert calls(result.state)[0].result == ToolResult(data=2)
 
 
-async def test_a_provider_executed_call_is_recorded_not_run():
-    @tool(executor="provider")
-    def web_search(query: str) -> None:
-        """Searched by the model provider."""
+async def test_a_provider_tool_called_as_a_function_is_not_run_nor_stamped_as_run():
+    from handrail import web_search
 
-    _, state = await run(Agent("a", tools=[web_search]), [[call("web_search", query="x")], "ok"])
+    _, state = await run(Agent("a", tools=[web_search()]), [[call("web_search", query="x")], "ok"])
     part = calls(state)[0]
-    assert (part.status, part.executor) == ("completed", "provider")
-    assert part.result == ToolResult(summary="ran at the model provider")
+    assert (part.status, part.executor) == ("failed", "provider")
+    assert part.result == ToolResult.failure(
+        "Tool 'web_search' is run by the model provider, not called as a function: this call "
+        "did not run. Use the tool the provider offers under that name."
+    )
 
 
 async def test_identical_side_effecting_calls_in_one_response_are_each_asked_for():

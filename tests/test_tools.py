@@ -11,7 +11,7 @@ import pytest
 from inline_snapshot import snapshot
 from pydantic import BaseModel, ValidationError
 
-from handrail import Tool, ToolContext, ToolDefinitionError, UserError, tool
+from handrail import HostedTool, Tool, ToolContext, ToolDefinitionError, UserError, tool
 
 
 class Refund(BaseModel):
@@ -26,6 +26,11 @@ class Deps(BaseModel):
 def lookup(order_id: str) -> dict[str, str]:
     """Look up an order."""
     return {"order_id": order_id}
+
+
+def elsewhere(executor: str) -> dict[str, Any]:
+    """What a tool run elsewhere needs besides its executor (a provider's: what it runs)."""
+    return {"hosted": HostedTool(kind="web_search")} if executor == "provider" else {}
 
 
 def definition_error(**options: Any) -> str:
@@ -438,7 +443,9 @@ def test_a_destructive_tool_cannot_be_auto_approved():
 
 @pytest.mark.parametrize("executor", ["human", "provider"])
 def test_a_human_or_provider_tool_cannot_be_gated(executor: str):
-    assert definition_error(name="orders.refund", executor=executor, approval="required") == (
+    assert definition_error(
+        name="orders.refund", executor=executor, approval="required", **elsewhere(executor)
+    ) == (
         f"Tool 'orders.refund' is gated (approval='required') but its executor is "
         f"{executor!r}: a {executor}-executed tool cannot also need approval. Drop approval= "
         f"or use executor='server'."
@@ -448,9 +455,9 @@ def test_a_human_or_provider_tool_cannot_be_gated(executor: str):
 @pytest.mark.parametrize("executor", ["human", "provider"])
 @pytest.mark.parametrize("permission", ["read", "draft", "write", "destructive"])
 def test_a_human_or_provider_tool_is_never_gated(executor: Any, permission: Any):
-    defined = Tool(lookup, executor=executor, permission=permission)
+    defined = Tool(lookup, executor=executor, permission=permission, **elsewhere(executor))
     assert (defined.approval, defined.gated) == ("auto", False)
-    assert Tool(lookup, executor=executor, approval="auto").gated is False
+    assert Tool(lookup, executor=executor, approval="auto", **elsewhere(executor)).gated is False
 
 
 # -- amendable --------------------------------------------------------------------------------
@@ -588,7 +595,9 @@ def test_a_server_tool_needs_a_function():
 
 @pytest.mark.parametrize("executor", ["human", "client", "provider"])
 def test_a_tool_run_elsewhere_needs_no_function(executor: Any):
-    declared = Tool(name="web.search", executor=executor, description="Search the web.")
+    declared = Tool(
+        name="web.search", executor=executor, description="Search the web.", **elsewhere(executor)
+    )
     assert (declared.executor, declared.kind, declared.param_names) == (executor, "sync", ())
     assert declared.definition.parameters == {
         "additionalProperties": False,
@@ -670,3 +679,58 @@ def test_calling_a_tool_without_a_function_says_so():
 
 def test_a_tool_shows_its_name_permission_and_executor():
     assert repr(refund) == "Tool('orders.refund', permission='write', executor='server')"
+
+
+# -- hosted tools -----------------------------------------------------------------------------
+
+
+def test_a_provider_tool_must_say_what_the_provider_runs():
+    assert definition_error(name="web.search", executor="provider") == (
+        "Tool 'web.search' runs at the model provider (executor='provider') but does not say "
+        "what the provider runs: make it with handrail.tools.web_search(), code_execution() or "
+        "web_fetch()."
+    )
+    assert definition_error(name="lookup", hosted=HostedTool(kind="web_search")) == (
+        "Tool 'lookup': hosted= is for a tool the model provider runs; set executor='provider' "
+        "or drop hosted=."
+    )
+
+
+def test_hosted_tools_are_read_only_provider_tools_declared_apart():
+    from handrail import Agent, code_execution, web_fetch, web_search
+
+    search = web_search(max_uses=3, allowed_domains=["docs.python.org"], name="search")
+    assert (search.name, search.executor, search.permission, search.gated) == (
+        "search",
+        "provider",
+        "read",
+        False,
+    )
+    assert search.hosted == HostedTool(
+        kind="web_search", name="search", max_uses=3, allowed_domains=["docs.python.org"]
+    )
+    agent = Agent("a", tools=[search, code_execution(), web_fetch(citations=True), Tool(lookup)])
+    assert [d.name for d in agent.tool_definitions] == ["lookup"]
+    assert [(h.kind, h.name) for h in agent.hosted_tools] == [
+        ("web_search", "search"),
+        ("code_execution", "code_execution"),
+        ("web_fetch", "web_fetch"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (
+            {"allowed_domains": ["a.com"], "blocked_domains": ["b.com"]},
+            "give allowed_domains= or blocked_domains=, not both",
+        ),
+        ({"max_uses": 0}, "max_uses must be a positive whole number"),
+        ({"allowed_domains": "a.com"}, "allowed_domains is a list of domains; write ['a.com']"),
+    ],
+)
+def test_a_bad_hosted_option_fails_at_definition(options: dict[str, Any], problem: str):
+    from handrail import web_search
+
+    with pytest.raises(ToolDefinitionError, match=problem.replace("[", r"\[")):
+        web_search(**options)

@@ -49,6 +49,7 @@ from .exceptions import (
     DocumentIndexError,
     DocumentLoadError,
     HandrailError,
+    HostedToolError,
     InvalidDecisionError,
     ModelError,
     ModelHTTPError,
@@ -77,7 +78,16 @@ from .runtime import Runtime, build_runtime
 from .state import RouteChoice, RunState
 from .store import MemoryStore, SessionRecord, SessionStore
 from .suspension import DECISION, ActionChoice, Answer, Approve, ClientResult, Decision, Reject
-from .tools import Tool, ToolContext, ToolResult, tool
+from .tools import (
+    HostedTool,
+    Tool,
+    ToolContext,
+    ToolResult,
+    code_execution,
+    tool,
+    web_fetch,
+    web_search,
+)
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -116,6 +126,8 @@ __all__ = [
     "Event",
     "HandrailError",
     "HeadlessResult",
+    "HostedTool",
+    "HostedToolError",
     "InputRequired",
     "Interrupt",
     "InvalidDecisionError",
@@ -168,7 +180,10 @@ __all__ = [
     "__version__",
     "apply",
     "build_runtime",
+    "code_execution",
     "run_agent",
     "temp_id",
     "tool",
+    "web_fetch",
+    "web_search",
 ]

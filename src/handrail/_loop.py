@@ -255,7 +255,8 @@ async def _agent_loop(
     turn_cap = runtime.max_turn_iterations
     tool_choice: Literal["auto", "none"] = "auto"
     insist = False  # the model called tools although asked not to: ask again without them
-    pieces: list[Message] = []  # a cut answer being continued (`continue_on_length`)
+    pieces: list[Message] = []  # an answer in pieces: cut (`continue_on_length`) or paused
+    continued = 0  # how many times a cut answer was continued
     partial: list[str] = []
     message_id = ""
     yield AgentStarted(agent=name)
@@ -309,6 +310,7 @@ async def _agent_loop(
                 instructions=agent.instructions_for(state),
                 messages=[*shared, *history] if history is not shared else shared,
                 tools=agent.tool_definitions,
+                hosted_tools=agent.hosted_tools,
                 tool_choice=tool_choice,
                 output_schema=agent.output_schema,
             )
@@ -377,6 +379,18 @@ async def _agent_loop(
                 if not part.id or part.id in taken:
                     part.id = ids("call")
                 taken.add(part.id)
+            # The provider ran these already: they are shown, never run, and never a reason
+            # to ask the model again.
+            hosted = [p for p in calls if p.executor == "provider"]
+            if hosted:
+                calls = [p for p in calls if p.executor != "provider"]
+                for event in dispatcher.hosted(hosted):
+                    yield event
+            if finish == "pause" and not calls:
+                # The provider paused a long turn of its hosted tools: send the conversation
+                # back as it is (this message included) and the model goes on from there.
+                pieces.append(message)
+                continue
 
             if calls:
                 refusal = _refusal(response, tool_choice)
@@ -402,7 +416,8 @@ async def _agent_loop(
                 continue
             output = message.text
             cut = finish not in _FINISHED
-            if cut and finish == "length" and len(pieces) < agent.continue_on_length:
+            if cut and finish == "length" and continued < agent.continue_on_length:
+                continued += 1
                 pieces.append(message)
                 _say(history, ids, CONTINUE_PROMPT)
                 continue

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 from .exceptions import UserError
 from .models import Model, ToolDefinition
 from .models._infer import as_model
-from .tools import Tool
+from .tools import HostedTool, Tool
 
 if TYPE_CHECKING:
     from ._loop import AgentResult, AgentRun
@@ -98,7 +98,8 @@ class Agent(Generic[OutputT]):
             if t.name in self.tools:
                 raise UserError(f"Agent {name!r}: two tools are named {t.name!r}.")
             self.tools[t.name] = t
-        self.tool_definitions: list[ToolDefinition] = [t.definition for t in self.tools.values()]
+        self.tool_definitions: list[ToolDefinition] = _definitions(self.tools)
+        self.hosted_tools: list[HostedTool] = _hosted(self.tools)
         self.output_type = output_type
         self.output_adapter: TypeAdapter[OutputT] | None = (
             TypeAdapter(output_type) if output_type is not None else None
@@ -120,7 +121,8 @@ class Agent(Generic[OutputT]):
             clone.tools = {}
             for t in tools:
                 clone.tools[t.name] = t
-            clone.tool_definitions = [t.definition for t in clone.tools.values()]
+            clone.tool_definitions = _definitions(clone.tools)
+            clone.hosted_tools = _hosted(clone.tools)
         if output_schema is not None:
             clone.output_schema = output_schema
         if scratch is not None:
@@ -170,3 +172,13 @@ class Agent(Generic[OutputT]):
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, tools={list(self.tools)})"
+
+
+def _definitions(tools: dict[str, Tool[Any]]) -> list[ToolDefinition]:
+    """The function tools the model is told of (hosted ones are declared apart)."""
+    return [t.definition for t in tools.values() if t.hosted is None]
+
+
+def _hosted(tools: dict[str, Tool[Any]]) -> list[HostedTool]:
+    """The tools the model provider runs itself."""
+    return [t.hosted for t in tools.values() if t.hosted is not None]

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import Field, TypeAdapter
 
-from .messages import CardKind
+from .messages import CardKind, Executor
 
 __all__ = [
     "EVENT",
@@ -121,6 +121,9 @@ class ToolCallStarted:
     """The tool's name."""
     args: dict[str, Any] | None
     """The arguments as parsed (None when they did not parse)."""
+    executor: Executor = "server"
+    """Who runs it: `provider` for a call the model provider ran (a hosted web search), which
+    arrives with its result (its `tool-call-completed` follows at once)."""
     type: Literal["tool-call-started"] = "tool-call-started"
 
 
@@ -157,6 +160,8 @@ class ToolCallCompleted:
     """Set when an identical earlier call's result was reused."""
     duration_ms: float | None = None
     """How long dispatch took."""
+    executor: Executor = "server"
+    """Who ran it (`provider`: the model provider, e.g. a hosted web search)."""
     type: Literal["tool-call-completed"] = "tool-call-completed"
 
 

@@ -8,6 +8,7 @@ HandrailError
 │   ├── PathError              a context path that does not parse or does not resolve
 │   │   └── ContextFullError   a session-scoped write that does not fit under the size cap
 │   ├── InvalidDecisionError   a decision that does not fit its pending call (kind, amendment)
+│   ├── HostedToolError        a hosted tool (web search, ...) given to a model that cannot run it
 │   └── SessionNotFoundError   no such session for this caller (another tenant's included)
 ├── RunError                   a run failed; carries what the run had got to
 │   ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
@@ -49,6 +50,7 @@ __all__ = [
     "DocumentIndexError",
     "DocumentLoadError",
     "HandrailError",
+    "HostedToolError",
     "IncompleteResponseError",
     "InvalidDecisionError",
     "MaxIterationsError",
@@ -106,6 +108,14 @@ class InvalidDecisionError(UserError):
 
     For example `approve` on a call that waits for an answer, an amended argument that is not
     amendable, or amended arguments that do not validate. The message names what to change.
+    """
+
+
+class HostedToolError(UserError):
+    """A hosted tool (`web_search()`, ...) was given to a model that cannot run it.
+
+    Raised by the model before any request is sent; the message names the model and a model
+    that can run the tool.
     """
 
 

@@ -115,6 +115,14 @@ class ToolCallPart:
     """A small UI projection of the output (the tool's `digest`)."""
     executor: Executor = "server"
     """Who runs the tool."""
+    provider: str | None = None
+    """For a call the model provider ran (`executor="provider"`: a hosted web search, code
+    execution, web fetch): which provider ran it (`"anthropic"`, `"openai-responses"`). Its
+    `provider_blocks` are sent back only to that provider; any other reads a short note."""
+    provider_blocks: list[dict[str, Any]] | None = None
+    """For a call the model provider ran: the provider's own blocks (or items) for the call
+    and its result, as received (JSON), sent back unchanged on the next request to the same
+    provider. `result` and `digest` hold handrail's projection of them."""
     reused_from: str | None = None
     """Set when the result was reused from an identical call earlier this turn (its id)."""
     cached: bool = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .models.function import FunctionModel, Step, call, call_raw, reasoning
 from .models.scripted import ScriptedModel
 from .runtime import sequential_ids
+from .tools import hosted_call
 
 __all__ = [
     "FunctionModel",
@@ -21,6 +22,7 @@ __all__ = [
     "Step",
     "call",
     "call_raw",
+    "hosted_call",
     "reasoning",
     "sequential_ids",
 ]

@@ -533,7 +533,7 @@ async def test_max_tokens_mid_text_says_length(fake: FakeProviders, anthropic_mo
         ("max_tokens", "length"),
         ("model_context_window_exceeded", "length"),
         ("refusal", "content_filter"),
-        ("pause_turn", "other"),
+        ("pause_turn", "pause"),
         ("something_new", "other"),
     ],
 )
@@ -966,7 +966,7 @@ async def test_a_stream_that_cannot_be_read_without_guessing_is_refused(
         await collect(anthropic_model)
 
 
-async def test_a_server_tools_input_is_neither_text_nor_a_call(
+async def test_a_server_tool_call_without_its_result_is_a_hosted_part_not_a_call(
     fake: FakeProviders, anthropic_model
 ):
     server = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
@@ -982,7 +982,19 @@ async def test_a_server_tools_input_is_neither_text_nor_a_call(
     )
     out = await collect(anthropic_model)
     assert [c.text for c in out if isinstance(c, TextChunk)] == ["Sunny."]
-    assert out[-1].parts == [TextPart(text="Sunny.")]
+    assert not [c for c in out if isinstance(c, ToolCallChunk)]
+    assert out[-1].parts == [
+        ToolCallPart(
+            id="srvtoolu_1",
+            name="web_search",
+            args={"query": "weather"},
+            status="running",  # Anthropic runs it later (its result is not in this response)
+            executor="provider",
+            provider="anthropic",
+            provider_blocks=[{**server, "input": {"query": "weather"}}],
+        ),
+        TextPart(text="Sunny."),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
 from ._infer import as_model, infer
 
 if TYPE_CHECKING:
+    from ..tools._hosted import HostedTool
     from .anthropic import AnthropicModel
     from .openai import OpenAIModel
     from .openai_responses import OpenAIResponsesModel
@@ -97,7 +98,10 @@ class ModelRequest:
     messages: list[Message]
     """The conversation so far (tool results ride inside their call parts)."""
     tools: list[ToolDefinition] = field(default_factory=list)
-    """The tools the model may call."""
+    """The tools the model may call (function tools: handrail runs them)."""
+    hosted_tools: list[HostedTool] = field(default_factory=list)
+    """The tools the model provider runs itself mid-response (`web_search()`, ...). A model
+    that cannot run one raises `HostedToolError` before sending anything."""
     tool_choice: Literal["auto", "none", "required"] = "auto"
     """`none` asks for a final answer without tool calls."""
     output_schema: dict[str, Any] | None = None
@@ -132,11 +136,13 @@ class ToolCallChunk:
     """More of the JSON arguments."""
 
 
-FinishReason: TypeAlias = Literal["stop", "tool_call", "length", "content_filter", "other"]
+FinishReason: TypeAlias = Literal["stop", "tool_call", "length", "content_filter", "pause", "other"]
 """Why a model stopped, whatever the provider: `stop` (it finished its answer), `tool_call`
 (it stopped to have tools called), `length` (cut by the output token limit: OpenAI's `length`,
-Anthropic's `max_tokens`), `content_filter` (cut by the provider's filter or a refusal) and
-`other` (a reason the adapter does not know; treated as unfinished)."""
+Anthropic's `max_tokens`), `content_filter` (cut by the provider's filter or a refusal),
+`pause` (the provider paused a long turn of its own hosted tools, Anthropic's `pause_turn`:
+the loop sends the conversation back as it is, and the model continues) and `other` (a reason
+the adapter does not know; treated as unfinished)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,6 +10,13 @@
   signature: as a `thinking` block with its text and signature (the text is empty when the
   request asked for `display: "omitted"`), or, for a part marked `redacted`, as a
   `redacted_thinking` block whose encrypted `data` the part keeps in `signature`.
+- Hosted tools (`ModelRequest.hosted_tools`) are declared in Anthropic's own form
+  (`web_search_20250305`, `code_execution_20250825`, `web_fetch_20250910`; GA in the Messages
+  API, no beta header). A call Anthropic ran is one `ToolCallPart` (`executor="provider"`)
+  holding Anthropic's raw blocks (`server_tool_use` and its result block) in `provider_blocks`:
+  it is sent back as those blocks, unchanged and in place (no `tool_result`: Anthropic ran it).
+  A hosted call another provider ran (or a test double made) is a short text note in its
+  place (`hosted_note`), as Anthropic cannot read another provider's blocks.
 - Structured output is a tool the model is made to call (`OUTPUT_NAME`); its input is the
   answer, which the adapter turns back into a text part of JSON. A schema that is not an
   object is wrapped in `{"response": ...}`, as tool inputs must be objects.
@@ -17,22 +24,32 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 
+from ..exceptions import HostedToolError
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
+from ..tools._hosted import hosted_call, hosted_note
 from . import ModelRequest, ToolDefinition
 from ._wire import ToolNames, result_text
 
+if TYPE_CHECKING:
+    from ..tools._hosted import HostedKind, HostedTool
+
 __all__ = [
+    "HOSTED_CALLS",
     "OUTPUT_DESCRIPTION",
     "OUTPUT_NAME",
     "PROVIDER",
+    "SERVER_BLOCKS",
+    "anthropic_hosted_tools",
     "anthropic_messages",
     "anthropic_request",
     "anthropic_tools",
+    "hosted_parts",
     "output_is_wrapped",
     "tool_input",
 ]
@@ -97,6 +114,12 @@ def anthropic_messages(
                 if part.text:
                     blocks.append(_text(part.text))
                     said = True
+            elif isinstance(part, ToolCallPart) and part.executor == "provider":
+                if part.provider == PROVIDER and part.provider_blocks:
+                    blocks.extend(copy.deepcopy(part.provider_blocks))
+                else:
+                    blocks.append(_text(hosted_note(part)))
+                said = True
             elif isinstance(part, ToolCallPart):
                 blocks.append(
                     {
@@ -145,6 +168,170 @@ def anthropic_tools(tools: Sequence[ToolDefinition], names: ToolNames) -> list[d
     ]
 
 
+_HOSTED_TYPES: dict[str, str] = {
+    "web_search": "web_search_20250305",
+    "code_execution": "code_execution_20250825",
+    "web_fetch": "web_fetch_20250910",
+}
+"""Each hosted kind as the Messages API declares it (the tool's `type`; its name is the kind)."""
+
+
+def anthropic_hosted_tools(hosted_tools: Sequence[HostedTool]) -> list[dict[str, Any]]:
+    """The Messages API `tools` entries of a request's hosted tools.
+
+    Raises:
+        HostedToolError: two hosted tools of one kind (Anthropic names each by its kind).
+    """
+    out: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for hosted in hosted_tools:
+        if hosted.kind in seen:
+            raise HostedToolError(
+                f"Tools {seen[hosted.kind]!r} and {hosted.name!r} are both hosted "
+                f"{hosted.kind} tools, and Anthropic runs one of each kind in a request; give "
+                f"the agent one."
+            )
+        seen[hosted.kind] = hosted.name
+        entry: dict[str, Any] = {"type": _HOSTED_TYPES[hosted.kind], "name": hosted.kind}
+        if hosted.kind != "code_execution":
+            if hosted.max_uses is not None:
+                entry["max_uses"] = hosted.max_uses
+            if hosted.allowed_domains is not None:
+                entry["allowed_domains"] = list(hosted.allowed_domains)
+            if hosted.blocked_domains is not None:
+                entry["blocked_domains"] = list(hosted.blocked_domains)
+        if hosted.kind == "web_search" and hosted.user_location is not None:
+            entry["user_location"] = {"type": "approximate", **hosted.user_location}
+        if hosted.kind == "web_fetch":
+            if hosted.max_content_tokens is not None:
+                entry["max_content_tokens"] = hosted.max_content_tokens
+            if hosted.citations is not None:
+                entry["citations"] = {"enabled": hosted.citations}
+        out.append(entry)
+    return out
+
+
+_RESULT_KINDS: dict[str, HostedKind] = {
+    "web_search_tool_result": "web_search",
+    "web_fetch_tool_result": "web_fetch",
+    "code_execution_tool_result": "code_execution",
+    "bash_code_execution_tool_result": "code_execution",
+    "text_editor_code_execution_tool_result": "code_execution",
+}
+"""The result blocks of Anthropic's server tools handrail reads, and what each projects to."""
+HOSTED_CALLS: dict[str, HostedKind] = {
+    "web_search": "web_search",
+    "web_fetch": "web_fetch",
+    "code_execution": "code_execution",
+    "bash_code_execution": "code_execution",
+    "text_editor_code_execution": "code_execution",
+}
+"""The names of `server_tool_use` blocks handrail reads, and their kind."""
+SERVER_BLOCKS = frozenset({"server_tool_use", *_RESULT_KINDS})
+"""The content block types of hosted calls (anything else unknown is refused)."""
+
+
+def hosted_parts(
+    items: Sequence[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]],
+    hosted_tools: Sequence[HostedTool],
+) -> list[TextPart | ReasoningPart | ToolCallPart]:
+    """A response's parts, its raw server-tool blocks (dicts) made into hosted-call parts.
+
+    A `server_tool_use` and the result block that names it (`tool_use_id`) become ONE part, in
+    the call's place, holding both blocks as received; a call whose result is not in this
+    response (Anthropic runs it after a client tool's result) is a part with no result yet;
+    a result whose call was in an earlier response is a part of its own.
+    """
+    names = {h.kind: h.name for h in hosted_tools}
+    calls: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {}
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "server_tool_use":
+            calls[str(item.get("id"))] = item
+        elif isinstance(item, dict):
+            results[str(item.get("tool_use_id"))] = item
+    out: list[TextPart | ReasoningPart | ToolCallPart] = []
+    for item in items:
+        if not isinstance(item, dict):
+            out.append(item)
+            continue
+        if item.get("type") == "server_tool_use":
+            call_id = str(item.get("id"))
+            kind = HOSTED_CALLS[str(item.get("name"))]
+            out.append(
+                _hosted_part(names.get(kind, kind), kind, call_id, item, results.get(call_id))
+            )
+        else:
+            call_id = str(item.get("tool_use_id"))
+            if call_id in calls:
+                continue  # with its call
+            kind = _RESULT_KINDS[str(item.get("type"))]
+            out.append(_hosted_part(names.get(kind, kind), kind, call_id, None, item))
+    return out
+
+
+def _hosted_part(
+    name: str,
+    kind: HostedKind,
+    call_id: str,
+    call: dict[str, Any] | None,
+    result: dict[str, Any] | None,
+) -> ToolCallPart:
+    args: dict[str, Any] = dict(call.get("input") or {}) if call is not None else {}
+    blocks = [b for b in (call, result) if b is not None]
+    if result is None:
+        return ToolCallPart(
+            id=call_id,
+            name=name,
+            args=args,
+            status="running",
+            executor="provider",
+            provider=PROVIDER,
+            provider_blocks=blocks,
+        )
+    content = result.get("content")
+    error: str | None = None
+    if isinstance(content, dict) and str(content.get("type", "")).endswith("_error"):
+        error = str(content.get("error_code") or "unknown_error")
+    data: dict[str, Any]
+    if kind == "web_search":
+        query = args.get("query")
+        items = content if isinstance(content, list) else []
+        data = {
+            "kind": kind,
+            "queries": [query] if isinstance(query, str) else [],
+            "sources": [
+                {"url": i.get("url"), "title": i.get("title")}
+                for i in items
+                if isinstance(i, dict) and i.get("type") == "web_search_result"
+            ],
+        }
+    elif kind == "web_fetch":
+        page = content if isinstance(content, dict) and error is None else {}
+        inner = page.get("content")
+        document: dict[str, Any] = inner if isinstance(inner, dict) else {}
+        data = {
+            "kind": kind,
+            "url": page.get("url") or args.get("url"),
+            "title": document.get("title"),
+        }
+    else:
+        ran = content if isinstance(content, dict) and error is None else {}
+        code = args.get("code") or args.get("command") or ""
+        if call is not None and call.get("name") == "text_editor_code_execution":
+            code = " ".join(str(args[k]) for k in ("command", "path") if args.get(k))
+        data = {
+            "kind": kind,
+            "code": code,
+            "stdout": ran.get("stdout", ""),
+            "stderr": ran.get("stderr", ""),
+            "return_code": ran.get("return_code", 0 if error is None else None),
+        }
+    return hosted_call(
+        name, data, args=args, id=call_id, error=error, provider=PROVIDER, blocks=blocks
+    )
+
+
 def output_is_wrapped(schema: dict[str, Any]) -> bool:
     """Whether a structured-output schema is wrapped in `{"response": ...}` (not an object)."""
     return schema.get("type") != "object"
@@ -160,6 +347,7 @@ def anthropic_request(request: ModelRequest, names: ToolNames) -> dict[str, Any]
     if system is not None:
         body["system"] = system
     tools = anthropic_tools(request.tools, names)
+    tools.extend(anthropic_hosted_tools(request.hosted_tools))
     choice = request.tool_choice
     if request.output_schema is not None:
         schema = request.output_schema
@@ -173,7 +361,7 @@ def anthropic_request(request: ModelRequest, names: ToolNames) -> dict[str, Any]
         tools.append({"name": output, "description": OUTPUT_DESCRIPTION, "input_schema": schema})
         # The answer must come through the output tool: with other tools the model may call
         # them first (`any`), and without any (or when asked for no more calls) it must answer.
-        if request.tools and choice != "none":
+        if (request.tools or request.hosted_tools) and choice != "none":
             body["tool_choice"] = {"type": "any"}
         else:
             body["tool_choice"] = {"type": "tool", "name": output}

@@ -7,6 +7,8 @@
   handrail, two messages here. A call still waiting for a decision reads `AWAITING_DECISION`.
 - Reasoning is not sent back: Chat Completions has no field for it (and OpenAI-compatible
   servers that stream `reasoning_content` ask not to receive it again).
+- A call the model provider ran (a hosted tool, `executor="provider"`) is not a function call
+  here: the assistant's content carries a short note of it in its place (`hosted_note`).
 - Approval cards are the UI's business; the model reads their outcome in the call's result.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 import pydantic_core
 
 from ..messages import Message, TextPart, ToolCallPart
+from ..tools._hosted import hosted_note
 from . import ModelRequest, ToolDefinition
 from ._wire import ToolNames, result_text
 
@@ -58,12 +61,20 @@ def openai_messages(
     if instructions:
         out.append({"role": "system", "content": instructions})
     for message in messages:
-        texts = [p.text for p in message.parts if isinstance(p, TextPart) and p.text]
         if message.role != "assistant":
+            texts = [p.text for p in message.parts if isinstance(p, TextPart) and p.text]
             if texts:
                 out.append({"role": message.role, "content": _content(texts)})
             continue
-        calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
+        texts = []
+        calls: list[ToolCallPart] = []
+        for part in message.parts:
+            if isinstance(part, TextPart) and part.text:
+                texts.append(part.text)
+            elif isinstance(part, ToolCallPart) and part.executor == "provider":
+                texts.append(hosted_note(part))  # Chat Completions has no hosted tools
+            elif isinstance(part, ToolCallPart):
+                calls.append(part)
         if not texts and not calls:
             continue  # reasoning or an approval card only: nothing the API takes back
         assistant: dict[str, Any] = {"role": "assistant", "content": _content(texts)}

@@ -32,6 +32,7 @@ import pydantic_core
 
 from ..exceptions import ConfigError, ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
+from ..tools._hosted import HostedTool
 from . import (
     FinishReason,
     ModelChunk,
@@ -42,7 +43,14 @@ from . import (
     ToolCallChunk,
     Usage,
 )
-from ._anthropic_format import PROVIDER, anthropic_request, output_is_wrapped
+from ._anthropic_format import (
+    HOSTED_CALLS,
+    PROVIDER,
+    SERVER_BLOCKS,
+    anthropic_request,
+    hosted_parts,
+    output_is_wrapped,
+)
 from ._openai_format import request_tool_names
 from ._sdk import SDKModel, body_broken, describe_sdk_error, incomplete
 from ._wire import ToolNames
@@ -77,7 +85,6 @@ __all__ = ["AnthropicModel"]
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 
-Parts = list[TextPart | ReasoningPart | ToolCallPart]
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -86,11 +93,12 @@ _FINISH_REASONS: dict[str, FinishReason] = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
     "refusal": "content_filter",
+    "pause_turn": "pause",
 }
 
 
 def finish_reason(raw: str | None) -> FinishReason:
-    """A Messages API `stop_reason` in handrail's vocabulary (`pause_turn` and unknown: `other`)."""
+    """A Messages API `stop_reason` in handrail's words (`pause_turn`: `pause`; else `other`)."""
     return _FINISH_REASONS.get(raw or "", "other")
 
 
@@ -161,9 +169,10 @@ class AnthropicModel(SDKModel):
         body.setdefault("max_tokens", self.max_tokens)
         body.update(self.settings)
         output = _Output(body, request.output_schema)
+        hosted = list(request.hosted_tools)
         attempt = self._stream if self.streaming else self._complete
         return self.retry.stream(
-            self.provider, lambda: attempt(body, names, output), self._describe
+            self.provider, lambda: attempt(body, names, output, hosted), self._describe
         )
 
     def _describe(self, exc: Exception) -> Failure | None:
@@ -176,7 +185,7 @@ class AnthropicModel(SDKModel):
         )
 
     async def _stream(
-        self, body: dict[str, Any], names: ToolNames, output: _Output
+        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: list[HostedTool]
     ) -> AsyncGenerator[ModelChunk, None]:
         stream = await self.client.messages.create(model=self.model_name, stream=True, **body)
         blocks: dict[int, _Block] = {}
@@ -193,7 +202,9 @@ class AnthropicModel(SDKModel):
                         block = _open_block(blocks, event.index)
                         delta = event.delta
                         _check_delta(block, delta, event.index)
-                        if block.kind == "other":  # a server tool's: neither text nor a call
+                        if block.kind == "server":  # a hosted call's input: not handrail's call
+                            if isinstance(delta, InputJSONDelta):
+                                block.pieces.append(delta.partial_json)
                             continue
                         if isinstance(delta, TextDelta):
                             block.pieces.append(delta.text)
@@ -239,8 +250,8 @@ class AnthropicModel(SDKModel):
                             )
                             yield ToolCallChunk(index=calls, id=content.id, name=name)
                             calls += 1
-                        else:  # a server tool's block: not handrail's to run or replay
-                            blocks[event.index] = _Block("other")
+                        else:  # a hosted call or its result: kept as received
+                            blocks[event.index] = _Block("server", raw=_server_block(content))
                     elif isinstance(event, RawContentBlockStopEvent):
                         block = _open_block(blocks, event.index)
                         if block.kind == "output" and output.wrapped:
@@ -263,9 +274,11 @@ class AnthropicModel(SDKModel):
         if not stopped:
             # The SDK ends quietly on a body that ends early.
             raise incomplete(PROVIDER, "message_stop", "the body ended with no error")
-        parts: Parts = []
-        for _, block in sorted(blocks.items()):
-            if block.kind == "text":
+        parts: list[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]] = []
+        for index, block in sorted(blocks.items()):
+            if block.kind == "server":
+                parts.append(_server_input(block, index))
+            elif block.kind == "text":
                 parts.append(TextPart(text=block.text))
             elif block.kind in ("thinking", "redacted"):
                 parts.append(
@@ -281,7 +294,7 @@ class AnthropicModel(SDKModel):
             elif block.kind == "call":
                 parts.append(ToolCallPart(id=block.id, name=block.name, raw_args=block.text))
         yield ModelResponse(
-            parts=parts,
+            parts=hosted_parts(parts, hosted),
             usage=usage,
             stop_reason=stop,
             finish_reason=finish_reason(stop),
@@ -289,7 +302,7 @@ class AnthropicModel(SDKModel):
         )
 
     async def _complete(
-        self, body: dict[str, Any], names: ToolNames, output: _Output
+        self, body: dict[str, Any], names: ToolNames, output: _Output, hosted: list[HostedTool]
     ) -> AsyncGenerator[ModelChunk, None]:
         try:
             message = cast(
@@ -303,7 +316,7 @@ class AnthropicModel(SDKModel):
             raise incomplete(PROVIDER, "complete JSON body", str(why)) from exc
         usage = Usage(requests=1)
         _count(usage, message.usage)
-        parts: Parts = []
+        parts: list[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]] = []
         calls = 0
         for content in message.content:
             if isinstance(content, TextBlock):
@@ -335,8 +348,10 @@ class AnthropicModel(SDKModel):
                 parts.append(ToolCallPart(id=content.id, name=name, raw_args=raw))
                 yield ToolCallChunk(index=calls, id=content.id, name=name, args_delta=raw)
                 calls += 1
+            else:  # a hosted call or its result: kept as received
+                parts.append(_server_block(content))
         yield ModelResponse(
-            parts=parts,
+            parts=hosted_parts(parts, hosted),
             usage=usage,
             stop_reason=message.stop_reason,
             finish_reason=finish_reason(message.stop_reason),
@@ -345,13 +360,53 @@ class AnthropicModel(SDKModel):
 
 
 _DELTAS: dict[type[Any], tuple[str, ...]] = {
-    TextDelta: ("text", "other"),
-    InputJSONDelta: ("call", "output", "other"),
-    ThinkingDelta: ("thinking", "other"),
-    SignatureDelta: ("thinking", "other"),
+    TextDelta: ("text",),
+    InputJSONDelta: ("call", "output", "server"),
+    ThinkingDelta: ("thinking",),
+    SignatureDelta: ("thinking",),
 }
-"""Which blocks each kind of delta may extend (a server tool's block, `other`, takes any: it is
-not handrail's to read; a delta type not listed is ignored)."""
+"""Which blocks each kind of delta may extend (a hosted call's input streams as JSON; its
+result block comes whole; a delta type not listed, such as `citations_delta`, is ignored)."""
+
+
+def _server_block(content: Any) -> dict[str, Any]:
+    """A hosted call's block (or its result's) as received, or a refusal of an unknown block.
+
+    An unknown block is never dropped (the next request would lose it) nor acted on: the
+    response is refused, naming the block.
+    """
+    kind = getattr(content, "type", None)
+    known = kind in SERVER_BLOCKS and (
+        kind != "server_tool_use" or getattr(content, "name", None) in HOSTED_CALLS
+    )
+    if not known:
+        what = f"{kind!r}" + (
+            f" (a server tool named {getattr(content, 'name', None)!r})"
+            if kind == "server_tool_use"
+            else ""
+        )
+        raise ModelError(
+            f"{PROVIDER}: the response has a content block of type {what}, which handrail "
+            f"cannot read or send back; the response was refused rather than dropped in part. "
+            f"Remove the tool that produces it, or upgrade handrail."
+        )
+    raw: dict[str, Any] = content.to_dict(mode="json")
+    return raw
+
+
+def _server_input(block: _Block, index: int) -> dict[str, Any]:
+    """A streamed hosted block, its input made whole from the pieces it came in."""
+    raw = block.raw
+    assert raw is not None
+    if raw.get("type") != "server_tool_use" or not block.pieces:
+        return raw
+    try:
+        value = json.loads(block.text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise _stream_error(f"the input of server tool call {index} is not a JSON object")
+    return {**raw, "input": value}
 
 
 def _stream_error(what: str) -> ModelError:
@@ -381,17 +436,19 @@ def _check_delta(block: _Block, delta: Any, index: int) -> None:
 class _Block:
     """A content block being streamed."""
 
-    __slots__ = ("call", "id", "kind", "name", "pieces", "signature")
+    __slots__ = ("call", "id", "kind", "name", "pieces", "raw", "signature")
 
     def __init__(
         self,
-        kind: Literal["text", "thinking", "redacted", "call", "output", "other"],
+        kind: Literal["text", "thinking", "redacted", "call", "output", "server"],
         signature: str | None = None,
         *,
         id: str = "",
         name: str = "",
         call: int = 0,
+        raw: dict[str, Any] | None = None,
     ) -> None:
+        self.raw = raw
         self.kind = kind
         self.signature = signature
         self.id = id

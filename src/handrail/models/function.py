@@ -6,6 +6,8 @@ function receives the `ModelRequest` and returns a *step*, which is any of
 - a `str`: a text answer,
 - a tool call made with `call(...)` (or `call_raw(...)` for malformed arguments),
 - a `reasoning(...)` part,
+- a call the model provider ran, with its result, made with `hosted_call(...)` (a hosted web
+  search, code execution or web fetch: the agent shows it and does not run it),
 - a list of the above: one answer with several parts (parallel tool calls, text + calls),
 - a complete `ModelResponse`, played as it is (its `finish_reason` included: a step can be
   an answer cut by `length`).
@@ -17,6 +19,7 @@ Text is streamed word by word, as a real provider would, so streaming paths are 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -120,6 +123,13 @@ class FunctionModel:
         for item in items:
             if isinstance(item, str):
                 parts.append(TextPart(text=item))
+            elif isinstance(item, ToolCallPart) and item.executor == "provider":
+                # A call the provider ran (`hosted_call`), result and all: a fresh copy.
+                hosted = copy.deepcopy(item)
+                if not hosted.id:
+                    self._call_ids += 1
+                    hosted.id = f"call_{self._call_ids}"
+                parts.append(hosted)
             elif isinstance(item, ToolCallPart):
                 call_id = item.id
                 if not call_id:
@@ -141,7 +151,8 @@ class FunctionModel:
                     f"A model step must be a str, call(...), reasoning(...), a list of those or a "
                     f"ModelResponse; got {type(item).__name__}"
                 )
-        calls = any(isinstance(p, ToolCallPart) for p in parts)
+        # Calls the provider ran (`hosted_call`) are not calls for handrail to make.
+        calls = any(isinstance(p, ToolCallPart) and p.executor != "provider" for p in parts)
         return ModelResponse(
             parts=parts,
             usage=Usage(requests=1),
@@ -157,6 +168,7 @@ def _snapshot(request: ModelRequest) -> ModelRequest:
         instructions=request.instructions,
         messages=list(request.messages),
         tools=request.tools,
+        hosted_tools=request.hosted_tools,
         tool_choice=request.tool_choice,
         output_schema=request.output_schema,
     )

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from ..exceptions import ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
+from ..tools._hosted import check_hosted
 from . import (
     FinishReason,
     ModelChunk,
@@ -124,7 +125,16 @@ class OpenAIModel(OpenAIClientModel):
             ModelHTTPError: the API failed for good (see `RetryPolicy`).
             IncompleteResponseError: the answer did not arrive whole (see `RetryPolicy`).
             ModelError: the server streamed tool calls that cannot be told apart.
+            HostedToolError: the request has hosted tools (`web_search()`, ...), which Chat
+                Completions cannot run (raised before anything is sent).
         """
+        check_hosted(
+            repr(self),
+            request.hosted_tools,
+            (),
+            "Chat Completions has no hosted tools; use OpenAIResponsesModel "
+            "(openai-responses:...), or AnthropicModel",
+        )
         names = request_tool_names(request.tools, request.messages)
         body = openai_request(request, names)
         body.update(self.settings)

@@ -3,6 +3,29 @@
 from __future__ import annotations
 
 from .._tool_result import ToolResult
+from ._hosted import (
+    HostedKind,
+    HostedTool,
+    UserLocation,
+    code_execution,
+    hosted_call,
+    web_fetch,
+    web_search,
+)
 from ._tool import Approval, Permission, Tool, ToolContext, tool
 
-__all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolResult", "tool"]
+__all__ = [
+    "Approval",
+    "HostedKind",
+    "HostedTool",
+    "Permission",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "UserLocation",
+    "code_execution",
+    "hosted_call",
+    "tool",
+    "web_fetch",
+    "web_search",
+]

@@ -169,6 +169,7 @@ class Dispatcher:
                 tool_call_id=part.id,
                 name=part.name,
                 args=part.args if parsed else None,
+                executor=part.executor,
             )
             if isinstance(outcome, _Ready):
                 ready.append(outcome)
@@ -196,6 +197,32 @@ class Dispatcher:
         async for event in self._execute_ready(again, message, cards, checkpoint=False):
             yield event
 
+    def hosted(self, calls: list[ToolCallPart]) -> list[Event]:
+        """The events of calls the model provider ran, which arrived with their results.
+
+        They are not run here and their results are kept as the provider gave them; a
+        successful one is captured into the context store (`tool:web_search`) like any
+        other call. A call whose result has not arrived yet only starts.
+        """
+        events: list[Event] = []
+        for part in calls:
+            events.append(
+                ToolCallStarted(
+                    agent=self.agent,
+                    tool_call_id=part.id,
+                    name=part.name,
+                    args=part.args,
+                    executor="provider",
+                )
+            )
+            result = part.result
+            if result is None:
+                continue
+            if result.ok:
+                self.state.context.record(part.name, part.id, result.data)
+            events.append(completed_event(part))
+        return events
+
     async def resume(self, message: Message, cards: list[ApprovalCardPart]) -> AsyncIterator[Event]:
         """Settle the decided calls of a suspended `message`; run the approved ones.
 
@@ -212,6 +239,8 @@ class Dispatcher:
         ready: list[_Ready] = []
         for part in message.parts:
             if not isinstance(part, ToolCallPart) or part.status not in ("waiting", "running"):
+                continue
+            if part.executor == "provider":  # the provider runs it; its result comes from there
                 continue
             card = decided.get(part.id)
             if part.status == "running" and (card is None or card.decision != "approve"):
@@ -246,7 +275,11 @@ class Dispatcher:
             if isinstance(outcome, _Ready):
                 outcome.log_id = attempt_id(message, part)
                 yield ToolCallStarted(
-                    agent=self.agent, tool_call_id=part.id, name=part.name, args=part.args
+                    agent=self.agent,
+                    tool_call_id=part.id,
+                    name=part.name,
+                    args=part.args,
+                    executor=part.executor,
                 )
                 ready.append(outcome)
             elif part.status == "waiting":  # an approved client tool: now the client runs it
@@ -372,6 +405,12 @@ class Dispatcher:
         if tool is None:  # the allow-list: only the agent's tools exist for its model
             return self._fail(part, _unknown_tool(part.name, self.tools))
         part.executor = tool.executor
+        if tool.executor == "provider":  # a function call: the provider did not run it
+            return self._fail(
+                part,
+                f"Tool {part.name!r} is run by the model provider, not called as a function: "
+                f"this call did not run. Use the tool the provider offers under that name.",
+            )
         try:
             args = part.args
             if runtime.transform_args is not None:  # 2. domain transform
@@ -427,10 +466,6 @@ class Dispatcher:
                 self._capture(part, tool)
                 return None
             self._hold(part, tool)
-            return None
-        if tool.executor == "provider":
-            part.result = part.result or ToolResult(summary="ran at the model provider")
-            part.status = "completed"
             return None
         part.status = "running"
         ready = _Ready(part, tool, kwargs, key)
@@ -790,6 +825,7 @@ def completed_event(part: ToolCallPart) -> ToolCallCompleted:
         error=result.error,
         reused_from=part.reused_from,
         duration_ms=part.duration_ms,
+        executor=part.executor,
     )
 
 

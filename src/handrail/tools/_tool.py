@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar, overload
 
 import docstring_parser
 import pydantic_core
@@ -21,6 +22,9 @@ from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
 from ..models import ToolDefinition
 from ._arguments import validate_arguments
+
+if TYPE_CHECKING:
+    from ._hosted import HostedTool
 
 __all__ = ["Approval", "Permission", "Tool", "ToolContext", "tool"]
 
@@ -130,6 +134,8 @@ class Tool(Generic[DepsT]):
             function then takes `(ctx, **arguments)` or `(**arguments)` and receives the
             arguments as sent (a JSON object, not checked against the schema: the tool
             behind it validates them). Cannot be combined with `bindings=` or `amendable=`.
+        hosted: what the model provider runs, for a `provider` tool (required there, and only
+            there); made by `web_search()`, `code_execution()` and `web_fetch()`.
     """
 
     def __init__(
@@ -158,6 +164,7 @@ class Tool(Generic[DepsT]):
         expires_after: float | None = None,
         dedup: bool = True,
         parameters: Mapping[str, Any] | None = None,
+        hosted: HostedTool | None = None,
     ) -> None:
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
@@ -178,6 +185,20 @@ class Tool(Generic[DepsT]):
                 f"{label} runs on the server but has no function: pass one, or set "
                 f"executor='human' / 'client' / 'provider'."
             )
+        if executor == "provider" and hosted is None:
+            raise ToolDefinitionError(
+                f"{label} runs at the model provider (executor='provider') but does not say "
+                f"what the provider runs: make it with handrail.tools.web_search(), "
+                f"code_execution() or web_fetch()."
+            )
+        if hosted is not None and executor != "provider":
+            raise ToolDefinitionError(
+                f"{label}: hosted= is for a tool the model provider runs; set "
+                f"executor='provider' or drop hosted=."
+            )
+        self.hosted: HostedTool | None = (
+            dataclasses.replace(hosted, name=self.name) if hosted is not None else None
+        )
         self.permission: Permission = permission
         self.executor: Executor = executor
         self.approval: Approval = self._check_approval(label, approval)
