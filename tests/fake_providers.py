@@ -55,12 +55,14 @@ __all__ = [
     "openai_stream",
     "openai_usage",
     "responses_call",
+    "responses_code_interpreter",
     "responses_item",
     "responses_message",
     "responses_object",
     "responses_reasoning",
     "responses_stream",
     "responses_usage",
+    "responses_web_search",
     "sse",
 ]
 
@@ -539,6 +541,55 @@ def responses_reasoning(
         added={"id": id, "type": "reasoning", "summary": []},
         events=events,
         done={"id": id, "type": "reasoning", "summary": done, "encrypted_content": encrypted},
+    )
+
+
+def responses_web_search(
+    id: str,
+    query: str,
+    urls: Sequence[str] = (),
+    *,
+    status: str = "completed",
+) -> ResponsesItem:
+    """A `web_search_call` item: its `action` (the query and, as `include` asks, the sources
+    found) and the events that mark its progress."""
+    action: dict[str, Any] = {"type": "search", "query": query}
+    if urls:
+        action["sources"] = [{"type": "url", "url": url} for url in urls]
+    events = [
+        {"type": f"response.web_search_call.{step}"}
+        for step in ("in_progress", "searching", "completed")
+    ]
+    return ResponsesItem(
+        added={"id": id, "type": "web_search_call", "status": "in_progress"},
+        events=events if status == "completed" else events[:2],
+        done={"id": id, "type": "web_search_call", "status": status, "action": action},
+    )
+
+
+def responses_code_interpreter(
+    id: str, code: Sequence[str], logs: str, *, container: str = "cntr_fake"
+) -> ResponsesItem:
+    """A `code_interpreter_call` item: its code streams as `code`; its `outputs` (as
+    `include` asks) are the logs."""
+    whole = "".join(code)
+    item = {"id": id, "type": "code_interpreter_call", "container_id": container}
+    events: list[dict[str, Any]] = [{"type": "response.code_interpreter_call.in_progress"}]
+    events += [{"type": "response.code_interpreter_call_code.delta", "delta": p} for p in code]
+    events += [
+        {"type": "response.code_interpreter_call_code.done", "code": whole},
+        {"type": "response.code_interpreter_call.interpreting"},
+        {"type": "response.code_interpreter_call.completed"},
+    ]
+    return ResponsesItem(
+        added={**item, "status": "in_progress", "code": "", "outputs": None},
+        events=events,
+        done={
+            **item,
+            "status": "completed",
+            "code": whole,
+            "outputs": [{"type": "logs", "logs": logs}],
+        },
     )
 
 

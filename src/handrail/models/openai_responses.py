@@ -24,11 +24,12 @@ events raise `ModelHTTPError` (retried while nothing was streamed and the code m
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, cast
 
 from ..exceptions import ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
+from ..tools._hosted import HostedTool, check_hosted
 from . import (
     FinishReason,
     ModelChunk,
@@ -40,7 +41,14 @@ from . import (
     Usage,
 )
 from ._openai_format import request_tool_names
-from ._responses_format import PROVIDER, responses_request
+from ._responses_format import (
+    HOSTED_KINDS,
+    PROVIDER,
+    readable,
+    response_parts,
+    responses_request,
+    unknown_item,
+)
 from ._sdk import body_broken, incomplete
 from ._wire import ToolNames
 from .retry import Failure, RetryPolicy
@@ -156,16 +164,28 @@ class OpenAIResponsesModel(OpenAIClientModel):
                 `RetryPolicy`).
             IncompleteResponseError: the answer did not arrive whole (see `RetryPolicy`).
             ModelError: the stream did not follow the protocol (arguments for a call it never
-                opened).
+                opened), or the response holds an item handrail cannot read.
+            HostedToolError: a hosted tool the Responses API cannot run (`web_fetch()`), or an
+                option its web search does not have (raised before anything is sent).
         """
+        check_hosted(
+            repr(self),
+            request.hosted_tools,
+            HOSTED_KINDS,
+            "the Responses API has no web fetch; use web_search(), or AnthropicModel for "
+            "web_fetch()",
+        )
         names = request_tool_names(request.tools, request.messages)
         body = responses_request(request, names, self.provider)
         settings = dict(self.settings)
         include = settings.pop("include", None) or ()
         body.update(settings)
         body["include"] += [i for i in include if i not in body["include"]]
+        hosted = list(request.hosted_tools)
         attempt = self._stream if self.streaming else self._complete
-        return self.retry.stream(self.provider, lambda: attempt(body, names), self._describe)
+        return self.retry.stream(
+            self.provider, lambda: attempt(body, names, hosted), self._describe
+        )
 
     def _describe(self, exc: Exception) -> Failure | None:
         if isinstance(exc, _Failed):
@@ -175,7 +195,7 @@ class OpenAIResponsesModel(OpenAIClientModel):
         return super()._describe(exc)
 
     async def _stream(
-        self, body: dict[str, Any], names: ToolNames
+        self, body: dict[str, Any], names: ToolNames, hosted: list[HostedTool]
     ) -> AsyncGenerator[ModelChunk, None]:
         stream = await self.client.responses.create(model=self.model_name, stream=True, **body)
         request_id = stream.response.headers.get("x-request-id")
@@ -211,10 +231,10 @@ class OpenAIResponsesModel(OpenAIClientModel):
         if final is None:
             # The SDK ends quietly on a body that ends early.
             raise incomplete(self.provider, TERMINAL, "the body ended with no error")
-        yield _response(final, names, self.provider, reader.done)
+        yield _response(final, names, hosted, self.provider, reader.done)
 
     async def _complete(
-        self, body: dict[str, Any], names: ToolNames
+        self, body: dict[str, Any], names: ToolNames, hosted: list[HostedTool]
     ) -> AsyncGenerator[ModelChunk, None]:
         try:
             response = cast(
@@ -234,7 +254,7 @@ class OpenAIResponsesModel(OpenAIClientModel):
             )
         if response.status not in ("completed", "incomplete"):
             raise incomplete(self.provider, "finished status", f"its status is {response.status!r}")
-        whole = _response(response, names, self.provider, [])
+        whole = _response(response, names, hosted, self.provider, [])
         calls = 0
         for part in whole.parts:
             if isinstance(part, ReasoningPart):
@@ -242,7 +262,7 @@ class OpenAIResponsesModel(OpenAIClientModel):
                     yield ReasoningChunk(text=part.text)
             elif isinstance(part, TextPart):
                 yield TextChunk(text=part.text)
-            else:
+            elif part.executor != "provider":  # a hosted call is shown by the loop, not streamed
                 yield ToolCallChunk(
                     index=calls, id=part.id, name=part.name, args_delta=part.raw_args or ""
                 )
@@ -268,7 +288,9 @@ class _Reader:
 
     Function calls are numbered in the order they start (`ToolCallChunk.index`); each one's
     argument deltas name its `output_index`. A delta for an output that is not an open
-    function call is a `ModelError`: it cannot be placed without guessing.
+    function call is a `ModelError`: it cannot be placed without guessing; so is an item of a
+    type handrail cannot read, as soon as it is announced. Hosted calls stream nothing: the
+    loop shows them once the response is whole.
     """
 
     __slots__ = ("_calls", "_names", "_provider", "done")
@@ -302,6 +324,8 @@ class _Reader:
             return ToolCallChunk(index=number, args_delta=event.delta) if event.delta else None
         if isinstance(event, ResponseOutputItemAddedEvent):
             item = event.item
+            if not readable(item.type):
+                raise unknown_item(item.type, self._provider)  # before anything after it streams
             if item.type == "function_call":
                 number = self._calls[event.output_index] = len(self._calls)
                 return ToolCallChunk(
@@ -319,6 +343,7 @@ class _Reader:
 def _response(
     response: Response,
     names: ToolNames,
+    hosted: list[HostedTool],
     provider: str,
     done: list[tuple[int, dict[str, Any]]],
 ) -> ModelResponse:
@@ -326,11 +351,12 @@ def _response(
     items = [item.to_dict(mode="json") for item in response.output]
     if not items:
         items = [item for _, item in sorted(done, key=lambda pair: pair[0])]
-    parts = _parts(items, names, provider)
+    parts = response_parts(items, names, hosted, provider)
     status = response.status or "completed"
     details = response.incomplete_details
     reason = details.reason if details is not None else None
-    calls = any(isinstance(p, ToolCallPart) for p in parts)
+    # Hosted calls ran at OpenAI: a response with only those is an answer.
+    calls = any(isinstance(p, ToolCallPart) and p.executor != "provider" for p in parts)
     return ModelResponse(
         parts=parts,
         usage=_usage(response.usage),
@@ -338,40 +364,6 @@ def _response(
         finish_reason=finish_reason(status, reason, calls),
         model_name=response.model,
     )
-
-
-def _parts(
-    items: Iterable[dict[str, Any]], names: ToolNames, provider: str
-) -> list[TextPart | ReasoningPart | ToolCallPart]:
-    """Output items as handrail parts, in order (items of kinds handrail does not use: none)."""
-    parts: list[TextPart | ReasoningPart | ToolCallPart] = []
-    for item in items:
-        kind = item.get("type")
-        if kind == "reasoning":
-            texts = [s.get("text", "") for s in item.get("summary") or ()]
-            if not texts:
-                texts = [c.get("text", "") for c in item.get("content") or ()]
-            parts.append(
-                ReasoningPart(text="\n\n".join(texts), provider=provider, provider_blocks=[item])
-            )
-        elif kind == "message":
-            texts = []
-            for content in item.get("content") or ():
-                if content.get("type") == "output_text":
-                    texts.append(content.get("text", ""))
-                elif content.get("type") == "refusal":
-                    texts.append(content.get("refusal", ""))
-            if any(texts):
-                parts.append(TextPart(text="".join(texts)))
-        elif kind == "function_call":
-            parts.append(
-                ToolCallPart(
-                    id=item["call_id"],
-                    name=names.handrail(item["name"]),
-                    raw_args=item.get("arguments", ""),
-                )
-            )
-    return parts
 
 
 def _usage(usage: ResponseUsage | None) -> Usage:
