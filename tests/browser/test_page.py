@@ -426,3 +426,43 @@ def test_an_answer_from_documents_shows_its_sources_and_a_person_answers_the_res
     expect(reply(page).last).to_contain_text("Yes, within the EU.")
     expect(reply(page).last).to_contain_text("(My colleague ana answered this.)")
     shoot(page, "answered")
+
+
+# -- hosted tools -------------------------------------------------------------------------------
+
+
+def test_a_provider_search_shows_its_summary_and_only_web_links(
+    serve: Serve, new_page: NewPage
+) -> None:
+    from handrail import web_search
+    from handrail.testing import hosted_call
+
+    searched = {
+        "kind": "web_search",
+        "queries": ["refunds"],
+        "sources": [
+            {"url": "https://example.com/refunds", "title": "<img src=x onerror=alert(1)>"},
+            {"url": "javascript:alert(1)", "title": "Not a link"},
+            {"url": "http://example.org/b", "title": "B"},
+        ],
+    }
+
+    def answer(request: ModelRequest) -> Step:
+        return [hosted_call("web_search", searched, args={"query": "refunds"}), "Found three."]
+
+    agent = Agent("assistant", tools=[web_search()])
+    served = serve(Engine(agent, store=MemoryStore(), runtime=Runtime(model=FunctionModel(answer))))
+    page = signed_in(new_page, served)
+    send(page, "Search refunds")
+    expect(reply(page)).to_have_text("Found three.")
+    line = page.locator(".call.line")
+    expect(line.locator(".call-digest")).to_have_text("→ searched the web: 3 sources")
+    links = line.locator(".sources a")
+    expect(links).to_have_count(2)
+    expect(links.first).to_have_text("<img src=x onerror=alert(1)>")  # text, never markup
+    expect(links.first).to_have_attribute("href", "https://example.com/refunds")
+    expect(links.first).to_have_attribute("rel", "noopener noreferrer nofollow")
+    expect(line.locator(".sources li span")).to_have_text("Not a link")
+    expect(line.locator(".sources img")).to_have_count(0)
+    page.reload()  # drawn again from the stored session: the same
+    expect(page.locator(".call.line .sources a")).to_have_count(2)

@@ -182,7 +182,13 @@ function apply(event) {
       }
       return;
     case "tool-call-started":
-      callLine({ id: event.tool_call_id, name: event.name, args: event.args || {}, status: "running" });
+      callLine({
+        id: event.tool_call_id,
+        name: event.name,
+        args: event.args || {},
+        status: "running",
+        executor: event.executor,
+      });
       return;
     case "tool-call-completed":
       callLine({
@@ -192,6 +198,7 @@ function apply(event) {
         digest: event.digest,
         summary: event.summary,
         error: event.error,
+        executor: event.executor,
       });
       return;
     case "approval-required":
@@ -315,9 +322,15 @@ function callLine(call) {
   if (digest && typeof digest === "object" && Array.isArray(digest.citations)) {
     ({ citations, ...digest } = digest);
   }
-  const shown = merged.error || describe(digest) || merged.summary;
+  // A call the model provider ran (a hosted web search...) reads as its summary line, and a
+  // search lists its sources under it.
+  const hosted = merged.executor === "provider";
+  const shown = hosted ? merged.error || merged.summary : merged.error || describe(digest) || merged.summary;
   if (shown) parts.push(el("span", { class: "call-digest", text: `→ ${shown}` }));
   if (citations && citations.length) parts.push(citationList(citations));
+  if (hosted && digest && Array.isArray(digest.sources) && digest.sources.length) {
+    parts.push(sourceList(digest.sources));
+  }
   if (!line) {
     line = el("p", { class: "call line", "data-call": call.id });
     $("transcript").append(line);
@@ -326,6 +339,31 @@ function callLine(call) {
   line.dataset.live = JSON.stringify(merged);
   line.replaceChildren(...parts);
   scrollDown();
+}
+
+/** A web link only when it is one: anything but http(s) is never a link (javascript:...). */
+function webLink(url) {
+  try {
+    const parsed = new URL(String(url));
+    return parsed.protocol === "http:" || parsed.protocol === "https:" ? parsed.href : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The sources of a hosted web search: untrusted titles and URLs, written as text only. */
+function sourceList(sources) {
+  const list = el("ol", { class: "sources", "aria-label": "Sources" });
+  for (const source of sources) {
+    const url = source && source.url;
+    const title = (source && source.title) || String(url || "");
+    const href = webLink(url);
+    const item = href
+      ? el("a", { href, text: title, target: "_blank", rel: "noopener noreferrer nofollow" })
+      : el("span", { text: title });
+    list.append(el("li", {}, item));
+  }
+  return list;
 }
 
 /** The sources an answer rests on: where each quote is, and the quote. */
@@ -381,6 +419,7 @@ function renderMessage(message, agentOf) {
         digest: part.status === "completed" ? part.digest : undefined,
         summary: part.result && part.result.summary,
         error: part.status === "failed" && part.result ? part.result.error : undefined,
+        executor: part.executor,
       });
     } else if (part.type === "approval" && part.decision && !message.parts.some((p) => p.id === part.tool_call_id)) {
       note(decidedText(part), `decided ${part.decision}`);
