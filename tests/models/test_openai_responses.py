@@ -357,6 +357,52 @@ async def test_history_is_sent_as_items_with_each_output_after_its_call(
     ]
 
 
+async def test_reasoning_the_api_would_refuse_is_not_sent_back(
+    fake: FakeProviders, responses_model
+):
+    unencrypted = {"id": "rs_1", "type": "reasoning", "summary": []}
+    trailing = reasoning_item("rs_2", "gAAA-cut==")
+    kept = reasoning_item("rs_3", "gAAA-kept==")
+    history = [
+        Message(id="m1", role="user", parts=[TextPart(text="Hi")]),
+        Message(
+            id="m2",
+            role="assistant",
+            parts=[
+                ReasoningPart(text="", provider="openai-responses", provider_blocks=[unencrypted]),
+                TextPart(text="Hello."),
+            ],
+        ),
+        Message(id="m3", role="user", parts=[TextPart(text="Think hard.")]),
+        Message(  # cut by max_output_tokens while reasoning: nothing followed
+            id="m4",
+            role="assistant",
+            parts=[ReasoningPart(text="", provider="openai-responses", provider_blocks=[trailing])],
+        ),
+        Message(id="m5", role="user", parts=[TextPart(text="Go on.")]),
+        Message(
+            id="m6",
+            role="assistant",
+            parts=[
+                ReasoningPart(text="", provider="openai-responses", provider_blocks=[kept]),
+                TextPart(text="Done."),
+            ],
+        ),
+    ]
+    fake.script(responses_stream([responses_message("ok")]))
+
+    await collect(responses_model, ModelRequest(agent="a", instructions=None, messages=history))
+
+    assert fake.requests[0].body["input"] == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Think hard."},
+        {"role": "user", "content": "Go on."},
+        kept,
+        {"role": "assistant", "content": "Done."},
+    ]
+
+
 @pytest.mark.parametrize("choice", ["auto", "none", "required"])
 async def test_tool_choice_and_structured_output_are_sent(
     fake: FakeProviders, responses_model, choice: str

@@ -15,7 +15,10 @@ the whole conversation as input items and handrail's history is the only copy.
   `openai-responses` unless the model was given another name) and the part kept its item
   (`provider_blocks`): the item exactly as it came, `id`, `summary` and the
   `encrypted_content` asked for with `include`, which is what lets a stateless request carry
-  the model's reasoning into the next. Other providers' reasoning is not sent.
+  the model's reasoning into the next. Other providers' reasoning is not sent, nor is an item
+  without its `encrypted_content` (the API would look its id up and find nothing), nor one
+  that no other item of its message follows (the API refuses a reasoning item without its
+  following item: an answer cut while the model reasoned).
 - Message and function-call items go back without the ids OpenAI gave them: with
   `store: false` such an id names an item OpenAI did not keep.
 - Hosted tools (`ModelRequest.hosted_tools`) are declared in OpenAI's form: a web search as
@@ -95,21 +98,25 @@ def responses_input(
             if texts:
                 out.append({"role": message.role, "content": _content(texts)})
             continue
+        items: list[dict[str, Any]] = []
         outputs: list[dict[str, Any]] = []
+        reasoning: list[dict[str, Any]] = []  # waiting for the item that follows them
         for part in message.parts:
+            if isinstance(part, ReasoningPart):
+                if part.provider == provider and part.provider_blocks:
+                    reasoning += [b for b in part.provider_blocks if _replayable(b)]
+                continue
+            before = len(items)
             if isinstance(part, TextPart):
                 if part.text:
-                    out.append({"role": "assistant", "content": part.text})
-            elif isinstance(part, ReasoningPart):
-                if part.provider == provider and part.provider_blocks:
-                    out.extend(copy.deepcopy(part.provider_blocks))
+                    items.append({"role": "assistant", "content": part.text})
             elif isinstance(part, ToolCallPart) and part.executor == "provider":
                 if part.provider == provider and part.provider_blocks:
-                    out.extend(copy.deepcopy(part.provider_blocks))
+                    items.extend(copy.deepcopy(part.provider_blocks))
                 else:
-                    out.append({"role": "assistant", "content": hosted_note(part)})
+                    items.append({"role": "assistant", "content": hosted_note(part)})
             elif isinstance(part, ToolCallPart):
-                out.append(
+                items.append(
                     {
                         "type": "function_call",
                         "call_id": part.id,
@@ -119,8 +126,22 @@ def responses_input(
                 )
                 text, _ = result_text(part)
                 outputs.append({"type": "function_call_output", "call_id": part.id, "output": text})
+            if reasoning and len(items) > before:
+                items[before:before] = copy.deepcopy(reasoning)
+                reasoning = []
+        # Reasoning that nothing followed (an answer cut while the model reasoned) is left
+        # out: the API refuses a reasoning item without its following item.
+        out.extend(items)
         out.extend(outputs)
     return out
+
+
+def _replayable(item: dict[str, Any]) -> bool:
+    """Whether a reasoning item can go back to a request that stores nothing.
+
+    Without its `encrypted_content` the API would look its id up, and find nothing.
+    """
+    return item.get("type") != "reasoning" or bool(item.get("encrypted_content"))
 
 
 def _content(texts: list[str]) -> str | list[dict[str, str]]:
