@@ -249,6 +249,61 @@ async def test_a_complete_answer_without_streaming(fake: FakeProviders, retry: R
     assert fake.requests[0].body["store"] is False
 
 
+async def test_a_terminal_event_without_output_keeps_the_items_streamed_done(
+    fake: FakeProviders, responses_model
+):
+    # Some servers that speak the Responses API leave the terminal event's output empty.
+    fake.script(
+        responses_stream(
+            [responses_message("Hi."), responses_call("call_1", "weather_today", "{}")],
+            output=[],
+        )
+    )
+
+    out = await collect(responses_model, ask(tools=[WEATHER]))
+
+    assert out[-1].parts == [
+        TextPart(text="Hi."),
+        ToolCallPart(id="call_1", name="weather.today", raw_args="{}"),
+    ]
+    assert out[-1].finish_reason == "tool_call"
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "attempts"),
+    [
+        (
+            responses_object(
+                [], status="failed", error={"code": "invalid_prompt", "message": "No."}
+            ),
+            ModelHTTPError,
+            1,  # a lasting error: not retried
+        ),
+        (
+            responses_object([responses_message("Hal").done], status="in_progress"),
+            IncompleteResponseError,
+            2,
+        ),
+    ],
+    ids=["failed", "in-progress"],
+)
+async def test_a_complete_answer_that_is_not_finished_is_refused(
+    fake: FakeProviders, sleeper, body: dict[str, Any], error: type[Exception], attempts: int
+):
+    fake.script(*[Json(body)] * attempts)
+    policy = RetryPolicy(max_attempts=2, sleep=sleeper, random=lambda: 0.0)
+    async with OpenAIResponsesModel(
+        "gpt-5", api_key="k", base_url=fake.openai_url, retry=policy, stream=False
+    ) as model:
+        with pytest.raises(error) as caught:
+            await collect(model)
+    assert caught.value.attempts == attempts
+    if error is ModelHTTPError:
+        assert caught.value.message == "No. (invalid_prompt)"
+    else:
+        assert caught.value.missing == "finished status"
+
+
 async def test_a_refusal_is_the_answer_text(fake: FakeProviders, responses_model):
     refusal = {"type": "refusal", "refusal": "I can't help with that."}
     message = responses_item(

@@ -7,7 +7,9 @@ summaries = OpenAIResponsesModel("gpt-5", settings={"reasoning": {"summary": "au
 
 Stateless: every request is `store: false` and sends the whole conversation as input items
 (handrail owns the history; `_responses_format` converts it), asking for the reasoning's
-`encrypted_content`, which the next request sends back unchanged. Text, reasoning summaries
+`encrypted_content`, which the next request sends back unchanged. Hosted tools (web search,
+code interpreter) are declared and read by `_responses_format`: each call is one provider
+part, its item kept as received and sent back in place. Text, reasoning summaries
 and function-call arguments stream as they come; the answer's parts are read from the
 terminal event's response (its `output`, `usage` and status). The client, its key, retries
 (`RetryPolicy` alone) and error mapping are the Chat Completions model's
