@@ -156,6 +156,8 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
                     },
                     "digest": {"status": "shipped"},
                     "executor": "server",
+                    "provider": None,
+                    "provider_blocks": None,
                     "reused_from": None,
                     "cached": False,
                     "started_at": None,
