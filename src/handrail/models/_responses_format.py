@@ -1,4 +1,6 @@
-"""handrail's messages as OpenAI Responses API input items: pure functions, no SDK import.
+"""handrail's messages as OpenAI Responses API input items, and its output items as parts.
+
+Pure functions, no SDK import.
 
 The model is stateless (`store: false`): nothing is kept at OpenAI, so every request sends
 the whole conversation as input items and handrail's history is the only copy.
@@ -32,6 +34,8 @@ the whole conversation as input items and handrail's history is the only copy.
   unchanged and in place to this provider (no output item: OpenAI ran it); another provider's
   hosted call (or a test double's) is a short note in an `assistant` message in its place.
 - Approval cards are the UI's business; the model reads their outcome in the call's result.
+- Not kept: an assistant message's `phase` (`commentary`, `final_answer`), which OpenAI asks
+  newer codex models to get back; the text goes back without it.
 """
 
 from __future__ import annotations
