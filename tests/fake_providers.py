@@ -1,4 +1,4 @@
-"""A fake model-provider server on 127.0.0.1: OpenAI Chat Completions and Anthropic Messages.
+"""A fake model-provider server on 127.0.0.1: OpenAI Chat Completions and Responses, Anthropic.
 
 The real SDKs talk to it over real HTTP, so the tests exercise the wire protocols (status
 codes, headers, chunked Server-Sent Events, connections cut midway) rather than a fake client.
@@ -8,6 +8,14 @@ A test scripts the replies to its next requests, in order, and reads back what w
 fake.script(openai_stream([openai_chunk(content="Hi")], usage=openai_usage(5, 1)))
 ... run the model ...
 assert fake.requests[0].body["messages"][-1] == {"role": "user", "content": "Hello"}
+```
+
+The Responses API's streams are built from output items (`responses_message`,
+`responses_call`, `responses_reasoning`, or any item with `responses_item`) by
+`responses_stream`, which numbers their events and ends them with the terminal event:
+
+```python
+fake.script(responses_stream([responses_message("Hi")], usage=responses_usage(5, 1)))
 ```
 
 Replies: `Json` (any status, any headers), `Stream` (SSE frames, optionally cut after some, or
@@ -30,11 +38,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = [
+    "RESPONSES_MODEL",
     "Drop",
     "FakeProviders",
     "Hang",
     "Json",
     "Recorded",
+    "ResponsesItem",
     "Stream",
     "anthropic_error",
     "anthropic_message",
@@ -44,6 +54,15 @@ __all__ = [
     "openai_error",
     "openai_stream",
     "openai_usage",
+    "responses_call",
+    "responses_code_interpreter",
+    "responses_item",
+    "responses_message",
+    "responses_object",
+    "responses_reasoning",
+    "responses_stream",
+    "responses_usage",
+    "responses_web_search",
     "sse",
 ]
 
@@ -273,6 +292,12 @@ def _refusal(path: str, headers: dict[str, str], body: Any) -> Json | None:
             return openai_error(401, "You didn't provide an API key.", "invalid_request_error")
         names = [t.get("function", {}).get("name", "") for t in tools]
         kind = openai_error
+    elif path.startswith("/v1/responses"):
+        if not headers.get("authorization", "").startswith("Bearer "):
+            return openai_error(401, "You didn't provide an API key.", "invalid_request_error")
+        # Only function tools have names; hosted tools (web_search, ...) are named by type.
+        names = [t.get("name", "") for t in tools if t.get("type") == "function"]
+        kind = openai_error
     elif path.startswith("/v1/messages"):
         if "x-api-key" not in headers and not headers.get("authorization", "").startswith(
             "Bearer "
@@ -303,14 +328,16 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {text}\n\n".encode()
 
 
-def openai_usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+def openai_usage(
+    prompt: int, completion: int, cached: int = 0, *, reasoning: int = 0
+) -> dict[str, Any]:
     """A Chat Completions `usage` object."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0},
     }
 
 
@@ -409,6 +436,268 @@ def openai_error(
         status=status,
         headers={"x-request-id": f"req_{status}", **(headers or {})},
     )
+
+
+# -- OpenAI Responses -----------------------------------------------------------------------
+
+
+@dataclass
+class ResponsesItem:
+    """One output item of a response: as `response.output_item.added` announces it, the events
+    that build it (without their indexes, which `responses_stream` numbers), and as it is done
+    (in `response.output_item.done` and in the terminal event's `response.output`)."""
+
+    added: dict[str, Any]
+    events: list[dict[str, Any]]
+    done: dict[str, Any]
+
+
+def responses_item(
+    done: dict[str, Any],
+    *,
+    added: dict[str, Any] | None = None,
+    events: Sequence[dict[str, Any]] = (),
+) -> ResponsesItem:
+    """Any output item (`added` defaults to `done` marked `in_progress`)."""
+    if added is None:
+        added = {**done, "status": "in_progress"} if "status" in done else dict(done)
+    return ResponsesItem(added=added, events=list(events), done=done)
+
+
+def responses_message(
+    *pieces: str,
+    id: str = "msg_1",
+    annotations: list[dict[str, Any]] | None = None,
+    status: str = "completed",
+) -> ResponsesItem:
+    """An assistant `message` item whose `output_text` streams as `pieces`."""
+    text = "".join(pieces)
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    whole = {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}
+    events: list[dict[str, Any]] = [
+        {"type": "response.content_part.added", "content_index": 0, "part": empty}
+    ]
+    events += [
+        {"type": "response.output_text.delta", "content_index": 0, "delta": p, "logprobs": []}
+        for p in pieces
+    ]
+    events += [
+        {"type": "response.output_text.done", "content_index": 0, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", "content_index": 0, "part": whole},
+    ]
+    item = {"id": id, "type": "message", "role": "assistant"}
+    return ResponsesItem(
+        added={**item, "status": "in_progress", "content": []},
+        events=events,
+        done={**item, "status": status, "content": [whole]},
+    )
+
+
+def responses_call(
+    call_id: str, name: str, *pieces: str, id: str | None = None, status: str = "completed"
+) -> ResponsesItem:
+    """A `function_call` item whose arguments stream as `pieces`."""
+    arguments = "".join(pieces)
+    item = {"id": id or f"fc_{call_id}", "type": "function_call", "call_id": call_id, "name": name}
+    events: list[dict[str, Any]] = [
+        {"type": "response.function_call_arguments.delta", "delta": p} for p in pieces
+    ]
+    if status == "completed":
+        events.append({"type": "response.function_call_arguments.done", "arguments": arguments})
+    return ResponsesItem(
+        added={**item, "status": "in_progress", "arguments": ""},
+        events=events,
+        done={**item, "status": status, "arguments": arguments},
+    )
+
+
+def responses_reasoning(
+    *summaries: Sequence[str], encrypted: str = "gAAAAB-encrypted==", id: str = "rs_1"
+) -> ResponsesItem:
+    """A `reasoning` item: each summary part streams as its pieces; `encrypted_content` comes
+    whole with `response.output_item.done` (as OpenAI documents)."""
+    events: list[dict[str, Any]] = []
+    done: list[dict[str, Any]] = []
+    for index, pieces in enumerate(summaries):
+        text = "".join(pieces)
+        part = {"type": "summary_text", "text": text}
+        events.append(
+            {
+                "type": "response.reasoning_summary_part.added",
+                "summary_index": index,
+                "part": {"type": "summary_text", "text": ""},
+            }
+        )
+        events += [
+            {"type": "response.reasoning_summary_text.delta", "summary_index": index, "delta": p}
+            for p in pieces
+        ]
+        events += [
+            {"type": "response.reasoning_summary_text.done", "summary_index": index, "text": text},
+            {"type": "response.reasoning_summary_part.done", "summary_index": index, "part": part},
+        ]
+        done.append(part)
+    return ResponsesItem(
+        added={"id": id, "type": "reasoning", "summary": []},
+        events=events,
+        done={"id": id, "type": "reasoning", "summary": done, "encrypted_content": encrypted},
+    )
+
+
+def responses_web_search(
+    id: str,
+    query: str,
+    urls: Sequence[str] = (),
+    *,
+    status: str = "completed",
+) -> ResponsesItem:
+    """A `web_search_call` item: its `action` (the query and, as `include` asks, the sources
+    found) and the events that mark its progress."""
+    action: dict[str, Any] = {"type": "search", "query": query}
+    if urls:
+        action["sources"] = [{"type": "url", "url": url} for url in urls]
+    events = [
+        {"type": f"response.web_search_call.{step}"}
+        for step in ("in_progress", "searching", "completed")
+    ]
+    return ResponsesItem(
+        added={"id": id, "type": "web_search_call", "status": "in_progress"},
+        events=events if status == "completed" else events[:2],
+        done={"id": id, "type": "web_search_call", "status": status, "action": action},
+    )
+
+
+def responses_code_interpreter(
+    id: str, code: Sequence[str], logs: str, *, container: str = "cntr_fake"
+) -> ResponsesItem:
+    """A `code_interpreter_call` item: its code streams as `code`; its `outputs` (as
+    `include` asks) are the logs."""
+    whole = "".join(code)
+    item = {"id": id, "type": "code_interpreter_call", "container_id": container}
+    events: list[dict[str, Any]] = [{"type": "response.code_interpreter_call.in_progress"}]
+    events += [{"type": "response.code_interpreter_call_code.delta", "delta": p} for p in code]
+    events += [
+        {"type": "response.code_interpreter_call_code.done", "code": whole},
+        {"type": "response.code_interpreter_call.interpreting"},
+        {"type": "response.code_interpreter_call.completed"},
+    ]
+    return ResponsesItem(
+        added={**item, "status": "in_progress", "code": "", "outputs": None},
+        events=events,
+        done={
+            **item,
+            "status": "completed",
+            "code": whole,
+            "outputs": [{"type": "logs", "logs": logs}],
+        },
+    )
+
+
+def responses_usage(
+    input: int, output: int, *, cached: int = 0, reasoning: int = 0
+) -> dict[str, Any]:
+    """A Responses API `usage` object."""
+    return {
+        "input_tokens": input,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": input + output,
+    }
+
+
+RESPONSES_MODEL = "gpt-5-2025-08-07"
+
+
+def responses_object(
+    output: Sequence[dict[str, Any]],
+    *,
+    status: str = "completed",
+    usage: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+    error: dict[str, Any] | None = None,
+    model: str = RESPONSES_MODEL,
+) -> dict[str, Any]:
+    """A `response` object (the terminal event's, or a non-streamed body)."""
+    return {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": 1_763_800_000,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": (
+            {"reason": incomplete_reason} if incomplete_reason is not None else None
+        ),
+        "instructions": None,
+        "max_output_tokens": None,
+        "model": model,
+        "output": list(output),
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": "medium", "summary": None},
+        "store": False,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    }
+
+
+def responses_stream(
+    items: Sequence[ResponsesItem],
+    *,
+    usage: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+    failed: dict[str, Any] | None = None,
+    terminal: bool = True,
+    output: Sequence[dict[str, Any]] | None = None,
+    cut_after: int | None = None,
+    model: str = RESPONSES_MODEL,
+) -> Stream:
+    """A streamed response as OpenAI sends it: `response.created`, `response.in_progress`,
+    each item (`output_item.added`, its events, `output_item.done`), then the terminal event:
+    `response.completed`, `response.incomplete` (with `incomplete_reason`) or `response.failed`
+    (with `failed`, an error `{code, message}`). Its `response.output` is the items as done
+    unless `output` says otherwise. `terminal=False` leaves it out, as a stream that stopped
+    early; `cut_after` closes the connection after that many frames.
+    """
+    events: list[dict[str, Any]] = []
+    start = responses_object([], status="in_progress", model=model)
+    events.append({"type": "response.created", "response": start})
+    events.append({"type": "response.in_progress", "response": start})
+    for index, item in enumerate(items):
+        item_id = item.done.get("id", f"item_{index}")
+        events.append(
+            {"type": "response.output_item.added", "output_index": index, "item": item.added}
+        )
+        events += [{**e, "item_id": item_id, "output_index": index} for e in item.events]
+        events.append(
+            {"type": "response.output_item.done", "output_index": index, "item": item.done}
+        )
+    if terminal:
+        done = list(output) if output is not None else [item.done for item in items]
+        if failed is not None:
+            response = responses_object(done, status="failed", error=failed, model=model)
+            events.append({"type": "response.failed", "response": response})
+        elif incomplete_reason is not None:
+            response = responses_object(
+                done,
+                status="incomplete",
+                incomplete_reason=incomplete_reason,
+                usage=usage,
+                model=model,
+            )
+            events.append({"type": "response.incomplete", "response": response})
+        else:
+            response = responses_object(done, usage=usage, model=model)
+            events.append({"type": "response.completed", "response": response})
+    frames = [sse({**e, "sequence_number": number}, e["type"]) for number, e in enumerate(events)]
+    return Stream(frames, cut_after=cut_after, headers={"x-request-id": "req_fake"})
 
 
 # -- Anthropic Messages ---------------------------------------------------------------------

@@ -173,14 +173,16 @@ class ModelHTTPError(RunError):
 
     Raised at once for a request the provider refuses (400, 401, 403, 404, 422), and after the
     retry policy gave up for one it could not serve (429, 5xx, a connection error, a timeout).
-    An error event inside a stream (Anthropic's `overloaded_error`) is such a failure too, and
-    is not retried once the stream has produced output: its partial text stays in the history
-    and the run fails with this error. A stream whose body is cut or ends early is an
+    An error event inside a stream (Anthropic's `overloaded_error`, the Responses API's
+    `response.failed` or `error`; `status` None) is such a failure too, and is not retried
+    once the stream has produced output: its partial text stays in the history and the run
+    fails with this error. A stream whose body is cut or ends early is an
     `IncompleteResponseError` instead.
 
     Attributes:
         status: the HTTP status, or `None` when no response came (connection error, timeout).
-        provider: which provider failed (`openai`, `anthropic`, `openai-compatible`).
+        provider: which provider failed (`openai`, `anthropic`, `openai-compatible`,
+            `openai-responses`).
         request_id: the provider's id for the request, to quote to its support.
         message: what the provider said, verbatim.
         attempts: how many requests were made.

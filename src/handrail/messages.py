@@ -81,6 +81,10 @@ class ReasoningPart:
     """The block was Anthropic's `redacted_thinking`; `signature` then holds its encrypted
     `data` (and `text` is empty). Thinking whose text was omitted is not redacted. None: a
     part stored before handrail told the two apart, read as it was then (no text: redacted)."""
+    provider_blocks: list[dict[str, Any]] | None = None
+    """The provider's own items for this reasoning, exactly as received, for a provider that
+    wants them back unchanged: OpenAI Responses' `reasoning` item (its `id`, `summary` and
+    `encrypted_content`). Sent back only to the provider that produced them."""
     type: Literal["reasoning"] = "reasoning"
 
 

@@ -64,3 +64,12 @@ async def anthropic_model(fake: FakeProviders, retry: RetryPolicy) -> AsyncItera
     )
     yield model
     await model.aclose()
+
+
+@pytest.fixture
+async def responses_model(fake: FakeProviders, retry: RetryPolicy) -> AsyncIterator[object]:
+    from handrail.models.openai_responses import OpenAIResponsesModel
+
+    model = OpenAIResponsesModel("gpt-5", api_key="sk-test", base_url=fake.openai_url, retry=retry)
+    yield model
+    await model.aclose()

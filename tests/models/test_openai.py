@@ -241,6 +241,18 @@ async def test_a_complete_answer_without_streaming(fake: FakeProviders, retry: R
     assert "stream" not in fake.requests[0].body
 
 
+async def test_reasoning_tokens_are_counted_in_the_usage(fake: FakeProviders, openai_model):
+    fake.script(
+        openai_stream([openai_chunk(content="42")], usage=openai_usage(10, 50, reasoning=44))
+    )
+
+    out = await collect(openai_model)
+
+    assert out[-1].usage == Usage(
+        requests=1, input_tokens=10, output_tokens=50, reasoning_tokens=44
+    )
+
+
 # -- what is sent -----------------------------------------------------------------------------
 
 

@@ -3,8 +3,9 @@
 A model streams a `ModelRequest` into chunks (`TextChunk`, `ReasoningChunk`,
 `ToolCallChunk`) and ends the stream with exactly one `ModelResponse` carrying the complete
 parts, the usage and the stop reason. Providers live one per module (`models/openai.py`,
-`models/anthropic.py`), each behind its extra and loaded lazily on first use:
-`from handrail.models import OpenAIModel` needs `pip install "handrail[openai]"`. `infer`
+`models/openai_responses.py`, `models/anthropic.py`), each behind its extra and loaded
+lazily on first use: `from handrail.models import OpenAIModel` needs
+`pip install "handrail[openai]"`. `infer`
 turns a string such as `"openai:gpt-4o-mini"` into a model. The offline test doubles are
 `ScriptedModel` and `FunctionModel` (also exported from `handrail.testing`).
 """
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from ..tools._hosted import HostedTool
     from .anthropic import AnthropicModel
     from .openai import OpenAIModel
+    from .openai_responses import OpenAIResponsesModel
 
 __all__ = [
     "AnthropicModel",
@@ -31,6 +33,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
+    "OpenAIResponsesModel",
     "ReasoningChunk",
     "TextChunk",
     "ToolCallChunk",
@@ -65,6 +68,9 @@ class Usage:
     """Completion tokens."""
     cached_tokens: int = 0
     """Prompt tokens served from the provider's cache."""
+    reasoning_tokens: int = 0
+    """Output tokens the model spent reasoning (counted in `output_tokens` too), where the
+    provider says: OpenAI's `reasoning_tokens` in both APIs."""
     tool_calls: int = 0
     """Tool calls dispatched."""
     invalid_tool_calls: int = 0
@@ -76,6 +82,7 @@ class Usage:
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
         self.cached_tokens += other.cached_tokens
+        self.reasoning_tokens += other.reasoning_tokens
         self.tool_calls += other.tool_calls
         self.invalid_tool_calls += other.invalid_tool_calls
 
@@ -185,6 +192,10 @@ def __getattr__(name: str) -> Any:
         from .openai import OpenAIModel
 
         return OpenAIModel
+    if name == "OpenAIResponsesModel":
+        from .openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel
     if name == "AnthropicModel":
         from .anthropic import AnthropicModel
 

@@ -1,6 +1,8 @@
 """`infer`: a model from one string, so a command line or a config file can name it.
 
 - `openai:gpt-4o-mini`: `OpenAIModel("gpt-4o-mini")`, the key from `OPENAI_API_KEY`;
+- `openai-responses:gpt-5`: `OpenAIResponsesModel("gpt-5")` (the Responses API), the key
+  from `OPENAI_API_KEY`;
 - `anthropic:claude-sonnet-4-6`: `AnthropicModel("claude-sonnet-4-6")`, the key from
   `ANTHROPIC_API_KEY`;
 - `openai-compatible:qwen2.5:7b@http://127.0.0.1:11434/v1`: `OpenAIModel` on that server,
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PROVIDERS", "as_model", "infer"]
 
-PROVIDERS = ("openai", "anthropic", "openai-compatible")
+PROVIDERS = ("openai", "anthropic", "openai-compatible", "openai-responses")
 """The provider prefixes `infer` knows."""
 
 COMPATIBLE_KEY_VARIABLE = "OPENAI_COMPATIBLE_API_KEY"
@@ -44,6 +46,12 @@ def infer(spec: str) -> Model:
         )
     if provider == "openai":
         return _openai()(rest)
+    if provider == "openai-responses":
+        try:
+            from .openai_responses import OpenAIResponsesModel
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+        return OpenAIResponsesModel(rest)
     if provider == "anthropic":
         try:
             from .anthropic import AnthropicModel
@@ -87,8 +95,8 @@ def as_model(model: Model | str, *, where: str) -> Model:
     if not callable(getattr(model, "stream", None)) or not hasattr(model, "name"):
         raise ConfigError(
             f"{where}: {model!r} is not a model. Pass a model (OpenAIModel(...), "
-            f"AnthropicModel(...), ScriptedModel(...)) or a string that handrail.models.infer "
-            f"reads, such as 'openai:gpt-4o-mini'."
+            f"OpenAIResponsesModel(...), AnthropicModel(...), ScriptedModel(...)) or a string "
+            f"that handrail.models.infer reads, such as 'openai:gpt-4o-mini'."
         )
     return model
 

@@ -29,6 +29,7 @@ __all__ = [
     "openai_messages",
     "openai_request",
     "openai_tools",
+    "output_format",
     "request_tool_names",
     "tool_arguments",
 ]
@@ -127,9 +128,16 @@ def openai_request(request: ModelRequest, names: ToolNames) -> dict[str, Any]:
     if request.output_schema is not None:
         body["response_format"] = {
             "type": "json_schema",
-            # Not `strict`: OpenAI's strict mode accepts only a subset of JSON Schema (every
-            # field required, no defaults), which most pydantic models are not. The loop
-            # validates the answer and asks again once when it does not fit.
-            "json_schema": {"name": OUTPUT_NAME, "schema": request.output_schema},
+            "json_schema": output_format(request.output_schema),
         }
     return body
+
+
+def output_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """A structured-output schema as both OpenAI APIs name it (`name` and `schema`).
+
+    Not `strict`: OpenAI's strict mode accepts only a subset of JSON Schema (every field
+    required, no defaults), which most pydantic models are not. The loop validates the answer
+    and asks again once when it does not fit.
+    """
+    return {"name": OUTPUT_NAME, "schema": schema}

@@ -25,7 +25,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, cast
 
-from ..exceptions import ConfigError, ModelError
+from ..exceptions import ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import check_hosted
 from . import (
@@ -39,20 +39,20 @@ from . import (
     Usage,
 )
 from ._openai_format import openai_request, request_tool_names
-from ._sdk import SDKModel, body_broken, describe_sdk_error, incomplete
+from ._sdk import body_broken, incomplete
 from ._wire import ToolNames
-from .retry import Failure, RetryPolicy
+from .retry import RetryPolicy
 
 try:
     import openai
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
     from openai.types.completion_usage import CompletionUsage
+
+    from ._openai_client import OpenAIClientModel
 except ImportError as _error:  # pragma: no cover - exercised without the extra installed
     raise ImportError('OpenAIModel needs openai: pip install "handrail[openai]"') from _error
 
 __all__ = ["OpenAIModel"]
-
-API_KEY_VARIABLE = "OPENAI_API_KEY"
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "stop": "stop",
@@ -74,7 +74,7 @@ def finish_reason(raw: str | None) -> FinishReason:
     return _FINISH_REASONS.get(raw or "", "other")
 
 
-class OpenAIModel(SDKModel):
+class OpenAIModel(OpenAIClientModel):
     """A model served over OpenAI's Chat Completions API.
 
     Args:
@@ -106,30 +106,17 @@ class OpenAIModel(SDKModel):
         settings: Mapping[str, Any] | None = None,
         provider: str = "openai",
     ) -> None:
-        self.model_name = model
-        self.provider = provider
-        self.retry = retry or RetryPolicy()
-        self.streaming = stream
-        self.settings = dict(settings or {})
-        self._owns_client = client is None
-        if client is None:
-            api_key = api_key or os.environ.get(API_KEY_VARIABLE)
-            if not api_key:
-                if base_url is None:
-                    raise ConfigError(
-                        f"OpenAIModel({model!r}) needs an API key: set the environment variable "
-                        f"{API_KEY_VARIABLE}, or pass api_key=."
-                    )
-                api_key = "unused"  # local OpenAI-compatible servers take any key
-            client = openai.AsyncOpenAI(
-                api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
-            )
-        else:
-            client = client.with_options(max_retries=0)
-        self.client = client
-
-    def __repr__(self) -> str:
-        return f"OpenAIModel({self.model_name!r}, base_url={str(self.client.base_url)!r})"
+        super().__init__(
+            model,
+            api_key=api_key,
+            base_url=base_url,
+            client=client,
+            retry=retry,
+            timeout=timeout,
+            stream=stream,
+            settings=settings,
+            provider=provider,
+        )
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the answer to `request`: chunks, then one `ModelResponse`.
@@ -153,15 +140,6 @@ class OpenAIModel(SDKModel):
         body.update(self.settings)
         attempt = self._stream if self.streaming else self._complete
         return self.retry.stream(self.provider, lambda: attempt(body, names), self._describe)
-
-    def _describe(self, exc: Exception) -> Failure | None:
-        return describe_sdk_error(
-            exc,
-            status_error=openai.APIStatusError,
-            connection_error=openai.APIConnectionError,
-            api_error=openai.APIError,
-            now=self.retry.clock(),
-        )
 
     async def _stream(
         self, body: dict[str, Any], names: ToolNames
@@ -456,9 +434,11 @@ def _usage(usage: CompletionUsage | None) -> Usage:
     if usage is None:
         return Usage(requests=1)
     details = usage.prompt_tokens_details
+    completion = usage.completion_tokens_details
     return Usage(
         requests=1,
         input_tokens=usage.prompt_tokens,
         output_tokens=usage.completion_tokens,
         cached_tokens=(details.cached_tokens or 0) if details is not None else 0,
+        reasoning_tokens=(completion.reasoning_tokens or 0) if completion is not None else 0,
     )

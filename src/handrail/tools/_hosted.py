@@ -13,6 +13,7 @@ The provider runs the call and returns it with its result: the adapter makes ONE
 
 - web search: `{"kind": "web_search", "queries": [...], "sources": [{"url", "title"}, ...]}`
 - code execution: `{"kind": "code_execution", "code", "stdout", "stderr", "return_code"}`
+  (`return_code` None where the provider reports none, as OpenAI's code interpreter)
 - web fetch: `{"kind": "web_fetch", "url", "title"}`
 
 A provider-side error is a failed result whose `error` is the provider's error code.
@@ -238,7 +239,8 @@ def hosted_summary(data: Mapping[str, Any], error: str | None = None) -> str:
         count = len(data.get("sources") or [])
         return f"searched the web: {count} source{'' if count == 1 else 's'}"
     if kind == "code_execution":
-        return f"ran code (exit {data.get('return_code')})"
+        code = data.get("return_code")
+        return "ran code" if code is None else f"ran code (exit {code})"  # None: not reported
     if kind == "web_fetch":
         return f"fetched {data.get('url')}"
     return f"ran {kind or 'a hosted tool'} at the model provider"
