@@ -168,6 +168,13 @@ def test_provider_and_model_come_from_the_model_itself_when_it_says():
         "gen_ai.request.model": "house-model",
         "gen_ai.conversation.id": "s9",
     }
+    from handrail.models import OpenAIResponsesModel
+
+    responses = OpenAIResponsesModel("gpt-5", api_key="unused")  # the Responses API is OpenAI's
+    assert tracing.model_attributes(responses, None) == {
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "gpt-5",
+    }
     scripted = ScriptedModel([], name="openai:gpt-4o")  # a test double, whatever its name
     assert tracing.model_attributes(scripted, None)["gen_ai.provider.name"] == "handrail.testing"
 
@@ -176,7 +183,9 @@ async def test_span_kinds_conversation_usage_and_tool_attributes():
     script = ScriptedModel(
         [json.dumps({"route": "search"}), [call("orders.lookup", order_id="A1")], "Done.", "Ok."]
     )
-    usage = Usage(requests=1, input_tokens=120, output_tokens=7, cached_tokens=100)
+    usage = Usage(
+        requests=1, input_tokens=120, output_tokens=7, cached_tokens=100, reasoning_tokens=5
+    )
     original = script.stream
 
     async def with_usage(request: ModelRequest) -> AsyncIterator[ModelChunk]:
@@ -201,6 +210,7 @@ async def test_span_kinds_conversation_usage_and_tool_attributes():
         "gen_ai.usage.input_tokens": 120,
         "gen_ai.usage.output_tokens": 7,
         "gen_ai.usage.cache_read.input_tokens": 100,
+        "gen_ai.usage.reasoning.output_tokens": 5,
         "gen_ai.response.finish_reasons": ("stop",),
         "gen_ai.response.model": "scripted",
     }

@@ -14,14 +14,17 @@ semantic conventions; the turn, the route decision and a suspension use `handrai
   `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.conversation.id`.
 - `chat {model}` (CLIENT): the same but the agent's name, and `gen_ai.usage.input_tokens`,
   `gen_ai.usage.output_tokens`, `gen_ai.usage.cache_read.input_tokens`,
-  `gen_ai.response.finish_reasons`, `gen_ai.response.model`.
+  `gen_ai.usage.reasoning.output_tokens`, `gen_ai.response.finish_reasons`,
+  `gen_ai.response.model`. Calls the provider ran itself (hosted tools) ran inside the chat
+  call, so they have no `execute_tool` span; their events say what they did.
 - `execute_tool {tool}` (INTERNAL): `gen_ai.operation.name`, `gen_ai.tool.name`,
   `gen_ai.tool.call.id`, `gen_ai.tool.description`, `gen_ai.tool.type` (`function`),
   `gen_ai.conversation.id`, `handrail.tool.status`.
 - `handrail.route` and `handrail.suspension` (INTERNAL), under the turn.
 
 `gen_ai.provider.name` is the model's `provider` (`openai`, `anthropic`, or the `provider=`
-given to a compatible endpoint), else the `provider:` prefix of its name;
+given to a compatible endpoint; `openai` for `OpenAIResponsesModel`, whose own name is
+`openai-responses`), else the `provider:` prefix of its name;
 `handrail.testing` for the test doubles (`ScriptedModel`, `FunctionModel`) and `_OTHER` for
 a model that says neither. `gen_ai.request.model` is the model's name without that prefix
 (`gpt-4o-mini`).
@@ -61,6 +64,9 @@ if TYPE_CHECKING:
     from .models import Model, ModelRequest, ModelResponse, ToolDefinition
 
 __all__ = ["Tracing"]
+
+_SEMCONV_PROVIDERS = {"openai-responses": "openai"}
+"""handrail's provider names that are not the GenAI conventions' (both APIs are OpenAI's)."""
 
 AttributeValue = str | bool | int | float | Sequence[str]
 T = TypeVar("T")
@@ -186,7 +192,7 @@ class Tracing:
             else:
                 provider, model_name = "_OTHER", name
         attributes: dict[str, AttributeValue] = {
-            "gen_ai.provider.name": provider,
+            "gen_ai.provider.name": _SEMCONV_PROVIDERS.get(provider, provider),
             "gen_ai.request.model": model_name,
         }
         if session_id:
@@ -213,6 +219,7 @@ class Tracing:
             "gen_ai.usage.input_tokens": usage.input_tokens,
             "gen_ai.usage.output_tokens": usage.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
+            "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
             "gen_ai.response.finish_reasons": [
                 response.finish_reason or response.stop_reason or ""
             ],
