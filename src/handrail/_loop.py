@@ -366,6 +366,7 @@ async def _agent_loop(
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
                 cached_tokens=usage.cached_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
                 finish_reason=response.finish_reason,
             )
             finish = response.finish_reason

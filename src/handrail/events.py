@@ -248,6 +248,8 @@ class UsageEvent:
     """Completion tokens."""
     cached_tokens: int = 0
     """Prompt tokens served from the provider's cache."""
+    reasoning_tokens: int = 0
+    """Output tokens spent on reasoning (part of `output_tokens`; where the provider says)."""
     finish_reason: str | None = None
     """Why the model stopped this response (`stop`, `tool_call`, `length`, `content_filter`,
     `other`; see `handrail.models.FinishReason`); tool calls of a response that is not `stop`
