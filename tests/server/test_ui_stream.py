@@ -389,11 +389,44 @@ async def test_a_request_that_cannot_be_acted_on_is_an_error_chunk() -> None:
             regenerate = {"id": "c-r", "messages": [user], "trigger": "regenerate-message"}
             response = await client.post("/chat", json=regenerate, headers=ANA)
             assert "regenerate_unsupported: " in response.text
-            edits = {"id": "c-e", "messages": [user], "handrail": {"edits": {"call_1": {}}}}
-            response = await client.post("/chat", json=edits, headers=ANA)
-            assert "invalid_payload: handrail.edits goes with approvals" in response.text
             nothing = await client.get("/chat/c-none/stream", headers=ANA)
             assert nothing.status_code == 204
             bad = await client.get("/chat/%01/stream", headers=ANA)
             assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_request"
     assert app.state.runs._tasks == {}
+
+
+async def test_edits_of_a_call_that_is_rejected_are_refused_and_nothing_is_decided() -> None:
+    scenario = build_scenario()
+    app = _app(scenario.engine)
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": CUSTOMER_MESSAGE}]}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            first = await client.post("/chat", json={"id": "c", "messages": [user]}, headers=ANA)
+            chunks = [json.loads(f[6:]) for f in first.text.split("\n\n") if f[6:7] == "{"]
+            (request,) = [c for c in chunks if c["type"] == "tool-approval-request"]
+            call_id = request["toolCallId"]
+            part = {
+                "type": "tool-orders.refund",
+                "toolCallId": call_id,
+                "state": "approval-responded",
+                "input": {},
+                "approval": {"id": call_id, "approved": False},
+            }
+            assistant = {"id": "turn-1", "role": "assistant", "parts": [part]}
+            args = {"order_id": "A1042", "amount": 40, "reason": "damaged on arrival"}
+            body = {
+                "id": "c",
+                "messages": [user, assistant],
+                "handrail": {"edits": {call_id: args, "call_0": {"amount": 1}}},
+            }
+            refused = await client.post("/chat", json=body, headers=ANA)
+            del body["handrail"]["edits"][call_id]  # a leftover edit of another call remains
+            rejected = await client.post("/chat", json=body, headers=ANA)
+    assert f"invalid_payload: handrail.edits amends {call_id}, which this" in refused.text
+    assert '"tool-output-denied"' in rejected.text and _refunds(scenario) == []
+    state = await scenario.engine.session(
+        chat_session(ANA_CALLER, "c"), org_id="acme", user_id="ana"
+    )
+    assert state.pending == {}

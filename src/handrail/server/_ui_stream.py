@@ -136,7 +136,7 @@ def ui_stream_operations(api: _Api, path: str = "/chat") -> list[Operation]:
         Operation(
             "GET",
             f"{path}/{{chat_id}}/stream",
-            endpoint.reconnect,
+            endpoint.chat_stream,
             "AI SDK chat: the running or suspended turn's UI message stream from its start "
             "(204: none)",
             stream=True,
@@ -164,7 +164,7 @@ class _Endpoint:
             headers=HEADER,
         )
 
-    async def reconnect(self, request: Request) -> Response:
+    async def chat_stream(self, request: Request) -> Response:
         """`GET /chat/{chat_id}/stream`: the current turn's stream from its start, or 204."""
         api = self.api
         caller = await api._caller(request)
@@ -293,10 +293,6 @@ class _Endpoint:
             decisions = _decisions(state, last, body.handrail.edits, caller)
             after = await start_turn(api, caller, session_id, decisions=decisions, client=client)
             return after, last.id, known
-        if body.handrail.edits:
-            raise ChatRefusal(
-                "invalid_payload", "handrail.edits goes with approvals, not with a new message."
-            )
         if state is not None and state.pending:
             raise ChatRefusal(
                 "interrupt_pending",
@@ -354,12 +350,13 @@ def _decisions(
             )
         # else: an output the chat already holds, or a decision recorded by an earlier
         # request while other calls of the turn still wait.
+    # Edits of calls that no longer wait are left over from an earlier approval: passed over.
     approved = {k for k, d in decisions.items() if isinstance(d, Approve)}
-    stray = sorted(set(edits) - approved)
+    stray = sorted((set(edits) & set(pending)) - approved)
     if stray:
         raise ChatRefusal(
             "invalid_payload",
-            f"handrail.edits names calls this request does not approve ({', '.join(stray)}); "
+            f"handrail.edits amends {', '.join(stray)}, which this request does not approve; "
             "nothing was decided.",
         )
     if decisions:
@@ -535,7 +532,7 @@ class _Chunks:
             yield {
                 "type": "finish",
                 "finishReason": "stop",
-                "messageMetadata": {"handrail": {"status": "completed"}},
+                "messageMetadata": {"handrail": {"status": "completed", "pending": []}},
             }
         elif isinstance(event, RunSuspended):
             yield from self.close()
