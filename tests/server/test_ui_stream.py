@@ -119,7 +119,7 @@ async def test_a_refund_asks_for_approval_and_runs_with_the_amended_amount() -> 
     async with serving(_app(scenario.engine)) as url:
         steps: list[dict[str, Any]] = [
             {"message": CUSTOMER_MESSAGE},
-            {"approve": True, "edits": {"amount": 40}},
+            {"approve": True, "edits": {"amount": 40}, "auto": True},  # sent by the chat
         ]
         first, second, final = await _chat(url, "c-approve", steps)
     assert first["error"] is None

@@ -2,9 +2,13 @@
 // AbstractChat over DefaultChatTransport, with a plain state holder, as useChat does).
 // argv[2]: JSON {url, key, chatId, nodeModules, messages?, steps: [...]}; a step is
 //   {message: "text", handrail?: {...}}    a new user message (sendMessage)
-//   {approve: true|false, reason?, edits?}  addToolApprovalResponse on the pending approval,
+//   {approve: true|false, reason?, edits?, auto?}
+//                                          addToolApprovalResponse on the pending approval,
 //                                          edits ({field: value}) merged into its input and
-//                                          sent as handrail.edits, then sendMessage()
+//                                          sent as handrail.edits, then sendMessage(); with
+//                                          auto, the chat sends by itself (useChat's
+//                                          sendAutomaticallyWhen:
+//                                          lastAssistantMessageIsCompleteWithApprovalResponses)
 //   {output: value} | {errorText: "..."}   addToolOutput on the call waiting for the client
 //                                          (a client tool, or a person's question), then send
 //   {resume: true}                         resumeStream() (GET {api}/{chatId}/stream)
@@ -15,7 +19,12 @@ import { pathToFileURL } from "node:url";
 
 const spec = JSON.parse(process.argv[2]);
 const require = createRequire(pathToFileURL(spec.nodeModules + "/"));
-const { AbstractChat, DefaultChatTransport, isToolUIPart } = await import(
+const {
+  AbstractChat,
+  DefaultChatTransport,
+  isToolUIPart,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+} = await import(
   pathToFileURL(require.resolve("ai")).href
 );
 
@@ -41,6 +50,7 @@ class Chat extends AbstractChat {
 
 let chunks = [];
 let extension = {};
+let automatic = false;
 
 class RecordingTransport extends DefaultChatTransport {
   processResponseStream(stream) {
@@ -58,6 +68,8 @@ class RecordingTransport extends DefaultChatTransport {
 const chat = new Chat({
   id: spec.chatId,
   messages: spec.messages ?? [],
+  sendAutomaticallyWhen: (options) =>
+    automatic && lastAssistantMessageIsCompleteWithApprovalResponses(options),
   transport: new RecordingTransport({
     api: `${spec.url}/chat`,
     headers: { Authorization: `Bearer ${spec.key}` },
@@ -86,10 +98,20 @@ for (const step of spec.steps) {
       if (step.edits !== undefined) {
         extension.edits = { [part.toolCallId]: { ...part.input, ...step.edits } };
       }
+      automatic = step.auto === true;
       await chat.addToolApprovalResponse({
         id: part.approval.id, approved: step.approve, reason: step.reason,
       });
-      await chat.sendMessage();
+      if (automatic) {
+        // The chat sent the request itself (not awaited by addToolApprovalResponse).
+        const ended = () => chunks.some((c) => c.type === "finish" || c.type === "error");
+        for (let i = 0; i < 3000 && !(ended() && chat.status !== "streaming"); i++) {
+          await new Promise((r) => setTimeout(r, 10));
+        }
+        automatic = false;
+      } else {
+        await chat.sendMessage();
+      }
     } else if (step.output !== undefined || step.errorText !== undefined) {
       const part = waiting("input-available");
       const tool = part.type === "dynamic-tool" ? part.toolName : part.type.slice(5);

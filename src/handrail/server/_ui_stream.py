@@ -184,28 +184,11 @@ class _Endpoint:
         )
 
     async def _turn_start(self, caller: Caller, session_id: str) -> int | None:
-        """The number of the event before the current turn's first; None: no current turn.
-
-        The current turn is the one running, or suspended: what follows the last turn that
-        ended. (The log is read through once: a chat's log is one conversation's.)
-        """
-        api = self.api
-        found = await api.store.summary(session_id)
+        """The number of the event before the current turn's first; None: no current turn."""
+        found = await self.api.store.summary(session_id)
         if found is None or (found.org_id, found.user_id) != tuple(caller):
             return None
-        ended, last, seen = 0, 0, 0
-        while True:
-            page = await api.store.events(session_id, after=seen, limit=500)
-            for seq, event in page:
-                seen = seq
-                last = seq
-                if event.get("type") in ("run-completed", "run-failed"):
-                    ended = seq
-            if len(page) < 500:
-                break
-        if last == ended and not api.runs.running(session_id):
-            return None
-        return ended
+        return await self.api.runs.current_turn(session_id)
 
     async def _replay(
         self, caller: Caller, session_id: str, start: int
