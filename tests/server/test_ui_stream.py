@@ -430,3 +430,62 @@ async def test_edits_of_a_call_that_is_rejected_are_refused_and_nothing_is_decid
         chat_session(ANA_CALLER, "c"), org_id="acme", user_id="ana"
     )
     assert state.pending == {}
+
+
+async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension() -> None:
+    gate = asyncio.Event()
+
+    @tool(name="shop.pay", approval="required")
+    async def pay(amount: float) -> dict[str, float]:
+        """Pay, once approved (it waits for the test's go)."""
+        await gate.wait()
+        return {"paid": amount}
+
+    model = ScriptedModel([[call("shop.pay", amount=5)], "Paid."])
+    engine = Engine(
+        Agent("shop", tools=[pay]),
+        store=MemoryStore(),
+        runtime=Runtime(model=model, ids=sequential_ids()),
+    )
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Pay it."}]}
+
+    def chunks(text: str) -> list[dict[str, Any]]:
+        return [json.loads(f[6:]) for f in text.split("\n\n") if f.startswith("data: {")]
+
+    async with (
+        serving(_app(engine)) as url,
+        httpx.AsyncClient(base_url=url, headers=ANA, timeout=30) as client,
+    ):
+        first = chunks((await client.post("/chat", json={"id": "c", "messages": [user]})).text)
+        (request,) = [c for c in first if c["type"] == "tool-approval-request"]
+        part = {
+            "type": "tool-shop.pay",
+            "toolCallId": request["toolCallId"],
+            "state": "approval-responded",
+            "input": {"amount": 5},
+            "approval": {"id": request["approvalId"], "approved": True},
+        }
+        assistant = {"id": "turn-1", "role": "assistant", "parts": [part]}
+        body = {"id": "c", "messages": [user, assistant]}
+        async with client.stream("POST", "/chat", json=body) as approved:
+            lines = approved.aiter_lines()
+            assert json.loads((await anext(lines))[6:]) == {"type": "start", "messageId": "turn-1"}
+            # The payment waits for the gate: the turn runs, resumed, while the client reconnects.
+            async with client.stream("GET", "/chat/c/stream") as replay:
+                assert replay.status_code == 200
+                assert replay.headers["x-vercel-ai-ui-message-stream"] == "v1"
+                gate.set()
+                await replay.aread()
+            replayed = chunks(replay.text)
+            rest = [line async for line in lines]
+        after = await client.get("/chat/c/stream")
+    assert replayed[0] == {"type": "start", "messageId": "turn-1"}
+    types = [c["type"] for c in replayed]
+    assert types.index("tool-approval-request") < types.index("tool-output-available")
+    assert replayed[-1]["type"] == "finish" and replayed[-1]["finishReason"] == "stop"
+    finishes = [c["finishReason"] for c in replayed if c["type"] == "finish"]
+    assert finishes == ["tool-calls", "stop"]  # the suspension, then the resumed turn's end
+    resumed = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert resumed[-1]["type"] == "finish"
+    assert "tool-input-start" not in [c["type"] for c in resumed]  # the client holds the call
+    assert after.status_code == 204  # the turn ended: nothing to resume
