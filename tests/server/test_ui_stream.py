@@ -19,14 +19,15 @@ from starlette.applications import Starlette
 
 from handrail import Agent, Engine, Runtime, tool
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, Scenario, build_scenario
-from handrail.server import create_app
+from handrail.server import Limits, create_app
 from handrail.server._auth import Caller
 from handrail.server._ui_stream import chat_session
 from handrail.store import MemoryStore
 from handrail.store.sqlite import SqliteStore
 from handrail.testing import ScriptedModel, call, sequential_ids
 
-from .conftest import ANA, authenticator
+from .conftest import ANA, BOB, StreamingTransport, authenticator
+from .test_limits import Clock
 from .test_uvicorn import serving
 
 NODE = shutil.which("node")
@@ -489,3 +490,32 @@ async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension(
     assert resumed[-1]["type"] == "finish"
     assert "tool-input-start" not in [c["type"] for c in resumed]  # the client holds the call
     assert after.status_code == 204  # the turn ended: nothing to resume
+
+
+async def test_chat_streams_count_against_the_organisations_stream_bandwidth() -> None:
+    clock = Clock()  # stands still until the test lets time pass: the debt stays until then
+    limits = Limits(stream_bytes=1_000, stream_burst=1_000, clock=clock)
+    app = create_app(
+        build_scenario().engine, authenticator=authenticator(), static_dir=None, limits=limits
+    )
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": CUSTOMER_MESSAGE}]}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=StreamingTransport(app), base_url="http://t") as client,
+    ):
+        body = {"id": "c", "messages": [user]}
+        async with client.stream("POST", "/chat", json=body, headers=ANA) as first:
+            received, chunks = 0, first.aiter_bytes()
+            async for data in chunks:
+                received += len(data)
+                if received > 1_000:  # past the organisation's bandwidth
+                    break
+            again = await client.post("/chat", json={"id": "d", "messages": [user]}, headers=ANA)
+            replay = await client.get("/chat/c/stream", headers=ANA)
+            bob = await client.post("/chat", json={"id": "c", "messages": [user]}, headers=BOB)
+            clock.step = 3_600.0  # an hour passes at each look: the debt is paid
+            rest = b"".join([data async for data in chunks])
+    for refused in (again, replay):
+        assert refused.status_code == 429 and "bytes a second" in refused.text
+    assert bob.status_code == 200  # another organisation's bandwidth is its own
+    assert rest.endswith(b"data: [DONE]\n\n")
