@@ -358,7 +358,10 @@ async def test_a_request_that_cannot_be_acted_on_is_an_error_chunk() -> None:
     assistant = {"id": "a1", "role": "assistant", "parts": []}
     cases = {
         "empty_message": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": " "}]}],
-        "no_new_message": [user, assistant],
+        "no_new_message": [
+            user,
+            {**assistant, "parts": [{"type": "tool-x", "toolCallId": "c", "state": {"x": 1}}]},
+        ],
         "not_pending": [
             user,
             {

@@ -320,7 +320,9 @@ def _decisions(
     decisions: dict[str, Decision] = {}
     for part in message.parts:
         call_id, status = part.get("toolCallId"), part.get("state")
-        if not _is_tool(part) or not isinstance(call_id, str) or status not in _ANSWERED:
+        if not (_is_tool(part) and isinstance(call_id, str) and isinstance(status, str)):
+            continue
+        if status not in _ANSWERED:
             continue
         card = pending.get(call_id)
         if card is not None:
