@@ -9,20 +9,15 @@ See `docs/agui.md` for the mapping and what AG-UI cannot say.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..events import (
-    EVENT,
     ApprovalRequired,
     ClientExecRequired,
     Event,
@@ -36,10 +31,21 @@ from ..events import (
     ToolCallStarted,
 )
 from ..exceptions import HandrailError
-from ..messages import ApprovalCardPart, Message, TextPart
+from ..messages import ApprovalCardPart
 from ..state import RunState
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject
 from ._auth import Caller
+from ._chats import (
+    ChatRefusal,
+    Cursor,
+    amendment,
+    chat_session_id,
+    chat_state,
+    new_user_text,
+    pump,
+    scratch_agents,
+    start_turn,
+)
 from ._openapi import Operation
 from ._sse import EventStream
 
@@ -53,30 +59,14 @@ except ImportError as exc:  # pragma: no cover - the server extra brings it
 if TYPE_CHECKING:
     from ._app import _Api
 
-__all__ = ["AguiRefusal", "agui_operation", "thread_session_id"]
+__all__ = ["agui_operation", "thread_session_id"]
 
 _log = logging.getLogger("handrail.server")
 
 
-class AguiRefusal(Exception):
-    """An input this endpoint refuses: it ends the AG-UI run with `RUN_ERROR`, nothing done."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def thread_session_id(caller: Caller, thread_id: str) -> str:
-    """The handrail session of `caller`'s AG-UI thread `thread_id`.
-
-    Derived from the caller as well as the thread, so that two tenants who pick the same
-    thread id get two sessions, and nobody can reach (or squat) another tenant's thread.
-    """
-    digest = hashlib.sha256(
-        json.dumps([caller.org_id, caller.user_id, thread_id]).encode()
-    ).hexdigest()
-    return f"agui-{digest[:32]}"
+    """The handrail session of `caller`'s AG-UI thread `thread_id` (see `chat_session_id`)."""
+    return chat_session_id(caller, thread_id, prefix="agui")
 
 
 def agui_operation(api: _Api, path: str = "/agui") -> Operation:
@@ -115,11 +105,7 @@ class _Endpoint:
     ) -> AsyncGenerator[bytes, None]:
         api = self.api
         api.limits.open_stream(caller)
-        domain = api.engine.domain
-        scratch = {a.name for a in domain.agents if a.scratch}
-        if domain.supervisor is not None:
-            scratch.add(domain.supervisor.name)
-        out = _Translator(body.thread_id, body.run_id, scratch)
+        out = _Translator(body.thread_id, body.run_id, scratch_agents(api))
         try:
             yield _encode(
                 agui.RunStartedEvent(
@@ -130,7 +116,7 @@ class _Endpoint:
             )
             try:
                 after, announced = await self._start(caller, session_id, body)
-            except AguiRefusal as refusal:
+            except ChatRefusal as refusal:
                 yield _encode(agui.RunErrorEvent(message=refusal.message, code=refusal.code))
                 return
             except HandrailError as error:
@@ -143,31 +129,20 @@ class _Endpoint:
                 )
                 yield _encode(out.interrupted(state, api))
                 return
-            events = api.runs.follow(session_id, after, forever=False)
-            async with contextlib.aclosing(events):
-                async for batch in events:
-                    chunk = bytearray()
-                    for seq, raw in batch:
-                        try:
-                            event = EVENT.validate_python(raw)
-                        except ValidationError:  # an unreadable row, or a newer event
-                            _log.warning("AG-UI: skipped event %d of %r", seq, session_id)
-                            continue
-                        if isinstance(event, RunSuspended):
-                            out_events = list(out.close())
-                            state = await api.engine.session(
-                                session_id, org_id=caller.org_id, user_id=caller.user_id
-                            )
-                            out_events.append(out.interrupted(state, api))
-                        else:
-                            out_events = list(out.translate(event))
-                        for ag_event in out_events:
-                            chunk += _encode(ag_event)
-                    # The same per-organisation bandwidth as the other event streams.
-                    async for keep_alive in api._within_bandwidth(caller):
-                        yield keep_alive
-                    yield bytes(chunk)
-                    api.limits.sent(caller, len(chunk))
+
+            async def translate(event: Event) -> bytes:
+                if isinstance(event, RunSuspended):
+                    out_events = list(out.close())
+                    state = await api.engine.session(
+                        session_id, org_id=caller.org_id, user_id=caller.user_id
+                    )
+                    out_events.append(out.interrupted(state, api))
+                else:
+                    out_events = list(out.translate(event))
+                return b"".join(_encode(e) for e in out_events)
+
+            async for chunk in pump(api, caller, session_id, Cursor(after), translate):
+                yield chunk
         except Exception:
             _log.exception("The AG-UI stream of session %r failed", session_id)
             yield _encode(
@@ -187,74 +162,40 @@ class _Endpoint:
         """
         api = self.api
         client = bool(body.tools)
-        record = await api.store.summary(session_id)
-        state: RunState | None = None
-        if record is not None:
-            state = await api.engine.session(
-                session_id, org_id=caller.org_id, user_id=caller.user_id
-            )
+        state = await chat_state(api, caller, session_id)
         if body.resume:
             if state is None or not state.pending:
-                raise AguiRefusal(
+                raise ChatRefusal(
                     "nothing_to_resume", "This thread has no pending interrupt to resume."
                 )
             decisions = {
                 entry.interrupt_id: _decision(state, entry, caller) for entry in body.resume
             }
-            _, after = await api.runs.resolve(session_id, decisions, caller, client=client)
+            after = await start_turn(api, caller, session_id, decisions=decisions, client=client)
             return after, set(decisions)
         if state is not None and state.pending:
-            raise AguiRefusal(
+            raise ChatRefusal(
                 "interrupt_pending",
                 "This thread waits for its interrupts: answer them in `resume` "
                 f"({', '.join(state.pending)}).",
             )
-        text = _new_user_text(body, state)
-        run = api.engine.submit(
-            session_id,
-            text,
-            org_id=caller.org_id,
-            user_id=caller.user_id,
-            client=client,
-            create=True,
-        )
-        api.limits.turn(caller, api.runs.running_for(caller.org_id))
-        return await api.runs.start(session_id, run, caller), set()
+        text = new_user_text([_text(m) for m in body.messages if m.role == "user"], state)
+        return await start_turn(api, caller, session_id, text=text, client=client), set()
 
 
-def _new_user_text(body: agui.RunAgentInput, state: RunState | None) -> str:
-    """The last of the client's user messages that the session has not seen, as text."""
-    seen = 0 if state is None else sum(1 for m in state.messages if _from_user(m))
-    users = [m for m in body.messages if m.role == "user"]
-    if len(users) <= seen:
-        raise AguiRefusal(
-            "no_new_message",
-            "The input carries no user message that this thread has not seen yet.",
-        )
-    content: Any = users[-1].content
+def _text(message: Any) -> str:
+    """A user message's text (the text parts of a multi-part message, joined)."""
+    content: Any = message.content
     if isinstance(content, str):
-        text = content
-    else:
-        text = "".join(getattr(part, "text", "") for part in content)
-    if not text.strip():
-        raise AguiRefusal("empty_message", "The last user message has no text.")
-    return text
-
-
-def _from_user(message: Message) -> bool:
-    """A message the user wrote (not a synthetic note, such as a hand-over)."""
-    if message.role != "user":
-        return False
-    return not all(isinstance(p, TextPart) and p.synthetic for p in message.parts) or not (
-        message.parts
-    )
+        return content
+    return "".join(getattr(part, "text", "") for part in content)
 
 
 def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decision:
     """The handrail decision a resume entry stands for, checked against its card."""
     card = state.pending.get(entry.interrupt_id)
     if card is None:
-        raise AguiRefusal(
+        raise ChatRefusal(
             "unknown_interrupt",
             f"No pending interrupt {entry.interrupt_id!r} in this thread "
             f"(pending: {', '.join(state.pending) or 'none'}).",
@@ -264,14 +205,14 @@ def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decis
         return Reject(reason="The interrupt was cancelled.", by=by)
     payload = entry.payload if entry.payload is not None else {}
     if not isinstance(payload, dict):
-        raise AguiRefusal(
+        raise ChatRefusal(
             "invalid_payload", f"Interrupt {card.tool_call_id}: the payload must be an object."
         )
     if card.kind in ("elicitation", "question"):
         if payload.get("approved") is False:
             return Reject(reason=payload.get("reason"), by=by)
         if "answer" not in payload:
-            raise AguiRefusal(
+            raise ChatRefusal(
                 "invalid_payload", f"Interrupt {card.tool_call_id}: send {{answer: ...}}."
             )
         return Answer(output=payload["answer"], by=by)
@@ -281,7 +222,7 @@ def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decis
         return ClientResult(output=payload.get("output"), error=payload.get("error"), by=by)
     approved = payload.get("approved")
     if not isinstance(approved, bool):
-        raise AguiRefusal(
+        raise ChatRefusal(
             "invalid_payload",
             f"Interrupt {card.tool_call_id}: send {{approved: true|false, editedArgs?}}.",
         )
@@ -290,34 +231,7 @@ def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decis
     edited = payload.get("editedArgs")
     if edited is None:
         return Approve(by=by)
-    return Approve(amended_args=_amendment(card, edited) or None, by=by)
-
-
-def _amendment(card: ApprovalCardPart, edited: Any) -> dict[str, Any]:
-    """The fields of `edited` (the arguments in full) that differ from the proposed ones.
-
-    A change to a field that is not amendable is refused, never dropped.
-    """
-    label = f"Interrupt {card.tool_call_id} ({card.tool_name})"
-    if not isinstance(edited, dict):
-        raise AguiRefusal("invalid_payload", f"{label}: editedArgs must be an object.")
-    missing = sorted(set(card.args) - set(edited))
-    if missing:
-        raise AguiRefusal(
-            "invalid_payload",
-            f"{label}: editedArgs replaces the arguments in full, and lacks "
-            f"{', '.join(missing)}; send every argument, changed or not.",
-        )
-    changes = {k: v for k, v in edited.items() if k not in card.args or card.args[k] != v}
-    forbidden = sorted(set(changes) - set(card.amendable))
-    if forbidden:
-        allowed = ", ".join(card.amendable) or "none"
-        raise AguiRefusal(
-            "not_amendable",
-            f"{label}: {', '.join(forbidden)} cannot be amended (amendable: {allowed}); "
-            f"nothing was decided.",
-        )
-    return changes
+    return Approve(amended_args=amendment(card, edited, field="editedArgs") or None, by=by)
 
 
 def _encode(event: agui.BaseEvent) -> bytes:

@@ -52,6 +52,7 @@ from ._limits import Limits
 from ._openapi import Operation, openapi
 from ._runs import Runs
 from ._sse import EventStream, error_frame, frame
+from ._ui_stream import ui_stream_operations
 
 __all__ = ["create_app"]
 
@@ -113,7 +114,11 @@ def create_app(
     runs = Runs(engine, poll_interval=poll_interval)
     limits = limits if limits is not None else Limits()
     api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
-    operations = [*api.operations(), agui_operation(api)]  # AG-UI clients: docs/agui.md
+    operations = [
+        *api.operations(),
+        agui_operation(api),  # AG-UI clients: docs/agui.md
+        *ui_stream_operations(api),  # the AI SDK's useChat: docs/ai-sdk.md
+    ]
     document = openapi(operations, title="handrail", version=_version())
     routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in operations]
     routes.append(Route("/openapi.json", lambda _: JSONResponse(document), methods=["GET"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ class Operation:
     stream_on_accept: bool = False  # with `Accept: text/event-stream`, 200 and the events
     foreign_events: str | None = None
     """A stream of another protocol's events (named here), not handrail's: no event numbers."""
+    no_content: str | None = None
+    """When the operation may also answer 204 (and why)."""
 
 
 def openapi(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
@@ -68,6 +71,8 @@ def openapi(operations: list[Operation], *, title: str, version: str) -> dict[st
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         responses: dict[str, Any] = {str(op.status): _success(op, ref)}
+        if op.no_content is not None:
+            responses["204"] = {"description": op.no_content}
         if op.stream_on_accept:
             responses["200"] = {
                 "description": "With `Accept: text/event-stream`: this turn's events, as "
@@ -77,7 +82,7 @@ def openapi(operations: list[Operation], *, title: str, version: str) -> dict[st
         errors = {401, 429, 500, 503, *op.errors}
         if op.body is not None:
             errors |= {413, 415, 422}
-        if op.query is not None or "{session_id}" in op.path:
+        if op.query is not None or "{" in op.path:
             errors.add(422)  # a bad query parameter, or a session id no store could hold
         for status in sorted(errors):
             responses[str(status)] = {
@@ -134,11 +139,10 @@ def _success(op: Operation, ref: Callable[[type[BaseModel]], dict[str, Any]]) ->
 
 
 def _parameters(op: Operation) -> list[dict[str, Any]]:
-    parameters: list[dict[str, Any]] = []
-    if "{session_id}" in op.path:
-        parameters.append(
-            {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
-        )
+    parameters: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"\{(\w+)\}", op.path)
+    ]
     if op.query is not None:
         schema = op.query.model_json_schema(ref_template=_REF)
         required = set(schema.get("required", ()))

@@ -252,6 +252,27 @@ class Runs:
             if not listeners:
                 self._listeners.pop(session_id, None)
 
+    async def current_turn(self, session_id: str) -> int | None:
+        """The number of the event before the session's current turn's first, or None.
+
+        The current turn is the one running (here or in another process) or suspended: what
+        the log holds after the last turn that ended. None when the last turn ended and none
+        runs here. The log is read through, a page at a time, taking turns with the streams.
+        """
+        ended = last = 0
+        while True:
+            async with self._readers:
+                page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
+            for seq, event in page:
+                last = seq
+                if event.get("type") in ("run-completed", "run-failed"):
+                    ended = seq
+            if len(page) < _PAGE:
+                break
+        if last == ended and not self.running(session_id):
+            return None
+        return ended
+
     def interrupt(self, session_id: str) -> bool:
         """Stop the session's running turn, if it runs here; True if one did."""
         return session_id in self._tasks and self.engine.interrupt(session_id)

@@ -1,0 +1,580 @@
+"""`ui_stream_operations`: the AI SDK's UI message stream (`POST /chat`), over the same turns.
+
+A front end built on the Vercel AI SDK (`useChat`, `DefaultChatTransport`) posts its chat's
+whole history and reads the answer as a UI message stream (Server-Sent Events of
+`uiMessageChunkSchema`, header `x-vercel-ai-ui-message-stream: v1`). Each chat is a handrail
+session of the caller's, made on first use. A gated call asks for an approval
+(`tool-approval-request`), a person's question and a client-run tool wait for the client's
+`addToolOutput`; the next request carries the answers in its tool parts, and handrail's
+amendments in the `handrail` field of the body. `GET /chat/{id}/stream` replays the running
+or suspended turn. See `docs/ai-sdk.md` for the mapping and what the protocol cannot say.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..events import (
+    ApprovalRequired,
+    ClientExecRequired,
+    Event,
+    InputRequired,
+    ReasoningDelta,
+    RunCompleted,
+    RunFailed,
+    RunSuspended,
+    TextDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+    UsageEvent,
+)
+from ..exceptions import HandrailError
+from ..messages import ApprovalCardPart
+from ..state import RunState
+from ..suspension import Answer, Approve, ClientResult, Decision, Reject
+from ._auth import Caller
+from ._chats import (
+    ChatRefusal,
+    Cursor,
+    amendment,
+    chat_session_id,
+    chat_state,
+    new_user_text,
+    pump,
+    scratch_agents,
+    start_turn,
+)
+from ._errors import ApiError
+from ._openapi import Operation
+from ._sse import EventStream
+
+if TYPE_CHECKING:
+    from ._app import _Api
+
+__all__ = ["ChatRequest", "chat_session", "ui_stream_operations"]
+
+_log = logging.getLogger("handrail.server")
+
+HEADER = {"x-vercel-ai-ui-message-stream": "v1"}
+"""What tells the AI SDK's transport that the answer is a UI message stream."""
+
+_CHAT_ID = r"^[^\x00-\x1f\x7f-\x9f]{1,256}$"
+_ANSWERED = frozenset({"approval-responded", "output-available", "output-error"})
+_DONE = b"data: [DONE]\n\n"
+
+
+class UIMessageBody(BaseModel):
+    """A message of the chat, as `useChat` holds it (`UIMessage`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(max_length=256, description="The message's id (the client's).")
+    role: Literal["system", "user", "assistant"]
+    parts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Its parts: `text`, tool parts (`tool-<name>` / `dynamic-tool`), ...",
+    )
+
+
+class HandrailExtension(BaseModel):
+    """What handrail takes that the UI message protocol cannot carry."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    edits: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Tool call id -> its arguments in full, as approved: the fields that "
+        "differ from the proposed ones are the amendment (only `amendable` ones may).",
+    )
+    client_tools: bool = Field(
+        False,
+        alias="clientTools",
+        description="This client runs handrail's client tools (answering with addToolOutput); "
+        "without it a client tool fails fast.",
+    )
+
+
+class ChatRequest(BaseModel):
+    """What the AI SDK's `DefaultChatTransport` posts: the chat's id and whole history."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    id: str = Field(pattern=_CHAT_ID, description="The chat's id (the client's).")
+    messages: list[UIMessageBody] = Field(min_length=1, description="The whole chat.")
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    message_id: str | None = Field(None, alias="messageId")
+    handrail: HandrailExtension = Field(default_factory=HandrailExtension)
+
+
+def chat_session(caller: Caller, chat_id: str) -> str:
+    """The handrail session of `caller`'s AI SDK chat `chat_id` (see `chat_session_id`)."""
+    return chat_session_id(caller, chat_id, prefix="chat")
+
+
+def ui_stream_operations(api: _Api, path: str = "/chat") -> list[Operation]:
+    """`POST /chat` and `GET /chat/{chat_id}/stream` of the app's `_Api`."""
+    endpoint = _Endpoint(api)
+    events = "the AI SDK's UI message stream, v1 (docs/ai-sdk.md)"
+    return [
+        Operation(
+            "POST",
+            path,
+            endpoint.chat,
+            "AI SDK chat: send a message or the answers to pending calls; the UI message "
+            "stream of the turn in the answer",
+            body=ChatRequest,
+            stream=True,
+            foreign_events=events,
+        ),
+        Operation(
+            "GET",
+            f"{path}/{{chat_id}}/stream",
+            endpoint.chat_stream,
+            "AI SDK chat: the running or suspended turn's UI message stream from its start "
+            "(204: none)",
+            stream=True,
+            foreign_events=events,
+            no_content="No turn of this chat is running or waiting",
+        ),
+    ]
+
+
+class _Endpoint:
+    def __init__(self, api: _Api) -> None:
+        self.api = api
+
+    async def chat(self, request: Request) -> Response:
+        """`POST /chat`: a new message, or the answers to pending calls; a UI message stream."""
+        api = self.api
+        caller = await api._caller(request)
+        body = await api._body(request, ChatRequest)
+        session_id = chat_session(caller, body.id)
+        api.limits.check_stream(caller)
+        return EventStream(
+            self._frames(caller, session_id, body),
+            ping=api.ping_interval,
+            send_timeout=api.send_timeout,
+            headers=HEADER,
+        )
+
+    async def chat_stream(self, request: Request) -> Response:
+        """`GET /chat/{chat_id}/stream`: the current turn's stream from its start, or 204."""
+        api = self.api
+        caller = await api._caller(request)
+        chat_id: str = request.path_params["chat_id"]
+        if len(chat_id) > 256 or any(ch < " " or "\x7f" <= ch <= "\x9f" for ch in chat_id):
+            raise ApiError(422, "invalid_request", f"Not a chat id: {chat_id[:40]!r}.")
+        session_id = chat_session(caller, chat_id)
+        start = await self._turn_start(caller, session_id)
+        if start is None:
+            return Response(status_code=204)
+        api.limits.check_stream(caller)
+        return EventStream(
+            self._replay(caller, session_id, start),
+            ping=api.ping_interval,
+            send_timeout=api.send_timeout,
+            headers=HEADER,
+        )
+
+    async def _turn_start(self, caller: Caller, session_id: str) -> int | None:
+        """The number of the event before the current turn's first; None: no current turn."""
+        found = await self.api.store.summary(session_id)
+        if found is None or (found.org_id, found.user_id) != tuple(caller):
+            return None
+        return await self.api.runs.current_turn(session_id)
+
+    async def _replay(
+        self, caller: Caller, session_id: str, start: int
+    ) -> AsyncGenerator[bytes, None]:
+        api = self.api
+        api.limits.open_stream(caller)
+        out = _Chunks(scratch_agents(api), set())
+        cursor = Cursor(start)
+        try:
+            yield _encode({"type": "start", "messageId": _turn_message_id(start)})
+            while True:
+                async for chunk in pump(api, caller, session_id, cursor, out.frames):
+                    yield chunk
+                if cursor.last != "run-suspended":
+                    break
+                # Suspended: the stream goes on only if the turn was resumed since.
+                more = await api.store.events(session_id, after=cursor.after, limit=1)
+                if not more and not api.runs.running(session_id):
+                    break
+            yield _DONE
+        except Exception:
+            _log.exception("The UI message stream of session %r failed", session_id)
+            yield _encode({"type": "error", "errorText": "The stream failed on the server."})
+        finally:
+            api.limits.close_stream(caller)
+
+    async def _frames(
+        self, caller: Caller, session_id: str, body: ChatRequest
+    ) -> AsyncGenerator[bytes, None]:
+        api = self.api
+        api.limits.open_stream(caller)
+        try:
+            try:
+                after, message_id, known = await self._start(caller, session_id, body)
+            except ChatRefusal as refusal:
+                yield _encode(_error(f"{refusal.code}: {refusal.message}")) + _DONE
+                return
+            except HandrailError as error:
+                yield _encode(_error(f"{type(error).__name__}: {error}")) + _DONE
+                return
+            out = _Chunks(scratch_agents(api), known)
+            yield _encode({"type": "start", "messageId": message_id})
+            if after is None:  # decisions recorded, more still pending: nothing ran
+                state = await api.engine.session(
+                    session_id, org_id=caller.org_id, user_id=caller.user_id
+                )
+                yield _encode(_suspended(list(state.pending))) + _DONE
+                return
+            async for chunk in pump(api, caller, session_id, Cursor(after), out.frames):
+                yield chunk
+            yield _DONE
+        except Exception:
+            _log.exception("The UI message stream of session %r failed", session_id)
+            yield _encode(_error("The stream failed on the server."))
+        finally:
+            api.limits.close_stream(caller)
+
+    async def _start(
+        self, caller: Caller, session_id: str, body: ChatRequest
+    ) -> tuple[int | None, str, set[str]]:
+        """Start what the request asks for.
+
+        Returns:
+            The number of the event before the turn's first (None: decisions were recorded,
+            calls are still pending), the id of the assistant message the stream writes,
+            and the tool calls the client holds already.
+        """
+        api = self.api
+        if body.trigger == "regenerate-message":
+            raise ChatRefusal(
+                "regenerate_unsupported",
+                "handrail does not regenerate a turn (its tools may have acted): "
+                "send a new message instead.",
+            )
+        state = await chat_state(api, caller, session_id)
+        known = {
+            part["toolCallId"]
+            for message in body.messages
+            for part in message.parts
+            if _is_tool(part) and isinstance(part.get("toolCallId"), str)
+        }
+        client = body.handrail.client_tools
+        last = body.messages[-1]
+        if last.role == "assistant":
+            decisions = _decisions(state, last, body.handrail.edits, caller)
+            after = await start_turn(api, caller, session_id, decisions=decisions, client=client)
+            return after, last.id, known
+        if state is not None and state.pending:
+            raise ChatRefusal(
+                "interrupt_pending",
+                "This chat waits for answers to its pending calls "
+                f"({', '.join(state.pending)}): answer them (addToolApprovalResponse, "
+                "addToolOutput) and send, before a new message.",
+            )
+        users = [_text(m) for m in body.messages if m.role == "user"]
+        text = new_user_text(users, state)
+        after = await start_turn(api, caller, session_id, text=text, client=client)
+        assert after is not None
+        return after, _turn_message_id(after), known
+
+
+def _turn_message_id(after: int) -> str:
+    """The id of the assistant message of the turn whose first event follows `after`."""
+    return f"turn-{after + 1}"
+
+
+def _text(message: UIMessageBody) -> str:
+    """A user message's text: its text parts, joined."""
+    return "".join(
+        p["text"]
+        for p in message.parts
+        if p.get("type") == "text" and isinstance(p.get("text"), str)
+    )
+
+
+def _is_tool(part: dict[str, Any]) -> bool:
+    kind = part.get("type")
+    return isinstance(kind, str) and (kind.startswith("tool-") or kind == "dynamic-tool")
+
+
+def _decisions(
+    state: RunState | None,
+    message: UIMessageBody,
+    edits: dict[str, dict[str, Any]],
+    caller: Caller,
+) -> dict[str, Decision]:
+    """The decisions the tool parts of the client's last assistant message carry."""
+    pending = state.pending if state is not None else {}
+    decisions: dict[str, Decision] = {}
+    for part in message.parts:
+        call_id, status = part.get("toolCallId"), part.get("state")
+        if not (_is_tool(part) and isinstance(call_id, str) and isinstance(status, str)):
+            continue
+        if status not in _ANSWERED:
+            continue
+        card = pending.get(call_id)
+        if card is not None:
+            decisions[call_id] = _decision(card, part, edits.get(call_id), caller)
+        elif status == "approval-responded" and not (pending and _recorded(state, part)):
+            raise ChatRefusal(
+                "not_pending",
+                f"Tool call {call_id!r} does not wait for a decision (unknown, or decided "
+                "already): nothing was done.",
+            )
+        # else: an output the chat already holds, or a decision recorded by an earlier
+        # request while other calls of the turn still wait.
+    # Edits of calls that no longer wait are left over from an earlier approval: passed over.
+    approved = {k for k, d in decisions.items() if isinstance(d, Approve)}
+    stray = sorted((set(edits) & set(pending)) - approved)
+    if stray:
+        raise ChatRefusal(
+            "invalid_payload",
+            f"handrail.edits amends {', '.join(stray)}, which this request does not approve; "
+            "nothing was decided.",
+        )
+    if decisions:
+        return decisions
+    if pending:
+        raise ChatRefusal(
+            "interrupt_pending",
+            f"This chat waits for answers to {', '.join(pending)}: answer them "
+            "(addToolApprovalResponse, addToolOutput), then send.",
+        )
+    raise ChatRefusal(
+        "no_new_message", "The request carries no new user message and no answer to a call."
+    )
+
+
+def _recorded(state: RunState | None, part: dict[str, Any]) -> bool:
+    """Whether the part's approval is the decision already recorded for its call."""
+    approval = part.get("approval")
+    if state is None or not isinstance(approval, dict):
+        return False
+    verdict = "approve" if approval.get("approved") is True else "reject"
+    return any(
+        isinstance(p, ApprovalCardPart)
+        and p.tool_call_id == part.get("toolCallId")
+        and p.decision == verdict
+        for m in state.messages
+        for p in m.parts
+    )
+
+
+def _decision(
+    card: ApprovalCardPart, part: dict[str, Any], edited: Any, caller: Caller
+) -> Decision:
+    """The handrail decision a tool part stands for, checked against the call's card."""
+    by, status, call = caller.user_id, part.get("state"), card.tool_call_id
+    error = part.get("errorText")
+    reason = error if isinstance(error, str) else None
+    if card.kind in ("elicitation", "question"):
+        if status == "output-available":
+            return Answer(output=part.get("output"), by=by)
+        if status == "output-error":
+            return Reject(reason=reason, by=by)
+        raise ChatRefusal(
+            "invalid_payload",
+            f"Tool call {call} asks a person: answer it with addToolOutput (output: the answer).",
+        )
+    if card.kind == "client_exec":
+        if status == "output-available":
+            return ClientResult(output=part.get("output"), by=by)
+        if status == "output-error":
+            return ClientResult(error=reason or "The client tool failed.", by=by)
+        raise ChatRefusal(
+            "invalid_payload",
+            f"Tool call {call} runs in the client: answer it with addToolOutput.",
+        )
+    approval = part.get("approval")
+    if status != "approval-responded" or not isinstance(approval, dict):
+        raise ChatRefusal(
+            "invalid_payload",
+            f"Tool call {call} waits for an approval: answer it with addToolApprovalResponse.",
+        )
+    if approval.get("id") != call:
+        raise ChatRefusal(
+            "not_pending",
+            f"Tool call {call}: approval {approval.get('id')!r} is not the one asked for "
+            f"({call!r}); nothing was done.",
+        )
+    approved = approval.get("approved")
+    if not isinstance(approved, bool):
+        raise ChatRefusal("invalid_payload", f"Tool call {call}: approval.approved is missing.")
+    if not approved:
+        given = approval.get("reason")
+        return Reject(reason=given if isinstance(given, str) else None, by=by)
+    if edited is None:
+        return Approve(by=by)
+    changes = amendment(card, edited, field=f"handrail.edits[{call!r}]")
+    return Approve(amended_args=changes or None, by=by)
+
+
+def _encode(chunk: dict[str, Any]) -> bytes:
+    r"""One SSE frame (`data:` and the chunk's JSON, ending in a bare `\n\n`)."""
+    return b"data: %b\n\n" % pydantic_core.to_json(chunk)
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"type": "error", "errorText": text}
+
+
+def _suspended(pending: list[str]) -> dict[str, Any]:
+    return {
+        "type": "finish",
+        "finishReason": "tool-calls",
+        "messageMetadata": {"handrail": {"status": "suspended", "pending": pending}},
+    }
+
+
+class _Chunks:
+    """Turns handrail events into UI message chunks, keeping which parts and steps are open."""
+
+    def __init__(self, scratch: set[str], announced: set[str]) -> None:
+        self.scratch = scratch  # agents whose text is working, not the reply: reasoning
+        self.announced = announced  # tool calls the client holds
+        self.text: str | None = None  # the open text part
+        self.reasoning: str | None = None  # the open reasoning part
+        self.step: Literal["none", "open", "closed"] = "none"
+        self.usage: dict[str, int] = {"inputTokens": 0, "outputTokens": 0, "cachedTokens": 0}
+
+    async def frames(self, event: Event) -> bytes:
+        """The SSE frames of one handrail event (`pump`'s translation)."""
+        return b"".join(_encode(chunk) for chunk in self.translate(event))
+
+    def close(self) -> Iterator[dict[str, Any]]:
+        """End the open text and reasoning parts."""
+        if self.text is not None:
+            yield {"type": "text-end", "id": self.text}
+            self.text = None
+        if self.reasoning is not None:
+            yield {"type": "reasoning-end", "id": self.reasoning}
+            self.reasoning = None
+
+    def _open_step(self) -> Iterator[dict[str, Any]]:
+        if self.step != "open":
+            yield {"type": "start-step"}
+            self.step = "open"
+
+    def translate(self, event: Event) -> Iterator[dict[str, Any]]:
+        """The chunks for one handrail event (none for those the protocol has no word for)."""
+        if isinstance(event, TextDelta) and event.agent in self.scratch:
+            event = ReasoningDelta(
+                agent=event.agent, message_id=event.message_id, delta=event.delta
+            )
+        if isinstance(event, TextDelta):
+            if not event.delta:
+                return
+            yield from self._open_step()
+            if self.text != event.message_id:
+                yield from self.close()
+                self.text = event.message_id
+                yield {"type": "text-start", "id": event.message_id}
+            yield {"type": "text-delta", "id": event.message_id, "delta": event.delta}
+        elif isinstance(event, ReasoningDelta):
+            if not event.delta:
+                return
+            yield from self._open_step()
+            reasoning_id = f"{event.message_id}-reasoning"
+            if self.reasoning != reasoning_id:
+                yield from self.close()
+                self.reasoning = reasoning_id
+                yield {"type": "reasoning-start", "id": reasoning_id}
+            yield {"type": "reasoning-delta", "id": reasoning_id, "delta": event.delta}
+        elif isinstance(event, ToolCallStarted):
+            yield from self.close()
+            yield from self._announce(event.tool_call_id, event.name, event.args, event)
+        elif isinstance(event, ApprovalRequired | InputRequired | ClientExecRequired):
+            yield from self.close()
+            yield from self._announce(event.tool_call_id, event.name, event.args, event)
+            yield from self._card(event)
+        elif isinstance(event, ToolCallCompleted):
+            yield from self.close()
+            yield from self._announce(event.tool_call_id, event.name, None, event)
+            yield self._result(event)
+        elif isinstance(event, UsageEvent):
+            yield from self.close()
+            yield from self._open_step()
+            yield {"type": "finish-step"}
+            self.step = "closed"  # the calls of this response still belong to its step
+            self.usage["inputTokens"] += event.input_tokens
+            self.usage["outputTokens"] += event.output_tokens
+            self.usage["cachedTokens"] += event.cached_tokens
+            yield {"type": "data-handrail-usage", "id": "usage", "data": dict(self.usage)}
+        elif isinstance(event, RunCompleted):
+            yield from self.close()
+            yield {
+                "type": "finish",
+                "finishReason": "stop",
+                "messageMetadata": {"handrail": {"status": "completed", "pending": []}},
+            }
+        elif isinstance(event, RunSuspended):
+            yield from self.close()
+            yield _suspended(event.pending)
+        elif isinstance(event, RunFailed):
+            yield from self.close()
+            yield _error(f"{event.reason}: {event.error or 'The run failed.'}")
+            yield {"type": "finish", "finishReason": "error"}
+
+    def _announce(
+        self, tool_call_id: str, name: str, args: Any, event: Event
+    ) -> Iterator[dict[str, Any]]:
+        if tool_call_id in self.announced:
+            return
+        self.announced.add(tool_call_id)
+        if self.step == "none":
+            yield from self._open_step()
+        common: dict[str, Any] = {"toolCallId": tool_call_id, "toolName": name}
+        if getattr(event, "executor", None) == "provider":
+            common["providerExecuted"] = True
+        yield {"type": "tool-input-start", **common}
+        if args is not None:
+            text = pydantic_core.to_json(args).decode()
+            yield {"type": "tool-input-delta", "toolCallId": tool_call_id, "inputTextDelta": text}
+        yield {"type": "tool-input-available", **common, "input": args}
+
+    def _card(
+        self, event: ApprovalRequired | InputRequired | ClientExecRequired
+    ) -> Iterator[dict[str, Any]]:
+        card: dict[str, Any] = {"toolCallId": event.tool_call_id, "tool": event.name}
+        if isinstance(event, ApprovalRequired):
+            yield {
+                "type": "tool-approval-request",
+                "approvalId": event.tool_call_id,
+                "toolCallId": event.tool_call_id,
+            }
+            card |= {
+                "kind": event.kind,
+                "prompt": event.prompt,
+                "args": event.args,
+                "amendable": event.amendable,
+            }
+        elif isinstance(event, InputRequired):
+            card |= {"kind": "input", "prompt": event.prompt, "args": event.args}
+            card["outputSchema"] = event.output_schema
+        else:
+            card |= {"kind": "client_exec", "args": event.args}
+        yield {"type": "data-handrail-card", "id": event.tool_call_id, "data": card}
+
+    def _result(self, event: ToolCallCompleted) -> dict[str, Any]:
+        common: dict[str, Any] = {"toolCallId": event.tool_call_id}
+        if getattr(event, "executor", None) == "provider":
+            common["providerExecuted"] = True
+        if event.status == "rejected":
+            return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
+        if not event.ok:
+            text = event.error or event.summary or f"The call {event.status}."
+            return {"type": "tool-output-error", **common, "errorText": text}
+        output = {"status": event.status, "summary": event.summary, "digest": event.digest}
+        return {"type": "tool-output-available", **common, "output": output}
