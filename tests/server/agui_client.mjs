@@ -1,7 +1,8 @@
 // Drives handrail's AG-UI endpoint with @ag-ui/client's HttpAgent, as an AG-UI app would.
 // argv[2]: JSON {url, key, threadId, messages?, pendingInterrupts?, steps: [...]}; a step is
 // {message: "text"} (a new user message, then a run) or {resume: [{status, payload}, ...]}
-// (the answers to the pending interrupts, in order). Prints a JSON line per step, then a
+// (the answers to the pending interrupts, in order); either may carry `tools` (the client's
+// tools, sent with the run: the client can run client tools). Prints a JSON line per step, then a
 // {final: {messages, pendingInterrupts}} line, to go on in another process.
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
@@ -23,6 +24,7 @@ for (const step of spec.steps) {
   n += 1;
   const events = [];
   const params = { runId: `run-${n}-${Date.now()}` };
+  if (step.tools !== undefined) params.tools = step.tools;
   if (step.message !== undefined) {
     agent.addMessage({ id: `user-${n}-${Date.now()}`, role: "user", content: step.message });
   }

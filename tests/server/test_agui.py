@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 from starlette.applications import Starlette
 
+from handrail import Agent, AskPerson, Engine, Runtime, ToolContext, tool
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, Scenario, build_scenario
 from handrail.server import create_app
 from handrail.server._agui import thread_session_id
 from handrail.server._auth import Caller
 from handrail.store.sqlite import SqliteStore
+from handrail.testing import ScriptedModel, call, hosted_call, sequential_ids
+from handrail.tools import web_search
 
 from .conftest import authenticator
 from .test_uvicorn import serving
@@ -185,3 +188,110 @@ async def test_another_tenant_with_the_same_thread_id_cannot_resume_it() -> None
     error = bob["events"][-1]
     assert error["type"] == "RUN_ERROR" and error["code"] == "nothing_to_resume"
     assert scenario.desk.refunds == []
+
+
+async def test_a_cancelled_interrupt_is_a_rejection_and_nothing_is_refunded() -> None:
+    scenario = build_scenario()
+    async with serving(_app(scenario)) as url:
+        steps: list[dict[str, Any]] = [
+            {"message": CUSTOMER_MESSAGE},
+            {"resume": [{"status": "cancelled"}]},
+        ]
+        _, second, final = await _client(url, "t-cancel", steps)
+    assert second["error"] is None and _types(second)[-1] == "RUN_FINISHED"
+    assert scenario.desk.refunds == []
+    assert "did not approve" in _reply(second)
+    assert final["final"]["pendingInterrupts"] == []
+
+
+def _asking_app() -> tuple[Starlette, list[str]]:
+    """A desk whose tools ask a person (AskPerson) and run in the client."""
+    sizes: list[str] = []
+
+    @tool(name="orders.resize")
+    def resize(ctx: ToolContext, order_id: str) -> str:
+        """Change an order's size."""
+        if ctx.answer is None:
+            raise AskPerson(f"Which size should {order_id} be?")
+        sizes.append(ctx.answer)
+        return f"{order_id} is now size {ctx.answer}"
+
+    @tool(name="browser.tab", executor="client")
+    def tab(url: str) -> int:
+        """Open a page in the user's browser; the client answers with the tab's number."""
+        raise NotImplementedError
+
+    model = ScriptedModel(
+        [
+            call("orders.resize", order_id="A1"),
+            "Resized.",
+            call("browser.tab", url="https://example.org/track"),
+            "Opened.",
+        ]
+    )
+    engine = Engine(
+        Agent("desk", tools=[resize, tab]), runtime=Runtime(model=model, ids=sequential_ids())
+    )
+    return create_app(engine, authenticator=authenticator(), static_dir=None), sizes
+
+
+CLIENT_TOOLS = [{"name": "browser.tab", "description": "Open a tab", "parameters": {}}]
+
+
+async def test_a_question_and_a_client_tool_are_answered_through_resume() -> None:
+    app, sizes = _asking_app()
+    async with serving(app) as url:
+        steps: list[dict[str, Any]] = [
+            {"message": "Make A1 a medium, please."},
+            {"resume": [{"status": "resolved", "payload": {"answer": "M"}}]},
+            {"message": "Open the tracking page.", "tools": CLIENT_TOOLS},
+            {"resume": [{"status": "resolved", "payload": {"output": 3}}], "tools": CLIENT_TOOLS},
+        ]
+        asked, answered, opening, opened, final = await _client(url, "t-ask", steps)
+    question = _finished_with_one_interrupt(asked)
+    assert question["reason"] == "input_required"
+    assert question["message"] == "Which size should A1 be?"
+    assert question["responseSchema"]["required"] == ["answer"]
+    assert answered["error"] is None and _reply(answered) == "Resized."
+    assert sizes == ["M"]
+    client_call = _finished_with_one_interrupt(opening)
+    assert client_call["reason"] == "client_tool"
+    assert client_call["metadata"]["handrail"]["args"] == {"url": "https://example.org/track"}
+    assert opened["error"] is None and _reply(opened) == "Opened."
+    results = [e for e in opened["events"] if e["type"] == "TOOL_CALL_RESULT"]
+    assert [json.loads(r["content"])["status"] for r in results] == ["completed"]
+    assert final["final"]["pendingInterrupts"] == []
+
+
+def _finished_with_one_interrupt(step: dict[str, Any]) -> dict[str, Any]:
+    assert step["error"] is None
+    finished = step["events"][-1]
+    assert finished["type"] == "RUN_FINISHED" and finished["outcome"]["type"] == "interrupt"
+    (interrupt,) = finished["outcome"]["interrupts"]
+    return interrupt  # type: ignore[no-any-return]
+
+
+async def test_a_provider_run_search_arrives_as_a_tool_call_with_its_result() -> None:
+    found = {
+        "kind": "web_search",
+        "queries": ["handrail agents"],
+        "sources": [{"url": "https://example.org/handrail", "title": "Handrail"}],
+    }
+    model = ScriptedModel(
+        [[hosted_call("web_search", found, args={"query": "handrail agents"}, id="srv_1"), "Ok."]]
+    )
+    engine = Engine(
+        Agent("researcher", tools=[web_search()]),
+        runtime=Runtime(model=model, ids=sequential_ids()),
+    )
+    app = create_app(engine, authenticator=authenticator(), static_dir=None)
+    async with serving(app) as url:
+        (step, _) = await _client(url, "t-search", [{"message": "What is handrail?"}])
+    assert step["error"] is None
+    (start,) = [e for e in step["events"] if e["type"] == "TOOL_CALL_START"]
+    assert (start["toolCallId"], start["toolCallName"]) == ("srv_1", "web_search")
+    (result,) = [e for e in step["events"] if e["type"] == "TOOL_CALL_RESULT"]
+    content = json.loads(result["content"])
+    assert content["executor"] == "provider" and content["summary"] == "searched the web: 1 source"
+    assert content["digest"]["sources"] == found["sources"]
+    assert _reply(step) == "Ok."

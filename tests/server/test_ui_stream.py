@@ -24,7 +24,8 @@ from handrail.server._auth import Caller
 from handrail.server._ui_stream import chat_session
 from handrail.store import MemoryStore
 from handrail.store.sqlite import SqliteStore
-from handrail.testing import ScriptedModel, call, sequential_ids
+from handrail.testing import ScriptedModel, call, hosted_call, sequential_ids
+from handrail.tools import web_search
 
 from .conftest import ANA, BOB, StreamingTransport, authenticator
 from .test_limits import Clock
@@ -528,3 +529,43 @@ async def test_chat_streams_count_against_the_organisations_stream_bandwidth() -
         assert refused.status_code == 429 and "bytes a second" in refused.text
     assert bob.status_code == 200  # another organisation's bandwidth is its own
     assert rest.endswith(b"data: [DONE]\n\n")
+
+
+def _searching_engine() -> Engine:
+    search = web_search(max_uses=2)
+    found = {
+        "kind": "web_search",
+        "queries": ["handrail agents"],
+        "sources": [
+            {"url": "https://example.org/handrail", "title": "Handrail <docs>"},
+            {"url": "javascript:alert(1)", "title": "not a page"},
+            {"url": "https://example.org/handrail", "title": "the same page again"},
+        ],
+    }
+    model = ScriptedModel(
+        [
+            [
+                hosted_call("web_search", found, args={"query": "handrail agents"}, id="srv_1"),
+                "handrail is an engine for agents that act.",
+            ]
+        ]
+    )
+    runtime = Runtime(model=model, ids=sequential_ids())
+    return Engine(Agent("researcher", tools=[search]), runtime=runtime)
+
+
+@node
+async def test_a_provider_run_search_is_a_provider_executed_tool_part_with_its_sources() -> None:
+    async with serving(_app(_searching_engine())) as url:
+        (step, _final) = await _chat(url, "c-search", [{"message": "What is handrail?"}])
+    assert step["error"] is None
+    search = _tool(step, "web_search")
+    assert search["providerExecuted"] is True and search["state"] == "output-available"
+    assert search["input"] == {"query": "handrail agents"}
+    assert search["output"]["summary"] == "searched the web: 3 sources"
+    sources = [p for p in step["message"]["parts"] if p["type"] == "source-url"]
+    # only http(s) pages, each once, as useChat lists a message's sources
+    assert [(s["url"], s["title"]) for s in sources] == [
+        ("https://example.org/handrail", "Handrail <docs>")
+    ]
+    assert _text(step) == "handrail is an engine for agents that act."

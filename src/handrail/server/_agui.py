@@ -298,6 +298,7 @@ class _Translator:
                 "summary": event.summary,
                 "digest": event.digest,
                 "error": event.error,
+                "executor": event.executor,  # `provider`: the model provider ran it
             }
             yield agui.ToolCallResultEvent(
                 message_id=f"{event.tool_call_id}-result",

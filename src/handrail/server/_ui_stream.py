@@ -503,6 +503,7 @@ class _Chunks:
             yield from self.close()
             yield from self._announce(event.tool_call_id, event.name, None, event)
             yield self._result(event)
+            yield from _sources(event)
         elif isinstance(event, UsageEvent):
             yield from self.close()
             yield from self._open_step()
@@ -536,7 +537,7 @@ class _Chunks:
         if self.step == "none":
             yield from self._open_step()
         common: dict[str, Any] = {"toolCallId": tool_call_id, "toolName": name}
-        if getattr(event, "executor", None) == "provider":
+        if getattr(event, "executor", None) == "provider":  # a hosted search, say
             common["providerExecuted"] = True
         yield {"type": "tool-input-start", **common}
         if args is not None:
@@ -568,8 +569,9 @@ class _Chunks:
         yield {"type": "data-handrail-card", "id": event.tool_call_id, "data": card}
 
     def _result(self, event: ToolCallCompleted) -> dict[str, Any]:
+        """The tool part's output chunk: available, error or denied."""
         common: dict[str, Any] = {"toolCallId": event.tool_call_id}
-        if getattr(event, "executor", None) == "provider":
+        if event.executor == "provider":
             common["providerExecuted"] = True
         if event.status == "rejected":
             return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
@@ -578,3 +580,25 @@ class _Chunks:
             return {"type": "tool-output-error", **common, "errorText": text}
         output = {"status": event.status, "summary": event.summary, "digest": event.digest}
         return {"type": "tool-output-available", **common, "output": output}
+
+
+def _sources(event: ToolCallCompleted) -> Iterator[dict[str, Any]]:
+    """`source-url` chunks for the pages a provider's web search found (`useChat` shows them
+    as the message's sources); only http(s) addresses, each once."""
+    digest = event.digest
+    if event.executor != "provider" or not event.ok or not isinstance(digest, dict):
+        return
+    seen: set[str] = set()
+    for number, source in enumerate(digest.get("sources") or []):
+        url = source.get("url") if isinstance(source, dict) else None
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")) or url in seen:
+            continue
+        seen.add(url)
+        chunk: dict[str, Any] = {
+            "type": "source-url",
+            "sourceId": f"{event.tool_call_id}-{number}",
+            "url": url,
+        }
+        if isinstance(source.get("title"), str):
+            chunk["title"] = source["title"]
+        yield chunk
