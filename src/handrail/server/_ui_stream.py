@@ -583,8 +583,10 @@ class _Chunks:
 
 
 def _sources(event: ToolCallCompleted) -> Iterator[dict[str, Any]]:
-    """`source-url` chunks for the pages a provider's web search found (`useChat` shows them
-    as the message's sources); only http(s) addresses, each once."""
+    """`source-url` chunks for the pages a provider's web search found.
+
+    `useChat` lists them as the message's sources; only http(s) addresses, each once.
+    """
     digest = event.digest
     if event.executor != "provider" or not event.ok or not isinstance(digest, dict):
         return
