@@ -799,6 +799,42 @@ async def test_listening_ends_when_the_store_closes(store: SessionStore) -> None
             assert await waiter == "ended"
 
 
+async def test_event_notices_name_the_session_and_its_last_event(store: SessionStore) -> None:
+    async with store.listen_events() as notices:
+        await store.append_events("s-1", [{"type": "run-started"}, {"type": "text-delta"}])
+        await store.append_events("s 2:x", [{"type": "run-started"}])
+        await store.append_events("s-1", [])  # nothing appended: nothing announced
+        await store.append_events("s-1", [{"type": "run-completed"}])
+        async with asyncio.timeout(5):
+            heard = [await anext(notices) for _ in range(3)]
+    assert heard == [("s-1", 2), ("s 2:x", 1), ("s-1", 3)]
+    assert [seq for seq, _ in await store.events("s-1", after=2)] == [3]
+
+
+async def test_event_notices_reach_other_processes_only_where_the_store_says(
+    make_store: StoreFactory,
+) -> None:
+    writer, reader = await make_store(), await make_store()
+    async with reader.listen_events() as notices:
+        await writer.append_events("s-1", [{"type": "run-started"}])
+        await reader.append_events("s-2", [{"type": "run-started"}])
+        async with asyncio.timeout(5):
+            heard = await anext(notices)
+            if writer is not reader and getattr(reader, "cross_process_events", False):
+                assert heard == ("s-1", 1)  # another store object, as another process would
+                heard = await anext(notices)
+        assert heard == (("s-2", 1) if writer is not reader else ("s-1", 1))
+
+
+async def test_event_notices_end_when_the_store_closes(store: SessionStore) -> None:
+    async with store.listen_events() as notices:
+        waiter = asyncio.create_task(anext(notices, "ended"))
+        await asyncio.sleep(0.05)
+        await store.close()
+        async with asyncio.timeout(5):
+            assert await waiter == "ended"
+
+
 # -- closing --------------------------------------------------------------------------------
 
 

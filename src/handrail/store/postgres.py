@@ -13,9 +13,9 @@ import builtins
 import contextlib
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 try:
     import psycopg
@@ -50,6 +50,8 @@ from ._codec import (
 )
 
 __all__ = ["PostgresStore"]
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 2
 """The version of the database schema this code reads and writes. One line a bump:
@@ -168,11 +170,20 @@ class PostgresStore:
         self.connect_timeout = connect_timeout
         self.channel = f"handrail_{schema}"
         """The LISTEN/NOTIFY channel of the store's wake-ups."""
+        events_channel = f"handrail_events_{schema}"
+        if len(events_channel) > 63:  # PostgreSQL's longest name
+            digest = hashlib.blake2b(schema.encode(), digest_size=16).hexdigest()
+            events_channel = f"handrail_events_{digest}"
+        self.events_channel = events_channel
+        """The LISTEN/NOTIFY channel of the event-log notices (`listen_events`)."""
         self._s = f'"{schema}"'
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening = asyncio.Lock()
         self._closed = False
-        self._subscriptions: set[_Subscription] = set()
+        self._subscriptions: set[_Subscription[Any]] = set()
+
+    cross_process_events = True
+    """Whether `listen_events` announces the appends of other processes: yes (NOTIFY)."""
 
     @classmethod
     async def connect(cls, dsn: str, **options: Any) -> PostgresStore:
@@ -667,9 +678,11 @@ class PostgresStore:
 
         Two concurrent appends to one session read the same last number; the primary key
         makes the second fail once the first commits, and it is retried on a fresh snapshot.
+        The same statement announces the append on `events_channel` (`pg_notify`, delivered
+        when it commits, so a listener that hears it can read the events).
         """
         texts = encode_events(session_id, events)
-        params = {"id": session_id, "texts": texts}
+        params = {"id": session_id, "texts": texts, "channel": self.events_channel}
         if not texts:
             rows = await self._fetch(
                 f"SELECT COALESCE(MAX(seq), 0) FROM {self._s}.handrail_events "
@@ -688,7 +701,8 @@ class PostgresStore:
                 FROM last, unnest(%(texts)s::text[]) WITH ORDINALITY AS e(event, n)
                 RETURNING seq
             )
-            SELECT MAX(seq) FROM appended"""
+            SELECT last, pg_notify(%(channel)s, last || ':' || %(id)s)
+            FROM (SELECT MAX(seq) AS last FROM appended) AS a"""
         while True:
             try:
                 rows = await self._fetch(query, params, session_id)
@@ -778,13 +792,20 @@ class PostgresStore:
             session_id,
         )
 
-    def listen(self) -> _Subscription:
+    def listen(self) -> _Subscription[str]:
         """Subscribe to wake-ups over LISTEN/NOTIFY; see `SessionStore.listen`.
 
         Each subscription holds a connection of its own, outside the pool. If that connection
         is lost, iterating raises a `StoreError`: subscribe again (and poll meanwhile).
         """
-        return _Subscription(self)
+        return _Subscription(self, self.channel, str)
+
+    def listen_events(self) -> _Subscription[tuple[str, int]]:
+        """Subscribe to every process's event-log appends; see `SessionStore.listen_events`.
+
+        As `listen`: a connection of its own, and a `StoreError` when it is lost.
+        """
+        return _Subscription(self, self.events_channel, _event_notice)
 
     async def close(self) -> None:
         """End every subscription and close the pool."""
@@ -797,22 +818,33 @@ class PostgresStore:
             await pool.close()
 
 
-class _Subscription:
-    """`async with store.listen() as wakeups`: a LISTEN connection, read by a pump task."""
+def _event_notice(payload: str) -> tuple[str, int]:
+    """`(session_id, last)` from an event notice's payload, `last:session_id`."""
+    last, _, session_id = payload.partition(":")
+    return session_id, int(last)
 
-    def __init__(self, store: PostgresStore) -> None:
+
+class _Subscription(Generic[T]):
+    """`async with store.listen() as wakeups`: a LISTEN connection, read by a pump task.
+
+    Each notification's payload is read with `parse` (`str` for wake-ups).
+    """
+
+    def __init__(self, store: PostgresStore, channel: str, parse: Callable[[str], T]) -> None:
         self._store = store
-        self._queue: asyncio.Queue[str | StoreError | None] = asyncio.Queue()
+        self._channel = channel
+        self._parse = parse
+        self._queue: asyncio.Queue[T | StoreError | None] = asyncio.Queue()
         self._connection: psycopg.AsyncConnection[Any] | None = None
         self._pump: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> _Subscription:
+    async def __aenter__(self) -> _Subscription[T]:
         store = self._store
         if store._closed:
             raise StoreError(f"This PostgresStore ({store.masked_dsn}) is closed: make a new one.")
         try:
             self._connection = await store._connect()
-            await self._connection.execute(f'LISTEN "{store.channel}"')
+            await self._connection.execute(f'LISTEN "{self._channel}"')
         except psycopg.Error as error:
             await self.end()
             raise store._error(error, None) from error
@@ -833,7 +865,7 @@ class _Subscription:
     async def _read(self, connection: psycopg.AsyncConnection[Any]) -> None:
         try:
             async for notification in connection.notifies():
-                self._queue.put_nowait(notification.payload)
+                self._queue.put_nowait(self._parse(notification.payload))
         except psycopg.Error as error:
             self._queue.put_nowait(
                 StoreError(
@@ -856,10 +888,10 @@ class _Subscription:
                 await connection.close()
             self._queue.put_nowait(None)
 
-    def __aiter__(self) -> _Subscription:
+    def __aiter__(self) -> _Subscription[T]:
         return self
 
-    async def __anext__(self) -> str:
+    async def __anext__(self) -> T:
         item = await self._queue.get()
         if item is None or isinstance(item, StoreError):
             self._queue.put_nowait(item)  # every later call ends (or fails) the same way
