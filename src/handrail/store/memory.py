@@ -18,7 +18,6 @@ from typing import Any
 
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
-from ._events import EventNotice, LocalEventFeed
 from ._codec import (
     LoggedEvents,
     check_events_page,
@@ -39,6 +38,7 @@ from ._codec import (
 from ._codec import (
     incarnation_of as _incarnation_of,
 )
+from ._events import EventNotice, LocalEventFeed
 
 __all__ = ["MemoryStore"]
 
