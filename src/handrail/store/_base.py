@@ -354,7 +354,9 @@ class SessionStore(Protocol):
 
         Each append (`append_events`) is announced as `(session_id, last)`: the session's log
         now holds events up to number `last`; read them with `events`. A notice is a hint
-        (read the log for the events themselves), sent once the events can be read. The
+        (read the log for the events themselves), sent once the events can be read; one
+        notice may stand for several appends of its session (PostgreSQL sends those made
+        while it was sending the previous notices as one, of the last number). The
         subscription is live once the `async with` is entered. PostgreSQL announces every
         process's appends (LISTEN/NOTIFY), and says so with a class attribute
         `cross_process_events = True`; memory and SQLite announce only the appends made

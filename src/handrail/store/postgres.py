@@ -12,6 +12,7 @@ import asyncio
 import builtins
 import contextlib
 import hashlib
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -50,6 +51,8 @@ from ._codec import (
 )
 
 __all__ = ["PostgresStore"]
+
+_log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
@@ -181,6 +184,8 @@ class PostgresStore:
         self._opening = asyncio.Lock()
         self._closed = False
         self._subscriptions: set[_Subscription[Any]] = set()
+        self._unannounced: dict[str, int] = {}  # appends whose notice is not sent yet
+        self._announcing: asyncio.Task[None] | None = None
 
     cross_process_events = True
     """Whether `listen_events` announces the appends of other processes: yes (NOTIFY)."""
@@ -678,11 +683,10 @@ class PostgresStore:
 
         Two concurrent appends to one session read the same last number; the primary key
         makes the second fail once the first commits, and it is retried on a fresh snapshot.
-        The same statement announces the append on `events_channel` (`pg_notify`, delivered
-        when it commits, so a listener that hears it can read the events).
+        Once it has committed, the append is announced on `events_channel` (see `_announce`).
         """
         texts = encode_events(session_id, events)
-        params = {"id": session_id, "texts": texts, "channel": self.events_channel}
+        params = {"id": session_id, "texts": texts}
         if not texts:
             rows = await self._fetch(
                 f"SELECT COALESCE(MAX(seq), 0) FROM {self._s}.handrail_events "
@@ -701,8 +705,7 @@ class PostgresStore:
                 FROM last, unnest(%(texts)s::text[]) WITH ORDINALITY AS e(event, n)
                 RETURNING seq
             )
-            SELECT last, pg_notify(%(channel)s, last || ':' || %(id)s)
-            FROM (SELECT MAX(seq) AS last FROM appended) AS a"""
+            SELECT MAX(seq) FROM appended"""
         while True:
             try:
                 rows = await self._fetch(query, params, session_id)
@@ -711,7 +714,44 @@ class PostgresStore:
                     continue
                 raise
             appended: int = rows[0][0]
+            self._announce(session_id, appended)
             return appended
+
+    def _announce(self, session_id: str, last: int) -> None:
+        """Announce that `session_id`'s log reaches `last`, soon, with the appends around it.
+
+        A commit that sends a NOTIFY takes a lock every such commit of the database waits
+        for, so appends are not announced one statement each: one task sends the notices of
+        every append made while its previous statement ran, in one statement (a session's
+        appends as one notice, of its last number). An append is never held up or failed by
+        its notice; a notice that cannot be sent is logged (streams re-read the log anyway,
+        every `poll_interval`).
+        """
+        if self._unannounced.get(session_id, 0) < last:
+            self._unannounced[session_id] = last
+        if self._announcing is None or self._announcing.done():
+            self._announcing = asyncio.create_task(self._send_notices(), name="handrail notices")
+
+    async def _send_notices(self) -> None:
+        while self._unannounced and not self._closed:
+            notices, self._unannounced = self._unannounced, {}
+            try:
+                await self._fetch(
+                    "SELECT pg_notify(%(channel)s, n) FROM unnest(%(notices)s::text[]) AS n",
+                    {
+                        "channel": self.events_channel,
+                        "notices": [f"{last}:{session}" for session, last in notices.items()],
+                    },
+                    None,
+                )
+            except StoreError:
+                _log.warning(
+                    "Could not announce %d session(s)' new events on %s: their streams in other "
+                    "processes get them when they next read the log",
+                    len(notices),
+                    self.masked_dsn,
+                    exc_info=True,
+                )
 
     async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
         """The events numbered above `after`, in order; see `SessionStore.events`."""
@@ -808,7 +848,10 @@ class PostgresStore:
         return _Subscription(self, self.events_channel, _event_notice)
 
     async def close(self) -> None:
-        """End every subscription and close the pool."""
+        """Send the notices of the last appends, end every subscription and close the pool."""
+        announcing = self._announcing
+        if announcing is not None:
+            await asyncio.wait([announcing])
         async with self._opening:
             self._closed = True
             pool, self._pool = self._pool, None
