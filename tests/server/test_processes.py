@@ -289,6 +289,7 @@ async def test_a_process_killed_mid_turn_has_its_turn_finished_by_another(
     (ship,) = _effects(tmp_path)  # run again with the same idempotency key: one shipment
     assert ship.startswith("ship o3 ")
     assert await _rows(schema, "SELECT * FROM {s}.handrail_leases") == []
+    assert f"recovering session {session_id!r}, whose turn was cut off" in b.output()
 
 
 @pytest.mark.postgres
@@ -332,3 +333,47 @@ def test_serve_refuses_workers_with_a_memory_store(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "MemoryStore" in done.stderr and "PostgresStore" in done.stderr
+
+
+@pytest.mark.postgres
+async def test_a_server_that_loses_its_notices_listens_again_and_misses_nothing(
+    schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import psycopg
+
+    from handrail.server import ApiKeyAuthenticator, Caller, create_app
+    from handrail.store import PostgresStore
+
+    from .conftest import StreamingTransport
+    from .procs_app import build
+
+    await _empty(schema)
+    async with (
+        PostgresStore(PG_DSN, schema=schema) as here,
+        PostgresStore(PG_DSN, schema=schema) as elsewhere,  # as another process's
+    ):
+        engine, other = build(here, tmp_path, 30.0), build(elsewhere, tmp_path, 30.0)
+        keys = ApiKeyAuthenticator({KEY: Caller("acme", "ana")})
+        app = create_app(engine, authenticator=keys, poll_interval=3600)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=StreamingTransport(app), base_url="http://test", headers=AUTH
+            ) as client,
+        ):
+            session_id = await _session(client)
+            url = f"/sessions/{session_id}/events?follow=true"
+            async with client.stream("GET", url) as response, asyncio.timeout(WAIT):
+                stream = frames(response)
+                await other.log_events(session_id, [{"type": "run-started"}])
+                assert (await anext(stream)).id == 1  # the stream listens now
+                async with await psycopg.AsyncConnection.connect(PG_DSN) as admin:
+                    await admin.execute(  # this server's connection for notices is lost
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
+                        (f'LISTEN "{here.events_channel}"',),
+                    )
+                while "Lost the store's event notices" not in caplog.text:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                await other.log_events(session_id, [{"type": "run-completed"}])
+                # Listening again, the server has its streams read the log: nothing missed.
+                assert (await anext(stream)).id == 2

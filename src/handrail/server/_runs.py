@@ -295,17 +295,20 @@ class Runs:
         have been missed meanwhile); until then the streams rely on `poll_interval`.
         """
         store = self.engine.store
+        lost = False
         while not self._closed:
             try:
                 async with store.listen_events() as notices:
                     self._listening.set()
-                    self._wake_all()  # what was missed while not subscribed, if anything
+                    if lost:  # notices may have been missed meanwhile
+                        self._wake_all()
                     async for session_id, last in notices:
                         for queue in self._listeners.get(session_id, ()):
                             with contextlib.suppress(asyncio.QueueFull):  # it reads the log
                                 queue.put_nowait((last, _NOTICE))
                 return  # the store was closed
             except Exception:
+                lost = True
                 _log.exception(
                     "Lost the store's event notices; streams read the log every %g s until "
                     "they are back",

@@ -214,6 +214,18 @@ class PostgresStore:
         """The connection string with its password masked, for messages and logs."""
         return mask_dsn(self.dsn)
 
+    def pool_stats(self) -> dict[str, int]:
+        """The connection pool's counters (`psycopg_pool`'s `get_stats()`), for monitoring.
+
+        Among them: `pool_size` and `pool_available` (connections open, and idle),
+        `requests_waiting` (requests waiting for a connection now), `requests_queued` and
+        `requests_wait_ms` (requests that had to wait, and their total wait), and
+        `requests_errors` (requests that gave up after `connect_timeout`); a counter shows once
+        it is not zero. Empty before the store is opened.
+        """
+        pool = self._pool
+        return {} if pool is None else dict(pool.get_stats())
+
     # -- plumbing -------------------------------------------------------------------------
 
     async def open(self) -> None:
