@@ -377,3 +377,38 @@ async def test_a_server_that_loses_its_notices_listens_again_and_misses_nothing(
                 await other.log_events(session_id, [{"type": "run-completed"}])
                 # Listening again, the server has its streams read the log: nothing missed.
                 assert (await anext(stream)).id == 2
+
+
+@pytest.mark.postgres
+async def test_uvicorn_workers_serve_the_app_factory(schema: str, tmp_path: Path) -> None:
+    await _empty(schema)
+    port = _free_port()
+    log = tmp_path / "uvicorn.log"
+    env = {**_env(schema, tmp_path, "U"), "HANDRAIL_ENGINE": "procs_app:engine"}
+    command = [sys.executable, "-m", "uvicorn", "--factory", "handrail.server:app_from_env"]
+    command += ["--workers", "2", "--port", str(port), "--timeout-graceful-shutdown", "5"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=HERE, env=env, stdout=out, stderr=out)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    try:
+        await _ready(server)
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=WAIT) as client:
+            session_id = await _session(client)
+            following = asyncio.create_task(_events(server, session_id, 0))
+            await client.post(f"/sessions/{session_id}/turns", json={"text": "ship u1"})
+            async with asyncio.timeout(WAIT):
+                streamed = await following
+            held = await _session(client)
+            await client.post(f"/sessions/{held}/turns", json={"text": "hold u2"})
+            marker = tmp_path / "holding-u2"
+            async with asyncio.timeout(WAIT):
+                while not marker.exists():  # noqa: ASYNC110 - the tool says so in a file
+                    await asyncio.sleep(0.02)
+            ((owner,),) = await _rows(schema, "SELECT owner FROM {s}.handrail_leases")
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=WAIT)
+    finally:
+        _stop(server)
+    assert streamed[-1]["type"] == "run-completed"
+    assert owner.startswith(f"U-{int(marker.read_text())}#")  # the process's own worker id
+    assert await _rows(schema, "SELECT * FROM {s}.handrail_leases") == []  # given back
