@@ -99,15 +99,14 @@ def _start(name: str, schema: str, folder: Path, *args: str, target: str = "proc
     log = folder / f"{name}.log"
     command = [sys.executable, "-c", "from handrail.cli import app; app()", "serve", target]
     command += ["--port", str(port), "--sweep-interval", "0.2", "--poll-interval", "3600"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*command, *args],
-            cwd=HERE,
-            env=_env(schema, folder, name),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = _popen([*command, *args], _env(schema, folder, name), log)
     return Server(process, f"http://127.0.0.1:{port}", log)
+
+
+def _popen(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`command` run from this directory, its output (both streams) written to `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(command, cwd=HERE, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 async def _ready(server: Server) -> None:
@@ -387,9 +386,7 @@ async def test_uvicorn_workers_serve_the_app_factory(schema: str, tmp_path: Path
     env = {**_env(schema, tmp_path, "U"), "HANDRAIL_ENGINE": "procs_app:engine"}
     command = [sys.executable, "-m", "uvicorn", "--factory", "handrail.server:app_from_env"]
     command += ["--workers", "2", "--port", str(port), "--timeout-graceful-shutdown", "5"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=HERE, env=env, stdout=out, stderr=out)
-    server = Server(process, f"http://127.0.0.1:{port}", log)
+    server = Server(_popen(command, env, log), f"http://127.0.0.1:{port}", log)
     try:
         await _ready(server)
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=WAIT) as client:
