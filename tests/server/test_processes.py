@@ -299,6 +299,9 @@ async def test_serve_with_workers_runs_processes_that_each_take_their_own_leases
     server = _start("W", schema, tmp_path, "--workers", "2")
     try:
         await _ready(server)
+        async with asyncio.timeout(WAIT):  # both processes serve
+            while server.output().count("Application startup complete") < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=WAIT) as client:
             sessions = [await _session(client) for _ in range(4)]
             for n, session_id in enumerate(sessions):
