@@ -215,6 +215,8 @@ def serve(
     from .server import serve as serve_app
 
     engine = load_engine(target)
+    if workers > 1:
+        _check_shared(engine, workers)
     source = ctx.get_parameter_source("api_key")
     if api_key and source is not None and source.name == "COMMANDLINE":
         typer.echo(
@@ -262,7 +264,6 @@ def serve(
         "max_connections": max_connections or None,
     }
     if workers > 1:
-        _check_shared(engine, workers)
         serve_workers(functools.partial(_worker_app, options), workers, **settings)
         return
     serve_app(_make_app(engine, options, authenticator_from(specs)), **settings)
