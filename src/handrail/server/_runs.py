@@ -49,6 +49,7 @@ _NOTICE: dict[str, Any] = {}
 """The event of a queued `(number, _NOTICE)`: the log holds events up to that number (told
 by the store), to be read from the log."""
 _MAX_SEQ = 2**63 - 1
+"""A number past every event's: a notice with it makes a stream read the log."""
 _RESUBSCRIBE = 1.0
 """Seconds before subscribing again to the store's event notices after losing them."""
 
@@ -96,6 +97,7 @@ class Runs:
         self._callers: dict[str, Caller] = {}  # whose turn each is
         self._per_org: collections.Counter[str | None] = collections.Counter()
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
+        self._handed: dict[str, int] = {}  # the last event this server logged, by session
         self._starting = 0  # turns started here whose first event is not logged yet
         self._closed = False  # the server is shutting down: streams end once caught up
         self._pacer = _Pacer()
@@ -184,6 +186,8 @@ class Runs:
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
         seq, (event,) = await self.engine.log_events(session_id, [event])
+        if session_id in self._listeners:  # its notice, when it comes, is no news to them
+            self._handed[session_id] = max(seq, self._handed.get(session_id, 0))
         for queue in self._listeners.get(session_id, ()):
             # A slow reader's queue is full: it sees the gap and reads the log instead.
             with contextlib.suppress(asyncio.QueueFull):
@@ -281,6 +285,7 @@ class Runs:
             listeners.discard(queue)
             if not listeners:
                 self._listeners.pop(session_id, None)
+                self._handed.pop(session_id, None)
 
     async def _listen(self) -> None:
         """Make sure the store's event notices are read (once subscribed, or failed to)."""
@@ -303,6 +308,8 @@ class Runs:
                     if lost:  # notices may have been missed meanwhile
                         self._wake_all()
                     async for session_id, last in notices:
+                        if last <= self._handed.get(session_id, 0):
+                            continue  # this server's own events, handed to its streams
                         for queue in self._listeners.get(session_id, ()):
                             with contextlib.suppress(asyncio.QueueFull):  # it reads the log
                                 queue.put_nowait((last, _NOTICE))
