@@ -81,7 +81,7 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def _env(schema: str, folder: Path, worker_id: str) -> dict[str, str]:
+def _env(schema: str, folder: Path, worker_id: str, lease_ttl: float = LEASE_TTL) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
@@ -90,16 +90,23 @@ def _env(schema: str, folder: Path, worker_id: str) -> dict[str, str]:
         "PROCS_DSN": PG_DSN,
         "PROCS_SCHEMA": schema,
         "PROCS_DIR": str(folder),
-        "PROCS_LEASE_TTL": str(LEASE_TTL),
+        "PROCS_LEASE_TTL": str(lease_ttl),
     }
 
 
-def _start(name: str, schema: str, folder: Path, *args: str, target: str = "procs_app:engine"):
+def _start(
+    name: str,
+    schema: str,
+    folder: Path,
+    *args: str,
+    target: str = "procs_app:engine",
+    lease_ttl: float = LEASE_TTL,
+) -> Server:
     port = _free_port()
     log = folder / f"{name}.log"
     command = [sys.executable, "-c", "from handrail.cli import app; app()", "serve", target]
     command += ["--port", str(port), "--sweep-interval", "0.2", "--poll-interval", "3600"]
-    process = _popen([*command, *args], _env(schema, folder, name), log)
+    process = _popen([*command, *args], _env(schema, folder, name, lease_ttl), log)
     return Server(process, f"http://127.0.0.1:{port}", log)
 
 
@@ -412,3 +419,41 @@ async def test_uvicorn_workers_serve_the_app_factory(schema: str, tmp_path: Path
     assert streamed[-1]["type"] == "run-completed"
     assert owner.startswith(f"U-{int(marker.read_text())}#")  # the process's own worker id
     assert await _rows(schema, "SELECT * FROM {s}.handrail_leases") == []  # given back
+
+
+@pytest.mark.postgres
+async def test_a_worker_killed_is_started_again_and_takes_its_turn_back_at_once(
+    schema: str, tmp_path: Path
+) -> None:
+    await _empty(schema)
+    # Leases last an hour: only the new process taking its predecessor's back can finish
+    # the turn within the test's wait.
+    server = _start("R", schema, tmp_path, "--workers", "2", lease_ttl=3600)
+    try:
+        await _ready(server)
+        async with asyncio.timeout(WAIT):  # both processes serve
+            while server.output().count("Application startup complete") < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=WAIT) as client:
+            session_id = await _session(client)
+            await client.post(f"/sessions/{session_id}/turns", json={"text": "hold r1"})
+            marker = tmp_path / "holding-r1"
+            async with asyncio.timeout(WAIT):
+                while not marker.exists():  # noqa: ASYNC110 - the tool says so in a file
+                    await asyncio.sleep(0.02)
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+            async with asyncio.timeout(WAIT):
+                while True:
+                    with contextlib.suppress(httpx.TransportError):
+                        view = (await client.get(f"/sessions/{session_id}")).json()
+                        if view["status"] == "completed":
+                            break
+                    await asyncio.sleep(0.1)
+    finally:
+        _stop(server)
+    output = server.output()
+    assert "died (exit code -9); starting it again" in output
+    assert output.count("Started server process") == 3
+    assert f"recovering session {session_id!r}, whose turn was cut off" in output
+    (ship,) = _effects(tmp_path)
+    assert ship.startswith("ship r1 ")

@@ -297,17 +297,17 @@ def serve_workers(
     }
     try:
         processes = [start(index) for index in range(workers)]
-        _log.info("handrail: %d worker processes on %s:%d", workers, host, port)
+        _log.info("%d worker processes on %s:%d", workers, host, port)
         while not stop.wait(0.5):
             for index, process in enumerate(processes):
                 if process.is_alive():
                     continue
                 if process.exitcode == _STARTUP_FAILURE:
-                    _log.error("handrail: worker %d could not start; stopping", index)
+                    _log.error("worker %d could not start; stopping them all", index)
                     stop.set()
                     break
                 _log.warning(
-                    "handrail: worker %d (pid %s) died (exit code %s); starting it again",
+                    "worker %d (pid %s) died (exit code %s); starting it again",
                     index,
                     process.pid,
                     process.exitcode,
