@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
 from handrail import Agent, Engine, Runtime, tool
 from handrail.models import ModelRequest
@@ -88,3 +89,37 @@ async def test_a_stream_gets_the_sweeps_run_as_it_is_logged_not_on_a_timer():
             resumed = [f async for f in frames(response)]
     assert resumed[0].id == suspended[-1].id + 1
     assert resumed[-1].type == "run-completed"
+
+
+class _OlderStore(MemoryStore):
+    """A store written before `listen_events` (a user's own, say)."""
+
+    listen_events = None  # type: ignore[assignment]
+
+
+async def test_a_store_without_event_notices_still_streams_by_reading_the_log(
+    caplog: pytest.LogCaptureFixture,
+):
+    engine = Engine(
+        Agent("desk", tools=[refund]),
+        store=_OlderStore(),
+        runtime=Runtime(model=FunctionModel(answer)),
+    )
+    app = create_app(engine, authenticator=authenticator(), sweep_interval=0.05, poll_interval=0.1)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=StreamingTransport(app), base_url="http://test") as client,
+    ):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        async with client.stream(
+            "POST",
+            f"/sessions/{session}/turns",
+            json={"text": "refund A1"},
+            headers={**ANA, "Accept": "text/event-stream"},
+        ) as response:
+            suspended = [f async for f in frames(response)]
+        url = f"/sessions/{session}/events?after={suspended[-1].id}"
+        async with client.stream("GET", url, headers=ANA) as response, asyncio.timeout(10):
+            resumed = [f async for f in frames(response)]  # the sweeps' run, read from the log
+    assert resumed[-1].type == "run-completed"
+    assert "has no listen_events" in caplog.text

@@ -300,6 +300,15 @@ class Runs:
         have been missed meanwhile); until then the streams rely on `poll_interval`.
         """
         store = self.engine.store
+        if getattr(store, "listen_events", None) is None:  # a store of an older protocol
+            _log.warning(
+                "The store %s has no listen_events: streams find new events by reading the "
+                "log every %g s",
+                type(store).__name__,
+                self.poll_interval,
+            )
+            self._listening.set()
+            return
         lost = False
         while not self._closed:
             try:
