@@ -447,3 +447,51 @@ def test_the_access_log_never_shows_a_key_nor_a_raw_control_character(tmp_path: 
             log = server.stdout.read()
     assert "s3cr3t-key" not in log and "t0ken" not in log
     assert "/?key=***&x=1" in log and "/sessions?token=***" in log
+
+
+@pytest.fixture
+def sqlite_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    (tmp_path / "sqliteapp.py").write_text(
+        "from handrail import Agent, Engine\n"
+        "from handrail.store import SqliteStore\n"
+        "def make():\n"
+        "    return Engine(Agent('a'), store=SqliteStore('shared.db'), worker_id='fixed')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    yield "sqliteapp:make"
+    sys.modules.pop("sqliteapp", None)
+
+
+def test_serve_with_workers_gives_each_process_its_own_worker_id(
+    sqlite_app: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(
+        "handrail.server.serve_workers",
+        lambda factory, workers, **options: started.update(factory=factory, workers=workers),
+    )
+    monkeypatch.setenv("HANDRAIL_WORKER_ID", "box")
+    flags = ["--workers", "3", "--api-key", "acme:ana:k", "--poll-interval", "7"]
+    result = run("serve", sqlite_app, *flags)
+    assert result.exit_code == 0, result.output
+    assert started["workers"] == 3
+    # What SQLite shared by processes can do is said.
+    assert "3 processes share the SQLite file" in result.output
+    assert "by polling" in result.output
+    # Each process's app: its own engine, named by its index (over the engine's worker_id).
+    apps = [started["factory"](index) for index in range(3)]
+    engines = [app.state.runs.engine for app in apps]
+    assert [e.worker_id for e in engines] == ["box-0", "box-1", "box-2"]
+    assert [e.lease_owner.split("#")[0] for e in engines] == ["box-0", "box-1", "box-2"]
+    assert len({id(e) for e in engines}) == 3
+    assert apps[0].state.runs.poll_interval == 7.0
+
+
+def test_serve_refuses_workers_over_a_memory_store(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("handrail.server.serve_workers", lambda *a, **k: None)
+    result = run("serve", f"{app_module}:engine", "--workers", "2", "--api-key", "a:b:c")
+    assert result.exit_code == 1
+    assert result.output.startswith("error: --workers 2 needs a store the processes share")
+    assert "MemoryStore" in result.output

@@ -16,10 +16,11 @@ exits with status 1.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
-import importlib
 import json
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
@@ -190,13 +191,32 @@ def serve(
     max_connections: Annotated[
         int, typer.Option(help="Open connections past which new ones get 503 (0: no cap).", min=0)
     ] = 1_000,
+    poll_interval: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds of quiet after which an event stream reads the log again, a safety "
+            "net: events reach streams as notices (default: 60 on PostgreSQL, whose notices "
+            "cross processes; 1 otherwise).",
+            min=0.01,
+        ),
+    ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Server processes on the one port, each with its own engine and worker id "
+            "(HANDRAIL_WORKER_ID-N, default the host name): a store they share is needed "
+            "(PostgreSQL; SQLite on one machine). See docs/deploying.md.",
+            min=1,
+        ),
+    ] = 1,
 ) -> None:
     """Serve an engine's HTTP API (and its web page) with uvicorn."""
-    from .server import ApiKeyAuthenticator, Caller, Limits, create_app
+    from .server import authenticator_from, serve_workers
     from .server import serve as serve_app
 
     engine = load_engine(target)
-    authenticator = ApiKeyAuthenticator()
+    if workers > 1:
+        _check_shared(engine, workers)
     source = ctx.get_parameter_source("api_key")
     if api_key and source is not None and source.name == "COMMANDLINE":
         typer.echo(
@@ -210,11 +230,12 @@ def serve(
         lines = api_keys_file.read_text().splitlines()
         specs += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     for spec in specs:
-        org_id, user_id, key = _key_spec(spec)
-        authenticator.add(key, Caller(org_id, user_id))
+        _key_spec(spec)
     if not specs:
+        from .server import ApiKeyAuthenticator
+
         key = ApiKeyAuthenticator.generate_key()
-        authenticator.add(key, Caller("local", "local"))
+        specs.append(f"local:local:{key}")
         typer.echo(
             f"No --api-key given: this run accepts `Authorization: Bearer {key}` "
             f"(org 'local', user 'local').",
@@ -222,53 +243,105 @@ def serve(
         )
         where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
         typer.echo(f"Open the web page: http://{where}:{port}/#key={key}", err=True)
-    application = create_app(
-        engine,
-        authenticator=authenticator,
+    options = _AppOptions(
+        target=target,
+        specs=specs,
         max_body_size=max_body_size,
         shutdown_grace=shutdown_grace,
-        sweep_interval=sweep_interval or None,
+        sweep_interval=sweep_interval,
         retention=retention_days * 86_400 if retention_days else None,
+        poll_interval=poll_interval,
+        limits=(rate or None, burst, streams or None, turns or None, stream_bytes or None),
+    )
+    settings: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "shutdown_grace": shutdown_grace,
+        "log_level": log_level,
+        "header_timeout": header_timeout,
+        "body_timeout": body_timeout,
+        "idle_timeout": idle_timeout,
+        "max_connections": max_connections or None,
+    }
+    if workers > 1:
+        serve_workers(functools.partial(_worker_app, options), workers, **settings)
+        return
+    serve_app(_make_app(engine, options, authenticator_from(specs)), **settings)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _AppOptions:
+    """What `serve` makes its app with, sent to each worker process (so picklable)."""
+
+    target: str
+    specs: list[str]
+    max_body_size: int
+    shutdown_grace: float
+    sweep_interval: float
+    retention: float | None
+    poll_interval: float | None
+    limits: tuple[float | None, int, int | None, int | None, float | None]
+
+
+def _make_app(engine: Engine, options: _AppOptions, authenticator: Any) -> Any:
+    from .server import Limits, create_app
+
+    rate, burst, streams, turns, stream_bytes = options.limits
+    return create_app(
+        engine,
+        authenticator=authenticator,
+        max_body_size=options.max_body_size,
+        shutdown_grace=options.shutdown_grace,
+        sweep_interval=options.sweep_interval or None,
+        retention=options.retention,
+        poll_interval=options.poll_interval,
         limits=Limits(
-            rate=rate or None,
-            burst=burst,
-            streams=streams or None,
-            turns=turns or None,
-            stream_bytes=stream_bytes or None,
+            rate=rate, burst=burst, streams=streams, turns=turns, stream_bytes=stream_bytes
         ),
     )
-    serve_app(
-        application,
-        host=host,
-        port=port,
-        shutdown_grace=shutdown_grace,
-        log_level=log_level,
-        header_timeout=header_timeout,
-        body_timeout=body_timeout,
-        idle_timeout=idle_timeout,
-        max_connections=max_connections or None,
-    )
+
+
+def _worker_app(options: _AppOptions, index: int) -> Any:
+    """The app of worker process `index` of `serve --workers`: its own engine and worker id.
+
+    The id is `HANDRAIL_WORKER_ID` (default: the host name) and the index, the same for the
+    worker started again after it died, so that it takes its turns back at once.
+    """
+    from .server import authenticator_from, name_worker
+
+    engine = load_engine(options.target)
+    base = os.environ.get("HANDRAIL_WORKER_ID") or socket.gethostname()
+    name_worker(engine, f"{base}-{index}")
+    return _make_app(engine, options, authenticator_from(options.specs))
+
+
+def _check_shared(engine: Engine, workers: int) -> None:
+    """Refuse a store the worker processes cannot share; say what holds with SQLite."""
+    from .store import MemoryStore, SqliteStore
+
+    store = engine.store
+    if isinstance(store, MemoryStore):
+        raise CliError(
+            f"--workers {workers} needs a store the processes share, and the engine's is a "
+            f"MemoryStore: each process would keep sessions of its own, and a request landing "
+            f"on another process would not find them. Give the engine a PostgresStore (or a "
+            f"SqliteStore, on one machine), or run one worker."
+        )
+    if isinstance(store, SqliteStore):
+        typer.echo(
+            f"Note: {workers} processes share the SQLite file {store.path} (this machine "
+            f"only): writes take turns on its lock, and each process finds the others' events "
+            f"and wake-ups by polling (streams every second, workers every "
+            f"{store.poll_interval:g} s). For pushed events and many machines, use PostgreSQL.",
+            err=True,
+        )
 
 
 def load_engine(target: str) -> Engine:
     """The engine named by `module:attribute` (called first if it is a factory)."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise CliError(f"{target!r} is not module:attribute (e.g. myapp:engine).")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app is in the cwd
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise CliError(f"Cannot import {module_name!r}: {error}.") from None
-    found = getattr(module, attribute, None)
-    if found is None:
-        raise CliError(f"Module {module_name!r} has no attribute {attribute!r}.")
-    if callable(found) and not isinstance(found, Engine):
-        found = found()
-    if not isinstance(found, Engine):
-        raise CliError(f"{target} is a {type(found).__name__}, not a handrail Engine.")
-    return found
+    from .server import load_engine as load
+
+    return load(target)
 
 
 def _key_spec(spec: str) -> tuple[str, str, str]:

@@ -482,6 +482,12 @@ class Engine:
                     expected = "running" if recovering else "suspended"
                     if progress is None or progress.status != expected:
                         raise UserError(_NOTHING[expected].format(session=session_id))
+                if recovering:  # what an operator watches: a worker died, or lost its lease
+                    _log.warning(
+                        "handrail engine %s: recovering session %r, whose turn was cut off",
+                        self.lease_owner,
+                        session_id,
+                    )
                 # A turn cut off while it ran may hold cards of its last response: they wait.
                 check_resumable(state, None, [progress.agent], waiting=recovering)
                 router = self._router

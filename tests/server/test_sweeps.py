@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
 from handrail import Agent, Engine, Runtime, tool
 from handrail.models import ModelRequest
@@ -13,7 +14,7 @@ from handrail.server import create_app
 from handrail.store import MemoryStore
 from handrail.testing import FunctionModel, call
 
-from .conftest import ANA, authenticator
+from .conftest import ANA, StreamingTransport, authenticator, frames
 
 
 @tool(name="orders.refund", permission="write", expires_after=0.2)
@@ -58,3 +59,67 @@ async def test_an_expired_card_leads_to_a_run_the_model_finishes():
         # The run the sweeps drove is in the event log, for the page to show.
         events = [e["type"] for _, e in await engine.store.events(session)]
         assert events[-1] == "run-completed"
+
+
+async def test_a_stream_gets_the_sweeps_run_as_it_is_logged_not_on_a_timer():
+    engine = Engine(
+        Agent("desk", tools=[refund]),
+        store=MemoryStore(),
+        runtime=Runtime(model=FunctionModel(answer)),
+    )
+    # The stream re-reads the log only after an hour of quiet: the sweeps' events reach it
+    # through the store's notices.
+    app = create_app(engine, authenticator=authenticator(), sweep_interval=0.05, poll_interval=3600)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=StreamingTransport(app), base_url="http://test") as client,
+    ):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        async with client.stream(
+            "POST",
+            f"/sessions/{session}/turns",
+            json={"text": "refund A1"},
+            headers={**ANA, "Accept": "text/event-stream"},
+        ) as response:
+            suspended = [f async for f in frames(response)]
+        assert suspended[-1].type == "run-suspended"
+        url = f"/sessions/{session}/events?after={suspended[-1].id}"
+        async with client.stream("GET", url, headers=ANA) as response, asyncio.timeout(10):
+            # Nobody decides: the card expires, and the sweeps run the turn on.
+            resumed = [f async for f in frames(response)]
+    assert resumed[0].id == suspended[-1].id + 1
+    assert resumed[-1].type == "run-completed"
+
+
+class _OlderStore(MemoryStore):
+    """A store written before `listen_events` (a user's own, say)."""
+
+    listen_events = None  # type: ignore[assignment]
+
+
+async def test_a_store_without_event_notices_still_streams_by_reading_the_log(
+    caplog: pytest.LogCaptureFixture,
+):
+    engine = Engine(
+        Agent("desk", tools=[refund]),
+        store=_OlderStore(),
+        runtime=Runtime(model=FunctionModel(answer)),
+    )
+    app = create_app(engine, authenticator=authenticator(), sweep_interval=0.05, poll_interval=0.1)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=StreamingTransport(app), base_url="http://test") as client,
+    ):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        async with client.stream(
+            "POST",
+            f"/sessions/{session}/turns",
+            json={"text": "refund A1"},
+            headers={**ANA, "Accept": "text/event-stream"},
+        ) as response:
+            suspended = [f async for f in frames(response)]
+        url = f"/sessions/{session}/events?after={suspended[-1].id}"
+        async with client.stream("GET", url, headers=ANA) as response, asyncio.timeout(10):
+            resumed = [f async for f in frames(response)]  # the sweeps' run, read from the log
+    assert resumed[-1].type == "run-completed"
+    assert "has no listen_events" in caplog.text

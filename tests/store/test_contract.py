@@ -799,6 +799,51 @@ async def test_listening_ends_when_the_store_closes(store: SessionStore) -> None
             assert await waiter == "ended"
 
 
+async def test_event_notices_name_the_session_and_its_last_event(store: SessionStore) -> None:
+    async with store.listen_events() as notices:
+        await store.append_events("s-1", [{"type": "run-started"}, {"type": "text-delta"}])
+        await store.append_events("s 2:x", [{"type": "run-started"}])
+        await store.append_events("s-3", [])  # nothing appended: nothing announced
+        await store.append_events("s-1", [{"type": "run-completed"}])
+        heard: list[tuple[str, int]] = []
+        async with asyncio.timeout(5):
+            # Until both logs are announced to their end (appends may share a notice).
+            while ("s-1", 3) not in heard or ("s 2:x", 1) not in heard:
+                heard.append(await anext(notices))
+    assert {session for session, _ in heard} == {"s-1", "s 2:x"}
+    assert [last for session, last in heard if session == "s-1"] in ([2, 3], [3])
+    assert [seq for seq, _ in await store.events("s-1", after=2)] == [3]
+
+
+async def test_event_notices_reach_other_processes_only_where_the_store_says(
+    make_store: StoreFactory,
+) -> None:
+    writer, reader = await make_store(), await make_store()
+    async with reader.listen_events() as notices:
+        await writer.append_events("s-1", [{"type": "run-started"}])
+        await reader.append_events("s-2", [{"type": "run-started"}])
+        heard: set[tuple[str, int]] = set()
+        async with asyncio.timeout(5):
+            while ("s-2", 1) not in heard:
+                heard.add(await anext(notices))
+            if writer is not reader and getattr(reader, "cross_process_events", False):
+                while ("s-1", 1) not in heard:  # another store object, as another process
+                    heard.add(await anext(notices))
+    if writer is reader or getattr(reader, "cross_process_events", False):
+        assert heard == {("s-1", 1), ("s-2", 1)}
+    else:  # SQLite: the other store object's appends are not announced here
+        assert heard == {("s-2", 1)}
+
+
+async def test_event_notices_end_when_the_store_closes(store: SessionStore) -> None:
+    async with store.listen_events() as notices:
+        waiter = asyncio.create_task(anext(notices, "ended"))
+        await asyncio.sleep(0.05)
+        await store.close()
+        async with asyncio.timeout(5):
+            assert await waiter == "ended"
+
+
 # -- closing --------------------------------------------------------------------------------
 
 

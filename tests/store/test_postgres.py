@@ -181,3 +181,45 @@ async def test_a_listener_whose_connection_dies_is_told(store: PostgresStore) ->
         with pytest.raises(StoreError, match="Lost the PostgreSQL connection"):
             async with asyncio.timeout(5):
                 await anext(wakeups)
+
+
+async def test_the_pool_says_how_it_is_used(pg_schema: str) -> None:
+    store = PostgresStore(PG_DSN, schema=pg_schema, pool_size=3)
+    assert store.pool_stats() == {}  # not open yet
+    try:
+        await asyncio.gather(*(store.events(f"s-{n}") for n in range(6)))
+        stats = store.pool_stats()
+    finally:
+        await store.close()
+    assert stats["pool_max"] == 3
+    assert 1 <= stats["pool_size"] <= 3
+    assert stats["requests_num"] >= 6
+
+
+async def test_event_notices_work_with_the_longest_schema_name(pg_schema: str) -> None:
+    schema = f"{pg_schema}_{'x' * 54}"[:54]
+    try:
+        async with PostgresStore(PG_DSN, schema=schema) as writer:
+            assert len(writer.events_channel) <= 63  # PostgreSQL's longest name
+            async with (
+                PostgresStore(PG_DSN, schema=schema) as reader,
+                reader.listen_events() as notices,
+            ):
+                await writer.append_events("s-1", [{"type": "run-started"}])
+                async with asyncio.timeout(5):
+                    assert await anext(notices) == ("s-1", 1)
+    finally:
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as admin:
+            await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_an_append_is_not_failed_by_its_notice(
+    store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.events_channel = ""  # PostgreSQL refuses to notify an empty channel
+    assert await store.append_events("s-1", [{"type": "run-started"}]) == 1
+    assert await store.append_events("s-1", [{"type": "run-completed"}]) == 2
+    assert [seq for seq, _ in await store.events("s-1")] == [1, 2]
+    async with asyncio.timeout(5):
+        while not any("Could not announce" in r.message for r in caplog.records):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)

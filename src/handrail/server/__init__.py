@@ -22,17 +22,24 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from ._app import create_app
 from ._auth import ApiKeyAuthenticator, Authenticator, Caller
+from ._factory import app_from_env, authenticator_from, load_engine, name_worker
 from ._limits import Limits
-from ._serve import escape_logs, serve, server_config, tune_gc
+from ._serve import AppFactory, escape_logs, serve, serve_workers, server_config, tune_gc
 
 __all__ = [
     "ApiKeyAuthenticator",
+    "AppFactory",
     "Authenticator",
     "Caller",
     "Limits",
+    "app_from_env",
+    "authenticator_from",
     "create_app",
     "escape_logs",
+    "load_engine",
+    "name_worker",
     "serve",
+    "serve_workers",
     "server_config",
     "tune_gc",
 ]

@@ -73,7 +73,7 @@ def create_app(
     authenticator: Authenticator,
     max_body_size: int = 1_000_000,
     static_dir: str | os.PathLike[str] | None = STATIC,
-    poll_interval: float = 1.0,
+    poll_interval: float | None = None,
     ping_interval: float = 15.0,
     send_timeout: float | None = 30.0,
     shutdown_grace: float = 5.0,
@@ -93,8 +93,11 @@ def create_app(
         authenticator: turns each request into its caller (`ApiKeyAuthenticator`, or yours).
         max_body_size: bytes a request body may have; a larger one answers 413.
         static_dir: files served at `/` (the web page), if the directory exists; None: none.
-        poll_interval: seconds a quiet stream waits before it reads the event log again (it
-            then picks up events that another server process logged).
+        poll_interval: seconds of quiet after which a stream reads the event log again. Events
+            logged by another process sharing the store reach a stream through the store's
+            notices (PostgreSQL's LISTEN/NOTIFY), so this is a safety net: None is 60 s on
+            PostgreSQL; 1 s on SQLite, whose notices stay within a process (another process
+            sharing the file is found by this re-read) and on memory.
         ping_interval: seconds between keep-alive comments on a quiet stream.
         send_timeout: seconds a stream may wait for a slow reader before dropping it (the
             client reconnects with `Last-Event-ID` and misses nothing); None: forever.
@@ -111,7 +114,7 @@ def create_app(
         limits: what one caller or organisation may use: requests a second, open streams,
             running turns (`Limits()` by default); past them, 429 with `Retry-After`.
     """
-    runs = Runs(engine, poll_interval=poll_interval)
+    runs = Runs(engine, poll_interval=poll_interval, tick=ping_interval)
     limits = limits if limits is not None else Limits()
     api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
     operations = [

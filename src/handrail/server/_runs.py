@@ -4,10 +4,13 @@ A turn (a new message, or the resumption once the last pending call is decided) 
 background task, so a client that disconnects does not stop it. Each event is appended to
 the session's event log, which numbers it, before it is handed to the streams listening in
 this process. A stream first reads the log after the client's last event, then follows the
-live events; when it falls behind (a slow reader whose queue filled up) or hears nothing for
-`poll_interval`, it reads the log again. So a client that reconnects with `Last-Event-ID`
-gets exactly the events it missed, then the live ones, and events written by another
-process reach it too.
+live events. Events another process logged (a turn running there, or a worker's) reach it
+through the store's event notices (`SessionStore.listen_events`: LISTEN/NOTIFY on
+PostgreSQL), which one task of this server reads for all its streams: a notice of an event
+the stream has not had makes it read the log. It also reads the log when it falls behind (a
+slow reader whose queue filled up), and after `poll_interval` of quiet, as a safety net. So a
+client that reconnects with `Last-Event-ID` gets exactly the events it missed, then the live
+ones, wherever the turn runs.
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ Logged = tuple[int, dict[str, Any]]
 _WAKE: Logged = (0, {})
 """Put in a stream's queue to wake it when the server closes (as an event, it is one the
 stream has had: number 0 comes before every event)."""
+_NOTICE: dict[str, Any] = {}
+"""The event of a queued `(number, _NOTICE)`: the log holds events up to that number (told
+by the store), to be read from the log."""
+_MAX_SEQ = 2**63 - 1
+"""A number past every event's: a notice with it makes a stream read the log."""
+_RESUBSCRIBE = 1.0
+"""Seconds before subscribing again to the store's event notices after losing them."""
 
 
 class TurnInProgressError(UserError):
@@ -53,28 +63,41 @@ class Runs:
 
     Args:
         engine: runs the turns; its store keeps the event logs.
-        poll_interval: seconds a stream waits for a live event before reading the log again.
+        poll_interval: seconds of quiet after which a stream reads the log again, in case a
+            notice was lost. None: 60 when the store announces other processes' appends
+            (`cross_process_events`: PostgreSQL), else 1 (a server sharing a SQLite file
+            with another process finds that one's events this way).
         queue_size: live events a stream may fall behind before it reads the log instead.
         coalesce: seconds a stream waits after a write for more events to send with the
             next one (the first events of a stream go at once).
+        tick: seconds of quiet after which a stream yields an empty batch (the server sends
+            keep-alives then); None: `poll_interval`.
     """
 
     def __init__(
         self,
         engine: Engine,
         *,
-        poll_interval: float = 1.0,
+        poll_interval: float | None = None,
         queue_size: int = 256,
         coalesce: float = 0.05,
+        tick: float | None = None,
     ):
         self.engine = engine
+        if poll_interval is None:
+            shared = getattr(engine.store, "cross_process_events", False)
+            poll_interval = 60.0 if shared else 1.0
         self.poll_interval = poll_interval
+        self.tick = min(poll_interval, tick) if tick is not None else poll_interval
+        self._notices: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()  # the notices' subscription is live (or gave up)
         self.coalesce = coalesce
         self.queue_size = queue_size
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._callers: dict[str, Caller] = {}  # whose turn each is
         self._per_org: collections.Counter[str | None] = collections.Counter()
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
+        self._handed: dict[str, int] = {}  # the last event this server logged, by session
         self._starting = 0  # turns started here whose first event is not logged yet
         self._closed = False  # the server is shutting down: streams end once caught up
         self._pacer = _Pacer()
@@ -163,6 +186,8 @@ class Runs:
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
         seq, (event,) = await self.engine.log_events(session_id, [event])
+        if session_id in self._listeners:  # its notice, when it comes, is no news to them
+            self._handed[session_id] = max(seq, self._handed.get(session_id, 0))
         for queue in self._listeners.get(session_id, ()):
             # A slow reader's queue is full: it sees the gap and reads the log instead.
             with contextlib.suppress(asyncio.QueueFull):
@@ -211,7 +236,9 @@ class Runs:
         listeners = self._listeners.setdefault(session_id, set())
         listeners.add(queue)  # before reading the log, so that nothing falls in between
         try:
+            await self._listen()  # and notices of other processes' events, too
             last = after
+            quiet = 0.0
             while True:
                 # Reading the log is the costly part of a stream. When many streams replay long
                 # logs at once, they take turns, a page at a time: the store's connections (and
@@ -229,14 +256,19 @@ class Runs:
                     continue
                 while True:  # caught up with the log: follow live events while none is missed
                     try:
-                        async with asyncio.timeout(self.poll_interval):
+                        async with asyncio.timeout(self.tick):
                             waiting = [await queue.get()]
                     except TimeoutError:
                         yield []  # quiet: the stream may send a keep-alive
-                        break
+                        quiet += self.tick
+                        if quiet >= self.poll_interval:
+                            break  # the safety net: read the log
+                        continue
+                    quiet = 0.0
                     while not queue.empty():
                         waiting.append(queue.get_nowait())
-                    batch, ended = _upto_end(waiting, last, forever)
+                    live = [(seq, e) for seq, e in waiting if e is not _NOTICE]
+                    batch, ended = _upto_end(live, last, forever)
                     if batch:
                         last = batch[-1][0]
                         yield batch
@@ -245,12 +277,69 @@ class Runs:
                     # Let the next events gather: a write per event (a model streams a token
                     # at a time) costs the server more than the events themselves.
                     await asyncio.sleep(self.coalesce)
-                    if waiting[-1][0] > last:  # a gap: the queue overflowed; read the log
+                    # A gap (the queue overflowed) or a notice of events logged elsewhere:
+                    # read the log.
+                    if max(seq for seq, _ in waiting) > last:
                         break
         finally:
             listeners.discard(queue)
             if not listeners:
                 self._listeners.pop(session_id, None)
+                self._handed.pop(session_id, None)
+
+    async def _listen(self) -> None:
+        """Make sure the store's event notices are read (once subscribed, or failed to)."""
+        if self._notices is None and not self._closed:
+            self._notices = asyncio.create_task(self._read_notices(), name="handrail notices")
+        await self._listening.wait()
+
+    async def _read_notices(self) -> None:
+        """Hand the store's event notices to this server's streams, for as long as it runs.
+
+        A lost subscription is taken again (every stream reads the log then: notices may
+        have been missed meanwhile); until then the streams rely on `poll_interval`.
+        """
+        store = self.engine.store
+        if getattr(store, "listen_events", None) is None:  # a store of an older protocol
+            _log.warning(
+                "The store %s has no listen_events: streams find new events by reading the "
+                "log every %g s",
+                type(store).__name__,
+                self.poll_interval,
+            )
+            self._listening.set()
+            return
+        lost = False
+        while not self._closed:
+            try:
+                async with store.listen_events() as notices:
+                    self._listening.set()
+                    if lost:  # notices may have been missed meanwhile
+                        self._wake_all()
+                    async for session_id, last in notices:
+                        if last <= self._handed.get(session_id, 0):
+                            continue  # this server's own events, handed to its streams
+                        for queue in self._listeners.get(session_id, ()):
+                            with contextlib.suppress(asyncio.QueueFull):  # it reads the log
+                                queue.put_nowait((last, _NOTICE))
+                return  # the store was closed
+            except Exception:
+                lost = True
+                _log.exception(
+                    "Lost the store's event notices; streams read the log every %g s until "
+                    "they are back",
+                    self.poll_interval,
+                )
+            finally:
+                self._listening.set()  # no stream waits for a subscription that failed
+            await asyncio.sleep(_RESUBSCRIBE)
+
+    def _wake_all(self) -> None:
+        """Make every stream of this server read the log."""
+        for queues in self._listeners.values():
+            for queue in queues:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait((_MAX_SEQ, _NOTICE))
 
     async def current_turn(self, session_id: str) -> int | None:
         """The number of the event before the session's current turn's first, or None.
@@ -301,6 +390,10 @@ class Runs:
             if late:
                 await asyncio.wait(late)
         self._closed = True
+        notices, self._notices = self._notices, None
+        if notices is not None:
+            notices.cancel()
+            await asyncio.wait([notices])
         for queues in self._listeners.values():
             for queue in queues:
                 with contextlib.suppress(asyncio.QueueFull):  # it reads the log anyway

@@ -1,13 +1,23 @@
-"""`serve`: run an app of `create_app` under uvicorn, tuned for it, and stop it in order."""
+"""`serve`: run an app of `create_app` under uvicorn, tuned for it, and stop it in order.
+
+`serve_workers` runs it in several processes on one socket (`handrail serve --workers N`).
+"""
 
 from __future__ import annotations
 
 import gc
 import logging
 import math
+import multiprocessing
+import multiprocessing.process
+import os
 import re
+import signal
 import socket
+import sys
+import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -17,9 +27,11 @@ from ._connections import guarded_protocol
 
 __all__ = [
     "AccessLogScrubber",
+    "AppFactory",
     "ControlEscaper",
     "escape_logs",
     "serve",
+    "serve_workers",
     "server_config",
     "tune_gc",
 ]
@@ -28,6 +40,7 @@ _SECRET = re.compile(
     r"([?&](?:key|api_key|apikey|token|access_token|password|secret)=)[^&#\s]*", re.IGNORECASE
 )
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_log = logging.getLogger("handrail.server")
 
 
 class AccessLogScrubber(logging.Filter):
@@ -226,3 +239,105 @@ def serve(
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
     _Server(config, app, shutdown_grace).run()
+
+
+AppFactory = Callable[[int], Starlette]
+"""Makes the app of worker process number `index` (0, 1, ...), in that process."""
+
+_STARTUP_FAILURE = 3  # uvicorn's exit code for a server that could not start
+
+
+def serve_workers(
+    factory: AppFactory,
+    workers: int,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    shutdown_grace: float = 5.0,
+    **options: Any,
+) -> None:
+    """Serve with `workers` processes sharing one listening socket, until Ctrl-C or SIGTERM.
+
+    This process binds the socket and supervises: each worker process is started with
+    `spawn` (a fresh interpreter), makes its app with `factory(index)` and serves it as
+    `serve` does, with the same orderly shutdown. A worker that dies is started again
+    under the same index (so, given a stable worker id per index, it takes its turns back
+    at once: `Engine.reclaim`); one that cannot start stops them all. On Ctrl-C or SIGTERM
+    every worker is sent SIGTERM and waited for.
+
+    Args:
+        factory: makes each worker's app; it must be picklable (a module-level function, or
+            a `functools.partial` of one), since it is sent to the new process.
+        workers: how many processes (at least 1).
+        host: the interface to listen on.
+        port: the port to listen on.
+        shutdown_grace: as `serve`'s (each worker's).
+        options: more of `serve`'s arguments, for each worker.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    escape_logs()
+    config = uvicorn.Config("handrail:unused", host=host, port=port)  # to bind, as uvicorn does
+    sock = config.bind_socket()
+    context = multiprocessing.get_context("spawn")
+    settings = {"host": host, "port": port, "shutdown_grace": shutdown_grace, **options}
+
+    def start(index: int) -> multiprocessing.process.BaseProcess:
+        process = context.Process(
+            target=_worker_main,
+            args=(factory, index, sock, settings),
+            name=f"handrail worker {index}",
+        )
+        process.start()
+        return process
+
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        processes = [start(index) for index in range(workers)]
+        _log.info("%d worker processes on %s:%d", workers, host, port)
+        while not stop.wait(0.5):
+            for index, process in enumerate(processes):
+                if process.is_alive():
+                    continue
+                if process.exitcode == _STARTUP_FAILURE:
+                    _log.error("worker %d could not start; stopping them all", index)
+                    stop.set()
+                    break
+                _log.warning(
+                    "worker %d (pid %s) died (exit code %s); starting it again",
+                    index,
+                    process.pid,
+                    process.exitcode,
+                )
+                processes[index] = start(index)
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in processes:
+            process.join(2 * shutdown_grace + 10)  # turns stop, then streams end
+            if process.is_alive():
+                process.kill()
+                process.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+
+
+def _worker_main(
+    factory: AppFactory, index: int, sock: socket.socket, settings: dict[str, Any]
+) -> None:
+    """A worker process: make its app, and serve it on the socket the supervisor bound."""
+    try:
+        app = factory(index)
+        config = server_config(app, **settings)
+    except Exception:
+        _log.exception("handrail worker %d could not start", index)
+        sys.exit(_STARTUP_FAILURE)
+    tune_gc()
+    logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
+    escape_logs()
+    _Server(config, app, settings.get("shutdown_grace", 5.0)).run(sockets=[sock])

@@ -349,6 +349,21 @@ class SessionStore(Protocol):
         """
         ...
 
+    def listen_events(self) -> AbstractAsyncContextManager[AsyncIterator[tuple[str, int]]]:
+        """Subscribe to event-log appends: `async for session_id, last in notices`.
+
+        Each append (`append_events`) is announced as `(session_id, last)`: the session's log
+        now holds events up to number `last`; read them with `events`. A notice is a hint
+        (read the log for the events themselves), sent once the events can be read; one
+        notice may stand for several appends of its session (PostgreSQL sends those made
+        while it was sending the previous notices as one, of the last number). The
+        subscription is live once the `async with` is entered. PostgreSQL announces every
+        process's appends (LISTEN/NOTIFY), and says so with a class attribute
+        `cross_process_events = True`; memory and SQLite announce only the appends made
+        through the store object itself. Iteration ends when the store is closed.
+        """
+        ...
+
     async def close(self) -> None:
         """Release the store's connections and threads. Closing twice is harmless."""
         ...

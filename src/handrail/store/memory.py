@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import builtins
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
@@ -36,6 +38,7 @@ from ._codec import (
 from ._codec import (
     incarnation_of as _incarnation_of,
 )
+from ._events import EventNotice, LocalEventFeed
 
 __all__ = ["MemoryStore"]
 
@@ -63,6 +66,9 @@ class MemoryStore:
             and lease expiry; inject one to test expiry without waiting.
     """
 
+    cross_process_events = False
+    """Whether `listen_events` announces the appends of other processes: no."""
+
     def __init__(self, *, clock: Clock = wall_clock) -> None:
         self.clock = clock
         self._sessions: dict[str, _Session] = {}
@@ -70,6 +76,7 @@ class MemoryStore:
         self._events: dict[str, builtins.list[tuple[int, str]]] = {}  # events as JSON text
         self._leases: dict[str, tuple[str, float]] = {}
         self._subscriptions: set[_Subscription] = set()
+        self._event_feed = LocalEventFeed()
         self._closed = False
 
     async def __aenter__(self) -> MemoryStore:
@@ -289,6 +296,8 @@ class MemoryStore:
         log = self._events.setdefault(session_id, [])
         last = log[-1][0] if log else 0
         log.extend(enumerate(texts, last + 1))
+        if texts:
+            self._event_feed.publish(session_id, last + len(texts))
         return last + len(texts)
 
     async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
@@ -343,9 +352,14 @@ class MemoryStore:
         """Subscribe to wake-ups; see `SessionStore.listen`."""
         return _Subscription(self)
 
+    def listen_events(self) -> AbstractAsyncContextManager[AsyncIterator[EventNotice]]:
+        """Subscribe to event-log appends; see `SessionStore.listen_events`."""
+        return self._event_feed.subscribe()
+
     async def close(self) -> None:
         """Forget everything and end every subscription."""
         self._closed = True
+        self._event_feed.close()
         for subscription in self._subscriptions:
             subscription.queue.put_nowait(None)
         self._subscriptions.clear()

@@ -12,10 +12,11 @@ import asyncio
 import builtins
 import contextlib
 import hashlib
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 try:
     import psycopg
@@ -50,6 +51,10 @@ from ._codec import (
 )
 
 __all__ = ["PostgresStore"]
+
+_log = logging.getLogger("handrail.store")
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 2
 """The version of the database schema this code reads and writes. One line a bump:
@@ -168,11 +173,22 @@ class PostgresStore:
         self.connect_timeout = connect_timeout
         self.channel = f"handrail_{schema}"
         """The LISTEN/NOTIFY channel of the store's wake-ups."""
+        events_channel = f"handrail_events_{schema}"
+        if len(events_channel) > 63:  # PostgreSQL's longest name
+            digest = hashlib.blake2b(schema.encode(), digest_size=16).hexdigest()
+            events_channel = f"handrail_events_{digest}"
+        self.events_channel = events_channel
+        """The LISTEN/NOTIFY channel of the event-log notices (`listen_events`)."""
         self._s = f'"{schema}"'
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening = asyncio.Lock()
         self._closed = False
-        self._subscriptions: set[_Subscription] = set()
+        self._subscriptions: set[_Subscription[Any]] = set()
+        self._unannounced: dict[str, int] = {}  # appends whose notice is not sent yet
+        self._announcing: asyncio.Task[None] | None = None
+
+    cross_process_events = True
+    """Whether `listen_events` announces the appends of other processes: yes (NOTIFY)."""
 
     @classmethod
     async def connect(cls, dsn: str, **options: Any) -> PostgresStore:
@@ -197,6 +213,18 @@ class PostgresStore:
     def masked_dsn(self) -> str:
         """The connection string with its password masked, for messages and logs."""
         return mask_dsn(self.dsn)
+
+    def pool_stats(self) -> dict[str, int]:
+        """The connection pool's counters (`psycopg_pool`'s `get_stats()`), for monitoring.
+
+        Among them: `pool_size` and `pool_available` (connections open, and idle),
+        `requests_waiting` (requests waiting for a connection now), `requests_queued` and
+        `requests_wait_ms` (requests that had to wait, and their total wait), and
+        `requests_errors` (requests that gave up after `connect_timeout`); a counter shows once
+        it is not zero. Empty before the store is opened.
+        """
+        pool = self._pool
+        return {} if pool is None else dict(pool.get_stats())
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -667,6 +695,7 @@ class PostgresStore:
 
         Two concurrent appends to one session read the same last number; the primary key
         makes the second fail once the first commits, and it is retried on a fresh snapshot.
+        Once it has committed, the append is announced on `events_channel` (see `_announce`).
         """
         texts = encode_events(session_id, events)
         params = {"id": session_id, "texts": texts}
@@ -697,7 +726,44 @@ class PostgresStore:
                     continue
                 raise
             appended: int = rows[0][0]
+            self._announce(session_id, appended)
             return appended
+
+    def _announce(self, session_id: str, last: int) -> None:
+        """Announce that `session_id`'s log reaches `last`, soon, with the appends around it.
+
+        A commit that sends a NOTIFY takes a lock every such commit of the database waits
+        for, so appends are not announced one statement each: one task sends the notices of
+        every append made while its previous statement ran, in one statement (a session's
+        appends as one notice, of its last number). An append is never held up or failed by
+        its notice; a notice that cannot be sent is logged (streams re-read the log anyway,
+        every `poll_interval`).
+        """
+        if self._unannounced.get(session_id, 0) < last:
+            self._unannounced[session_id] = last
+        if self._announcing is None or self._announcing.done():
+            self._announcing = asyncio.create_task(self._send_notices(), name="handrail notices")
+
+    async def _send_notices(self) -> None:
+        while self._unannounced and not self._closed:
+            notices, self._unannounced = self._unannounced, {}
+            try:
+                await self._fetch(
+                    "SELECT pg_notify(%(channel)s, n) FROM unnest(%(notices)s::text[]) AS n",
+                    {
+                        "channel": self.events_channel,
+                        "notices": [f"{last}:{session}" for session, last in notices.items()],
+                    },
+                    None,
+                )
+            except StoreError:
+                _log.warning(
+                    "Could not announce %d session(s)' new events on %s: their streams in other "
+                    "processes get them when they next read the log",
+                    len(notices),
+                    self.masked_dsn,
+                    exc_info=True,
+                )
 
     async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
         """The events numbered above `after`, in order; see `SessionStore.events`."""
@@ -778,16 +844,26 @@ class PostgresStore:
             session_id,
         )
 
-    def listen(self) -> _Subscription:
+    def listen(self) -> _Subscription[str]:
         """Subscribe to wake-ups over LISTEN/NOTIFY; see `SessionStore.listen`.
 
         Each subscription holds a connection of its own, outside the pool. If that connection
         is lost, iterating raises a `StoreError`: subscribe again (and poll meanwhile).
         """
-        return _Subscription(self)
+        return _Subscription(self, self.channel, str)
+
+    def listen_events(self) -> _Subscription[tuple[str, int]]:
+        """Subscribe to every process's event-log appends; see `SessionStore.listen_events`.
+
+        As `listen`: a connection of its own, and a `StoreError` when it is lost.
+        """
+        return _Subscription(self, self.events_channel, _event_notice)
 
     async def close(self) -> None:
-        """End every subscription and close the pool."""
+        """Send the notices of the last appends, end every subscription and close the pool."""
+        announcing = self._announcing
+        if announcing is not None:
+            await asyncio.wait([announcing])
         async with self._opening:
             self._closed = True
             pool, self._pool = self._pool, None
@@ -797,22 +873,33 @@ class PostgresStore:
             await pool.close()
 
 
-class _Subscription:
-    """`async with store.listen() as wakeups`: a LISTEN connection, read by a pump task."""
+def _event_notice(payload: str) -> tuple[str, int]:
+    """`(session_id, last)` from an event notice's payload, `last:session_id`."""
+    last, _, session_id = payload.partition(":")
+    return session_id, int(last)
 
-    def __init__(self, store: PostgresStore) -> None:
+
+class _Subscription(Generic[T]):
+    """`async with store.listen() as wakeups`: a LISTEN connection, read by a pump task.
+
+    Each notification's payload is read with `parse` (`str` for wake-ups).
+    """
+
+    def __init__(self, store: PostgresStore, channel: str, parse: Callable[[str], T]) -> None:
         self._store = store
-        self._queue: asyncio.Queue[str | StoreError | None] = asyncio.Queue()
+        self._channel = channel
+        self._parse = parse
+        self._queue: asyncio.Queue[T | StoreError | None] = asyncio.Queue()
         self._connection: psycopg.AsyncConnection[Any] | None = None
         self._pump: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> _Subscription:
+    async def __aenter__(self) -> _Subscription[T]:
         store = self._store
         if store._closed:
             raise StoreError(f"This PostgresStore ({store.masked_dsn}) is closed: make a new one.")
         try:
             self._connection = await store._connect()
-            await self._connection.execute(f'LISTEN "{store.channel}"')
+            await self._connection.execute(f'LISTEN "{self._channel}"')
         except psycopg.Error as error:
             await self.end()
             raise store._error(error, None) from error
@@ -833,7 +920,7 @@ class _Subscription:
     async def _read(self, connection: psycopg.AsyncConnection[Any]) -> None:
         try:
             async for notification in connection.notifies():
-                self._queue.put_nowait(notification.payload)
+                self._queue.put_nowait(self._parse(notification.payload))
         except psycopg.Error as error:
             self._queue.put_nowait(
                 StoreError(
@@ -856,10 +943,10 @@ class _Subscription:
                 await connection.close()
             self._queue.put_nowait(None)
 
-    def __aiter__(self) -> _Subscription:
+    def __aiter__(self) -> _Subscription[T]:
         return self
 
-    async def __anext__(self) -> str:
+    async def __anext__(self) -> T:
         item = await self._queue.get()
         if item is None or isinstance(item, StoreError):
             self._queue.put_nowait(item)  # every later call ends (or fails) the same way

@@ -17,7 +17,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -43,6 +44,7 @@ from ._codec import (
     stamped,
     summary_from_row,
 )
+from ._events import EventNotice, LocalEventFeed
 from ._thread import ConnectionThread
 
 __all__ = ["SqliteStore"]
@@ -153,6 +155,9 @@ class SqliteStore:
             (wake-ups from this store arrive at once).
     """
 
+    cross_process_events = False
+    """Whether `listen_events` announces the appends of other processes: no."""
+
     def __init__(
         self,
         path: str | os.PathLike[str] = "handrail.db",
@@ -174,6 +179,7 @@ class SqliteStore:
         self._closed = False
         self._subscriptions: set[_Subscription] = set()
         self._appends: _Appends | None = None  # appends waiting to commit together
+        self._event_feed = LocalEventFeed()
 
     async def __aenter__(self) -> SqliteStore:
         return self
@@ -569,7 +575,9 @@ class SqliteStore:
         """Hand each append of `batch` its outcome, once the thread has committed it."""
         error = done.exception()
         outcomes = [error] * len(batch.items) if error is not None else done.result()
-        for (session_id, _, future), outcome in zip(batch.items, outcomes, strict=True):
+        for (session_id, texts, future), outcome in zip(batch.items, outcomes, strict=True):
+            if isinstance(outcome, int) and texts:
+                self._event_feed.publish(session_id, outcome)
             if future.done():  # its caller was cancelled: the events are logged anyway
                 continue
             if isinstance(outcome, sqlite3.Error):
@@ -648,11 +656,21 @@ class SqliteStore:
         """
         return _Subscription(self)
 
+    def listen_events(self) -> AbstractAsyncContextManager[AsyncIterator[EventNotice]]:
+        """Subscribe to event-log appends; see `SessionStore.listen_events`.
+
+        Only the appends made through this store object are announced: SQLite has no push
+        between processes, so a server in another process sharing the file finds its
+        events by reading the log again (`create_app(poll_interval=...)`).
+        """
+        return self._event_feed.subscribe()
+
     async def close(self) -> None:
         """Close the connection and end the store's thread; subscriptions end too."""
         async with self._starting:
             self._closed = True
             thread, self._thread = self._thread, None
+        self._event_feed.close()
         for subscription in self._subscriptions:
             subscription.nudge.set()
         if thread is not None:
