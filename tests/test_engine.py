@@ -182,7 +182,7 @@ async def test_a_session_that_cannot_be_read_is_a_store_error_naming_it():
     await events_of(engine.submit("s1", "hello"))
     record = await store.load("s1")
     assert record is not None
-    record.data["messages"][0]["parts"][0]["type"] = "hologram"
+    record.messages[0]["parts"][0]["type"] = "hologram"
     await store.save(record)
     with pytest.raises(StoreError) as caught:
         await engine.session("s1")
@@ -194,10 +194,10 @@ async def test_a_session_that_cannot_be_read_is_a_store_error_naming_it():
     )
     assert caught.value.session_id == "s1"
     record = await store.load("s1")
-    assert record is not None and record.data["messages"][0]["parts"][0]["type"] == "hologram"
+    assert record is not None and record.messages[0]["parts"][0]["type"] == "hologram"
     record.data["schema_version"] = 99
     await store.save(record)
-    with pytest.raises(StoreError, match="schema_version=99: this handrail reads version 1"):
+    with pytest.raises(StoreError, match="schema_version=99: this handrail reads versions 1 to 2"):
         await engine.session("s1")
 
 

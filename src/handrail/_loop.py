@@ -374,7 +374,10 @@ async def _agent_loop(
             calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
             taken = state.call_ids
             for part in calls:
-                if not part.id or part.id in taken:
+                # Ids are unique within a session, so the tool-call log never mixes two calls:
+                # a taken one is replaced, and so is every one when the calls before `base`
+                # are not loaded (a server that numbers its calls may have used it then).
+                if not part.id or part.id in taken or state.base:
                     part.id = ids("call")
                 taken.add(part.id)
 
@@ -463,7 +466,9 @@ async def _compact(
     """
     from .compaction import compact
 
-    compacted = await compact(request, config=config, model=model, summary=state.summary)
+    compacted = await compact(
+        request, config=config, model=model, summary=state.summary, base=state.base
+    )
     request.messages = compacted.messages
     state.summary = compacted.summary
     state.usage.add(compacted.usage)

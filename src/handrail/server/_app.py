@@ -404,7 +404,9 @@ class _Api:
         session_id = self.engine.runtime.ids("session")
         state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
         await self.store.save(
-            SessionRecord(id=session_id, org_id=org_id, user_id=user_id, data=state.dump())
+            SessionRecord(
+                id=session_id, org_id=org_id, user_id=user_id, data=state.dump(messages=False)
+            )
         )
         return _json(await self._view(session_id, state), 201)
 
