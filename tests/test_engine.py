@@ -9,8 +9,12 @@ import pytest
 
 from handrail import (
     Agent,
+    ApprovalCardPart,
+    Compaction,
     Domain,
     Engine,
+    Message,
+    RunState,
     Runtime,
     SessionNotFoundError,
     StoreError,
@@ -18,7 +22,7 @@ from handrail import (
     tool,
 )
 from handrail.store import MemoryStore
-from handrail.testing import ScriptedModel, call, sequential_ids
+from handrail.testing import FunctionModel, ScriptedModel, call, sequential_ids
 
 
 def engine_for(steps: list[Any], domain: Any, **kwargs: Any) -> Engine:
@@ -222,3 +226,127 @@ async def test_another_tenants_session_id_cannot_be_taken_over_by_a_new_turn():
         await events_of(engine.submit("s1", "mine now", org_id="evil", user_id="u1"))
     state = await engine.session("s1", org_id="acme", user_id="u1")
     assert [m.text for m in state.messages] == ["hello", "Hi."]
+
+
+# -- history: a save writes what changed, a load reads what a turn needs ------------------
+
+
+class CountingStore(MemoryStore):
+    """A memory store that remembers where each save started writing messages, and how many."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[int, int]] = []
+
+    async def save(self, record: Any) -> Any:
+        self.writes.append((record.messages_from, len(record.messages)))
+        return await super().save(record)
+
+
+@tool(name="orders.lookup")
+def lookup(order_id: str) -> str:
+    """Look an order up."""
+    return f"{order_id}: shipped"
+
+
+async def test_a_save_writes_the_turns_messages_only_however_long_the_session():
+    store = CountingStore()
+
+    def answer(request: Any) -> Any:
+        last = request.messages[-1]
+        return call("orders.lookup", order_id="A1") if last.role == "user" else "Shipped."
+
+    runtime = Runtime(model=FunctionModel(answer), ids=sequential_ids())
+    engine = Engine(Agent("a", tools=[lookup]), store=store, runtime=runtime)
+    for n in range(8):
+        store.writes.clear()
+        await events_of(engine.submit("s1", f"where is A1, question {n}?"))
+        start = 3 * n  # each turn: the question, the call, the answer
+        assert store.writes and all(first >= start for first, _ in store.writes)
+        assert max(first + count for first, count in store.writes) == start + 3
+    history = await store.messages("s1", limit=100)
+    assert [p for p, _ in history] == list(range(24))
+    state = await engine.session("s1")  # without compaction, a load reads it all
+    assert (state.base, len(state.messages)) == (0, 24)
+
+
+async def test_a_decision_on_a_card_before_the_turn_start_is_still_written():
+    # The pending map is an index over cards wherever they are: a save covers each one.
+    state = RunState(messages=[Message(id=f"m{i}", role="user", parts=[]) for i in range(6)])
+    state.turn_start = state.clean = 5
+    assert state.changed_from() == 5
+    card = ApprovalCardPart(tool_call_id="c1", tool_name="t", args={})
+    state.messages[2].parts.append(card)
+    state.pending["c1"] = card
+    assert state.changed_from() == 2
+    state.scratch["helper"] = [Message(id="s", role="assistant", parts=[card])]
+    assert state.changed_from() == 5  # a scratch card is saved with the document
+
+
+async def test_a_compacted_session_loads_from_its_summary_and_calls_never_share_an_id():
+    seen: list[int] = []
+
+    def answer(request: Any) -> Any:
+        if request.agent == "compaction":
+            return "Many orders were looked up; all had shipped."
+        seen.append(len(request.messages))
+        last = request.messages[-1]
+        if last.role == "user":  # a server that numbers its calls per response
+            return call("orders.lookup", order_id="A1" + "0" * 60, id="call_0")
+        return "Shipped. " * 30
+
+    store = MemoryStore()
+    runtime = Runtime(
+        model=FunctionModel(answer),
+        ids=sequential_ids(),
+        compaction=Compaction(max_tokens=700, keep_recent_turns=1),
+    )
+    engine = Engine(Agent("a", tools=[lookup]), store=store, runtime=runtime)
+    for n in range(12):
+        events = await events_of(engine.submit("s1", f"where is my order, question {n}?"))
+        assert events[-1].type == "run-completed"
+    state = await engine.session("s1")
+    assert state.summary is not None and state.base == state.summary.messages > 0
+    assert state.base + len(state.messages) == 36 == len(await store.messages("s1", limit=99))
+    assert max(seen) < 20  # the model saw the summary and the recent turns only
+    stored = [
+        p["id"]
+        for _, m in await store.messages("s1", limit=99)
+        for p in m["parts"]
+        if p["type"] == "tool-call"
+    ]
+    assert len(set(stored)) == len(stored) == 12  # one id a call, though the model sent one
+    assert "call_0" in stored  # kept while the whole history was loaded
+
+
+async def test_a_session_saved_with_a_window_is_loaded_whole_without_compaction():
+    def answer(request: Any) -> Any:
+        if request.agent == "compaction":
+            return "Earlier: greetings."
+        return "Hello! " * 40
+
+    store = MemoryStore()
+    compacting = Engine(
+        Agent("a"),
+        store=store,
+        runtime=Runtime(
+            model=FunctionModel(answer),
+            ids=sequential_ids(),
+            compaction=Compaction(max_tokens=400, keep_recent_turns=1),
+        ),
+    )
+    for n in range(8):
+        await events_of(compacting.submit("s1", f"hi {n}"))
+    record = await store.load("s1")
+    assert record is not None and record.window > 0
+    seen: list[int] = []
+
+    def count(request: Any) -> str:
+        seen.append(len(request.messages))
+        return "Hi."
+
+    plain = Engine(Agent("a"), store=store, runtime=Runtime(model=FunctionModel(count)))
+    await events_of(plain.submit("s1", "hi again"))
+    assert seen == [17]  # the whole history: eight turns of two messages, and this one
+    record = await store.load("s1")
+    assert record is not None and (record.window, len(record.messages)) == (0, 18)

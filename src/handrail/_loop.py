@@ -378,7 +378,7 @@ async def _agent_loop(
                 # a taken one is replaced, and so is every one when the calls before `base`
                 # are not loaded (a server that numbers its calls may have used it then).
                 if not part.id or part.id in taken or state.base:
-                    part.id = ids("call")
+                    part.id = _fresh_call_id(ids, state)
                 taken.add(part.id)
 
             if calls:
@@ -472,6 +472,19 @@ async def _compact(
     request.messages = compacted.messages
     state.summary = compacted.summary
     state.usage.add(compacted.usage)
+
+
+def _fresh_call_id(ids: Callable[[str], str], state: RunState) -> str:
+    """A call id no other call of the session has.
+
+    The loaded calls are checked; when the calls before `state.base` are not loaded, the id
+    also carries the turn (`call_…_t12`), which no call of an earlier turn can have had, so
+    the guarantee does not rest on the id source alone (a counter restarts with its process).
+    """
+    while True:
+        fresh = ids("call") if not state.base else f"{ids('call')}_t{state.turn}"
+        if fresh not in state.call_ids:
+            return fresh
 
 
 def _refusal(response: ModelResponse, tool_choice: str) -> str | None:

@@ -1005,7 +1005,7 @@ class Engine:
         finally:
             record.messages = []
         record.version = saved.version
-        state.clean = min(state.base + len(state.messages), state.turn_start)
+        state.mark_saved()
         return saved
 
 

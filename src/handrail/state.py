@@ -98,7 +98,7 @@ class RunState:
     message before it is never changed again, so a save need not write it."""
     clean: int = 0
     """Messages at positions below this one are stored as they are in `messages`: the next
-    save writes the messages from here on (not stored; set by `load` and by each save)."""
+    save writes the messages from here on (not stored; set by `load` and `mark_saved`)."""
     context: ContextStore = field(default_factory=ContextStore)
     """The context store (`var:` persists across turns; `tool:`/`call:` is this turn's)."""
     usage: Usage = field(default_factory=Usage)
@@ -232,6 +232,14 @@ class RunState:
                     start = min(start, self.base + index)
         return start
 
+    def mark_saved(self) -> None:
+        """Note that the messages are stored as they are now (a store saved them).
+
+        From then on, only the turn in progress's messages may change (none, between turns).
+        """
+        end = self.base + len(self.messages)
+        self.clean = end if self.progress is None else min(end, self.turn_start)
+
     def dump_messages(self, start: int = 0) -> list[dict[str, Any]]:
         """The messages from position `start` of the history on, as JSON-compatible data.
 
@@ -341,8 +349,6 @@ class RunState:
             messages=loaded,
             base=base,
             turn_start=turn_start,
-            # Messages that came inside the document are not stored apart yet: all to write.
-            clean=0 if inline else min(end, turn_start),
             context=ContextStore.load(doc["context"], max_bytes=max_context_bytes),
             usage=doc["usage"],
             session_id=doc["session_id"],
@@ -360,6 +366,8 @@ class RunState:
             summary=doc.get("summary"),
             captures=doc.get("captures", 0),
         )
+        if not inline:  # messages that came inside the document are all to be written
+            state.mark_saved()
         parts = {
             p.id: p for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)
         }
