@@ -635,9 +635,6 @@ class PostgresStore:
                     await connection.execute(
                         f"DELETE FROM {s}.handrail_events WHERE session_id = %(id)s", params
                     )
-                    await connection.execute(
-                        f"DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s", params
-                    )
                     break
                 cursor = await connection.execute(
                     f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
@@ -650,6 +647,10 @@ class PostgresStore:
                 if cursor.rowcount:
                     break
                 # Created meanwhile by someone else: the next SELECT ... FOR UPDATE sees it.
+            # (Always: no message of an earlier session of this id can be left.)
+            await connection.execute(
+                f"DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s", params
+            )
             if record.messages:
                 await connection.execute(
                     f"""INSERT INTO {s}.handrail_messages (session_id, position, message)

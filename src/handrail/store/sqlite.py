@@ -517,7 +517,8 @@ class SqliteStore:
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
-                    db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
+                # (Always: no message of an earlier session of this id can be left.)
+                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
                 db.executemany(_PUT, messages)
                 db.execute(
                     f"INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start) "
