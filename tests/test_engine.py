@@ -350,3 +350,37 @@ async def test_a_session_saved_with_a_window_is_loaded_whole_without_compaction(
     assert seen == [17]  # the whole history: eight turns of two messages, and this one
     record = await store.load("s1")
     assert record is not None and (record.window, len(record.messages)) == (0, 18)
+
+
+async def test_a_turns_scratch_is_kept_in_the_history_for_people_and_never_shown_to_a_model():
+    seen: list[list[Message]] = []
+    notes: list[int] = []
+
+    def answer(request: Any) -> Any:
+        seen.append(list(request.messages))
+        if request.agent == "worker":
+            if request.messages[-1].role == "user":
+                return call("orders.lookup", order_id="A1")
+            return f"note {len(notes)}: A1 shipped" if notes.append(1) is None else ""
+        return "Your order shipped."
+
+    domain = Domain(
+        agents=[Agent("worker", tools=[lookup], scratch=True), Agent("writer")],
+        routes={"default": ["worker", "writer"]},
+    )
+    store = MemoryStore()
+    engine = Engine(
+        domain, store=store, runtime=Runtime(model=FunctionModel(answer), ids=sequential_ids())
+    )
+    await events_of(engine.submit("s1", "where is A1?"))
+    seen.clear()
+    await events_of(engine.submit("s1", "and again?"))
+    # The first turn's scratch (its lookup, the worker's notes) is never shown again.
+    shown = [m for request in seen for m in request]
+    assert not any(m.scratch for m in shown)
+    history = [m for _, m in await store.messages("s1")]
+    kept = [m for m in history if m.get("scratch")]
+    calls = [p["id"] for m in kept for p in m["parts"] if p["type"] == "tool-call"]
+    assert len(calls) == 1  # the first turn's lookup, on record
+    assert not any(p.id == calls[0] for m in shown for p in m.tool_calls)
+    assert [m["agent"] for m in kept if m["role"] == "assistant"] == ["worker", "worker"]

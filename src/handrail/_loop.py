@@ -314,6 +314,7 @@ async def _agent_loop(
             )
             if runtime.compaction is not None:
                 await _compact(request, runtime.compaction, model, state)
+            request.messages = _conversation(request.messages)
             message_id = ids("msg")
             response: ModelResponse | None = None
             chat = None
@@ -472,6 +473,13 @@ async def _compact(
     request.messages = compacted.messages
     state.summary = compacted.summary
     state.usage.add(compacted.usage)
+
+
+def _conversation(messages: list[Message]) -> list[Message]:
+    """What a model is shown of `messages`: not the scratch of earlier turns (kept for people)."""
+    if not any(m.scratch for m in messages):
+        return messages
+    return [m for m in messages if not m.scratch]
 
 
 def _fresh_call_id(ids: Callable[[str], str], state: RunState) -> str:

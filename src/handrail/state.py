@@ -124,7 +124,8 @@ class RunState:
     scratch: dict[str, list[Message]] = field(default_factory=dict)
     """Agent name -> the messages of this turn that agent keeps out of the conversation
     (`Agent(scratch=True)`, the supervisor): what it saw besides the conversation, what it
-    called, what it said before its answer. Cleared when the next turn starts."""
+    called, what it said before its answer. When the next turn starts they move to the end
+    of `messages`, marked `Message.scratch` (a model never sees them)."""
     route: RouteChoice | None = None
     """The route this turn took, and why (the supervisor's decision, or the fallback)."""
     summary: Summary | None = None
@@ -161,13 +162,21 @@ class RunState:
         return values
 
     def new_turn(self) -> None:
-        """Start a user turn: clear what is turn-scoped; its messages start at the end."""
+        """Start a user turn: clear what is turn-scoped; its messages start at the end.
+
+        The last turn's scratch messages move to the history, marked `scratch` (people see
+        them; models never do), so what its agents did stays on record.
+        """
         self.turn += 1
+        for messages in self.scratch.values():
+            for message in messages:
+                message.scratch = True
+                self.messages.append(message)
+        self.scratch.clear()
         self.turn_start = self.base + len(self.messages)
         self.turn_iterations = 0
         self.approvals = 0
         self.turn_calls.clear()
-        self.scratch.clear()
         self.route = None
         self.context.new_turn()
 

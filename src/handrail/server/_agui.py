@@ -36,7 +36,7 @@ from ..events import (
     ToolCallStarted,
 )
 from ..exceptions import HandrailError
-from ..messages import ApprovalCardPart, Message, TextPart
+from ..messages import ApprovalCardPart
 from ..state import RunState
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject
 from ._auth import Caller
@@ -224,7 +224,7 @@ class _Endpoint:
 
 def _new_user_text(body: agui.RunAgentInput, state: RunState | None) -> str:
     """The last of the client's user messages that the session has not seen, as text."""
-    seen = 0 if state is None else sum(1 for m in state.messages if _from_user(m))
+    seen = 0 if state is None else state.turn  # one a user message, however long the history
     users = [m for m in body.messages if m.role == "user"]
     if len(users) <= seen:
         raise AguiRefusal(
@@ -239,15 +239,6 @@ def _new_user_text(body: agui.RunAgentInput, state: RunState | None) -> str:
     if not text.strip():
         raise AguiRefusal("empty_message", "The last user message has no text.")
     return text
-
-
-def _from_user(message: Message) -> bool:
-    """A message the user wrote (not a synthetic note, such as a hand-over)."""
-    if message.role != "user":
-        return False
-    return not all(isinstance(p, TextPart) and p.synthetic for p in message.parts) or not (
-        message.parts
-    )
 
 
 def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decision:
