@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from handrail import Agent, Approve, Engine, Runtime, SessionRecord, tool
+from handrail.messages import MESSAGES
 from handrail.state import SCHEMA_VERSION
 from handrail.store import SessionStore
 from handrail.testing import ScriptedModel
@@ -71,9 +72,9 @@ async def test_a_version_1_session_is_read_and_stored_apart_at_its_next_save(
     record = await store.load("v1")
     assert record is not None
     assert record.data["schema_version"] == 2 and "messages" not in record.data
-    history = [m for _, m in await store.messages("v1")]
-    assert history == [*stored["data"]["messages"][:4], record.messages[-1]]
-    assert history[-1]["parts"][-1]["decision"] == "approve"
+    history = MESSAGES.validate_python([m for _, m in await store.messages("v1")])
+    assert history[:4] == MESSAGES.validate_python(stored["data"]["messages"][:4])
+    assert len(history) == 5 and history[-1].parts[-1].decision == "approve"  # type: ignore[union-attr]
 
     refunds.clear()
     events = [e async for e in desk.resume("v1", org_id="acme", user_id="ana")]
@@ -105,3 +106,31 @@ async def test_a_version_2_export_of_a_version_1_session_imports_and_goes_on(
         "assistant",
         "assistant",
     ]
+
+
+async def test_a_version_2_session_is_read_as_stored(store: SessionStore) -> None:
+    stored = json.loads((FIXTURES / "session_v2.json").read_text())
+    assert stored["data"]["schema_version"] == 2 and "messages" not in stored["data"]
+    await store.save(
+        SessionRecord(
+            id="v2",
+            org_id="acme",
+            user_id="ana",
+            status=stored["status"],
+            expires_at=stored["expires_at"],
+            data=stored["data"],
+            messages=stored["messages"],
+            window=stored["window"],
+        )
+    )
+    desk = engine(store, ["Refunded €84."])
+    state = await desk.session("v2", org_id="acme", user_id="ana")
+    assert (state.base, state.turn_start, len(state.messages)) == (0, 3, 5)
+    assert list(state.pending) == ["call_2"]
+    await desk.resolve("v2", "call_2", Approve(by="ana"), org_id="acme", user_id="ana")
+    refunds.clear()
+    events = [e async for e in desk.resume("v2", org_id="acme", user_id="ana")]
+    assert events[-1].type == "run-completed" and refunds == [84.0]
+    history = [m for _, m in await store.messages("v2")]
+    assert history[:3] == stored["messages"][:3]  # the finished turn, as it was stored
+    assert len(history) == 6
