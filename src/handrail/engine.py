@@ -856,7 +856,10 @@ class Engine:
     async def session(
         self, session_id: str, *, org_id: str | None = None, user_id: str | None = None
     ) -> RunState:
-        """The session's stored state (messages, pending cards, usage).
+        """The session's stored state (messages, pending cards, usage), as a turn loads it.
+
+        With compaction, its messages are those after the compaction summary (`state.base`
+        is the position of the first); `store.messages` reads the whole history in pages.
 
         Raises:
             SessionNotFoundError: no such session for this caller.
