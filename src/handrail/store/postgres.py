@@ -445,12 +445,14 @@ class PostgresStore:
                 params,
             )
             counted = await cursor.fetchone()
-            check_messages(checked, counted[0] if counted else 0)
-            await connection.execute(
-                f"""DELETE FROM {s}.handrail_messages
-                WHERE session_id = %(id)s AND position >= %(start)s""",
-                params,
-            )
+            stored = counted[0] if counted else 0
+            check_messages(checked, stored)
+            if stored > record.messages_from:  # what the save replaces
+                await connection.execute(
+                    f"""DELETE FROM {s}.handrail_messages
+                    WHERE session_id = %(id)s AND position >= %(start)s""",
+                    params,
+                )
             if record.messages:
                 await connection.execute(
                     f"""INSERT INTO {s}.handrail_messages (session_id, position, message)

@@ -362,11 +362,13 @@ class SqliteStore:
                     raise ConflictError(
                         session_id, expected=expected, actual=None if row is None else row[0]
                     )
-                check_messages(checked, db.execute(_COUNT, (session_id,)).fetchone()[0])
-                db.execute(
-                    "DELETE FROM handrail_messages WHERE session_id = ? AND position >= ?",
-                    (session_id, start),
-                )
+                stored: int = db.execute(_COUNT, (session_id,)).fetchone()[0]
+                check_messages(checked, stored)
+                if stored > start:  # what the save replaces
+                    db.execute(
+                        "DELETE FROM handrail_messages WHERE session_id = ? AND position >= ?",
+                        (session_id, start),
+                    )
                 db.executemany(_PUT, rows)
                 return created_at
 
