@@ -745,7 +745,11 @@ def show(
     for _, message in page:
         for part in message.parts:
             if isinstance(part, TextPart) and not part.synthetic:
-                _out.print(f"[bold]{message.role}:[/] {part.text}", highlight=False)
+                if message.scratch:  # an agent's work out of the conversation
+                    who = f"[dim]{message.agent or message.role} (scratch):[/]"
+                else:
+                    who = f"[bold]{message.role}:[/]"
+                _out.print(f"{who} {part.text}", highlight=False)
             elif isinstance(part, ToolCallPart):
                 _out.print(f"  [dim]tool[/] {part.name} · {part.status}", highlight=False)
     for card in state.pending.values():
