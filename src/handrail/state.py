@@ -221,9 +221,12 @@ class RunState:
     def changed_from(self) -> int:
         """The position of the first message a save must write: those before are as stored.
 
-        Messages before the turn in progress never change (what changes is the turn's own:
-        its calls' statuses and results, its cards); a card still waiting for a decision
-        counts too, wherever it is, since a decision or an expiry stamps it.
+        Messages before the turn in progress never change. Every writer works on the turn's
+        own messages: the loop appends them and `_repair` closes the last one; dispatch
+        stamps the calls and adds the cards of `progress.message_id`'s message, and so does
+        recovery (`reconcile`); a batch card goes on the turn's last message and its report
+        on that card; compaction works on copies. Decisions and expiry stamp waiting cards,
+        so a card still waiting counts too, wherever it is.
         """
         end = self.base + len(self.messages)
         start = min(self.clean, end)
