@@ -339,15 +339,16 @@ async def test_a_session_saved_with_a_window_is_loaded_whole_without_compaction(
         await events_of(compacting.submit("s1", f"hi {n}"))
     record = await store.load("s1")
     assert record is not None and record.window > 0
-    seen: list[int] = []
+    seen: list[list[str]] = []
 
     def count(request: Any) -> str:
-        seen.append(len(request.messages))
+        seen.append([m.text for m in request.messages if m.role == "user"])
         return "Hi."
 
     plain = Engine(Agent("a"), store=store, runtime=Runtime(model=FunctionModel(count)))
     await events_of(plain.submit("s1", "hi again"))
-    assert seen == [17]  # the whole history: eight turns of two messages, and this one
+    # The whole history, in order: eight turns of two messages, and this one.
+    assert seen == [[*(f"hi {n}" for n in range(8)), "hi again"]]
     record = await store.load("s1")
     assert record is not None and (record.window, len(record.messages)) == (0, 18)
 

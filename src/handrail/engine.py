@@ -954,7 +954,9 @@ class Engine:
         if record.window and self.runtime.compaction is None:
             # Saved with a compaction summary, loaded without one: the model needs it all.
             # (Messages before the window belong to finished turns: they never change.)
-            earlier = await self.store.messages(session_id, limit=record.window)
+            earlier = await self.store.messages(
+                session_id, before=record.window, limit=record.window
+            )
             record.messages[:0] = [message for _, message in earlier]
             record.messages_from = 0
         state = _decode(record)
