@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -385,3 +386,25 @@ async def test_a_turns_scratch_is_kept_in_the_history_for_people_and_never_shown
     assert len(calls) == 1  # the first turn's lookup, on record
     assert not any(p.id == calls[0] for m in shown for p in m.tool_calls)
     assert [m["agent"] for m in kept if m["role"] == "assistant"] == ["worker", "worker"]
+
+
+def test_a_state_round_trips_with_its_messages_and_where_they_start():
+    state = RunState(
+        messages=[Message(id=f"m{n}", role="user", parts=[]) for n in range(3)],
+        base=7,
+        turn_start=8,
+    )
+    again = RunState.load(json.loads(json.dumps(state.dump())))
+    assert (again.base, again.turn_start, [m.id for m in again.messages]) == (
+        7,
+        8,
+        ["m0", "m1", "m2"],
+    )
+    assert again.changed_from() == 7  # came inside the document: all of them to be written
+    assert again.dump_messages(8) == state.dump_messages(8)
+    with pytest.raises(UserError, match="holds them from 7 on"):
+        again.dump_messages(6)
+    apart = RunState.load(state.dump(messages=False), messages=state.dump_messages(7), base=7)
+    assert apart.changed_from() == 10  # stored as they are, and no turn in progress
+    with pytest.raises(UserError, match="both in the document and given apart"):
+        RunState.load(state.dump(), messages=state.dump_messages(7), base=7)

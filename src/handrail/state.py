@@ -378,7 +378,9 @@ class RunState:
             summary=doc.get("summary"),
             captures=doc.get("captures", 0),
         )
-        if not inline:  # messages that came inside the document are all to be written
+        if inline:  # messages that came inside the document are all to be written
+            state.clean = base
+        else:
             state.mark_saved()
         parts = {
             p.id: p for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)
