@@ -293,8 +293,13 @@ async def test_a_compacted_session_loads_from_its_summary_and_calls_never_share_
         seen.append(len(request.messages))
         last = request.messages[-1]
         if last.role == "user":  # a server that numbers its calls per response
-            return call("orders.lookup", order_id="A1" + "0" * 60, id="call_0")
+            return call("orders.note", order_id="A1" + "0" * 60, id="call_0")
         return "Shipped. " * 30
+
+    @tool(name="orders.note", permission="write", approval="auto")
+    def note(order_id: str) -> str:
+        """Note an order (a side effect: logged before it runs)."""
+        return f"{order_id}: noted"
 
     store = MemoryStore()
     runtime = Runtime(
@@ -302,7 +307,7 @@ async def test_a_compacted_session_loads_from_its_summary_and_calls_never_share_
         ids=sequential_ids(),
         compaction=Compaction(max_tokens=700, keep_recent_turns=1),
     )
-    engine = Engine(Agent("a", tools=[lookup]), store=store, runtime=runtime)
+    engine = Engine(Agent("a", tools=[note]), store=store, runtime=runtime)
     for n in range(12):
         events = await events_of(engine.submit("s1", f"where is my order, question {n}?"))
         assert events[-1].type == "run-completed"
@@ -318,6 +323,10 @@ async def test_a_compacted_session_loads_from_its_summary_and_calls_never_share_
     ]
     assert len(set(stored)) == len(stored) == 12  # one id a call, though the model sent one
     assert "call_0" in stored  # kept while the whole history was loaded
+    # The tool-call log has each call once, with its own result: none was taken for another.
+    log = await store.tool_log("s1")
+    assert [e.tool_call_id for e in log] == stored
+    assert all(e.status == "finished" for e in log) and len({e.key for e in log}) == 12
 
 
 async def test_a_session_saved_with_a_window_is_loaded_whole_without_compaction():
