@@ -10,17 +10,18 @@ scripted and instant, so the numbers are the frameworks' and the stores' own cos
    turns through each framework on the store itself: 20 and 200 handrail messages, which
    LangGraph holds as 26 and 266 (a tool result is a message of its own there). Then one
    session is saved, and loaded, over and over, one call after the other: handrail
-   `RunState.dump()` + `store.save()` (what the engine does at a checkpoint) and `store.load()`
-   + `RunState.load()`; LangGraph `aput` of the thread's checkpoint under a new id with every
+   `RunState.dump(messages=False)` and the messages that changed + `store.save()` (what the
+   engine does at a checkpoint) and `store.load()` + `RunState.load()`; LangGraph `aput` of
+   the thread's checkpoint under a new id with every
    channel at a new version (what a superstep writes; making that checkpoint is not timed) and
    `aget_tuple` of the thread's latest. Each call is timed with `perf_counter_ns`, handrail's
    and LangGraph's taking turns; saves/s and loads/s are 1 / the median, after a warm-up.
    Bytes: what the database holds for the session, payload columns only (documents and blobs,
    not ids), as stored (SQLite `length`, PostgreSQL `pg_column_size`, so after TOAST
-   compression): handrail the session document plus its tool-call log rows; LangGraph its
-   latest checkpoint with the channel blobs and pending writes it points to. LangGraph also
-   keeps a checkpoint per superstep: the "whole thread" line counts everything the
-   conversation left in the database (handrail keeps one row and its log).
+   compression): handrail the session document, its message rows and its tool-call log rows;
+   LangGraph its latest checkpoint with the channel blobs and pending writes it points to.
+   LangGraph also keeps a checkpoint per superstep: the "whole thread" line counts everything the
+   conversation left in the database (handrail keeps one row, its messages and its log).
 2. Across processes. Process A (a subprocess) submits N turns that each ship an order and then
    pause for approval of the charge, and exits. A fresh process B then resumes them one after
    the other: handrail `resolve(Approve)` then `resume` until `run-completed` (the pending call
@@ -439,7 +440,8 @@ def _nothing() -> None:
 @contextlib.asynccontextmanager
 async def handrail_session(kind: str, where: str, size: int) -> AsyncIterator[Subject]:
     """The conversation run through an engine on the store, then a copy saved as the engine
-    saves (`RunState.dump()`, `store.save()`) and loaded as it loads (`load`, `RunState.load`)."""
+    saves (the document and the messages that changed, `store.save()`) and loaded as it loads
+    (`load`, `RunState.load`)."""
     from handrail.state import RunState
     from handrail.store import SessionRecord
 
@@ -449,17 +451,21 @@ async def handrail_session(kind: str, where: str, size: int) -> AsyncIterator[Su
             event = await _last(engine.submit(f"chat-{size}", text))
             assert event.type == "run-completed", event
         record = await store.load(f"chat-{size}")
-        state = RunState.load(record.data)
+        state = RunState.load(record.data, messages=record.messages, base=record.messages_from)
         assert len(state.messages) == size, len(state.messages)
         target = SessionRecord(id=f"chat-{size}-again")
+        state.clean = 0  # the copy's first save writes every message, later ones what changed
 
         async def save() -> None:
-            target.data = state.dump()
+            start = state.changed_from()
+            target.data = state.dump(messages=False)
+            target.messages, target.messages_from = state.dump_messages(start), start
             target.version = (await store.save(target)).version
+            state.mark_saved()
 
         async def load() -> None:
             loaded = await store.load(target.id)
-            RunState.load(loaded.data)
+            RunState.load(loaded.data, messages=loaded.messages, base=loaded.messages_from)
 
         yield Subject(save, load, _nothing, len(state.messages))
 
@@ -505,13 +511,18 @@ async def langgraph_thread(kind: str, where: str, size: int) -> AsyncIterator[Su
 
 _HR_BYTES = {
     "sqlite": (
-        "SELECT length(CAST(data AS BLOB)) FROM handrail_sessions WHERE id = ?",
+        """SELECT length(CAST(data AS BLOB))
+            + (SELECT COALESCE(SUM(length(CAST(message AS BLOB))), 0)
+                FROM handrail_messages m WHERE m.session_id = s.id)
+        FROM handrail_sessions s WHERE id = ?""",
         """SELECT COALESCE(SUM(length(CAST(args AS BLOB))
             + COALESCE(length(CAST(result AS BLOB)), 0)), 0)
         FROM handrail_tool_log WHERE session_id = ?""",
     ),
     "postgres": (
-        "SELECT pg_column_size(data) FROM {s}.handrail_sessions WHERE id = %s",
+        """SELECT pg_column_size(data) + (SELECT COALESCE(SUM(pg_column_size(m.message)), 0)
+            FROM {s}.handrail_messages m WHERE m.session_id = t.id)
+        FROM {s}.handrail_sessions t WHERE id = %s""",
         """SELECT COALESCE(SUM(pg_column_size(args) + COALESCE(pg_column_size(result), 0)), 0)
         FROM {s}.handrail_tool_log WHERE session_id = %s""",
     ),

@@ -99,7 +99,7 @@ async def _handrail(store: Any) -> tuple[float, int]:
     await prepare(-1)
     await _last(engine.submit("s-1", "Refund my order A1, please."))
     record = await engine.store.load("s-1")
-    return ms, len(_json(record.data))
+    return ms, len(_json(record.data)) + sum(len(_json(m)) for m in record.messages)
 
 
 async def _last(run: Any) -> Any:

@@ -15,7 +15,7 @@ import uvicorn
 from dirty_equals import IsInt
 from typer.testing import CliRunner
 
-from handrail import Engine
+from handrail import Engine, Message, RunState, SessionRecord, TextPart
 from handrail.cli import app
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, build_scenario
 from handrail.store import SqliteStore
@@ -495,3 +495,35 @@ def test_serve_refuses_workers_over_a_memory_store(
     assert result.exit_code == 1
     assert result.output.startswith("error: --workers 2 needs a store the processes share")
     assert "MemoryStore" in result.output
+
+
+def test_sessions_show_pages_back_through_the_history(tmp_path: Path) -> None:
+    db = tmp_path / "long.db"
+    state = RunState(session_id="long")
+    state.messages = [
+        Message(id=f"m{n}", role="user", parts=[TextPart(text=f"message {n}")]) for n in range(5)
+    ]
+
+    async def store_it() -> None:
+        async with SqliteStore(db) as store:
+            await store.save(
+                SessionRecord(
+                    id="long",
+                    data=state.dump(messages=False),
+                    messages=state.dump_messages(),
+                )
+            )
+
+    asyncio.run(store_it())
+    show = ("sessions", "show", "long", "--db", str(db))
+    whole = json.loads(run(*show, "--json").output)
+    assert [m["id"] for m in whole["messages"]] == ["m0", "m1", "m2", "m3", "m4"]
+    assert (whole["first"], whole["earlier"]) == (0, None)
+    latest = json.loads(run(*show, "--json", "--limit", "2").output)
+    assert [m["id"] for m in latest["messages"]] == ["m3", "m4"]
+    assert latest["first"] == latest["earlier"] == 3
+    older = json.loads(run(*show, "--json", "--before", "3", "--limit", "2").output)
+    assert [m["id"] for m in older["messages"]] == ["m1", "m2"] and older["earlier"] == 1
+    shown = run(*show, "--limit", "2")
+    assert "… 3 earlier message(s): --before 3 shows them" in shown.output
+    assert "message 4" in shown.output and "message 2" not in shown.output

@@ -68,7 +68,8 @@ def stored(db: Path) -> tuple[str, RunState, dict[str, str]]:
         finally:
             await store.close()
         assert record is not None
-        return record.status, RunState.load(record.data), {e.tool: e.status for e in log}
+        state = RunState.load(record.data, messages=record.messages, base=record.messages_from)
+        return record.status, state, {e.tool: e.status for e in log}
 
     return asyncio.run(read())
 

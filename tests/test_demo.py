@@ -43,8 +43,11 @@ async def test_each_message_takes_the_route_the_supervisor_chose():
     assert replies[0].startswith("Yes: items that arrive damaged are refunded in full")
     assert replies[1] == "Your order A1042 (€84.00) was delivered on 18 November. Anything else?"
     state = await scenario.engine.session(scenario.session_id)
-    visible = [m.text for m in state.messages if m.role == "assistant"]
-    assert visible == replies  # the executor's calls and notes stayed in its scratch
+    visible = [m.text for m in state.messages if m.role == "assistant" and not m.scratch]
+    assert visible == replies  # the supervisor's decisions stayed in its scratch
+    # ... and, once their turn is over, are kept in the history for people (never models).
+    kept = [m.text for m in state.messages if m.scratch and m.role == "assistant"]
+    assert kept == ['{"route": "simple", "reason": "a policy question", "hints": {}}']
 
 
 async def test_the_refund_looks_up_in_parallel_then_suspends_on_the_card():

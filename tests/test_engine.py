@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
 from handrail import (
     Agent,
+    ApprovalCardPart,
+    Compaction,
     Domain,
     Engine,
+    Message,
+    RunState,
     Runtime,
     SessionNotFoundError,
     StoreError,
@@ -18,7 +23,7 @@ from handrail import (
     tool,
 )
 from handrail.store import MemoryStore
-from handrail.testing import ScriptedModel, call, sequential_ids
+from handrail.testing import FunctionModel, ScriptedModel, call, sequential_ids
 
 
 def engine_for(steps: list[Any], domain: Any, **kwargs: Any) -> Engine:
@@ -182,7 +187,7 @@ async def test_a_session_that_cannot_be_read_is_a_store_error_naming_it():
     await events_of(engine.submit("s1", "hello"))
     record = await store.load("s1")
     assert record is not None
-    record.data["messages"][0]["parts"][0]["type"] = "hologram"
+    record.messages[0]["parts"][0]["type"] = "hologram"
     await store.save(record)
     with pytest.raises(StoreError) as caught:
         await engine.session("s1")
@@ -194,10 +199,10 @@ async def test_a_session_that_cannot_be_read_is_a_store_error_naming_it():
     )
     assert caught.value.session_id == "s1"
     record = await store.load("s1")
-    assert record is not None and record.data["messages"][0]["parts"][0]["type"] == "hologram"
+    assert record is not None and record.messages[0]["parts"][0]["type"] == "hologram"
     record.data["schema_version"] = 99
     await store.save(record)
-    with pytest.raises(StoreError, match="schema_version=99: this handrail reads version 1"):
+    with pytest.raises(StoreError, match="schema_version=99: this handrail reads versions 1 to 2"):
         await engine.session("s1")
 
 
@@ -222,3 +227,193 @@ async def test_another_tenants_session_id_cannot_be_taken_over_by_a_new_turn():
         await events_of(engine.submit("s1", "mine now", org_id="evil", user_id="u1"))
     state = await engine.session("s1", org_id="acme", user_id="u1")
     assert [m.text for m in state.messages] == ["hello", "Hi."]
+
+
+# -- history: a save writes what changed, a load reads what a turn needs ------------------
+
+
+class CountingStore(MemoryStore):
+    """A memory store that remembers where each save started writing messages, and how many."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[int, int]] = []
+
+    async def save(self, record: Any) -> Any:
+        self.writes.append((record.messages_from, len(record.messages)))
+        return await super().save(record)
+
+
+@tool(name="orders.lookup")
+def lookup(order_id: str) -> str:
+    """Look an order up."""
+    return f"{order_id}: shipped"
+
+
+async def test_a_save_writes_the_turns_messages_only_however_long_the_session():
+    store = CountingStore()
+
+    def answer(request: Any) -> Any:
+        last = request.messages[-1]
+        return call("orders.lookup", order_id="A1") if last.role == "user" else "Shipped."
+
+    runtime = Runtime(model=FunctionModel(answer), ids=sequential_ids())
+    engine = Engine(Agent("a", tools=[lookup]), store=store, runtime=runtime)
+    for n in range(8):
+        store.writes.clear()
+        await events_of(engine.submit("s1", f"where is A1, question {n}?"))
+        start = 3 * n  # each turn: the question, the call, the answer
+        assert store.writes and all(first >= start for first, _ in store.writes)
+        assert max(first + count for first, count in store.writes) == start + 3
+    history = await store.messages("s1", limit=100)
+    assert [p for p, _ in history] == list(range(24))
+    state = await engine.session("s1")  # without compaction, a load reads it all
+    assert (state.base, len(state.messages)) == (0, 24)
+
+
+async def test_a_decision_on_a_card_before_the_turn_start_is_still_written():
+    # The pending map is an index over cards wherever they are: a save covers each one.
+    state = RunState(messages=[Message(id=f"m{i}", role="user", parts=[]) for i in range(6)])
+    state.turn_start = state.clean = 5
+    assert state.changed_from() == 5
+    card = ApprovalCardPart(tool_call_id="c1", tool_name="t", args={})
+    state.messages[2].parts.append(card)
+    state.pending["c1"] = card
+    assert state.changed_from() == 2
+    state.scratch["helper"] = [Message(id="s", role="assistant", parts=[card])]
+    assert state.changed_from() == 5  # a scratch card is saved with the document
+
+
+async def test_a_compacted_session_loads_from_its_summary_and_calls_never_share_an_id():
+    seen: list[int] = []
+
+    def answer(request: Any) -> Any:
+        if request.agent == "compaction":
+            return "Many orders were looked up; all had shipped."
+        seen.append(len(request.messages))
+        last = request.messages[-1]
+        if last.role == "user":  # a server that numbers its calls per response
+            return call("orders.note", order_id="A1" + "0" * 60, id="call_0")
+        return "Shipped. " * 30
+
+    @tool(name="orders.note", permission="write", approval="auto")
+    def note(order_id: str) -> str:
+        """Note an order (a side effect: logged before it runs)."""
+        return f"{order_id}: noted"
+
+    store = MemoryStore()
+    runtime = Runtime(
+        model=FunctionModel(answer),
+        ids=sequential_ids(),
+        compaction=Compaction(max_tokens=700, keep_recent_turns=1),
+    )
+    engine = Engine(Agent("a", tools=[note]), store=store, runtime=runtime)
+    for n in range(12):
+        events = await events_of(engine.submit("s1", f"where is my order, question {n}?"))
+        assert events[-1].type == "run-completed"
+    state = await engine.session("s1")
+    assert state.summary is not None and state.base == state.summary.messages > 0
+    assert state.base + len(state.messages) == 36 == len(await store.messages("s1", limit=99))
+    assert max(seen) < 20  # the model saw the summary and the recent turns only
+    stored = [
+        p["id"]
+        for _, m in await store.messages("s1", limit=99)
+        for p in m["parts"]
+        if p["type"] == "tool-call"
+    ]
+    assert len(set(stored)) == len(stored) == 12  # one id a call, though the model sent one
+    assert "call_0" in stored  # kept while the whole history was loaded
+    # The tool-call log has each call once, with its own result: none was taken for another.
+    log = await store.tool_log("s1")
+    assert [e.tool_call_id for e in log] == stored
+    assert all(e.status == "finished" for e in log) and len({e.key for e in log}) == 12
+
+
+async def test_a_session_saved_with_a_window_is_loaded_whole_without_compaction():
+    def answer(request: Any) -> Any:
+        if request.agent == "compaction":
+            return "Earlier: greetings."
+        return "Hello! " * 40
+
+    store = MemoryStore()
+    compacting = Engine(
+        Agent("a"),
+        store=store,
+        runtime=Runtime(
+            model=FunctionModel(answer),
+            ids=sequential_ids(),
+            compaction=Compaction(max_tokens=400, keep_recent_turns=1),
+        ),
+    )
+    for n in range(8):
+        await events_of(compacting.submit("s1", f"hi {n}"))
+    record = await store.load("s1")
+    assert record is not None and record.window > 0
+    seen: list[list[str]] = []
+
+    def count(request: Any) -> str:
+        seen.append([m.text for m in request.messages if m.role == "user"])
+        return "Hi."
+
+    plain = Engine(Agent("a"), store=store, runtime=Runtime(model=FunctionModel(count)))
+    await events_of(plain.submit("s1", "hi again"))
+    # The whole history, in order: eight turns of two messages, and this one.
+    assert seen == [[*(f"hi {n}" for n in range(8)), "hi again"]]
+    record = await store.load("s1")
+    assert record is not None and (record.window, len(record.messages)) == (0, 18)
+
+
+async def test_a_turns_scratch_is_kept_in_the_history_for_people_and_never_shown_to_a_model():
+    seen: list[list[Message]] = []
+    notes: list[int] = []
+
+    def answer(request: Any) -> Any:
+        seen.append(list(request.messages))
+        if request.agent == "worker":
+            if request.messages[-1].role == "user":
+                return call("orders.lookup", order_id="A1")
+            return f"note {len(notes)}: A1 shipped" if notes.append(1) is None else ""
+        return "Your order shipped."
+
+    domain = Domain(
+        agents=[Agent("worker", tools=[lookup], scratch=True), Agent("writer")],
+        routes={"default": ["worker", "writer"]},
+    )
+    store = MemoryStore()
+    engine = Engine(
+        domain, store=store, runtime=Runtime(model=FunctionModel(answer), ids=sequential_ids())
+    )
+    await events_of(engine.submit("s1", "where is A1?"))
+    seen.clear()
+    await events_of(engine.submit("s1", "and again?"))
+    # The first turn's scratch (its lookup, the worker's notes) is never shown again.
+    shown = [m for request in seen for m in request]
+    assert not any(m.scratch for m in shown)
+    history = [m for _, m in await store.messages("s1")]
+    kept = [m for m in history if m.get("scratch")]
+    calls = [p["id"] for m in kept for p in m["parts"] if p["type"] == "tool-call"]
+    assert len(calls) == 1  # the first turn's lookup, on record
+    assert not any(p.id == calls[0] for m in shown for p in m.tool_calls)
+    assert [m["agent"] for m in kept if m["role"] == "assistant"] == ["worker", "worker"]
+
+
+def test_a_state_round_trips_with_its_messages_and_where_they_start():
+    state = RunState(
+        messages=[Message(id=f"m{n}", role="user", parts=[]) for n in range(3)],
+        base=7,
+        turn_start=8,
+    )
+    again = RunState.load(json.loads(json.dumps(state.dump())))
+    assert (again.base, again.turn_start, [m.id for m in again.messages]) == (
+        7,
+        8,
+        ["m0", "m1", "m2"],
+    )
+    assert again.changed_from() == 7  # came inside the document: all of them to be written
+    assert again.dump_messages(8) == state.dump_messages(8)
+    with pytest.raises(UserError, match="holds them from 7 on"):
+        again.dump_messages(6)
+    apart = RunState.load(state.dump(messages=False), messages=state.dump_messages(7), base=7)
+    assert apart.changed_from() == 10  # stored as they are, and no turn in progress
+    with pytest.raises(UserError, match="both in the document and given apart"):
+        RunState.load(state.dump(), messages=state.dump_messages(7), base=7)

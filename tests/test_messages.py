@@ -144,6 +144,7 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
             "id": "msg_1",
             "role": "assistant",
             "agent": "support",
+            "scratch": False,
             "parts": [
                 {
                     "type": "text",

@@ -416,7 +416,7 @@ async def test_an_approved_call_whose_arguments_changed_refuses_to_run():
     record = await store.load("s1")
     assert record is not None
     # Someone edits the stored call after the approval (a bug, a bad migration, an attacker).
-    record.data["messages"][1]["parts"][0]["args"]["amount"] = 5000
+    record.messages[1]["parts"][0]["args"]["amount"] = 5000
     await store.save(record)
     await events_of(engine.resume("s1"))
     part = call_parts(await engine.session("s1"))[0]

@@ -359,6 +359,9 @@ async def test_an_over_budget_request_is_compacted_and_the_summary_is_stored():
     assert seen[-1][0].startswith(SUMMARY_HEADING)  # the model saw [summary, recent]
     assert seen[-1][-1].startswith("Where is order A5?")
     state = await engine.session("s1")
-    assert len(state.messages) == 12  # the stored conversation is never cut
+    assert len(await store.messages("s1")) == 12  # the stored conversation is never cut
+    # A load reads what a turn needs: the summary and the messages after it.
     assert state.summary is not None and "A0 to A5" in state.summary.text
+    assert state.base == state.summary.messages > 0
+    assert state.base + len(state.messages) == 12
     assert state.usage.requests > 6  # the summarizer's calls are counted

@@ -316,6 +316,7 @@ async def _agent_loop(
             )
             if runtime.compaction is not None:
                 await _compact(request, runtime.compaction, model, state)
+            request.messages = _conversation(request.messages)
             message_id = ids("msg")
             response: ModelResponse | None = None
             chat = None
@@ -385,8 +386,13 @@ async def _agent_loop(
                         earlier.digest = part.digest
                         settled.add(part.id)
                         continue
-                if not part.id or part.id in taken:
-                    part.id = ids("call")
+                # Ids are unique within a session, so the tool-call log never mixes two calls:
+                # a taken one is replaced, and so is every one when the calls before `base`
+                # are not loaded (a server that numbers its calls may have used it then).
+                # A call the provider ran never reaches the log: it keeps the provider's id.
+                renumber = state.base and part.executor != "provider"
+                if not part.id or part.id in taken or renumber:
+                    part.id = _fresh_call_id(ids, state)
                 taken.add(part.id)
             # The provider ran these already: they are shown, never run, and never a reason
             # to ask the model again.
@@ -488,10 +494,32 @@ async def _compact(
     """
     from .compaction import compact
 
-    compacted = await compact(request, config=config, model=model, summary=state.summary)
+    compacted = await compact(
+        request, config=config, model=model, summary=state.summary, base=state.base
+    )
     request.messages = compacted.messages
     state.summary = compacted.summary
     state.usage.add(compacted.usage)
+
+
+def _conversation(messages: list[Message]) -> list[Message]:
+    """What a model is shown of `messages`: not the scratch of earlier turns (kept for people)."""
+    if not any(m.scratch for m in messages):
+        return messages
+    return [m for m in messages if not m.scratch]
+
+
+def _fresh_call_id(ids: Callable[[str], str], state: RunState) -> str:
+    """A call id no other call of the session has.
+
+    The loaded calls are checked; when the calls before `state.base` are not loaded, the id
+    also carries the turn (`call_…_t12`), which no call of an earlier turn can have had, so
+    the guarantee does not rest on the id source alone (a counter restarts with its process).
+    """
+    while True:
+        fresh = ids("call") if not state.base else f"{ids('call')}_t{state.turn}"
+        if fresh not in state.call_ids:
+            return fresh
 
 
 def _refusal(response: ModelResponse, tool_choice: str) -> str | None:

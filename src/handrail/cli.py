@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
+from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 try:
@@ -57,7 +58,7 @@ from .events import (
     ToolCallStarted,
 )
 from .exceptions import HandrailError, SessionNotFoundError
-from .messages import ApprovalCardPart, TextPart, ToolCallPart
+from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
 from .state import RunState
 from .store import SessionStatus, SessionStore
 from .suspension import Decision
@@ -715,9 +716,24 @@ async def _load(store: SessionStore, session_id: str) -> tuple[Any, RunState]:
     if record is None:
         raise CliError(f"No session {session_id!r} in this store.")
     try:
-        return record, RunState.load(record.data)
+        state = RunState.load(record.data, messages=record.messages, base=record.messages_from)
     except HandrailError as error:
         raise CliError(f"Session {session_id!r} cannot be read: {error}") from None
+    return record, state
+
+
+async def _page(
+    store: SessionStore, session_id: str, before: int | None, limit: int
+) -> tuple[Any, RunState, list[tuple[int, Message]]]:
+    """The session and a page of its whole history (all of it is stored, loaded or not)."""
+    record, state = await _load(store, session_id)
+    try:
+        rows = await store.messages(session_id, before=before, limit=limit)
+        messages = MESSAGES.validate_python([m for _, m in rows])
+        page = list(zip([p for p, _ in rows], messages, strict=True))
+    except (HandrailError, ValidationError) as error:
+        raise CliError(f"Session {session_id!r} cannot be read: {error}") from None
+    return record, state, page
 
 
 def _when(epoch: float) -> str:
@@ -764,16 +780,28 @@ def show(
     dsn: Dsn = None,
     schema: Schema = "public",
     as_json: AsJson = False,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Show at most this many messages, the latest.")
+    ] = 50,
+    before: Annotated[
+        int | None,
+        typer.Option(min=0, help="Show the messages before this position (an earlier page)."),
+    ] = None,
 ) -> None:
-    """A session's conversation and the calls waiting for a decision."""
-    record, state = _with_store(db, dsn, schema, lambda store: _load(store, session_id))
+    """A session's conversation (its latest messages, or earlier ones) and waiting calls."""
+    record, state, page = _with_store(
+        db, dsn, schema, lambda store: _page(store, session_id, before, limit)
+    )
+    earlier = page[0][0] if page and page[0][0] > 0 else None
     if as_json:
         document = {
             "id": record.id,
             "org_id": record.org_id,
             "user_id": record.user_id,
             "status": record.status,
-            "messages": to_jsonable_python(state.messages),
+            "messages": [to_jsonable_python(m) for _, m in page],
+            "first": page[0][0] if page else 0,
+            "earlier": earlier,
             "pending": to_jsonable_python(list(state.pending.values())),
         }
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
@@ -782,10 +810,19 @@ def show(
         f"[bold]{record.id}[/] · {record.org_id or '-'}/{record.user_id or '-'} · "
         f"{record.status} · updated {_when(record.updated_at)} UTC"
     )
-    for message in state.messages:
+    if earlier is not None:
+        _out.print(
+            f"[dim]… {earlier} earlier message(s): --before {earlier} shows them[/]",
+            highlight=False,
+        )
+    for _, message in page:
         for part in message.parts:
             if isinstance(part, TextPart) and not part.synthetic:
-                _out.print(f"[bold]{message.role}:[/] {part.text}", highlight=False)
+                if message.scratch:  # an agent's work out of the conversation
+                    who = f"[dim]{message.agent or message.role} (scratch):[/]"
+                else:
+                    who = f"[bold]{message.role}:[/]"
+                _out.print(f"{who} {part.text}", highlight=False)
             elif isinstance(part, ToolCallPart):
                 _out.print(f"  [dim]tool[/] {part.name} · {part.status}", highlight=False)
     for card in state.pending.values():

@@ -163,6 +163,7 @@ async def compact(
     config: Compaction,
     model: Model,
     summary: Summary | None = None,
+    base: int = 0,
 ) -> Compacted:
     """The view of `request.messages` that fits `config.max_tokens`, summarising when needed.
 
@@ -174,6 +175,9 @@ async def compact(
             `handrail.tokens.count_tokens`), and it writes the summary unless
             `config.summarizer` is set.
         summary: the summary stored with the session, if any (from an earlier `compact`).
+        base: the position in the history of `request.messages[0]`: a session loaded from
+            its summary on (`RunState.base`) holds no messages before it. `Summary.messages`
+            counts from the start of the history whatever the base.
 
     Returns:
         The messages to send and the summary to store. A summarizer that fails is not an
@@ -192,10 +196,13 @@ async def compact(
     def count(view: list[Message]) -> int:
         return count_tokens(view, model, instructions=request.instructions, tools=tools)
 
-    start = 0 if summary is None else _after(messages, summary)
-    tokens = _whole(messages, start or 0, count, config.max_tokens)
+    start = 0 if summary is None else _after(messages, summary, base)
+    # Without the messages before `base`, the summary stands for them: never dropped.
+    tokens = None if base else _whole(messages, start or 0, count, config.max_tokens)
     if tokens is not None:
         return Compacted(messages=messages, summary=summary, tokens=tokens)
+    if start is None and base:  # cannot be placed, but stands for what is not loaded
+        start = 0
     if start is None:  # the history no longer holds what it covered: summarise afresh
         summary, start = None, 0
 
@@ -233,7 +240,10 @@ async def compact(
                 error=failed.error,
             )
         summary = Summary(
-            text=text, upto=messages[cut - 1].id, messages=cut, tokens=count_text(text, model)
+            text=text,
+            upto=messages[cut - 1].id,
+            messages=base + cut,
+            tokens=count_text(text, model),
         )
         start = cut
         view = turns.view(start, summary)
@@ -324,9 +334,11 @@ def _whole(
         step *= 2
 
 
-def _after(messages: list[Message], summary: Summary) -> int | None:
-    """Where the history goes on after `summary` (None: the summary does not fit it)."""
-    n = summary.messages
+def _after(messages: list[Message], summary: Summary, base: int = 0) -> int | None:
+    """Where the history (from position `base` on) goes on after `summary` (None: no fit)."""
+    n = summary.messages - base
+    if base and n == 0:  # loaded from the summary on: what it covers is not here to check
+        return 0 if messages and _starts_turn(messages[0]) else None
     if not (0 < n <= len(messages) and messages[n - 1].id == summary.upto):
         ids = [m.id for m in messages]
         n = ids.index(summary.upto) + 1 if summary.upto in ids else 0

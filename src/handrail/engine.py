@@ -862,7 +862,10 @@ class Engine:
     async def session(
         self, session_id: str, *, org_id: str | None = None, user_id: str | None = None
     ) -> RunState:
-        """The session's stored state (messages, pending cards, usage).
+        """The session's stored state (messages, pending cards, usage), as a turn loads it.
+
+        With compaction, its messages are those after the compaction summary (`state.base`
+        is the position of the first); `store.messages` reads the whole history in pages.
 
         Raises:
             SessionNotFoundError: no such session for this caller.
@@ -954,7 +957,16 @@ class Engine:
             state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
             state.domain_state = self.domain.new_state()
             return record, state
+        if record.window and self.runtime.compaction is None:
+            # Saved with a compaction summary, loaded without one: the model needs it all.
+            # (Messages before the window belong to finished turns: they never change.)
+            earlier = await self.store.messages(
+                session_id, before=record.window, limit=record.window
+            )
+            record.messages[:0] = [message for _, message in earlier]
+            record.messages_from = 0
         state = _decode(record)
+        record.messages = []  # the state holds them now
         # `sys:` values are not stored: a decision, an amendment or a batch apply made on
         # this state sees the session's scope, as its turn did.
         state.context.update_sys(state.sys_values(self.runtime.clock()))
@@ -990,18 +1002,28 @@ class Engine:
         """Compare-and-swap `state` into `record`'s session; `record` follows the new version."""
         if record.id in self._lost:
             raise self._lost_lease(record.id)
-        record.data = state.dump()
+        # What changed: the small document, and the messages from the first that may have
+        # changed (the turn in progress's first, or the first never saved) on.
+        start = state.changed_from()
+        record.data = state.dump(messages=False)
+        record.messages = state.dump_messages(start)
+        record.messages_from = start
+        record.window = state.window if self.runtime.compaction is not None else 0
         record.status = status
         record.expires_at = self._needs_worker(state)
-        saved = await self.store.save(record)
+        try:
+            saved = await self.store.save(record)
+        finally:
+            record.messages = []
         record.version = saved.version
+        state.mark_saved()
         return saved
 
 
 def _decode(record: SessionRecord) -> RunState:
     """The session's state, or a `StoreError` naming the session (the row is left as it is)."""
     try:
-        return RunState.load(record.data)
+        return RunState.load(record.data, messages=record.messages, base=record.messages_from)
     except UserError as exc:
         raise SessionCorruptError(
             f"Session {record.id!r} cannot be read: {exc}. The stored row is left untouched; "

@@ -197,6 +197,10 @@ class Message:
     """What it holds, in order."""
     agent: str | None = None
     """The agent that wrote it (assistant messages)."""
+    scratch: bool = False
+    """A message an agent kept out of the conversation (`Agent(scratch=True)`, the
+    supervisor): its turn's scratch, kept in the history once the turn is over so that people
+    see what was done. Never shown to a model again."""
 
     @property
     def text(self) -> str:

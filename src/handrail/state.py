@@ -2,12 +2,17 @@
 
 `RunState.dump()` is the stored form of a session (JSON-compatible, with a `schema_version`);
 `RunState.load()` rebuilds it, pending cards and their decisions included, so a suspended
-run resumes after a restart exactly where it stopped.
+run resumes after a restart exactly where it stopped. A store keeps the messages apart from
+the rest (`dump(messages=False)`, `dump_messages`): a save writes the messages that changed,
+and a load may start at a window of the history (`RunState.base`).
 
 Schema versions:
     1: messages, context store, usage, turn counters, dedup and cache, pending progress;
        later (still 1: the new keys are optional) scratch messages, route, domain state,
        compaction summary, the capture counter, the suspended turn's span (`progress.trace`).
+    2: the messages may be stored apart (no `messages` key: they are given to `load`, from
+       position `base` on); `turn_start` says where the turn in progress began. A version 1
+       state loads as version 2, its messages all to be written again.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ from ._tool_result import ToolResult
 from .compaction import Summary
 from .context import ContextStore
 from .exceptions import UserError
-from .messages import ApprovalCardPart, Message, ToolCallPart
+from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Usage
 
 __all__ = ["Progress", "RouteChoice", "RunState"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,7 +87,18 @@ class RunState:
     """
 
     messages: list[Message] = field(default_factory=list)
-    """The conversation."""
+    """The conversation: the session's whole history, or, loaded from a store with a
+    compaction summary, the part of it from position `base` on."""
+    base: int = 0
+    """The position in the session's history of `messages[0]`: the messages before it are
+    stored but not loaded (the compaction `summary` stands for them). Positions, like
+    `Summary.messages`, count from the start of the history."""
+    turn_start: int = 0
+    """The position of the first message of the turn in progress (or of the last turn): a
+    message before it is never changed again, so a save need not write it."""
+    clean: int = 0
+    """Messages at positions below this one are stored as they are in `messages`: the next
+    save writes the messages from here on (not stored; set by `load` and `mark_saved`)."""
     context: ContextStore = field(default_factory=ContextStore)
     """The context store (`var:` persists across turns; `tool:`/`call:` is this turn's)."""
     usage: Usage = field(default_factory=Usage)
@@ -108,7 +124,8 @@ class RunState:
     scratch: dict[str, list[Message]] = field(default_factory=dict)
     """Agent name -> the messages of this turn that agent keeps out of the conversation
     (`Agent(scratch=True)`, the supervisor): what it saw besides the conversation, what it
-    called, what it said before its answer. Cleared when the next turn starts."""
+    called, what it said before its answer. When the next turn starts they move to the end
+    of `messages`, marked `Message.scratch` (a model never sees them)."""
     route: RouteChoice | None = None
     """The route this turn took, and why (the supervisor's decision, or the fallback)."""
     summary: Summary | None = None
@@ -117,8 +134,9 @@ class RunState:
     """The domain's typed state (`Domain(initial_state=...)`): tools read and change it as
     `ctx.state`; stored with the session as JSON."""
     call_ids: set[str] = field(default_factory=set)
-    """Every tool call id of the session: a new call whose id is taken (some servers number
-    their calls per response) gets a fresh one, so the tool-call log never mixes two calls.
+    """Every tool call id of the loaded messages: a new call whose id is taken (some servers
+    number their calls per response) gets a fresh one, so the tool-call log never mixes two
+    calls; when the messages before `base` are not loaded, every new call gets a fresh one.
     Rebuilt by `load`."""
     captures: int = 0
     """How many calls capture mode has recorded in this session: the next one's local index
@@ -144,12 +162,21 @@ class RunState:
         return values
 
     def new_turn(self) -> None:
-        """Start a user turn: clear what is turn-scoped."""
+        """Start a user turn: clear what is turn-scoped; its messages start at the end.
+
+        The last turn's scratch messages move to the history, marked `scratch` (people see
+        them; models never do), so what its agents did stays on record.
+        """
         self.turn += 1
+        for messages in self.scratch.values():
+            for message in messages:
+                message.scratch = True
+                self.messages.append(message)
+        self.scratch.clear()
+        self.turn_start = self.base + len(self.messages)
         self.turn_iterations = 0
         self.approvals = 0
         self.turn_calls.clear()
-        self.scratch.clear()
         self.route = None
         self.context.new_turn()
 
@@ -181,11 +208,75 @@ class RunState:
         """Whether the turn is waiting for decisions or for its resumption."""
         return self.progress is not None and self.progress.status == "suspended"
 
-    def dump(self) -> dict[str, Any]:
-        """The state as JSON-compatible data: the stored form of a session."""
+    @property
+    def window(self) -> int:
+        """Where a load for a turn may start reading messages.
+
+        The first message after the compaction summary, or the turn in progress's first,
+        whichever is earlier.
+        """
+        covered = self.summary.messages if self.summary is not None else 0
+        return max(0, min(covered, self.turn_start, self.base + len(self.messages)))
+
+    def changed_from(self) -> int:
+        """The position of the first message a save must write: those before are as stored.
+
+        Messages before the turn in progress never change. Every writer works on the turn's
+        own messages: the loop appends them and `_repair` closes the last one; dispatch
+        stamps the calls and adds the cards of `progress.message_id`'s message, and so does
+        recovery (`reconcile`); a batch card goes on the turn's last message and its report
+        on that card; compaction works on copies. Decisions and expiry stamp waiting cards,
+        so a card still waiting counts too, wherever it is.
+        """
+        end = self.base + len(self.messages)
+        start = min(self.clean, end)
+        waiting = {id(card) for card in self.pending.values()}
+        for messages in self.scratch.values():  # stored with the document, not as rows
+            waiting.difference_update(
+                id(p) for m in messages for p in m.parts if isinstance(p, ApprovalCardPart)
+            )
+        index = len(self.messages)
+        while waiting and index > 0:
+            index -= 1
+            for part in self.messages[index].parts:
+                if id(part) in waiting:
+                    waiting.discard(id(part))
+                    start = min(start, self.base + index)
+        return start
+
+    def mark_saved(self) -> None:
+        """Note that the messages are stored as they are now (a store saved them).
+
+        From then on, only the turn in progress's messages may change (none, between turns).
+        """
+        end = self.base + len(self.messages)
+        self.clean = end if self.progress is None else min(end, self.turn_start)
+
+    def dump_messages(self, start: int = 0) -> list[dict[str, Any]]:
+        """The messages from position `start` of the history on, as JSON-compatible data.
+
+        Raises:
+            UserError: `start` is before `base` (those messages are not loaded).
+        """
+        if start < self.base:
+            raise UserError(
+                f"cannot dump messages from position {start}: this state holds them from "
+                f"{self.base} on (load the session with its whole history)"
+            )
+        return MESSAGES.dump_python(self.messages[start - self.base :], mode="json")  # type: ignore[no-any-return]
+
+    def dump(self, *, messages: bool = True) -> dict[str, Any]:
+        """The state as JSON-compatible data: the stored form of a session.
+
+        Args:
+            messages: include the messages (from `base` on); False: the rest only, the small
+                part of a session that changes from step to step (a store keeps the messages
+                apart, see `dump_messages`).
+        """
         doc: _Doc = {
             "schema_version": SCHEMA_VERSION,
-            "messages": self.messages,
+            "base": self.base,
+            "turn_start": self.turn_start,
             "context": self.context.dump(),
             "usage": self.usage,
             "session_id": self.session_id,
@@ -203,35 +294,73 @@ class RunState:
             "domain_state": self.domain_state,
             "summary": self.summary,
         }
+        if messages:
+            doc["messages"] = self.messages
         if self.captures:
             doc["captures"] = self.captures
         return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
 
     @classmethod
-    def load(cls, data: dict[str, Any], *, max_context_bytes: int = 1_000_000) -> RunState:
+    def load(
+        cls,
+        data: dict[str, Any],
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        base: int = 0,
+        max_context_bytes: int = 1_000_000,
+    ) -> RunState:
         """Rebuild a state from `dump()` output (after a JSON round trip, if any).
+
+        Args:
+            data: what `dump` gave: with its messages, or without them (then give them).
+            messages: the messages stored apart (`dump_messages`), from position `base` on;
+                empty when `data` holds them (a version 1 state always does).
+            base: the position in the history of `messages[0]`.
+            max_context_bytes: the context store's size cap.
 
         Raises:
             UserError: `data` is not a dumped state, or was written by a newer handrail.
         """
         version = data.get("schema_version") if isinstance(data, dict) else None
-        if version != SCHEMA_VERSION:
+        if version not in (1, SCHEMA_VERSION):
             newer = isinstance(version, int) and version > SCHEMA_VERSION
             raise UserError(
                 f"cannot load a session state with schema_version={version!r}: this handrail "
-                f"reads version {SCHEMA_VERSION}" + ("; upgrade handrail" if newer else "")
+                f"reads versions 1 to {SCHEMA_VERSION}" + ("; upgrade handrail" if newer else "")
             )
+        inline = "messages" in data
+        if inline and messages:
+            raise UserError(
+                "not a stored session state: its messages are both in the document and "
+                "given apart (messages=): give them one way"
+            )
+        if inline:
+            base = data.get("base", 0) if version == SCHEMA_VERSION else 0
         try:
             doc = _DOC.validate_python(data)
+            loaded = doc["messages"] if inline else MESSAGES.validate_python(messages or [])
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"])
+            loc = list(first["loc"])
+            if "messages" not in data and loc and isinstance(loc[0], int):
+                loc = ["messages", base + loc[0], *loc[1:]]  # a message stored apart
+            where = ".".join(str(p) for p in loc)
             more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
             raise UserError(
                 f"not a stored session state: at {where}: {first['msg']}{more}"
             ) from None
+        if not isinstance(base, int) or base < 0:
+            raise UserError(f"not a stored session state: base={base!r}")
+        end = base + len(loaded)
+        if version == 1:  # migrated: the turn in progress began at the last person's message
+            starts = [i for i, m in enumerate(loaded) if _starts_turn(m)]
+            turn_start = starts[-1] if starts else 0
+        else:
+            turn_start = min(doc.get("turn_start", 0), end)
         state = cls(
-            messages=doc["messages"],
+            messages=loaded,
+            base=base,
+            turn_start=turn_start,
             context=ContextStore.load(doc["context"], max_bytes=max_context_bytes),
             usage=doc["usage"],
             session_id=doc["session_id"],
@@ -249,6 +378,10 @@ class RunState:
             summary=doc.get("summary"),
             captures=doc.get("captures", 0),
         )
+        if inline:  # messages that came inside the document are all to be written
+            state.clean = base
+        else:
+            state.mark_saved()
         parts = {
             p.id: p for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)
         }
@@ -258,6 +391,13 @@ class RunState:
         }
         state.pending = _undecided(state.all_messages())
         return state
+
+
+def _starts_turn(message: Message) -> bool:
+    """A person's message (not the engine's synthetic one) opens a user turn."""
+    return message.role == "user" and any(
+        isinstance(p, TextPart) and not p.synthetic for p in message.parts
+    )
 
 
 def _undecided(messages: Iterable[Message]) -> dict[str, ApprovalCardPart]:
@@ -274,7 +414,9 @@ def _undecided(messages: Iterable[Message]) -> dict[str, ApprovalCardPart]:
 
 class _Doc(TypedDict):
     schema_version: int
-    messages: list[Message]
+    base: NotRequired[int]
+    turn_start: NotRequired[int]
+    messages: NotRequired[list[Message]]
     context: dict[str, Any]
     usage: Usage
     session_id: str | None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import httpx
@@ -11,8 +13,18 @@ import pytest
 from playwright.sync_api import Page, expect
 from pydantic import BaseModel
 
-from handrail import Agent, Engine, MemoryStore, Message, Runtime, tool
-from handrail.demo.support_desk import CUSTOMER_MESSAGE, Desk, refund_order
+from handrail import (
+    Agent,
+    Engine,
+    MemoryStore,
+    Message,
+    RunState,
+    Runtime,
+    SessionRecord,
+    TextPart,
+    tool,
+)
+from handrail.demo.support_desk import CUSTOMER_MESSAGE, CUSTOMER_MESSAGES, Desk, refund_order
 from handrail.demo.web import build_engine
 from handrail.models import ModelRequest
 from handrail.testing import FunctionModel, Step, call
@@ -466,3 +478,62 @@ def test_a_provider_search_shows_its_summary_and_only_web_links(
     expect(line.locator(".sources img")).to_have_count(0)
     page.reload()  # drawn again from the stored session: the same
     expect(page.locator(".call.line .sources a")).to_have_count(2)
+
+
+# -- the history -----------------------------------------------------------------------------
+
+
+def test_earlier_turns_keep_their_tool_calls_after_a_reload(
+    desk: Served, new_page: NewPage, shoot: Shoot
+) -> None:
+    page = signed_in(new_page, desk)
+    send(page, CUSTOMER_MESSAGES[1])  # the executor looks the order up, in its scratch
+    expect(reply(page)).to_have_count(1)
+    expect(reply(page).nth(0)).to_contain_text("was delivered")
+    send(page, CUSTOMER_MESSAGES[0])  # the next turn: the first one's scratch is over
+    expect(reply(page)).to_have_count(2)
+    lookup = page.locator(".call", has_text="orders.lookup")
+    expect(lookup).to_have_count(1)
+    expect(page.locator("#transcript")).to_have_attribute("aria-busy", "false")  # turn over
+    page.reload()  # drawn from the store alone
+    expect(reply(page)).to_have_count(2)
+    expect(lookup).to_have_count(1)  # kept in the history (it was lost with the scratch)
+    expect(lookup).to_contain_text("done")
+    # Drawn in its turn: after the question, before the answer.
+    order = page.locator(".bubble.user, .call, .bubble.assistant:not(.note)").all_text_contents()
+    assert [i for i, text in enumerate(order) if "orders.lookup" in text] == [1]
+    shoot(page, "earlier-calls")
+
+
+def test_a_long_history_is_drawn_from_its_latest_messages_and_paged_back(
+    serve: Serve, new_page: NewPage
+) -> None:
+    store = MemoryStore()
+    state = RunState(session_id="long", org_id="acme", user_id="ana")
+    for n in range(70):
+        state.messages.append(
+            Message(id=f"u{n}", role="user", parts=[TextPart(text=f"question {n}")])
+        )
+        state.messages.append(
+            Message(id=f"a{n}", role="assistant", parts=[TextPart(text=f"answer {n}")])
+        )
+    record = SessionRecord(
+        id="long",
+        org_id="acme",
+        user_id="ana",
+        status="completed",
+        data=state.dump(messages=False),
+        messages=state.dump_messages(),
+    )
+    with ThreadPoolExecutor(1) as thread:  # Playwright runs an event loop in this one
+        thread.submit(asyncio.run, store.save(record)).result()
+    served = serve(build_engine(store=store))
+    page = new_page()
+    page.goto(f"{served.url}/#key=key-ana&session=long")
+    expect(page.locator(".bubble.user").last).to_have_text(re.compile("question 69"))
+    expect(page.locator(".bubble.user")).to_have_count(50)  # the latest 100 messages
+    earlier = page.get_by_role("button", name="Show earlier messages (40)")
+    earlier.click()
+    expect(page.locator(".bubble.user")).to_have_count(70)
+    expect(page.locator(".bubble.user").first).to_have_text(re.compile("question 0"))
+    expect(page.get_by_role("button", name=re.compile("Show earlier"))).to_have_count(0)

@@ -855,3 +855,35 @@ async def test_a_corrupt_session_says_so_and_can_still_be_deleted(server: Server
     deleted = await server.client.delete(f"/sessions/{session_id}", headers=ANA)
     assert deleted.status_code == 204
     assert (await server.client.get(f"/sessions/{session_id}", headers=ANA)).status_code == 404
+
+
+# -- the history, in pages ----------------------------------------------------------------
+
+
+async def test_the_history_is_read_in_pages_newest_first_then_before_a_position(
+    server: Server,
+) -> None:
+    session_id = await server.new_session()
+    for text in ("Where is my order A1042?", "And A1043?"):
+        await server.submit(session_id, text)
+        await server.join(session_id)
+    whole = (await server.client.get(f"/sessions/{session_id}", headers=ANA)).json()
+    assert whole["first"] == 0
+    count = len(whole["messages"])
+    assert count >= 4
+
+    url = f"/sessions/{session_id}/messages"
+    newest = (await server.client.get(url, params={"limit": 2}, headers=ANA)).json()
+    assert newest == {"messages": whole["messages"][-2:], "first": count - 2}
+    pages = [newest]
+    while pages[-1]["first"] > 0:
+        before = {"before": pages[-1]["first"], "limit": 3}
+        pages.append((await server.client.get(url, params=before, headers=ANA)).json())
+    assert [m for page in reversed(pages) for m in page["messages"]] == whole["messages"]
+    empty = (await server.client.get(url, params={"before": 0}, headers=ANA)).json()
+    assert empty == {"messages": [], "first": 0}
+
+    assert (await server.client.get(url, headers=BOB)).status_code == 404
+    for bad in ({"limit": 0}, {"before": -1}, {"limit": "many"}, {"after": 1}):
+        refused = await server.client.get(url, params=bad, headers=ANA)
+        assert refused.status_code == 422, bad

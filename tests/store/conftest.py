@@ -86,7 +86,7 @@ async def empty_pg_schema(schema: str) -> None:
     async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
         await connection.execute(
             f'TRUNCATE "{schema}".handrail_sessions, "{schema}".handrail_tool_log, '
-            f'"{schema}".handrail_events, '
+            f'"{schema}".handrail_events, "{schema}".handrail_messages, '
             f'"{schema}".handrail_leases'
         )
 

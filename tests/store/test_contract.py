@@ -869,3 +869,111 @@ def test_the_store_package_has_no_other_lazy_names() -> None:
 
     with pytest.raises(AttributeError, match="NoSuchStore"):
         _ = handrail.store.NoSuchStore  # type: ignore[attr-defined]
+
+
+# -- messages: stored apart, written from where they changed, read in pages ----------------
+
+
+def msgs(*numbers: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"n": n, **extra} for n in numbers]
+
+
+async def test_a_save_writes_messages_from_where_they_changed_and_keeps_those_before(
+    store: SessionStore,
+) -> None:
+    saved = await store.save(SessionRecord(id="s-1", data={"turn": 1}, messages=msgs(0, 1, 2)))
+    saved.messages, saved.messages_from = msgs(2, 3, edited=True), 2
+    saved = await store.save(saved)
+    loaded = await store.load("s-1")
+    assert loaded is not None
+    assert loaded.messages == [*msgs(0, 1), *msgs(2, 3, edited=True)]
+    assert (loaded.messages_from, loaded.window) == (0, 0)
+    # A shorter tail deletes what was stored after it.
+    saved.messages, saved.messages_from = msgs(9), 1
+    await store.save(saved)
+    assert await store.messages("s-1") == [(0, {"n": 0}), (1, {"n": 9})]
+
+
+async def test_a_load_reads_the_messages_from_the_window_on(store: SessionStore) -> None:
+    await store.save(SessionRecord(id="s-1", messages=msgs(*range(6)), window=4))
+    loaded = await store.load("s-1")
+    assert loaded is not None
+    assert (loaded.window, loaded.messages_from, loaded.messages) == (4, 4, msgs(4, 5))
+    # The whole history is still there, in pages, newest first or before a position.
+    assert await store.messages("s-1", limit=2) == [(4, {"n": 4}), (5, {"n": 5})]
+    assert await store.messages("s-1", before=4, limit=3) == [
+        (1, {"n": 1}),
+        (2, {"n": 2}),
+        (3, {"n": 3}),
+    ]
+    assert await store.messages("s-1", before=1, limit=10) == [(0, {"n": 0})]
+    assert await store.messages("s-1", before=0) == []
+    assert await store.messages("s-1", limit=0) == []
+    assert await store.messages("unknown") == []
+    with pytest.raises(ValueError, match="0 or more"):
+        await store.messages("s-1", before=-1)
+
+
+async def test_a_save_that_would_leave_a_gap_writes_nothing(store: SessionStore) -> None:
+    saved = await store.save(SessionRecord(id="s-1", data={"a": 1}, messages=msgs(0, 1)))
+    saved.data, saved.messages, saved.messages_from = {"a": 2}, msgs(3), 3
+    with pytest.raises(ValueError, match="gap"):
+        await store.save(saved)
+    loaded = await store.load("s-1")
+    assert loaded is not None and (loaded.version, loaded.data) == (1, {"a": 1})
+    assert loaded.messages == msgs(0, 1)
+    with pytest.raises(ValueError, match="window"):
+        await store.save(SessionRecord(id="s-2", messages=msgs(0), window=2))
+    assert await store.load("s-2") is None
+
+
+async def test_a_save_that_loses_the_compare_and_swap_writes_no_message(
+    store: SessionStore,
+) -> None:
+    await store.save(SessionRecord(id="s-1", messages=msgs(0)))
+    stale = SessionRecord(id="s-1", version=0, messages=msgs(7, 8))
+    with pytest.raises(ConflictError):
+        await store.save(stale)
+    mine = await store.load("s-1")
+    assert mine is not None
+    await store.save(SessionRecord(id="s-1", version=1, messages=msgs(1), messages_from=1))
+    mine.messages, mine.messages_from = msgs(5), 0  # loaded at version 1: stale now
+    with pytest.raises(ConflictError):
+        await store.save(mine)
+    assert await store.messages("s-1") == [(0, {"n": 0}), (1, {"n": 1})]
+
+
+async def test_a_message_that_is_not_json_is_refused_before_anything_is_written(
+    store: SessionStore,
+) -> None:
+    with pytest.raises(StoreError, match="message is not JSON-compatible"):
+        await store.save(SessionRecord(id="s-1", messages=[{"n": math.nan}]))
+    assert await store.load("s-1") is None
+
+
+async def test_delete_takes_the_messages_with_the_session(store: SessionStore) -> None:
+    await store.save(SessionRecord(id="s-1", messages=msgs(0, 1)))
+    assert await store.delete("s-1")
+    assert await store.messages("s-1") == []
+    saved = await store.save(SessionRecord(id="s-1", messages=msgs(5)))  # made afresh
+    assert saved.version == 1 and await store.messages("s-1") == [(0, {"n": 5})]
+
+
+async def test_an_export_holds_the_whole_history_and_imports_with_its_window(
+    store: SessionStore,
+) -> None:
+    await store.save(SessionRecord(id="s-1", data={"d": 1}, messages=msgs(0, 1, 2), window=2))
+    document = json.loads(await store.export("s-1"))
+    assert document["messages"] == msgs(0, 1, 2)  # those before the window too
+    assert document["session"]["window"] == 2
+    assert await store.delete("s-1")
+    imported = await store.import_(json.dumps(document))
+    assert imported.window == 2
+    loaded = await store.load("s-1")
+    assert loaded is not None and (loaded.messages_from, loaded.messages) == (2, msgs(2))
+    assert await store.messages("s-1") == [(0, {"n": 0}), (1, {"n": 1}), (2, {"n": 2})]
+    # An import over it replaces the history too.
+    document["messages"] = msgs(7)
+    document["session"]["window"] = 0
+    await store.import_(json.dumps(document), overwrite=True)
+    assert await store.messages("s-1") == [(0, {"n": 7})]

@@ -130,7 +130,7 @@ async def test_a_version_1_schema_is_migrated_and_keeps_its_sessions(fresh_schem
         cursor = await connection.execute(
             f"SELECT version FROM {s}.handrail_schema_version ORDER BY version"
         )
-        assert await cursor.fetchall() == [(1,), (2,)]
+        assert await cursor.fetchall() == [(1,), (2,), (3,)]
 
 
 async def test_a_schema_from_a_newer_handrail_is_refused(fresh_schema: str) -> None:

@@ -222,7 +222,7 @@ async def test_a_version_1_database_is_migrated_and_keeps_its_sessions(
         assert await store.append_events("s-1", [{"type": "run-started"}]) == 1
     with raw(tmp_path / "s.db") as db:
         rows = db.execute("SELECT version, applied_at FROM handrail_schema_version").fetchall()
-    assert rows == [(1, 0.0), (2, clock.now)]
+    assert rows == [(1, 0.0), (2, clock.now), (3, clock.now)]
 
 
 async def test_a_database_from_a_newer_handrail_is_refused_untouched(tmp_path: Path) -> None:

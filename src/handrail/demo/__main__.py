@@ -526,7 +526,8 @@ def _summary(transcript: Transcript, result: AgentResult[Any], *, refunds: int) 
         f"{len(transcript.seen)} ({transcript.waiting} asked for approval)",
     )
     table.add_row("model calls", str(result.state.usage.requests))
-    table.add_row("session", f"{len(result.state.messages)} messages")
+    conversation = [m for m in result.state.messages if not m.scratch]
+    table.add_row("session", f"{len(conversation)} messages")
     table.add_row("refunds made", str(refunds))
     return Panel(table, title=f"Summary · {result.outcome}", title_align="left", expand=False)
 

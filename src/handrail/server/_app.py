@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic_core
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -23,7 +23,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..engine import Engine
-from ..exceptions import SessionNotFoundError
+from ..exceptions import SessionCorruptError, SessionNotFoundError
+from ..messages import MESSAGES
 from ..state import RunState
 from ..store import SessionRecord
 from ..worker import Worker
@@ -37,6 +38,8 @@ from ._bodies import (
     EventsQuery,
     InterruptBody,
     ListQuery,
+    MessagesBody,
+    MessagesQuery,
     ResolutionBody,
     ResolveBody,
     SessionBody,
@@ -295,6 +298,9 @@ class _Api:
             Operation("GET", session, self.read_session,
                       "Read a session: its messages, pending cards and status",
                       response=SessionBody, errors=(404,)),
+            Operation("GET", f"{session}/messages", self.read_messages,
+                      "Read a page of the session's history, its earliest messages too",
+                      query=MessagesQuery, response=MessagesBody, errors=(404, 422)),
             Operation("DELETE", session, self.delete_session,
                       "Delete a session with its logs", status=204, errors=(404, 409)),
             Operation("GET", f"{session}/export", self.export_session,
@@ -391,6 +397,7 @@ class _Api:
         return SessionBody(
             **self._summary(record).model_dump(),
             messages=state.messages,
+            first=state.base,
             pending=list(state.pending.values()),
             scratch=state.scratch,
         )
@@ -412,7 +419,9 @@ class _Api:
         session_id = self.engine.runtime.ids("session")
         state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
         await self.store.save(
-            SessionRecord(id=session_id, org_id=org_id, user_id=user_id, data=state.dump())
+            SessionRecord(
+                id=session_id, org_id=org_id, user_id=user_id, data=state.dump(messages=False)
+            )
         )
         return _json(await self._view(session_id, state), 201)
 
@@ -433,6 +442,23 @@ class _Api:
         """`GET /sessions/{id}`: messages, pending cards, status."""
         _, session_id, state = await self._session(request)
         return _json(await self._view(session_id, state))
+
+    async def read_messages(self, request: Request) -> Response:
+        """`GET /sessions/{id}/messages`: a page of the history, oldest first."""
+        _, session_id = await self._owned(request)
+        query = self._query(request, MessagesQuery)
+        rows = await self.store.messages(session_id, before=query.before, limit=query.limit)
+        try:
+            messages = MESSAGES.validate_python([message for _, message in rows])
+        except ValidationError as exc:
+            raise SessionCorruptError(
+                f"Session {session_id!r}: a stored message cannot be read ({exc.error_count()} "
+                f"error(s)). The row is left untouched; restore the session from an export, or "
+                f"DELETE the session.",
+                session_id=session_id,
+            ) from None
+        # An empty page has nothing before it: the history is empty, or `before` is 0.
+        return _json(MessagesBody(messages=messages, first=rows[0][0] if rows else 0))
 
     async def delete_session(self, request: Request) -> Response:
         """`DELETE /sessions/{id}`: the session, its logs and its lease."""

@@ -18,6 +18,8 @@ __all__ = [
     "ErrorBody",
     "EventsQuery",
     "ListQuery",
+    "MessagesBody",
+    "MessagesQuery",
     "ResolutionBody",
     "ResolveBody",
     "ResolveItem",
@@ -95,6 +97,18 @@ class EventsQuery(_Strict):
     )
 
 
+class MessagesQuery(_Strict):
+    """A page of a session's history."""
+
+    before: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_NUMBER,
+        description="Only messages before this position (default: the newest).",
+    )
+    limit: int = Field(50, ge=1, le=500, description="At most this many, the latest.")
+
+
 # -- responses ------------------------------------------------------------------------------
 
 
@@ -117,12 +131,30 @@ class SessionsBody(BaseModel):
 class SessionBody(SessionSummaryBody):
     """A session: its conversation and the calls waiting for a decision."""
 
-    messages: list[Message]
+    messages: list[Message] = Field(
+        description="The conversation as a turn reads it: the whole history, or, when a "
+        "compaction summary covers its start, the messages after it (from position `first`)."
+    )
+    first: int = Field(
+        0,
+        description="The position in the history of `messages[0]`: earlier messages are read "
+        "with `GET /sessions/{id}/messages?before=<first>`.",
+    )
     pending: list[ApprovalCardPart] = Field(description="The cards waiting for a decision.")
     scratch: dict[str, list[Message]] = Field(
         default_factory=dict,
         description="This turn's messages kept out of the conversation, by agent (the "
         "supervisor's, and those of agents with `scratch=True`): their tool calls and notes.",
+    )
+
+
+class MessagesBody(BaseModel):
+    """A page of a session's history, oldest first."""
+
+    messages: list[Message]
+    first: int = Field(
+        description="The position in the history of `messages[0]` (0 for an empty page): the "
+        "page before this one is `?before=<first>`, and there is none before 0."
     )
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..events import EVENT, Event
-from ..messages import ApprovalCardPart, Message, TextPart
+from ..messages import ApprovalCardPart
 from ..state import RunState
 from ..suspension import Decision
 from ._auth import Caller
@@ -89,7 +89,7 @@ async def chat_state(api: _Api, caller: Caller, session_id: str) -> RunState | N
 
 def new_user_text(texts: Sequence[str], state: RunState | None) -> str:
     """The last of the client's user messages (`texts`) that the session has not seen."""
-    seen = 0 if state is None else sum(1 for m in state.messages if _from_user(m))
+    seen = 0 if state is None else state.turn  # one a user message, however long the history
     if len(texts) <= seen:
         raise ChatRefusal(
             "no_new_message",
@@ -99,15 +99,6 @@ def new_user_text(texts: Sequence[str], state: RunState | None) -> str:
     if not text.strip():
         raise ChatRefusal("empty_message", "The last user message has no text.")
     return text
-
-
-def _from_user(message: Message) -> bool:
-    """A message the user wrote (not a synthetic note, such as a hand-over)."""
-    if message.role != "user":
-        return False
-    return not all(isinstance(p, TextPart) and p.synthetic for p in message.parts) or not (
-        message.parts
-    )
 
 
 def amendment(card: ApprovalCardPart, edited: Any, *, field: str) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """What every session store shares: the records it keeps and the `SessionStore` protocol.
 
-A store is deliberately ignorant of what a session contains: it keeps one opaque JSON
-document a session (`SessionRecord.data`) next to the metadata it can index and query (scope,
-status, times), a log of tool calls for crash recovery, leases so that one worker at a time
-drives a session, an event log that a client reconnecting to a run reads from, and a wake-up
-channel between workers.
+A store is deliberately ignorant of what a session contains: it keeps one small opaque JSON
+document a session (`SessionRecord.data`, what changes from step to step) and the session's
+messages apart, one row a message by position (`SessionRecord.messages`), so that a save
+writes what changed and a load reads what a turn needs, however long the history. Next to
+them: the metadata it can index and query (scope, status, times), a log of tool calls for
+crash recovery, leases so that one worker at a time drives a session, an event log that a
+client reconnecting to a run reads from, and a wake-up channel between workers.
 """
 
 from __future__ import annotations
@@ -82,6 +84,19 @@ class SessionRecord(SessionSummary):
     data: dict[str, Any] = field(default_factory=dict)
     """The session document: JSON-compatible values only (dicts with string keys, lists,
     strings, finite numbers, booleans and `None`). The store never looks inside."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """Messages of the session from position `messages_from` on, one JSON-compatible dict a
+    message (the store never looks inside them either).
+
+    Loaded: those from `window` to the last one. Saved: they replace the stored messages from
+    `messages_from` on (those before are kept as stored, any stored after them are deleted),
+    so a save writes only what changed."""
+    messages_from: int = 0
+    """The position of `messages[0]` in the session's history (0: its first message)."""
+    window: int = 0
+    """Where `load` starts reading messages: the messages before it are not needed to drive
+    the session (a summary in `data` stands for them). Saved with the record; the history
+    before it is still stored, and read with `SessionStore.messages`."""
 
     def summary(self) -> SessionSummary:
         """The record without its document."""
@@ -135,6 +150,8 @@ class SessionStore(Protocol):
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None` if there is none.
 
+        Its `messages` are those from its `window` on (`messages_from` is the window).
+
         Raises:
             StoreError: the stored document cannot be read (the message names the session).
         """
@@ -153,7 +170,8 @@ class SessionStore(Protocol):
 
         Compare-and-swap: the save succeeds only if the stored version equals
         `record.version` (0: the session must not exist yet). Nothing else is compared, so a
-        lost update is impossible.
+        lost update is impossible. The document, the messages from `record.messages_from` on
+        and the metadata are written in one transaction: all of them, or nothing.
 
         Returns:
             A copy of `record` with `version` one higher and `updated_at` (and, on the first
@@ -162,7 +180,25 @@ class SessionStore(Protocol):
         Raises:
             ConflictError: someone else saved (or deleted) the session first; nothing was
                 written.
-            StoreError: `record.data` is not JSON-compatible, or the store failed.
+            StoreError: `record.data` or a message is not JSON-compatible, or the store failed.
+            ValueError: `record.messages_from` is past the stored messages (it would leave a
+                gap), or `record.window` past the saved ones.
+        """
+        ...
+
+    async def messages(
+        self, session_id: str, *, before: int | None = None, limit: int = 100
+    ) -> builtins.list[tuple[int, dict[str, Any]]]:
+        """A page of the session's stored history: `(position, message)` pairs, oldest first.
+
+        The page holds the last `limit` messages before position `before` (the newest ones
+        when `before` is None): read the page before it with `before=` its first position. A
+        range `[a, b)` is `before=b, limit=b - a`. Every stored message is there, those before
+        the record's `window` too. An unknown session has none.
+
+        Raises:
+            ValueError: `before` or `limit` is negative.
+            StoreError: a stored message cannot be read (the message names the session).
         """
         ...
 

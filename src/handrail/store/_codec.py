@@ -17,11 +17,13 @@ from typing import Any
 from ..exceptions import SessionCorruptError, StoreError
 from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
 
-EXPORT_SCHEMA_VERSION = 2
+EXPORT_SCHEMA_VERSION = 3
 """The version of the `export` document. One line a bump:
 
 1: `{"schema_version", "kind", "session": {metadata..., "data"}, "tool_log": [entries...]}`.
 2: adds `"events": [{"seq", "event"}...]`, the event log (a version 1 document has none).
+3: adds `"messages": [...]`, the whole history in order, and the session's `"window"` (in
+   versions 1 and 2 the messages are inside `data`, a session state of schema 1).
 """
 
 INCARNATION = 12
@@ -123,6 +125,48 @@ def check_record(record: SessionRecord) -> None:
         raise ValueError(f"Session {record.id!r}: version must be 0 or more")
     if record.expires_at is not None and not math.isfinite(record.expires_at):
         raise ValueError(f"Session {record.id!r}: expires_at must be a finite number or None")
+    check_messages(record)
+
+
+def check_messages(record: SessionRecord, stored: int | None = None) -> None:
+    """Refuse messages no store could keep in place: a gap after the stored ones, a bad window.
+
+    Args:
+        record: the record to save.
+        stored: how many messages the store holds for the session (None: not known yet).
+    """
+    start, window = record.messages_from, record.window
+    for name, value in (("messages_from", start), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"Session {record.id!r}: {name} must be an int, 0 or more")
+    if not isinstance(record.messages, list):
+        raise ValueError(f"Session {record.id!r}: messages must be a list of dicts")
+    if stored is not None and start > stored:
+        raise ValueError(
+            f"Session {record.id!r}: messages_from={start} would leave a gap after the "
+            f"{stored} stored message(s); save from position {stored} or earlier."
+        )
+    if window > start + len(record.messages):
+        raise ValueError(
+            f"Session {record.id!r}: window={window} is past the last message saved "
+            f"({start + len(record.messages)})."
+        )
+
+
+def check_messages_page(before: int | None, limit: int) -> None:
+    """Refuse a negative position or page size."""
+    if (before is not None and before < 0) or limit < 0:
+        raise ValueError(f"before and limit must be 0 or more, not {before} and {limit}")
+
+
+def encode_messages(session_id: str, messages: list[dict[str, Any]]) -> list[str]:
+    """Each message as JSON text; a `StoreError` before anything is stored if one is not JSON."""
+    return [encode(session_id, message, what="message") for message in messages]
+
+
+def decode_message(session_id: str, position: int, text: str | bytes) -> dict[str, Any]:
+    """A stored message back as a dict; a `StoreError` naming the session if it is corrupt."""
+    return decode(session_id, text, what=f"message {position}")
 
 
 def check_page(limit: int, offset: int) -> None:
@@ -172,8 +216,13 @@ def not_started_error(session_id: str, tool_call_id: str) -> StoreError:
     )
 
 
-def export_document(record: SessionRecord, log: list[ToolLogEntry], events: LoggedEvents) -> str:
-    """The `export` document of a session, its tool-call log and its event log."""
+def export_document(
+    record: SessionRecord,
+    log: list[ToolLogEntry],
+    events: LoggedEvents,
+    messages: list[dict[str, Any]],
+) -> str:
+    """The `export` document of a session, its whole history, its tool-call and event logs."""
     session: dict[str, Any] = {
         "id": record.id,
         "org_id": record.org_id,
@@ -183,6 +232,7 @@ def export_document(record: SessionRecord, log: list[ToolLogEntry], events: Logg
         "created_at": record.created_at,
         "updated_at": record.updated_at,
         "expires_at": record.expires_at,
+        "window": record.window,
         "data": record.data,
     }
     entries = [
@@ -202,6 +252,7 @@ def export_document(record: SessionRecord, log: list[ToolLogEntry], events: Logg
         "schema_version": EXPORT_SCHEMA_VERSION,
         "kind": EXPORT_KIND,
         "session": session,
+        "messages": messages,
         "tool_log": entries,
         "events": [{"seq": seq, "event": event} for seq, event in events],
     }
@@ -229,6 +280,10 @@ def parse_export(document: str) -> tuple[SessionRecord, list[ToolLogEntry], Logg
         )
     try:
         record, log = _session(parsed["session"]), [_entry(e) for e in parsed["tool_log"]]
+        if version >= 3:
+            record.messages = [_message(m) for m in parsed["messages"]]
+            record.window = _typed(parsed["session"], "window", int)
+            check_messages(record, 0)
         if len({e.tool_call_id for e in log}) != len(log):
             raise ValueError("a tool_call_id appears twice in tool_log")
         events = [_event(e) for e in parsed["events"]] if version >= 2 else []
@@ -278,6 +333,12 @@ def _entry(fields: dict[str, Any]) -> ToolLogEntry:
     )
 
 
+def _message(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"a message is {value!r}")
+    return value
+
+
 def _event(fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     seq = _typed(fields, "seq", int)
     if seq < 1:
@@ -324,9 +385,9 @@ def summary_from_row(row: Sequence[Any]) -> SessionSummary:
 
 
 def record_from_row(row: Sequence[Any]) -> SessionRecord:
-    """A record from the summary's columns followed by the document's JSON text."""
+    """A record from the summary's columns, the document's JSON text and the window."""
     fields = dict(zip(_SUMMARY_COLUMNS, row, strict=False))
-    return SessionRecord(**fields, data=decode(row[0], row[8]))
+    return SessionRecord(**fields, data=decode(row[0], row[8]), window=row[9], messages_from=row[9])
 
 
 def log_entry_from_row(session_id: str, row: Sequence[Any]) -> ToolLogEntry:

@@ -12,7 +12,7 @@ import bisect
 import builtins
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
@@ -21,14 +21,18 @@ from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogE
 from ._codec import (
     LoggedEvents,
     check_events_page,
+    check_messages,
+    check_messages_page,
     check_page,
     check_record,
     check_status,
     check_ttl,
     decode,
     decode_event,
+    decode_message,
     encode,
     encode_events,
+    encode_messages,
     exists_error,
     export_document,
     not_started_error,
@@ -47,6 +51,8 @@ __all__ = ["MemoryStore"]
 class _Session:
     summary: SessionSummary
     data: str
+    window: int = 0
+    messages: builtins.list[str] = field(default_factory=builtins.list)  # JSON text, in order
 
 
 @dataclass(kw_only=True, slots=True)
@@ -117,6 +123,12 @@ class MemoryStore:
             updated_at=s.updated_at,
             expires_at=s.expires_at,
             data=decode(session_id, stored.data),
+            messages=[
+                decode_message(session_id, position, stored.messages[position])
+                for position in range(stored.window, len(stored.messages))
+            ],
+            messages_from=stored.window,
+            window=stored.window,
         )
 
     async def save(self, record: SessionRecord) -> SessionRecord:
@@ -124,10 +136,15 @@ class MemoryStore:
         self._check_open()
         check_record(record)
         text = encode(record.id, record.data)
+        texts = encode_messages(record.id, record.messages)
         stored = self._sessions.get(record.id)
         actual = None if stored is None else stored.summary.version
         if actual != record.version and not (actual is None and record.version == 0):
             raise ConflictError(record.id, expected=record.version, actual=actual)
+        history = [] if stored is None else stored.messages
+        check_messages(record, len(history))
+        del history[record.messages_from :]  # what the save replaces; the rest is kept
+        history.extend(texts)
         now = self.clock()
         saved = stamped(
             record,
@@ -135,8 +152,25 @@ class MemoryStore:
             created_at=now if stored is None else stored.summary.created_at,
             updated_at=now,
         )
-        self._sessions[record.id] = _Session(summary=saved.summary(), data=text)
+        self._sessions[record.id] = _Session(
+            summary=saved.summary(), data=text, window=record.window, messages=history
+        )
         return saved
+
+    async def messages(
+        self, session_id: str, *, before: int | None = None, limit: int = 100
+    ) -> builtins.list[tuple[int, dict[str, Any]]]:
+        """A page of the stored history, oldest first; see `SessionStore.messages`."""
+        self._check_open()
+        check_messages_page(before, limit)
+        stored = self._sessions.get(session_id)
+        history = [] if stored is None else stored.messages
+        stop = len(history) if before is None else min(before, len(history))
+        start = max(stop - limit, 0)
+        return [
+            (position, decode_message(session_id, position, history[position]))
+            for position in range(start, stop)
+        ]
 
     async def list(
         self,
@@ -210,7 +244,10 @@ class MemoryStore:
         if record is None:
             raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
         events = await self.events(session_id, limit=len(self._events.get(session_id, ())))
-        return export_document(record, await self.tool_log(session_id), events)
+        history = await self.messages(session_id, limit=len(self._sessions[session_id].messages))
+        return export_document(
+            record, await self.tool_log(session_id), events, [m for _, m in history]
+        )
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
         """Store an exported session with its logs; see `SessionStore.import_`."""
@@ -223,7 +260,10 @@ class MemoryStore:
                 raise exists_error(record.id, stored.summary.version)
             record.version = max(record.version, stored.summary.version) + 1
         self._sessions[record.id] = _Session(
-            summary=record.summary(), data=encode(record.id, record.data)
+            summary=record.summary(),
+            data=encode(record.id, record.data),
+            window=record.window,
+            messages=encode_messages(record.id, record.messages),
         )
         self._logs[record.id] = {
             e.tool_call_id: _Logged(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import re
@@ -33,13 +34,17 @@ from ._codec import (
     INCARNATION,
     LoggedEvents,
     check_events_page,
+    check_messages,
+    check_messages_page,
     check_page,
     check_record,
     check_status,
     check_ttl,
     decode_event,
+    decode_message,
     encode,
     encode_events,
+    encode_messages,
     exists_error,
     export_document,
     log_entry_from_row,
@@ -56,11 +61,12 @@ _log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases.
 2: the event log, `handrail_events`.
+3: messages apart, one row a message (`handrail_messages`), and the sessions' `window_start`.
 """
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,53}")  # 54: "handrail_" + it fits in 63
@@ -120,6 +126,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             event json NOT NULL,
             PRIMARY KEY (session_id, seq)
         )""",
+    ),
+    3: (
+        """CREATE TABLE {s}.handrail_messages (
+            session_id text NOT NULL,
+            position bigint NOT NULL CHECK (position >= 0),
+            message json NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )""",
+        "ALTER TABLE {s}.handrail_sessions ADD COLUMN window_start bigint NOT NULL DEFAULT 0",
     ),
 }
 
@@ -359,12 +374,49 @@ class PostgresStore:
 
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
+        # One statement, so one snapshot: the document and the messages of the same save.
         rows = await self._fetch(
-            f"SELECT {_SUMMARY}, data::text FROM {self._s}.handrail_sessions WHERE id = %(id)s",
+            f"""SELECT {_SUMMARY}, data::text, window_start,
+                (SELECT array_agg(m.message::text ORDER BY m.position)
+                    FROM {self._s}.handrail_messages m
+                    WHERE m.session_id = s.id AND m.position >= s.window_start)
+            FROM {self._s}.handrail_sessions s WHERE id = %(id)s""",
             {"id": session_id},
             session_id,
         )
-        return record_from_row(rows[0]) if rows else None
+        if not rows:
+            return None
+        record = record_from_row(rows[0])
+        record.messages = [
+            decode_message(session_id, position, text)
+            for position, text in enumerate(rows[0][10] or (), record.window)
+        ]
+        return record
+
+    async def messages(
+        self, session_id: str, *, before: int | None = None, limit: int = 100
+    ) -> builtins.list[tuple[int, dict[str, Any]]]:
+        """A page of the stored history, oldest first; see `SessionStore.messages`."""
+        check_messages_page(before, limit)
+        async with self._connection(session_id) as connection:
+            return await self._read_messages(connection, session_id, before, limit)
+
+    async def _read_messages(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        session_id: str,
+        before: int | None,
+        limit: int | None,
+    ) -> builtins.list[tuple[int, dict[str, Any]]]:
+        cursor = await connection.execute(
+            f"""SELECT position, message::text FROM {self._s}.handrail_messages
+            WHERE session_id = %(id)s AND (%(before)s::bigint IS NULL OR position < %(before)s)
+            ORDER BY position DESC LIMIT %(limit)s""",
+            {"id": session_id, "before": before, "limit": limit},
+        )
+        rows = await cursor.fetchall()
+        rows.reverse()
+        return [(position, decode_message(session_id, position, text)) for position, text in rows]
 
     async def save(self, record: SessionRecord) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`.
@@ -381,33 +433,60 @@ class PostgresStore:
             "status": record.status,
             "expires_at": record.expires_at,
             "data": encode(record.id, record.data),
+            "window": record.window,
             "version": record.version,
             "now": self._now(),
+            "start": record.messages_from,
+            "messages": encode_messages(record.id, record.messages),
         }
+        s = self._s
         if record.version == 0:
-            query = f"""INSERT INTO {self._s}.handrail_sessions ({_SUMMARY}, data)
+            query = f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
                 VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, 1, {_NOW}, {_NOW},
-                        %(expires_at)s, %(data)s::json)
+                        %(expires_at)s, %(data)s::json, %(window)s)
                 ON CONFLICT (id) DO NOTHING
                 RETURNING created_at, updated_at"""
         else:
-            query = f"""UPDATE {self._s}.handrail_sessions
+            query = f"""UPDATE {s}.handrail_sessions
                 SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
                     version = version + 1, updated_at = {_NOW}, expires_at = %(expires_at)s,
-                    data = %(data)s::json
+                    data = %(data)s::json, window_start = %(window)s
                 WHERE id = %(id)s AND version = %(version)s
                 RETURNING created_at, updated_at"""
         # The copy is made before the await: the caller may change `record` meanwhile.
         saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
-        async with self._connection(saved.id) as connection:
+        checked = dataclasses.replace(saved, messages=record.messages[:])
+        async with self._connection(saved.id) as connection, connection.transaction():
+            # The row lock the UPDATE takes keeps other saves off the messages until commit.
             row = await (await connection.execute(query, params)).fetchone()
             if row is None:
                 cursor = await connection.execute(
-                    f"SELECT version FROM {self._s}.handrail_sessions WHERE id = %(id)s", params
+                    f"SELECT version FROM {s}.handrail_sessions WHERE id = %(id)s", params
                 )
                 found = await cursor.fetchone()
                 raise ConflictError(
                     saved.id, expected=saved.version - 1, actual=None if found is None else found[0]
+                )
+            cursor = await connection.execute(
+                f"""SELECT COALESCE(MAX(position) + 1, 0) FROM {s}.handrail_messages
+                WHERE session_id = %(id)s""",
+                params,
+            )
+            counted = await cursor.fetchone()
+            stored = counted[0] if counted else 0
+            check_messages(checked, stored)
+            if stored > record.messages_from:  # what the save replaces
+                await connection.execute(
+                    f"""DELETE FROM {s}.handrail_messages
+                    WHERE session_id = %(id)s AND position >= %(start)s""",
+                    params,
+                )
+            if record.messages:
+                await connection.execute(
+                    f"""INSERT INTO {s}.handrail_messages (session_id, position, message)
+                    SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
+                    FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
+                    params,
                 )
         saved.created_at, saved.updated_at = row
         return saved
@@ -499,7 +578,8 @@ class PostgresStore:
         rows = await self._fetch(
             f"""WITH log AS (DELETE FROM {self._s}.handrail_tool_log WHERE session_id = %(id)s),
                 events AS (DELETE FROM {self._s}.handrail_events WHERE session_id = %(id)s),
-                lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s)
+                lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s),
+                messages AS (DELETE FROM {self._s}.handrail_messages WHERE session_id = %(id)s)
             DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1""",
             {"id": session_id},
             session_id,
@@ -513,15 +593,17 @@ class PostgresStore:
             # One snapshot for the session and its logs.
             await connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cursor = await connection.execute(
-                f"SELECT {_SUMMARY}, data::text FROM {self._s}.handrail_sessions WHERE id = %(id)s",
+                f"""SELECT {_SUMMARY}, data::text, window_start FROM {self._s}.handrail_sessions
+                WHERE id = %(id)s""",
                 params,
             )
             row = await cursor.fetchone()
             log = await self._read_log(connection, session_id) if row else []
             events = await self._read_events(connection, session_id, 0, None) if row else []
+            history = await self._read_messages(connection, session_id, None, None) if row else []
         if row is None:
             raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
-        return export_document(record_from_row(row), log, events)
+        return export_document(record_from_row(row), log, events, [m for _, m in history])
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
         """Store an exported session with its logs, in one transaction; see `import_`."""
@@ -538,6 +620,9 @@ class PostgresStore:
             "updated_at": record.updated_at,
             "expires_at": record.expires_at,
             "data": encode(session_id, record.data),
+            "window": record.window,
+            "start": 0,
+            "messages": encode_messages(session_id, record.messages),
         }
         entries = [
             {
@@ -570,7 +655,7 @@ class PostgresStore:
                         SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
                             version = %(version)s, created_at = %(created_at)s,
                             updated_at = %(updated_at)s, expires_at = %(expires_at)s,
-                            data = %(data)s::json
+                            data = %(data)s::json, window_start = %(window)s
                         WHERE id = %(id)s""",
                         params,
                     )
@@ -582,15 +667,27 @@ class PostgresStore:
                     )
                     break
                 cursor = await connection.execute(
-                    f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data)
+                    f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
                     VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, %(version)s,
-                            %(created_at)s, %(updated_at)s, %(expires_at)s, %(data)s::json)
+                            %(created_at)s, %(updated_at)s, %(expires_at)s, %(data)s::json,
+                            %(window)s)
                     ON CONFLICT (id) DO NOTHING""",
                     params,
                 )
                 if cursor.rowcount:
                     break
                 # Created meanwhile by someone else: the next SELECT ... FOR UPDATE sees it.
+            # (Always: no message of an earlier session of this id can be left.)
+            await connection.execute(
+                f"DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s", params
+            )
+            if record.messages:
+                await connection.execute(
+                    f"""INSERT INTO {s}.handrail_messages (session_id, position, message)
+                    SELECT %(id)s, m.ordinality - 1, m.message::json
+                    FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
+                    params,
+                )
             if entries:
                 async with connection.cursor() as cursor:
                     await cursor.executemany(

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -28,13 +29,17 @@ from ._codec import (
     INCARNATION,
     LoggedEvents,
     check_events_page,
+    check_messages,
+    check_messages_page,
     check_page,
     check_record,
     check_status,
     check_ttl,
     decode_event,
+    decode_message,
     encode,
     encode_events,
+    encode_messages,
     exists_error,
     export_document,
     log_entry_from_row,
@@ -51,11 +56,12 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases, wake-ups.
 2: the event log, `handrail_events`.
+3: messages apart, one row a message (`handrail_messages`), and the sessions' `window_start`.
 """
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -118,17 +124,29 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (session_id, seq)
         ) WITHOUT ROWID""",
     ),
+    3: (
+        """CREATE TABLE handrail_messages (
+            session_id TEXT NOT NULL,
+            position INTEGER NOT NULL CHECK (position >= 0),
+            message TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        ) WITHOUT ROWID""",
+        "ALTER TABLE handrail_sessions ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
+    ),
 }
 
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
 _LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
-_INSERT = f"""INSERT INTO handrail_sessions ({_SUMMARY}, data) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?)
+_INSERT = f"""INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start)
+    VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO NOTHING"""
 _UPDATE = """UPDATE handrail_sessions
     SET org_id = ?, user_id = ?, status = ?, version = version + 1, updated_at = ?,
-        expires_at = ?, data = ?
+        expires_at = ?, data = ?, window_start = ?
     WHERE id = ? AND version = ?
     RETURNING created_at"""
+_COUNT = """SELECT COALESCE(MAX(position) + 1, 0) FROM handrail_messages WHERE session_id = ?"""
+_PUT = "INSERT INTO handrail_messages (session_id, position, message) VALUES (?, ?, ?)"
 _LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (?, ?, ?)
     ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
     WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
@@ -288,12 +306,29 @@ class SqliteStore:
         """The session as last saved, or `None`; see `SessionStore.load`."""
 
         def load(db: sqlite3.Connection) -> SessionRecord | None:
-            row = db.execute(
-                f"SELECT {_SUMMARY}, data FROM handrail_sessions WHERE id = ?", (session_id,)
-            ).fetchone()
-            return None if row is None else record_from_row(row)
+            with _transaction(db, "BEGIN"):  # one snapshot for the document and the messages
+                row = db.execute(
+                    f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
+                    (session_id,),
+                ).fetchone()
+                if row is None:
+                    return None
+                record = record_from_row(row)
+                record.messages = [
+                    m for _, m in _read_messages(db, session_id, record.window, None, -1)
+                ]
+            return record
 
         return await self._call(load, session_id)
+
+    async def messages(
+        self, session_id: str, *, before: int | None = None, limit: int = 100
+    ) -> builtins.list[tuple[int, dict[str, Any]]]:
+        """A page of the stored history, oldest first; see `SessionStore.messages`."""
+        check_messages_page(before, limit)
+        return await self._call(
+            lambda db: _read_messages(db, session_id, 0, before, limit), session_id
+        )
 
     async def save(self, record: SessionRecord) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
@@ -301,30 +336,47 @@ class SqliteStore:
         # Read everything from `record` here, on the loop: the caller may change it meanwhile.
         session_id, expected = record.id, record.version
         text = encode(session_id, record.data)
+        start, window = record.messages_from, record.window
+        rows = [
+            (session_id, position, message)
+            for position, message in enumerate(encode_messages(session_id, record.messages), start)
+        ]
+        checked = replace(record, messages=record.messages[:])  # for the gap check
         now = self.clock()
         scope = (record.org_id, record.user_id, record.status)
         expires_at = record.expires_at
 
         def save(db: sqlite3.Connection) -> float:
-            if expected == 0:
-                inserted = db.execute(
-                    _INSERT, (session_id, *scope, now, now, expires_at, text)
-                ).rowcount
-                if inserted:
-                    return now
-            else:
-                rows = db.execute(
-                    _UPDATE, (*scope, now, expires_at, text, session_id, expected)
-                ).fetchall()  # fetch all: a RETURNING statement is done only once drained
-                if rows:
-                    created_at: float = rows[0][0]
-                    return created_at
-            row = db.execute(
-                "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
-            ).fetchone()
-            raise ConflictError(
-                session_id, expected=expected, actual=None if row is None else row[0]
-            )
+            with _transaction(db):
+                created_at: float | None = None
+                if expected == 0:
+                    inserted = db.execute(
+                        _INSERT, (session_id, *scope, now, now, expires_at, text, window)
+                    ).rowcount
+                    if inserted:
+                        created_at = now
+                else:
+                    found = db.execute(
+                        _UPDATE, (*scope, now, expires_at, text, window, session_id, expected)
+                    ).fetchall()  # fetch all: a RETURNING statement is done only once drained
+                    if found:
+                        created_at = found[0][0]
+                if created_at is None:
+                    row = db.execute(
+                        "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
+                    ).fetchone()
+                    raise ConflictError(
+                        session_id, expected=expected, actual=None if row is None else row[0]
+                    )
+                stored: int = db.execute(_COUNT, (session_id,)).fetchone()[0]
+                check_messages(checked, stored)
+                if stored > start:  # what the save replaces
+                    db.execute(
+                        "DELETE FROM handrail_messages WHERE session_id = ? AND position >= ?",
+                        (session_id, start),
+                    )
+                db.executemany(_PUT, rows)
+                return created_at
 
         saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
         saved.created_at = await self._call(save, session_id)
@@ -405,6 +457,7 @@ class SqliteStore:
                 db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM handrail_leases WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
                 return bool(
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
                 )
@@ -417,7 +470,8 @@ class SqliteStore:
         def export(db: sqlite3.Connection) -> str | None:
             with _transaction(db, "BEGIN"):  # one snapshot for the session and its logs
                 row = db.execute(
-                    f"SELECT {_SUMMARY}, data FROM handrail_sessions WHERE id = ?", (session_id,)
+                    f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
+                    (session_id,),
                 ).fetchone()
                 if row is None:
                     return None
@@ -425,6 +479,7 @@ class SqliteStore:
                     record_from_row(row),
                     _read_log(db, session_id),
                     _read_events(db, session_id, after=0, limit=-1),
+                    [m for _, m in _read_messages(db, session_id, 0, None, -1)],
                 )
 
         document = await self._call(export, session_id)
@@ -438,6 +493,10 @@ class SqliteStore:
         texts = encode_events(record.id, [event for _, event in events])
         session_id = record.id
         text = encode(session_id, record.data)
+        messages = [
+            (session_id, position, message)
+            for position, message in enumerate(encode_messages(session_id, record.messages))
+        ]
         entries = [
             (
                 session_id,
@@ -466,9 +525,12 @@ class SqliteStore:
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
+                # (Always: no message of an earlier session of this id can be left.)
+                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
+                db.executemany(_PUT, messages)
                 db.execute(
-                    f"INSERT INTO handrail_sessions ({_SUMMARY}, data) "
-                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start) "
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         session_id,
                         record.org_id,
@@ -479,6 +541,7 @@ class SqliteStore:
                         record.updated_at,
                         record.expires_at,
                         text,
+                        record.window,
                     ),
                 )
                 db.executemany(
@@ -863,6 +926,22 @@ def _read_events(
         (session_id, after, limit),
     ).fetchall()
     return [(seq, decode_event(session_id, seq, text)) for seq, text in rows]
+
+
+def _read_messages(
+    db: sqlite3.Connection, session_id: str, start: int, before: int | None, limit: int
+) -> list[tuple[int, dict[str, Any]]]:
+    """Stored messages at `start` or after and before `before`: the last `limit` (-1: all)."""
+    rows = db.execute(
+        "SELECT position, message FROM handrail_messages WHERE session_id = ? AND position >= ? "
+        "AND position < ? ORDER BY position DESC LIMIT ?",
+        (session_id, start, _END if before is None else before, limit),
+    ).fetchall()
+    rows.reverse()
+    return [(position, decode_message(session_id, position, text)) for position, text in rows]
+
+
+_END = 2**62  # past any position
 
 
 def _nothing(db: sqlite3.Connection) -> None:

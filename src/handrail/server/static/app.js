@@ -16,6 +16,7 @@ const page = {
   sessionId: null,
   domain: null, // {agents: {name: agent}, tools: {name: tool}}
   session: null, // the last GET /sessions/{id}
+  history: { first: 0, messages: [] }, // the messages drawn, from position `first` on
   stream: null, // the AbortController of the open event stream
   poll: null,
 };
@@ -442,22 +443,77 @@ function decidedText(card) {
   return text;
 }
 
-/** Draw a session as the store has it: messages, this turn's scratch, pending cards. */
+const SHOWN = 100; // messages drawn when a session opens; earlier ones a page at a time
+const EARLIER = 50;
+
+const opensTurn = (m) => m.role === "user" && !m.parts.every((p) => p.type === "text" && p.synthetic);
+
+/** Draw a session as the store has it: its latest messages, this turn's scratch, its cards. */
 function renderSession(session) {
+  // The session holds what a turn reads (all of it, or what follows a compaction summary):
+  // its latest messages are drawn, and the whole history is there a page at a time.
+  const skip = Math.max(session.messages.length - SHOWN, 0);
+  page.history = { first: (session.first || 0) + skip, messages: session.messages.slice(skip) };
+  drawHistory(session);
+  renderCards(session.pending);
+  scrollDown();
+}
+
+function drawHistory(session) {
   $("transcript").replaceChildren();
-  const messages = session.messages;
+  const { first, messages } = page.history;
+  if (first > 0) {
+    $("transcript").append(
+      el(
+        "p",
+        { class: "line earlier" },
+        el("button", { type: "button", class: "earlier", text: `Show earlier messages (${first})`, onclick: showEarlier }),
+      ),
+    );
+  }
   let last = -1;
   messages.forEach((m, i) => {
-    if (m.role === "user" && !m.parts.every((p) => p.type === "text" && p.synthetic)) last = i;
+    if (opensTurn(m)) last = i;
   });
-  messages.slice(0, last + 1).forEach((m) => renderMessage(m));
+  // An earlier turn: the person's message, what its agents did out of the conversation
+  // (kept as `scratch` once the turn is over), then the answer.
+  let turn = [];
+  const flush = () => {
+    turn.filter((m) => m.scratch).forEach((m) => renderMessage(m));
+    turn.filter((m) => !m.scratch).forEach((m) => renderMessage(m));
+    turn = [];
+  };
+  for (const m of messages.slice(0, Math.max(last, 0))) {
+    if (opensTurn(m)) {
+      flush();
+      renderMessage(m);
+    } else turn.push(m);
+  }
+  flush();
+  // The latest turn: its scratch is still the session's.
+  if (last >= 0) renderMessage(messages[last]);
   for (const [agent, scratch] of Object.entries(session.scratch || {})) {
     for (const m of scratch) if (m.role !== "user") renderMessage(m, agent);
   }
   messages.slice(last + 1).forEach((m) => renderMessage(m));
-  $("empty").hidden = messages.length > 0;
-  renderCards(session.pending);
-  scrollDown();
+  $("empty").hidden = messages.length > 0 || first > 0;
+}
+
+/** Read the page of history before what is drawn, and draw it above. */
+async function showEarlier() {
+  const sessionId = page.sessionId;
+  const before = page.history.first;
+  let older;
+  try {
+    older = await api("GET", `/sessions/${encodeURIComponent(sessionId)}/messages?before=${before}&limit=${EARLIER}`);
+  } catch (error) {
+    say(error.message, true);
+    return;
+  }
+  if (page.sessionId !== sessionId || page.history.first !== before) return; // moved on meanwhile
+  page.history = { first: older.first, messages: [...older.messages, ...page.history.messages] };
+  drawHistory(page.session);
+  $("transcript").firstElementChild.scrollIntoView({ block: "start" });
 }
 
 // -- cards -----------------------------------------------------------------------------------
