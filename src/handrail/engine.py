@@ -58,7 +58,7 @@ from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._codec import INCARNATION
-from .suspension import Decision, card_event, decide, expire
+from .suspension import Decision, card_event, decidable, decide, expire
 from .tools import Permission, Tool
 from .tools._dispatch import Dispatcher, completed_event
 
@@ -829,11 +829,7 @@ class Engine:
                 else:
                     record, state = await self._load(session_id, decider.org_id, any_user=True)
                 now = self.runtime.clock()
-                progress = state.progress
-                agent = self.domain.by_name.get(progress.agent) if progress else None
-                tools = agent.tools if agent is not None else {}
-                if any(c.kind == "batch" for c in state.pending.values()):
-                    tools = self._tools()
+                tools = self._deciding_tools(state)
                 for tool_call_id, decision in decisions.items():
                     decide(
                         state,
@@ -855,6 +851,24 @@ class Engine:
             if resolution.ready:
                 await self.store.notify(session_id)  # a worker waiting on the store may resume
             return resolution
+
+    def decidable(self, state: RunState, decider: Decider) -> list[str]:
+        """The pending calls of `state` that `decider` may decide (`handrail.policy`).
+
+        What a server shows an approver: a session of their organisation is theirs to read
+        while it waits for a decision they may make.
+        """
+        if decider.org_id is not None and decider.org_id != state.org_id:
+            return []
+        return decidable(state, self._deciding_tools(state), decider, self.domain.policies)
+
+    def _deciding_tools(self, state: RunState) -> Mapping[str, Tool[Any]]:
+        """The tools a decision on `state` is checked against: the suspended agent's."""
+        if any(c.kind == "batch" for c in state.pending.values()):
+            return self._tools()
+        progress = state.progress
+        agent = self.domain.by_name.get(progress.agent) if progress else None
+        return agent.tools if agent is not None else {}
 
     async def expire_due(self) -> list[str]:
         """Expire every pending call past its deadline; return the sessions that changed.

@@ -40,7 +40,7 @@ from ._tool_result import ToolResult
 from .events import ApprovalRequired, ClientExecRequired, Event, InputRequired
 from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
 from .messages import ApprovalCardPart, CardApproval, DecisionKind, ToolCallPart
-from .policy import Decider, DecisionPolicy, check
+from .policy import Decider, DecisionPolicy, check, refusal
 from .tools._arguments import ArgumentsError
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ __all__ = [
     "Reject",
     "args_digest",
     "card_event",
+    "decidable",
     "decide",
     "expire",
     "placeholder",
@@ -322,6 +323,23 @@ def decide(
     elif isinstance(decision, ClientResult):
         output = decision.output if decision.error is None else {"error": decision.error}
     return _record(state, card, decision, now, amended, output)
+
+
+def decidable(
+    state: RunState,
+    tools: Mapping[str, Tool[Any]],
+    decider: Decider,
+    policies: Mapping[str, DecisionPolicy] | None = None,
+) -> list[str]:
+    """The pending calls `decider` may decide (reject, at least), by the same rules as `decide`."""
+    return [
+        tool_call_id
+        for tool_call_id, card in state.pending.items()
+        if all(
+            refusal(name, policy, decider, state.user_id, approving=False) is None
+            for name, policy in _rules(card, tools, policies or {})
+        )
+    ]
 
 
 def _rules(

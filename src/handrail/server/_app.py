@@ -309,9 +309,10 @@ class _Api:
                       "Stream the session's events (Server-Sent Events)", query=EventsQuery,
                       stream=True, errors=(404, 422)),
             Operation("POST", f"{session}/resolve", self.resolve,
-                      "Decide pending calls; once none is left, the turn resumes",
-                      body=ResolveBody, query=ClientQuery, response=ResolutionBody,
-                      errors=(404, 409, 413, 422)),
+                      "Decide pending calls (the caller's, or another's of its organisation "
+                      "that a decision policy lets it decide); once none is left, the turn "
+                      "resumes", body=ResolveBody, query=ClientQuery, response=ResolutionBody,
+                      errors=(403, 404, 409, 413, 422)),
             Operation("POST", f"{session}/interrupt", self.interrupt,
                       "Stop the session's running turn", status=202, response=InterruptBody,
                       errors=(404, 409)),
@@ -336,10 +337,20 @@ class _Api:
         return caller
 
     async def _session(self, request: Request) -> tuple[Caller, str, RunState]:
-        """The caller, and the session of the path if it is the caller's (else 404)."""
+        """The caller, and the session of the path if the caller may read it (else 404).
+
+        The caller's own sessions, and those of its organisation that wait for a decision
+        the caller may make (its decision policy lets the caller's roles decide it): an
+        approver reads what they approve, and nothing else.
+        """
         caller = await self._caller(request)
         session_id = _session_id(request)
-        state = await self.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
+        found = await self.store.summary(session_id)  # never the document: it may be unreadable
+        if found is None or found.org_id != caller.org_id:
+            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+        state = await self.engine.session(session_id, org_id=found.org_id, user_id=found.user_id)
+        if found.user_id != caller.user_id and not self.engine.decidable(state, caller.decider()):
+            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id, state
 
     async def _owned(self, request: Request) -> tuple[Caller, str]:
@@ -347,7 +358,7 @@ class _Api:
         caller = await self._caller(request)
         session_id = _session_id(request)
         found = await self.store.summary(session_id)  # never the document: it may be unreadable
-        if found is None or (found.org_id, found.user_id) != tuple(caller):
+        if found is None or (found.org_id, found.user_id) != caller.who:
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id
 
@@ -408,7 +419,7 @@ class _Api:
 
     async def create_session(self, request: Request) -> Response:
         """`POST /sessions`: a new, empty session of the caller's."""
-        org_id, user_id = await self._caller(request)
+        org_id, user_id = (await self._caller(request)).who
         session_id = self.engine.runtime.ids("session")
         state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
         await self.store.save(
@@ -418,7 +429,7 @@ class _Api:
 
     async def list_sessions(self, request: Request) -> Response:
         """`GET /sessions`: a page of the caller's sessions, most recently updated first."""
-        org_id, user_id = await self._caller(request)
+        org_id, user_id = (await self._caller(request)).who
         query = self._query(request, ListQuery)
         found = await self.store.list(
             org_id=org_id,
@@ -491,7 +502,7 @@ class _Api:
         end or suspension: one request instead of two, and the first event comes at once.
         """
         caller = await self._caller(request)
-        org_id, user_id = caller
+        org_id, user_id = caller.who
         session_id = _session_id(request)
         body = await self._body(request, TurnBody)
         client = self._query(request, ClientQuery).client
@@ -589,8 +600,8 @@ class _Api:
 
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
-        # Ownership first: another tenant's request never waits for this session's lock.
-        caller, session_id = await self._owned(request)
+        # Scope first: another tenant's request never waits for this session's lock.
+        caller, session_id, _ = await self._session(request)
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {
