@@ -13,6 +13,7 @@ from handrail import (
     ApprovalCardPart,
     Approve,
     CardApproval,
+    ConflictError,
     Decider,
     DecisionNotAllowedError,
     DecisionPolicy,
@@ -190,15 +191,44 @@ async def test_a_policy_needs_a_decider_and_another_organisation_sees_no_session
         await engine.resolve("s1", "call_1", Approve(), decider=BO, org_id="acme")
 
 
+class BarrierStore(MemoryStore):
+    """Two loads of s1 return only once both have read it: both decide on the same state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.loaded = 0
+        self.both = asyncio.Event()
+        self.conflicts = 0
+
+    async def load(self, session_id: str) -> Any:
+        record = await super().load(session_id)
+        if self.armed and self.loaded < 2:
+            self.loaded += 1
+            if self.loaded == 2:
+                self.both.set()
+            await self.both.wait()
+        return record
+
+    async def save(self, record: Any) -> Any:
+        try:
+            return await super().save(record)
+        except ConflictError:
+            self.conflicts += 1
+            raise
+
+
 async def test_approvals_racing_from_two_engines_over_one_store_both_count():
-    store = MemoryStore()
+    store = BarrierStore()
     engine = engine_for(call("laptops.wipe", laptop="L-7"), store=store)
     other = engine_for(call("laptops.wipe", laptop="L-7"), store=store)  # another process
     await suspend(engine)
+    store.armed = True
     first, second = await asyncio.gather(
         engine.resolve("s1", "call_1", Approve(), decider=BO),
         other.resolve("s1", "call_1", Approve(), decider=CY),
     )
+    assert store.conflicts == 1  # the later save lost the compare-and-swap, and decided again
     assert sorted([first.ready, second.ready]) == [False, True]  # exactly one completed it
     state = await engine.session("s1", org_id="acme", user_id="ana")
     decided = next(p for m in state.messages for p in m.parts if isinstance(p, ApprovalCardPart))
