@@ -106,11 +106,18 @@ async def test_an_approver_reads_a_colleagues_session_that_waits_for_them_and_no
         response = await api.client.request(method, path + tail, headers=BO)
         assert response.status_code == 404, (method, tail)  # only reading and deciding
     assert (await api.client.get("/sessions", headers=BO)).json()["sessions"] == []
+    inbox = "/sessions?to_decide=true"
+    assert [s["id"] for s in (await api.client.get(inbox, headers=BO)).json()["sessions"]] == [
+        session
+    ]
+    for nobody in (ANA, DI, EVE):  # her own; no role; another organisation
+        assert (await api.client.get(inbox, headers=nobody)).json()["sessions"] == []
     # decided, the session is no longer the approvers' to read
     await api.decide(BO, session, call_id)
     await api.decide(CY, session, call_id)
     await api.app.state.runs.join(session)
     assert (await api.client.get(path, headers=BO)).status_code == 404
+    assert (await api.client.get(inbox, headers=BO)).json()["sessions"] == []
     assert (await api.client.get(path, headers=ANA)).json()["status"] == "completed"
 
 

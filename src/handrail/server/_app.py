@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..engine import Engine
-from ..exceptions import SessionNotFoundError
+from ..exceptions import SessionCorruptError, SessionNotFoundError
 from ..state import RunState
 from ..store import SessionRecord
 from ..worker import Worker
@@ -343,13 +343,24 @@ class _Api:
         the caller may make (its decision policy lets the caller's roles decide it): an
         approver reads what they approve, and nothing else.
         """
+        caller, session_id, state = await self._reachable(request)
+        if state is None:
+            state = await self.engine.session(
+                session_id, org_id=caller.org_id, user_id=caller.user_id
+            )
+        return caller, session_id, state
+
+    async def _reachable(self, request: Request) -> tuple[Caller, str, RunState | None]:
+        """As `_session`; the state is read only for a caller who is not its user (else None)."""
         caller = await self._caller(request)
         session_id = _session_id(request)
         found = await self.store.summary(session_id)  # never the document: it may be unreadable
         if found is None or found.org_id != caller.org_id:
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+        if found.user_id == caller.user_id:
+            return caller, session_id, None
         state = await self.engine.session(session_id, org_id=found.org_id, user_id=found.user_id)
-        if found.user_id != caller.user_id and not self.engine.decidable(state, caller.decider()):
+        if not self.engine.decidable(state, caller.decider()):
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id, state
 
@@ -429,16 +440,38 @@ class _Api:
 
     async def list_sessions(self, request: Request) -> Response:
         """`GET /sessions`: a page of the caller's sessions, most recently updated first."""
-        org_id, user_id = (await self._caller(request)).who
+        caller = await self._caller(request)
         query = self._query(request, ListQuery)
+        if query.to_decide:
+            return _json(SessionsBody(sessions=await self._to_decide(caller, query)))
         found = await self.store.list(
-            org_id=org_id,
-            user_id=user_id,
+            org_id=caller.org_id,
+            user_id=caller.user_id,
             status=query.status,
             limit=query.limit,
             offset=query.offset,
         )
         return _json(SessionsBody(sessions=[self._summary(s) for s in found]))
+
+    async def _to_decide(self, caller: Caller, query: ListQuery) -> list[SessionSummaryBody]:
+        """A page of the org's suspended sessions, those with a call `caller` may decide."""
+        page = await self.store.list(
+            org_id=caller.org_id, status="suspended", limit=query.limit, offset=query.offset
+        )
+        decider = caller.decider()
+        found: list[SessionSummaryBody] = []
+        for summary in page:
+            if summary.user_id == caller.user_id:
+                continue  # the caller's own are in its own list
+            try:
+                state = await self.engine.session(
+                    summary.id, org_id=summary.org_id, user_id=summary.user_id
+                )
+            except (SessionNotFoundError, SessionCorruptError):
+                continue  # deleted in between, or for a person to look at
+            if self.engine.decidable(state, decider):
+                found.append(self._summary(summary))
+        return found
 
     async def read_session(self, request: Request) -> Response:
         """`GET /sessions/{id}`: messages, pending cards, status."""
@@ -601,7 +634,7 @@ class _Api:
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
         # Scope first: another tenant's request never waits for this session's lock.
-        caller, session_id, _ = await self._session(request)
+        caller, session_id, _ = await self._reachable(request)
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {

@@ -79,6 +79,12 @@ class ListQuery(_Strict):
     status: SessionStatus | None = Field(None, description="Only sessions in this status.")
     limit: int = Field(50, ge=1, le=500, description="At most this many.")
     offset: int = Field(0, ge=0, le=MAX_NUMBER, description="Skip this many first.")
+    to_decide: bool = Field(
+        False,
+        description="Instead of the caller's sessions: those of others in its organisation "
+        "that wait for a decision the caller may make. `limit` and `offset` then page the "
+        "organisation's suspended sessions, so a page may hold fewer than `limit`.",
+    )
 
 
 class EventsQuery(_Strict):
