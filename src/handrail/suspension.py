@@ -87,7 +87,7 @@ class Approve:
     """For a batch card: decisions per action, by local index (the others are applied as
     proposed)."""
     by: str | None = None
-    """Who decided (recorded on the card)."""
+    """Who decided (recorded on the card; with `resolve(decider=...)`, the decider)."""
     decision: Literal["approve"] = "approve"
 
 
@@ -98,7 +98,7 @@ class Reject:
     reason: str | None = None
     """Why, in words the model can relay to the user."""
     by: str | None = None
-    """Who decided."""
+    """Who decided (with `resolve(decider=...)`, the decider)."""
     decision: Literal["reject"] = "reject"
 
 
@@ -117,7 +117,7 @@ class Answer:
     output: Any
     """The answer (or the output of the call that ran)."""
     by: str | None = None
-    """Who answered."""
+    """Who answered (with `resolve(decider=...)`, the decider)."""
     decision: Literal["answer"] = "answer"
 
 
@@ -130,7 +130,7 @@ class ClientResult:
     error: str | None = None
     """Set when the client failed to run the tool: the call fails with this error."""
     by: str | None = None
-    """Who (which client) posted it."""
+    """Who (which client) posted it (with `resolve(decider=...)`, the decider)."""
     decision: Literal["client_result"] = "client_result"
 
 
