@@ -16,13 +16,13 @@ before policies existed; a library call that names no decider is trusted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import DecisionNotAllowedError, ToolDefinitionError
 
-__all__ = ["Decider", "DecisionPolicy", "check", "refusal"]
+__all__ = ["Decider", "DecisionPolicy", "check", "policy_for", "refusal"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +87,21 @@ class Decider:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "roles", frozenset(self.roles))
+
+
+def policy_for(
+    own: DecisionPolicy | None, permission: str, defaults: Mapping[str, DecisionPolicy]
+) -> DecisionPolicy | None:
+    """The policy a tool's calls are decided under: its own, else the domain's default.
+
+    None: only the requester decides.
+
+    Args:
+        own: the tool's `decision_policy`.
+        permission: the tool's permission.
+        defaults: the domain's policies, by permission.
+    """
+    return own if own is not None else defaults.get(permission)
 
 
 def refusal(

@@ -40,7 +40,7 @@ from ._tool_result import ToolResult
 from .events import ApprovalRequired, ClientExecRequired, Event, InputRequired
 from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
 from .messages import ApprovalCardPart, CardApproval, DecisionKind, ToolCallPart
-from .policy import Decider, DecisionPolicy, check, refusal
+from .policy import Decider, DecisionPolicy, check, policy_for, refusal
 from .tools._arguments import ArgumentsError
 
 if TYPE_CHECKING:
@@ -356,7 +356,7 @@ def _rules(
         tool = tools.get(name)
         policy = None
         if tool is not None:
-            policy = tool.decision_policy or policies.get(tool.permission)
+            policy = policy_for(tool.decision_policy, tool.permission, policies)
         rules.append((name, policy))
     return rules
 

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,8 +24,10 @@ from starlette.staticfiles import StaticFiles
 
 from ..engine import Engine
 from ..exceptions import SessionCorruptError, SessionNotFoundError
+from ..policy import DecisionPolicy, policy_for
 from ..state import RunState
 from ..store import SessionRecord
+from ..tools import Tool
 from ..worker import Worker
 from ._agui import agui_operation
 from ._auth import Authenticator, Caller
@@ -33,6 +35,7 @@ from ._bodies import (
     MAX_NUMBER,
     AgentBody,
     ClientQuery,
+    DecisionPolicyBody,
     DomainBody,
     EventsQuery,
     InterruptBody,
@@ -256,6 +259,17 @@ def _writes(batch: list[tuple[int, dict[str, Any]]]) -> list[bytes]:
     if chunk or not writes:
         writes.append(bytes(chunk))
     return writes
+
+
+def _policy_body(
+    tool: Tool[Any], policies: Mapping[str, DecisionPolicy]
+) -> DecisionPolicyBody | None:
+    policy = policy_for(tool.decision_policy, tool.permission, policies)
+    if policy is None or not (tool.gated or tool.executor == "human"):
+        return None
+    return DecisionPolicyBody(
+        roles=sorted(policy.roles), four_eyes=policy.four_eyes, approvals=policy.approvals
+    )
 
 
 def _json(body: BaseModel, status: int = 200) -> Response:
@@ -520,6 +534,7 @@ class _Api:
                     executor=t.executor,
                     gated=t.gated,
                     amendable=list(t.amendable),
+                    decision_policy=_policy_body(t, domain.policies),
                 )
                 for t in tools.values()
             ],

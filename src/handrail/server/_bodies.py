@@ -132,6 +132,14 @@ class SessionBody(SessionSummaryBody):
     )
 
 
+class DecisionPolicyBody(BaseModel):
+    """Who may decide a tool's calls (`handrail.policy.DecisionPolicy`)."""
+
+    roles: list[str] = Field(description="A decider needs one of these (empty: anyone of the org).")
+    four_eyes: bool = Field(description="The requester may not approve their own call.")
+    approvals: int = Field(description="How many different people must approve a call.")
+
+
 class ToolBody(BaseModel):
     """A tool, as a UI needs it: to show its calls and build the forms of their cards."""
 
@@ -145,6 +153,9 @@ class ToolBody(BaseModel):
     executor: str = Field(description="server, human, client or provider.")
     gated: bool = Field(description="A person approves each call before it runs.")
     amendable: list[str] = Field(description="The arguments a person may change when approving.")
+    decision_policy: DecisionPolicyBody | None = Field(
+        None, description="Who may decide its calls (null: the person who requested them)."
+    )
 
 
 class AgentBody(BaseModel):
