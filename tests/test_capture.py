@@ -416,3 +416,24 @@ async def test_engine_apply_refuses_a_session_without_a_decided_batch() -> None:
     with pytest.raises(UserError, match="no decided batch card to apply"):
         await plain.apply("s2")  # an ordinary suspended turn is not resumed by apply
     assert RAN == []
+
+
+async def test_a_batch_is_decided_under_the_policies_of_its_actions_tools() -> None:
+    """create and add_note are `write`: the domain's policy for writes governs their batch."""
+    from handrail import Decider, DecisionNotAllowedError, DecisionPolicy, Domain
+
+    policy = DecisionPolicy(roles={"buyer"}, approvals=2)
+    agent = Agent("clerk", tools=TOOLS, model=chained_model())
+    engine = Engine(Domain(agents=[agent], policies={"write": policy}), store=MemoryStore())
+    result = await engine.run_headless("s1", "go", propose=True, org_id="acme", user_id="ana")
+    assert result.card is not None
+    RAN.clear()
+    clerk = Decider(user_id="cy", roles=frozenset({"sales"}), org_id="acme")
+    with pytest.raises(DecisionNotAllowedError, match=r"orders\.add_note needs the role buyer"):
+        await engine.resolve("s1", result.card, Approve(), decider=clerk)
+    for who in ("bo", "di"):
+        buyer = Decider(user_id=who, roles=frozenset({"buyer"}), org_id="acme")
+        resolution = await engine.resolve("s1", result.card, Approve(), decider=buyer)
+    assert resolution.ready
+    report = await engine.apply("s1", org_id="acme", user_id="ana")
+    assert report.ok and [name for name, _ in RAN] == ["orders.create", "orders.add_note"]

@@ -139,7 +139,8 @@ def test_serve_hands_the_engines_app_to_uvicorn(
         "handrail.server.serve", lambda app, **options: served.update(app=app, **options)
     )
     for target in (f"{app_module}:engine", f"{app_module}:make"):
-        result = run("serve", target, "--port", "8123", "--api-key", "acme:ana:k:with:colons")
+        monkeypatch.setenv("HANDRAIL_API_KEYS", "acme:ana:k:with:colons")
+        result = run("serve", target, "--port", "8123")
         assert result.exit_code == 0, result.output
         assert (served["host"], served["port"]) == ("127.0.0.1", 8123)
         assert isinstance(served["app"].state.runs.engine, Engine)
@@ -170,7 +171,9 @@ def test_serve_without_a_key_makes_one_for_the_run(
     monkeypatch.setattr("handrail.server.serve", lambda app, **options: None)
     result = run("serve", f"{app_module}:engine")
     assert result.exit_code == 0
-    assert "No --api-key given: this run accepts `Authorization: Bearer " in result.output
+    assert "No API key configured (HANDRAIL_API_KEYS, --api-keys-file): this run accepts " in (
+        result.output
+    )
 
 
 def test_serve_shuts_down_with_a_stream_open(tmp_path: Path) -> None:
@@ -188,8 +191,9 @@ def test_serve_shuts_down_with_a_stream_open(tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(Path(sys.executable).with_name("handrail")), "serve", "handrail.demo.web:engine"]
-    command += ["--port", str(port), "--api-key", "acme:ana:k", "--shutdown-grace", "0.5"]
+    command += ["--port", str(port), "--shutdown-grace", "0.5"]
     env = {**os.environ, "HANDRAIL_DEMO_DB": str(tmp_path / "web.db")}
+    env["HANDRAIL_API_KEYS"] = "acme:ana:k"
     server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k"}
@@ -232,18 +236,32 @@ def test_serve_shuts_down_with_a_stream_open(tmp_path: Path) -> None:
     ],
 )
 def test_serve_names_what_is_wrong_with_the_target(
-    app_module: str, target: str, message: str
+    app_module: str, target: str, message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    result = run("serve", target, "--api-key", "a:b:c")
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "a:b:c")
+    result = run("serve", target)
     assert result.exit_code == 1
     assert result.output.strip() == f"error: {message}" or message in result.output
     assert "Traceback" not in result.output
 
 
-def test_a_malformed_api_key_is_refused(app_module: str) -> None:
-    result = run("serve", f"{app_module}:engine", "--api-key", "just-a-key")
+def test_a_malformed_api_key_is_refused_without_showing_it(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "just-a-key")
+    result = run("serve", f"{app_module}:engine")
     assert result.exit_code == 1
-    assert "ORG:USER:KEY" in result.output
+    assert "ORG:USER:KEY" in result.output and "just-a-key" not in result.output
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "id=k1,org=acme,user=bo,expires=soon,key=s3cret")
+    result = run("serve", f"{app_module}:engine")
+    assert result.exit_code == 1
+    assert "expires='soon'" in result.output and "s3cret" not in result.output
+
+
+def test_serve_takes_no_key_on_the_command_line(app_module: str) -> None:
+    result = run("serve", f"{app_module}:engine", "--api-key", "acme:ana:k")
+    assert result.exit_code == 2  # no such option: a key never goes in the process's argv
+    assert "No such option: --api-key" in result.output
 
 
 # -- chat ------------------------------------------------------------------------------------
@@ -382,28 +400,27 @@ def test_serve_tunes_the_garbage_collector_for_a_long_run(
 ) -> None:
     ran: list[uvicorn.Server] = []
     monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets=None: ran.append(self))
-    result = run("serve", f"{app_module}:engine", "--api-key", "o:u:k", "--port", "8124")
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "o:u:k")
+    result = run("serve", f"{app_module}:engine", "--port", "8124")
     assert result.exit_code == 0, result.output
     assert (ran[0].config.port, ran[0].config.timeout_graceful_shutdown) == (8124, 5.0)
     assert gc.get_threshold()[0] == 5_000 and gc.get_freeze_count() > 0
 
 
-def test_serve_warns_of_a_key_on_the_command_line_and_reads_a_key_file(
+def test_serve_reads_keys_from_a_file_and_the_environment(
     app_module: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     served: dict[str, Any] = {}
     monkeypatch.setattr(
         "handrail.server.serve", lambda app, **options: served.update(app=app, **options)
     )
-    flagged = run("serve", f"{app_module}:engine", "--api-key", "acme:ana:k")
-    assert flagged.exit_code == 0
-    assert "Warning: --api-key puts the key in the process's command line" in flagged.output
-
     keys = tmp_path / "keys.txt"
-    keys.write_text("# the desk's keys\nacme:ana:k1\n\nglobex:bob:k2\n")
+    keys.write_text(
+        "# the desk's keys\nacme:ana:k1\n\nid=ops,org=acme,user=bo,roles=it-admin,key=k2\n"
+    )
     filed = run("serve", f"{app_module}:engine", "--api-keys-file", str(keys))
     assert filed.exit_code == 0, filed.output
-    assert "Warning" not in filed.output and "No --api-key given" not in filed.output
+    assert "Warning" not in filed.output and "No API key configured" not in filed.output
     monkeypatch.setenv("HANDRAIL_API_KEYS", "acme:ana:k3")
     from_env = run("serve", f"{app_module}:engine")
     assert from_env.exit_code == 0 and "Warning" not in from_env.output
@@ -471,7 +488,8 @@ def test_serve_with_workers_gives_each_process_its_own_worker_id(
         lambda factory, workers, **options: started.update(factory=factory, workers=workers),
     )
     monkeypatch.setenv("HANDRAIL_WORKER_ID", "box")
-    flags = ["--workers", "3", "--api-key", "acme:ana:k", "--poll-interval", "7"]
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "acme:ana:k")
+    flags = ["--workers", "3", "--poll-interval", "7"]
     result = run("serve", sqlite_app, *flags)
     assert result.exit_code == 0, result.output
     assert started["workers"] == 3
@@ -491,7 +509,8 @@ def test_serve_refuses_workers_over_a_memory_store(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("handrail.server.serve_workers", lambda *a, **k: None)
-    result = run("serve", f"{app_module}:engine", "--workers", "2", "--api-key", "a:b:c")
+    monkeypatch.setenv("HANDRAIL_API_KEYS", "a:b:c")
+    result = run("serve", f"{app_module}:engine", "--workers", "2")
     assert result.exit_code == 1
     assert result.output.startswith("error: --workers 2 needs a store the processes share")
     assert "MemoryStore" in result.output

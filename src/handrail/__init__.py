@@ -45,6 +45,7 @@ from .exceptions import (
     ConfigError,
     ConflictError,
     ContextFullError,
+    DecisionNotAllowedError,
     DocumentError,
     DocumentIndexError,
     DocumentLoadError,
@@ -67,6 +68,7 @@ from .exceptions import (
 from .messages import (
     MESSAGES,
     ApprovalCardPart,
+    CardApproval,
     Message,
     Part,
     ReasoningPart,
@@ -74,6 +76,7 @@ from .messages import (
     ToolCallPart,
 )
 from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
+from .policy import Decider, DecisionPolicy
 from .runtime import Runtime, build_runtime
 from .state import RouteChoice, RunState
 from .store import MemoryStore, SessionRecord, SessionStore
@@ -110,6 +113,7 @@ __all__ = [
     "Approve",
     "AskPerson",
     "CapturedAction",
+    "CardApproval",
     "ClientExecRequired",
     "ClientResult",
     "Compaction",
@@ -117,7 +121,10 @@ __all__ = [
     "ConflictError",
     "ContextFullError",
     "ContextStore",
+    "Decider",
     "Decision",
+    "DecisionNotAllowedError",
+    "DecisionPolicy",
     "DocumentError",
     "DocumentIndexError",
     "DocumentLoadError",

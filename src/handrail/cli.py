@@ -1,7 +1,7 @@
 """The `handrail` command: serve an engine over HTTP, and look after stored sessions.
 
 ```
-handrail serve myapp:engine --port 8000 --api-key acme:ana:$KEY
+HANDRAIL_API_KEYS="acme:ana:$KEY" handrail serve myapp:engine --port 8000
 handrail sessions list --db handrail.db --json
 handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
@@ -123,22 +123,18 @@ def _one_line_errors(command: Callable[P, T]) -> Callable[P, T]:
 @app.command()
 @_one_line_errors
 def serve(
-    ctx: typer.Context,
     target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
     host: Annotated[str, typer.Option(help="The interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
-    api_key: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="ORG:USER:KEY, once a key. Prefer HANDRAIL_API_KEYS (space-separated) or "
-            "--api-keys-file: a key on the command line is visible to every user of the "
-            "machine (ps, /proc). Without any key, one is made for this run and printed.",
-            envvar="HANDRAIL_API_KEYS",
-        ),
-    ] = None,
     api_keys_file: Annotated[
         Path | None,
-        typer.Option(help="A file of ORG:USER:KEY lines (blank lines and # comments skipped)."),
+        typer.Option(
+            help="A file of API keys, one a line (ORG:USER:KEY, or id=ID,org=ORG,user=USER,"
+            "roles=R1+R2,expires=2027-01-31,key=KEY; blank lines and # comments skipped). "
+            "Or set HANDRAIL_API_KEYS (space-separated). Keys are never taken from the "
+            "command line, where every user of the machine reads them (ps, /proc). Without "
+            "any key, one is made for this run and printed."
+        ),
     ] = None,
     max_body_size: Annotated[int, typer.Option(help="Bytes a request body may have.")] = 1_000_000,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
@@ -218,15 +214,7 @@ def serve(
     engine = load_engine(target)
     if workers > 1:
         _check_shared(engine, workers)
-    source = ctx.get_parameter_source("api_key")
-    if api_key and source is not None and source.name == "COMMANDLINE":
-        typer.echo(
-            "Warning: --api-key puts the key in the process's command line, where every user "
-            "of this machine can read it (ps, /proc/PID/cmdline). Use HANDRAIL_API_KEYS or "
-            "--api-keys-file instead.",
-            err=True,
-        )
-    specs = list(api_key or ())
+    specs = os.environ.get("HANDRAIL_API_KEYS", "").split()
     if api_keys_file is not None:
         lines = api_keys_file.read_text().splitlines()
         specs += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
@@ -238,7 +226,8 @@ def serve(
         key = ApiKeyAuthenticator.generate_key()
         specs.append(f"local:local:{key}")
         typer.echo(
-            f"No --api-key given: this run accepts `Authorization: Bearer {key}` "
+            f"No API key configured (HANDRAIL_API_KEYS, --api-keys-file): this run accepts "
+            f"`Authorization: Bearer {key}` "
             f"(org 'local', user 'local').",
             err=True,
         )
@@ -345,11 +334,13 @@ def load_engine(target: str) -> Engine:
     return load(target)
 
 
-def _key_spec(spec: str) -> tuple[str, str, str]:
-    org_id, user_id, key = [*spec.split(":", 2), "", ""][:3]
-    if not (org_id and user_id and key):
-        raise CliError("--api-key takes ORG:USER:KEY (the key itself may contain colons).")
-    return org_id, user_id, key
+def _key_spec(spec: str) -> None:
+    from .server import ApiKeySpec
+
+    try:
+        ApiKeySpec.parse(spec)
+    except ValueError as error:
+        raise CliError(str(error)) from None
 
 
 # -- chat -----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -51,20 +51,22 @@ from .exceptions import (
 from .messages import ApprovalCardPart, ToolCallPart
 from .models import Model
 from .models._infer import as_model
+from .policy import Decider, DecisionPolicy
 from .recovery import RESULT as _RESULT
 from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._codec import INCARNATION
-from .suspension import Decision, card_event, decide, expire
-from .tools import Tool
+from .suspension import Decision, card_event, decidable, decide, expire
+from .tools import Permission, Tool
 from .tools._dispatch import Dispatcher, completed_event
 
 __all__ = ["Domain", "Engine", "Resolution"]
 
 _log = logging.getLogger("handrail.engine")
 
+_PERMISSIONS: tuple[str, ...] = get_args(Permission)
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
 """What a worker passes over: another worker got to the session first, or it went."""
@@ -88,6 +90,9 @@ class Domain:
         initial_state: the domain's typed state for a new session (a pydantic model
             instance, or a model class whose defaults make one); tools read and change it as
             `ctx.state`, and it is stored with the session.
+        policies: who may decide calls, by tool permission (`{"destructive":
+            DecisionPolicy(roles={"it-admin"})}`), for tools that declare no
+            `decision_policy=` of their own (`handrail.policy`).
     """
 
     agents: Sequence[Agent[Any]]
@@ -95,8 +100,15 @@ class Domain:
     default_route: str | None = None
     supervisor: Agent[Any] | None = None
     initial_state: BaseModel | type[BaseModel] | None = None
+    policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.policies) - set(_PERMISSIONS))
+        if unknown:
+            raise UserError(
+                f"Domain: policies are keyed by tool permission ({', '.join(_PERMISSIONS)}), "
+                f"not {', '.join(map(repr, unknown))}."
+            )
         self.by_name: dict[str, Agent[Any]] = {}
         for agent in self.agents:
             if agent.name in self.by_name:
@@ -181,7 +193,8 @@ class Resolution:
     """What `Engine.resolve` recorded, and what is still pending."""
 
     decided: list[str]
-    """The calls this resolution decided."""
+    """The calls this resolution decided (an approval of a call that needs more approvals is
+    recorded on its card, and the call stays pending)."""
     pending: list[str]
     """The calls still waiting for a decision."""
 
@@ -753,17 +766,35 @@ class Engine:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
+        decider: Decider | None = None,
     ) -> Resolution:
         """Record a decision on one pending call; return once it is stored.
+
+        Args:
+            session_id: the session.
+            tool_call_id: the pending call.
+            decision: what was decided.
+            org_id: the session's organisation (its scope), without a `decider`.
+            user_id: the session's user, without a `decider`.
+            decider: who decides, as authenticated (`handrail.policy.Decider`): the session
+                may be any of the decider's organisation, and the call's policy decides
+                whether they may decide it. Without one, the caller names the session's
+                scope and is trusted where no policy applies.
 
         Raises:
             SessionNotFoundError: no such session for this caller.
             StaleResolutionError: the call is unknown, already decided or expired; nothing
                 changed.
             InvalidDecisionError: the decision does not fit the call; nothing changed.
+            DecisionNotAllowedError: the call's policy does not let the decider make it;
+                nothing changed.
         """
         return await self.resolve_many(
-            session_id, {tool_call_id: decision}, org_id=org_id, user_id=user_id
+            session_id,
+            {tool_call_id: decision},
+            org_id=org_id,
+            user_id=user_id,
+            decider=decider,
         )
 
     async def resolve_many(
@@ -773,33 +804,71 @@ class Engine:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
+        decider: Decider | None = None,
     ) -> Resolution:
         """Record decisions on several pending calls at once: all of them, or none.
+
+        Concurrent decisions on one session (another approver's, from another process) are
+        decided again on the state that won the store's compare-and-swap: each approval
+        counts once, and none is lost.
 
         Raises:
             as `resolve`, for the first decision that cannot be recorded (then none is).
         """
         if not decisions:
             raise UserError("resolve_many needs at least one decision.")
+        if decider is not None and (org_id is not None or user_id is not None):
+            raise UserError(
+                "resolve: give a decider= (whose organisation scopes the session), or "
+                "org_id=/user_id=, not both."
+            )
         while True:
             async with self._lock(session_id):
-                record, state = await self._load(session_id, org_id, user_id)
+                if decider is None:
+                    record, state = await self._load(session_id, org_id, user_id)
+                else:
+                    record, state = await self._load(session_id, decider.org_id, any_user=True)
                 now = self.runtime.clock()
-                progress = state.progress
-                agent = self.domain.by_name.get(progress.agent) if progress else None
-                tools = agent.tools if agent is not None else {}
-                if any(c.kind == "batch" for c in state.pending.values()):
-                    tools = self._tools()
+                tools = self._deciding_tools(state)
                 for tool_call_id, decision in decisions.items():
-                    decide(state, tools, tool_call_id, decision, now=now)
+                    decide(
+                        state,
+                        tools,
+                        tool_call_id,
+                        decision,
+                        now=now,
+                        decider=decider,
+                        policies=self.domain.policies,
+                    )
                 try:
                     await self._save(record, state, record.status)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
-                resolution = Resolution(decided=list(decisions), pending=list(state.pending))
+                resolution = Resolution(
+                    decided=[i for i in decisions if i not in state.pending],
+                    pending=list(state.pending),
+                )
             if resolution.ready:
                 await self.store.notify(session_id)  # a worker waiting on the store may resume
             return resolution
+
+    def decidable(self, state: RunState, decider: Decider) -> list[str]:
+        """The pending calls of `state` that `decider` may decide (`handrail.policy`).
+
+        What a server shows an approver: a session of their organisation is theirs to read
+        while it waits for a decision they may make.
+        """
+        if decider.org_id is not None and decider.org_id != state.org_id:
+            return []
+        return decidable(state, self._deciding_tools(state), decider, self.domain.policies)
+
+    def _deciding_tools(self, state: RunState) -> Mapping[str, Tool[Any]]:
+        """The tools a decision on `state` is checked against: the suspended agent's."""
+        if any(c.kind == "batch" for c in state.pending.values()):
+            return self._tools()
+        progress = state.progress
+        agent = self.domain.by_name.get(progress.agent) if progress else None
+        return agent.tools if agent is not None else {}
 
     async def expire_due(self) -> list[str]:
         """Expire every pending call past its deadline; return the sessions that changed.
@@ -944,10 +1013,17 @@ class Engine:
         return lock
 
     async def _load(
-        self, session_id: str, org_id: str | None, user_id: str | None, *, create: bool = False
+        self,
+        session_id: str,
+        org_id: str | None,
+        user_id: str | None = None,
+        *,
+        create: bool = False,
+        any_user: bool = False,
     ) -> tuple[SessionRecord, RunState]:
         record = await self.store.load(session_id)
-        if record is not None and (record.org_id, record.user_id) != (org_id, user_id):
+        scope = (record.org_id, None if any_user else record.user_id) if record else None
+        if scope is not None and scope != (org_id, user_id):
             # Another tenant's session is, to this caller, no session; nor can it be made.
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         if record is None:

@@ -15,6 +15,7 @@ HandrailError
 │   │   └── IncompleteResponseError  the provider's response ended without its protocol's end
 │   ├── ModelHTTPError         a model provider's API failed for good (after retries, or at once)
 │   ├── StaleResolutionError   a decision for a call that is unknown, already decided or expired
+│   ├── DecisionNotAllowedError  a decision its tool's policy does not allow this decider
 │   ├── SessionBusyError       another run is driving (or resuming) the session right now
 │   ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
 │   └── StoreError             a session store failed, or holds something it cannot read
@@ -46,6 +47,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ContextFullError",
+    "DecisionNotAllowedError",
     "DocumentError",
     "DocumentIndexError",
     "DocumentLoadError",
@@ -221,6 +223,22 @@ class StaleResolutionError(RunError):
     def __init__(self, message: str, *, tool_call_id: str) -> None:
         super().__init__(message)
         self.tool_call_id = tool_call_id
+
+
+class DecisionNotAllowedError(RunError):
+    """A decision the call's policy does not allow this decider; nothing was recorded.
+
+    The message names the rule broken: a role the decider lacks, four eyes (the requester may
+    not approve their own call), an approval the same person already gave, or a call without
+    a policy that only its requester decides (`handrail.policy`).
+
+    Attributes:
+        tool_name: the tool whose policy refused the decision.
+    """
+
+    def __init__(self, message: str, *, tool_name: str) -> None:
+        super().__init__(message)
+        self.tool_name = tool_name
 
 
 class SessionBusyError(RunError):

@@ -20,6 +20,7 @@ from ._tool_result import ToolResult
 __all__ = [
     "MESSAGES",
     "ApprovalCardPart",
+    "CardApproval",
     "CardKind",
     "DecisionKind",
     "Executor",
@@ -142,6 +143,18 @@ class ToolCallPart:
 
 
 @dataclass(kw_only=True, slots=True)
+class CardApproval:
+    """One approval of a call that needs several (`DecisionPolicy(approvals=...)`)."""
+
+    by: str | None
+    """Who approved."""
+    at: float
+    """When (seconds since the epoch)."""
+    amended_args: dict[str, Any] | None = None
+    """The arguments as this approval amended them (every approval approves the same ones)."""
+
+
+@dataclass(kw_only=True, slots=True)
 class ApprovalCardPart:
     """A request for a human decision about a tool call, and the decision once made."""
 
@@ -177,6 +190,9 @@ class ApprovalCardPart:
     """When the card was raised (seconds since the epoch)."""
     expires_at: float | None = None
     """When it stops accepting a decision, if ever."""
+    approvals: list[CardApproval] | None = None
+    """The approvals given so far, for a call whose policy needs several (None otherwise):
+    the card is decided when there are enough."""
     type: Literal["approval"] = "approval"
 
 

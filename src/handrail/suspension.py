@@ -13,16 +13,21 @@ result that says so. The run suspends. Then, for each pending call, somebody dec
   text the tool asked for, and the tool runs again with it in `ctx.answer`),
 - `ClientResult` (a `client` call: untrusted, so an invalid result becomes a tool error).
 
-`decide` validates a decision against the pending map and records it on the card (who, when,
-the original and the amended arguments, and the digest of the exact arguments approved)
-before anything runs. An unknown, already decided or expired call raises
-`StaleResolutionError` and changes nothing, so no decision can make a tool run twice. Once
-nothing is pending, the run resumes: the dispatcher settles the decided calls (an approved call
-runs only if its arguments still hash to the approved digest) and the agent's loop goes on.
+`decide` validates a decision against the pending map, checks that its decider may make it
+(`handrail.policy`: roles, four eyes, how many approvals), and records it on the card (who,
+when, the original and the amended arguments, and the digest of the exact arguments approved)
+before anything runs. A call whose policy needs several approvals collects them on its card
+(`approvals`) and stays pending until there are enough; every approval approves the same
+arguments (the first one's amendments, which a later one may repeat but not change). An
+unknown, already decided or expired call raises `StaleResolutionError` and changes nothing, so
+no decision can make a tool run twice. Once nothing is pending, the run resumes: the dispatcher
+settles the decided calls (an approved call runs only if its arguments still hash to the
+approved digest) and the agent's loop goes on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +39,8 @@ from pydantic import Field, TypeAdapter
 from ._tool_result import ToolResult
 from .events import ApprovalRequired, ClientExecRequired, Event, InputRequired
 from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
-from .messages import ApprovalCardPart, DecisionKind, ToolCallPart
+from .messages import ApprovalCardPart, CardApproval, DecisionKind, ToolCallPart
+from .policy import Decider, DecisionPolicy, check, policy_for, refusal
 from .tools._arguments import ArgumentsError
 
 if TYPE_CHECKING:
@@ -51,6 +57,7 @@ __all__ = [
     "Reject",
     "args_digest",
     "card_event",
+    "decidable",
     "decide",
     "expire",
     "placeholder",
@@ -80,7 +87,7 @@ class Approve:
     """For a batch card: decisions per action, by local index (the others are applied as
     proposed)."""
     by: str | None = None
-    """Who decided (recorded on the card)."""
+    """Who decided (recorded on the card; with `resolve(decider=...)`, the decider)."""
     decision: Literal["approve"] = "approve"
 
 
@@ -91,7 +98,7 @@ class Reject:
     reason: str | None = None
     """Why, in words the model can relay to the user."""
     by: str | None = None
-    """Who decided."""
+    """Who decided (with `resolve(decider=...)`, the decider)."""
     decision: Literal["reject"] = "reject"
 
 
@@ -110,7 +117,7 @@ class Answer:
     output: Any
     """The answer (or the output of the call that ran)."""
     by: str | None = None
-    """Who answered."""
+    """Who answered (with `resolve(decider=...)`, the decider)."""
     decision: Literal["answer"] = "answer"
 
 
@@ -123,7 +130,7 @@ class ClientResult:
     error: str | None = None
     """Set when the client failed to run the tool: the call fails with this error."""
     by: str | None = None
-    """Who (which client) posted it."""
+    """Who (which client) posted it (with `resolve(decider=...)`, the decider)."""
     decision: Literal["client_result"] = "client_result"
 
 
@@ -222,11 +229,14 @@ def decide(
     decision: Decision,
     *,
     now: float,
+    decider: Decider | None = None,
+    policies: Mapping[str, DecisionPolicy] | None = None,
 ) -> ApprovalCardPart:
-    """Check `decision` against the pending map and record it on the card.
+    """Check `decision` against the pending map and the policy, and record it on the card.
 
-    Nothing changes unless every check passes. The card leaves the pending map; the call
-    itself is settled when the run resumes (`settle`).
+    Nothing changes unless every check passes. The card leaves the pending map (unless it
+    still needs approvals from others); the call itself is settled when the run resumes
+    (`settle`).
 
     Args:
         state: the suspended session state.
@@ -234,13 +244,19 @@ def decide(
         tool_call_id: the call being decided.
         decision: what was decided.
         now: the time of the decision (seconds since the epoch).
+        decider: who decides (their user id becomes the decision's `by`); None: a trusted
+            caller naming nobody, allowed only where no policy applies.
+        policies: the domain's default policies, by tool permission.
 
     Raises:
         StaleResolutionError: the call is unknown, already decided, or expired.
         InvalidDecisionError: the decision does not fit the card (a kind it does not accept,
             an argument that is not amendable, amended arguments or an answer that do not
-            validate).
+            validate, amendments that differ from an earlier approval's).
+        DecisionNotAllowedError: the policy does not let `decider` make this decision.
     """
+    if decider is not None:
+        decision = dataclasses.replace(decision, by=decider.user_id)
     card = state.pending.get(tool_call_id)
     if card is None:
         raise StaleResolutionError(_why_stale(state, tool_call_id), tool_call_id=tool_call_id)
@@ -257,10 +273,20 @@ def decide(
             f"Call {tool_call_id} ({card.tool_name}) waits for a decision on its {card.kind} "
             f"card, which is one of {', '.join(_ACCEPTS[card.kind])}; got {kind!r}."
         )
+    rules = _rules(card, tools, policies or {})
+    approving = isinstance(decision, Approve)
+    approved_by = [a.by or "" for a in card.approvals or ()]
+    check(rules, decider, state.user_id, approving=approving, approved_by=approved_by)
+    needed = max((p.approvals for _, p in rules if p is not None), default=1)
     if card.kind == "batch":
         from .capture import decide_batch
 
         amended_plan = decide_batch(state, tools, card, decision)
+        if isinstance(decision, Approve) and needed > 1:
+            changes = bool(decision.actions)
+            if not _approval(card, decision, now, amended_plan, changes, needed):
+                return card
+            amended_plan = (card.approvals or [])[0].amended_args
         return _record(state, card, decision, now, amended_plan, None)
     if isinstance(decision, Approve) and decision.actions is not None:
         raise InvalidDecisionError(
@@ -278,6 +304,11 @@ def decide(
     if isinstance(decision, Approve):
         assert tool is not None
         amended = _amend(state, tool, card, decision.amended_args)
+        if needed > 1:
+            changes = bool(decision.amended_args)
+            if not _approval(card, decision, now, amended, changes, needed):
+                return card
+            amended = (card.approvals or [])[0].amended_args
     elif isinstance(decision, Answer) and card.kind == "question":
         if not isinstance(decision.output, str) or not decision.output.strip():
             raise InvalidDecisionError(
@@ -292,6 +323,64 @@ def decide(
     elif isinstance(decision, ClientResult):
         output = decision.output if decision.error is None else {"error": decision.error}
     return _record(state, card, decision, now, amended, output)
+
+
+def decidable(
+    state: RunState,
+    tools: Mapping[str, Tool[Any]],
+    decider: Decider,
+    policies: Mapping[str, DecisionPolicy] | None = None,
+) -> list[str]:
+    """The pending calls `decider` may decide (reject, at least), by the same rules as `decide`."""
+    return [
+        tool_call_id
+        for tool_call_id, card in state.pending.items()
+        if all(
+            refusal(name, policy, decider, state.user_id, approving=False) is None
+            for name, policy in _rules(card, tools, policies or {})
+        )
+    ]
+
+
+def _rules(
+    card: ApprovalCardPart, tools: Mapping[str, Tool[Any]], policies: Mapping[str, DecisionPolicy]
+) -> list[tuple[str, DecisionPolicy | None]]:
+    """(tool name, its policy) for each tool the card's decision concerns."""
+    if card.kind == "client_exec":
+        return [(card.tool_name, None)]  # the requester's own client answers it
+    names = [card.tool_name]
+    if card.kind == "batch":
+        names = sorted({str(a["tool"]) for a in card.args.get("actions", ())})
+    rules: list[tuple[str, DecisionPolicy | None]] = []
+    for name in names:
+        tool = tools.get(name)
+        policy = None
+        if tool is not None:
+            policy = policy_for(tool.decision_policy, tool.permission, policies)
+        rules.append((name, policy))
+    return rules
+
+
+def _approval(
+    card: ApprovalCardPart,
+    decision: Approve,
+    now: float,
+    amended: dict[str, Any] | None,
+    changes: bool,
+    needed: int,
+) -> bool:
+    """Add one approval of a call that needs `needed`; True once there are enough."""
+    approvals = card.approvals or []
+    if approvals and changes and amended != approvals[0].amended_args:
+        raise InvalidDecisionError(
+            f"Call {card.tool_call_id} ({card.tool_name}) was approved by {approvals[0].by} "
+            f"with other arguments ({approvals[0].amended_args or card.args}); every approval "
+            f"approves the same ones. Approve without amendments, or reject it."
+        )
+    if approvals:
+        amended = approvals[0].amended_args
+    card.approvals = [*approvals, CardApproval(by=decision.by, at=now, amended_args=amended)]
+    return len(card.approvals) >= needed
 
 
 def _record(

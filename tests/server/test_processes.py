@@ -333,7 +333,7 @@ async def test_serve_with_workers_runs_processes_that_each_take_their_own_leases
 def test_serve_refuses_workers_with_a_memory_store(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "from handrail.cli import app; app()", "serve"]
     done = subprocess.run(
-        [*command, "procs_app:memory_engine", "--workers", "2", "--api-key", "a:b:c"],
+        [*command, "procs_app:memory_engine", "--workers", "2"],
         cwd=HERE,
         env=_env("unused", tmp_path, "M"),
         capture_output=True,

@@ -339,7 +339,10 @@ async def _decide(
             )
     try:
         await engine.resolve_many(
-            session, {call: decision for call, (_, decision) in chosen.items()}, **scope
+            session,
+            {call: decision for call, (_, decision) in chosen.items()},
+            org_id=turn.org_id,
+            user_id=turn.user_id,
         )
     except InvalidDecisionError as exc:
         raise _Undecidable(str(exc)) from None

@@ -21,16 +21,19 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._app import create_app
-from ._auth import ApiKeyAuthenticator, Authenticator, Caller
+from ._auth import ApiKeyAuthenticator, ApiKeySpec, Authenticator, Caller
 from ._factory import app_from_env, authenticator_from, load_engine, name_worker
+from ._jwt import JwtAuthenticator
 from ._limits import Limits
 from ._serve import AppFactory, escape_logs, serve, serve_workers, server_config, tune_gc
 
 __all__ = [
     "ApiKeyAuthenticator",
+    "ApiKeySpec",
     "AppFactory",
     "Authenticator",
     "Caller",
+    "JwtAuthenticator",
     "Limits",
     "app_from_env",
     "authenticator_from",

@@ -79,7 +79,7 @@ def agui_operation(api: _Api, path: str = "/agui") -> Operation:
         body=agui.RunAgentInput,
         stream=True,
         foreign_events="AG-UI 1.0 events (docs/agui.md)",
-        errors=(409,),
+        errors=(403, 409),
     )
 
 

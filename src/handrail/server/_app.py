@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,8 +25,10 @@ from starlette.staticfiles import StaticFiles
 from ..engine import Engine
 from ..exceptions import SessionCorruptError, SessionNotFoundError
 from ..messages import MESSAGES
+from ..policy import DecisionPolicy, policy_for
 from ..state import RunState
 from ..store import SessionRecord
+from ..tools import Tool
 from ..worker import Worker
 from ._agui import agui_operation
 from ._auth import Authenticator, Caller
@@ -34,6 +36,7 @@ from ._bodies import (
     MAX_NUMBER,
     AgentBody,
     ClientQuery,
+    DecisionPolicyBody,
     DomainBody,
     EventsQuery,
     InterruptBody,
@@ -261,6 +264,17 @@ def _writes(batch: list[tuple[int, dict[str, Any]]]) -> list[bytes]:
     return writes
 
 
+def _policy_body(
+    tool: Tool[Any], policies: Mapping[str, DecisionPolicy]
+) -> DecisionPolicyBody | None:
+    policy = policy_for(tool.decision_policy, tool.permission, policies)
+    if policy is None or not (tool.gated or tool.executor == "human"):
+        return None
+    return DecisionPolicyBody(
+        roles=sorted(policy.roles), four_eyes=policy.four_eyes, approvals=policy.approvals
+    )
+
+
 def _json(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status_code=status, media_type="application/json")
 
@@ -315,9 +329,10 @@ class _Api:
                       "Stream the session's events (Server-Sent Events)", query=EventsQuery,
                       stream=True, errors=(404, 422)),
             Operation("POST", f"{session}/resolve", self.resolve,
-                      "Decide pending calls; once none is left, the turn resumes",
-                      body=ResolveBody, query=ClientQuery, response=ResolutionBody,
-                      errors=(404, 409, 413, 422)),
+                      "Decide pending calls (the caller's, or another's of its organisation "
+                      "that a decision policy lets it decide); once none is left, the turn "
+                      "resumes", body=ResolveBody, query=ClientQuery, response=ResolutionBody,
+                      errors=(403, 404, 409, 413, 422)),
             Operation("POST", f"{session}/interrupt", self.interrupt,
                       "Stop the session's running turn", status=202, response=InterruptBody,
                       errors=(404, 409)),
@@ -342,10 +357,31 @@ class _Api:
         return caller
 
     async def _session(self, request: Request) -> tuple[Caller, str, RunState]:
-        """The caller, and the session of the path if it is the caller's (else 404)."""
+        """The caller, and the session of the path if the caller may read it (else 404).
+
+        The caller's own sessions, and those of its organisation that wait for a decision
+        the caller may make (its decision policy lets the caller's roles decide it): an
+        approver reads what they approve, and nothing else.
+        """
+        caller, session_id, state = await self._reachable(request)
+        if state is None:
+            state = await self.engine.session(
+                session_id, org_id=caller.org_id, user_id=caller.user_id
+            )
+        return caller, session_id, state
+
+    async def _reachable(self, request: Request) -> tuple[Caller, str, RunState | None]:
+        """As `_session`; the state is read only for a caller who is not its user (else None)."""
         caller = await self._caller(request)
         session_id = _session_id(request)
-        state = await self.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
+        found = await self.store.summary(session_id)  # never the document: it may be unreadable
+        if found is None or found.org_id != caller.org_id:
+            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+        if found.user_id == caller.user_id:
+            return caller, session_id, None
+        state = await self.engine.session(session_id, org_id=found.org_id, user_id=found.user_id)
+        if not self.engine.decidable(state, caller.decider()):
+            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id, state
 
     async def _owned(self, request: Request) -> tuple[Caller, str]:
@@ -353,7 +389,7 @@ class _Api:
         caller = await self._caller(request)
         session_id = _session_id(request)
         found = await self.store.summary(session_id)  # never the document: it may be unreadable
-        if found is None or (found.org_id, found.user_id) != tuple(caller):
+        if found is None or (found.org_id, found.user_id) != caller.who:
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id
 
@@ -415,7 +451,7 @@ class _Api:
 
     async def create_session(self, request: Request) -> Response:
         """`POST /sessions`: a new, empty session of the caller's."""
-        org_id, user_id = await self._caller(request)
+        org_id, user_id = (await self._caller(request)).who
         session_id = self.engine.runtime.ids("session")
         state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
         await self.store.save(
@@ -427,16 +463,38 @@ class _Api:
 
     async def list_sessions(self, request: Request) -> Response:
         """`GET /sessions`: a page of the caller's sessions, most recently updated first."""
-        org_id, user_id = await self._caller(request)
+        caller = await self._caller(request)
         query = self._query(request, ListQuery)
+        if query.to_decide:
+            return _json(SessionsBody(sessions=await self._to_decide(caller, query)))
         found = await self.store.list(
-            org_id=org_id,
-            user_id=user_id,
+            org_id=caller.org_id,
+            user_id=caller.user_id,
             status=query.status,
             limit=query.limit,
             offset=query.offset,
         )
         return _json(SessionsBody(sessions=[self._summary(s) for s in found]))
+
+    async def _to_decide(self, caller: Caller, query: ListQuery) -> list[SessionSummaryBody]:
+        """A page of the org's suspended sessions, those with a call `caller` may decide."""
+        page = await self.store.list(
+            org_id=caller.org_id, status="suspended", limit=query.limit, offset=query.offset
+        )
+        decider = caller.decider()
+        found: list[SessionSummaryBody] = []
+        for summary in page:
+            if summary.user_id == caller.user_id:
+                continue  # the caller's own are in its own list
+            try:
+                state = await self.engine.session(
+                    summary.id, org_id=summary.org_id, user_id=summary.user_id
+                )
+            except (SessionNotFoundError, SessionCorruptError):
+                continue  # deleted in between, or for a person to look at
+            if self.engine.decidable(state, decider):
+                found.append(self._summary(summary))
+        return found
 
     async def read_session(self, request: Request) -> Response:
         """`GET /sessions/{id}`: messages, pending cards, status."""
@@ -502,6 +560,7 @@ class _Api:
                     executor=t.executor,
                     gated=t.gated,
                     amendable=list(t.amendable),
+                    decision_policy=_policy_body(t, domain.policies),
                 )
                 for t in tools.values()
             ],
@@ -517,7 +576,7 @@ class _Api:
         end or suspension: one request instead of two, and the first event comes at once.
         """
         caller = await self._caller(request)
-        org_id, user_id = caller
+        org_id, user_id = caller.who
         session_id = _session_id(request)
         body = await self._body(request, TurnBody)
         client = self._query(request, ClientQuery).client
@@ -615,8 +674,8 @@ class _Api:
 
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""
-        # Ownership first: another tenant's request never waits for this session's lock.
-        caller, session_id = await self._owned(request)
+        # Scope first: another tenant's request never waits for this session's lock.
+        caller, session_id, _ = await self._reachable(request)
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {

@@ -1,28 +1,52 @@
-"""Who is calling: an `Authenticator` turns a request into the caller's org and user.
+"""Who is calling: an `Authenticator` turns a request into the caller's org, user and roles.
 
 Every session belongs to the org and user that created it, so the caller is all the server
-needs to scope a request; another tenant's session answers 404, as if it did not exist.
+needs to scope a request; another tenant's session answers 404, as if it did not exist. The
+caller's roles say which calls of other people's sessions of its org it may decide
+(`handrail.policy`); they come from the authenticator, never from a request body.
 """
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from starlette.requests import Request
 
-__all__ = ["ApiKeyAuthenticator", "Authenticator", "Caller"]
+from ..policy import Decider
+
+__all__ = ["ApiKeyAuthenticator", "ApiKeySpec", "Authenticator", "Caller"]
 
 
 class Caller(NamedTuple):
-    """The authenticated caller: every session it touches is scoped to this org and user."""
+    """The authenticated caller: every session it touches is scoped to this org and user.
+
+    Compare callers by `who`: two requests of one person may come through different keys.
+    """
 
     org_id: str
     """The caller's organisation."""
     user_id: str
     """The caller (recorded as `by` on the decisions it makes)."""
+    roles: frozenset[str] = frozenset()
+    """The caller's roles, for the decision policies (`DecisionPolicy(roles=...)`)."""
+    credential: str | None = None
+    """What it authenticated with, for an audit trail: an API key's id (`key:<id>`) or a
+    token's issuer and subject (`jwt:<iss>#<sub>`). Never the secret itself."""
+
+    @property
+    def who(self) -> tuple[str, str]:
+        """(org, user): whose sessions these are."""
+        return self.org_id, self.user_id
+
+    def decider(self) -> Decider:
+        """The caller as the decider of a decision (`handrail.policy`)."""
+        return Decider(user_id=self.user_id, roles=self.roles, org_id=self.org_id)
 
 
 @runtime_checkable
@@ -44,17 +68,24 @@ class ApiKeyAuthenticator:
     A key is hashed (HMAC-SHA256 with the salt) as soon as it is added, and only the hash is
     kept, so a memory dump or a config file of hashes gives no key away. Give a fixed `salt`
     to configure keys by their `digest` (made once, with the same salt) instead of in plain.
+    A key may expire: past its `expires_at` it authenticates nobody (401).
 
     Args:
         keys: API key -> the caller it authenticates.
         salt: the HMAC key (default: random, for keys added in plain in this process).
+        clock: the time (seconds since the epoch), for expiries.
     """
 
     def __init__(
-        self, keys: Mapping[str, Caller] | None = None, *, salt: bytes | None = None
+        self,
+        keys: Mapping[str, Caller] | None = None,
+        *,
+        salt: bytes | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.salt = salt if salt is not None else secrets.token_bytes(16)
-        self._callers: dict[str, Caller] = {}
+        self.clock = clock
+        self._callers: dict[str, tuple[Caller, float | None]] = {}
         for key, caller in (keys or {}).items():
             self.add(key, caller)
 
@@ -67,20 +98,136 @@ class ApiKeyAuthenticator:
         """The salted hash of `key`, as kept (hex)."""
         return hmac.digest(self.salt, key.encode(), "sha256").hex()
 
-    def add(self, key: str, caller: Caller) -> None:
-        """Accept `key` for `caller` (only its hash is kept)."""
+    def add(
+        self,
+        key: str,
+        caller: Caller,
+        *,
+        key_id: str | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        """Accept `key` for `caller` (only its hash is kept).
+
+        Args:
+            key: the key.
+            caller: who it authenticates (org, user, roles).
+            key_id: its name in the audit trail (`Caller.credential` is `key:<key_id>`);
+                default: the start of its salted hash.
+            expires_at: when it stops working (seconds since the epoch); None: never.
+        """
         if not key or key != key.strip():
             raise ValueError("an API key must be non-empty, without surrounding whitespace")
-        self.add_digest(self.digest(key), caller)
+        self.add_digest(self.digest(key), caller, key_id=key_id, expires_at=expires_at)
 
-    def add_digest(self, digest: str, caller: Caller) -> None:
-        """Accept the key whose `digest` (with this salt) is given, for `caller`."""
-        self._callers[digest] = Caller(*caller)
+    def add_digest(
+        self,
+        digest: str,
+        caller: Caller,
+        *,
+        key_id: str | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        """Accept the key whose `digest` (with this salt) is given, for `caller` (as `add`)."""
+        caller = Caller(*caller)
+        if caller.credential is None:
+            caller = caller._replace(credential=f"key:{key_id or digest[:12]}")
+        self._callers[digest] = (caller, expires_at)
+
+    def add_spec(self, spec: str) -> None:
+        """Accept the key of a spec (`ApiKeySpec.parse`): `ORG:USER:KEY`, or with `id=`, ..."""
+        parsed = ApiKeySpec.parse(spec)
+        self.add(
+            parsed.key,
+            Caller(parsed.org_id, parsed.user_id, parsed.roles),
+            key_id=parsed.key_id,
+            expires_at=parsed.expires_at,
+        )
 
     async def authenticate(self, request: Request) -> Caller | None:
-        """The caller of a valid bearer key, or `None`."""
+        """The caller of a valid, unexpired bearer key, or `None`."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not key:
             return None
         # Looked up by its HMAC: a caller cannot steer the hash, so timing tells nothing.
-        return self._callers.get(self.digest(key.strip()))
+        found = self._callers.get(self.digest(key.strip()))
+        if found is None:
+            return None
+        caller, expires_at = found
+        if expires_at is not None and self.clock() >= expires_at:
+            return None
+        return caller
+
+
+_FIELDS = ("id", "org", "user", "roles", "expires", "key")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeySpec:
+    """One configured API key: who it authenticates, its id, roles and expiry.
+
+    Written in one of two forms (in `HANDRAIL_API_KEYS`, space-separated, or a keys file, one
+    a line):
+
+    - `ORG:USER:KEY`: no roles, never expires (the key itself may contain colons);
+    - `id=ops-1,org=acme,user=bo,roles=it-admin+helpdesk,expires=2027-01-31,key=KEY`: fields
+      in any order, `key=` last (the key may then contain anything); `roles` joined with `+`,
+      `expires` an ISO 8601 date or date and time (UTC unless it says otherwise); only `org`,
+      `user` and `key` are required.
+    """
+
+    org_id: str
+    user_id: str
+    key: str
+    key_id: str | None = None
+    roles: frozenset[str] = frozenset()
+    expires_at: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> ApiKeySpec:
+        """Read a spec (see the class).
+
+        Raises:
+            ValueError: the spec is malformed (the message shows the forms, never the key).
+        """
+        if not spec.startswith(tuple(f"{name}=" for name in _FIELDS)):
+            org_id, user_id, key = [*spec.split(":", 2), "", ""][:3]
+            if not (org_id and user_id and key):
+                raise ValueError(
+                    "An API key is ORG:USER:KEY, or id=ID,org=ORG,user=USER,roles=R1+R2,"
+                    "expires=2027-01-31,key=KEY (the key last)."
+                )
+            return cls(org_id, user_id, key)
+        head, found, key = spec.partition("key=")
+        fields: dict[str, str] = {}
+        for item in filter(None, head.split(",")):
+            name, equals, value = item.partition("=")
+            if not equals or name not in _FIELDS or name in fields:
+                raise ValueError(
+                    f"API key field {name!r}: fields are {', '.join(_FIELDS)}, each once, "
+                    f"as name=value, key= last."
+                )
+            fields[name] = value
+        if not (found and key and fields.get("org") and fields.get("user")):
+            raise ValueError(f"An API key {fields.get('id', '')!r} needs org=, user= and key=.")
+        roles = frozenset(r for r in fields.get("roles", "").split("+") if r)
+        expires = fields.get("expires")
+        return cls(
+            fields["org"],
+            fields["user"],
+            key,
+            fields.get("id") or None,
+            roles,
+            _timestamp(expires) if expires else None,
+        )
+
+
+def _timestamp(text: str) -> float:
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"API key expires={text!r}: give an ISO 8601 date (2027-01-31) or date and time."
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()

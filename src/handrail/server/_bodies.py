@@ -81,6 +81,12 @@ class ListQuery(_Strict):
     status: SessionStatus | None = Field(None, description="Only sessions in this status.")
     limit: int = Field(50, ge=1, le=500, description="At most this many.")
     offset: int = Field(0, ge=0, le=MAX_NUMBER, description="Skip this many first.")
+    to_decide: bool = Field(
+        False,
+        description="Instead of the caller's sessions: those of others in its organisation "
+        "that wait for a decision the caller may make. `limit` and `offset` then page the "
+        "organisation's suspended sessions, so a page may hold fewer than `limit`.",
+    )
 
 
 class EventsQuery(_Strict):
@@ -158,6 +164,14 @@ class MessagesBody(BaseModel):
     )
 
 
+class DecisionPolicyBody(BaseModel):
+    """Who may decide a tool's calls (`handrail.policy.DecisionPolicy`)."""
+
+    roles: list[str] = Field(description="A decider needs one of these (empty: anyone of the org).")
+    four_eyes: bool = Field(description="The requester may not approve their own call.")
+    approvals: int = Field(description="How many different people must approve a call.")
+
+
 class ToolBody(BaseModel):
     """A tool, as a UI needs it: to show its calls and build the forms of their cards."""
 
@@ -171,6 +185,9 @@ class ToolBody(BaseModel):
     executor: str = Field(description="server, human, client or provider.")
     gated: bool = Field(description="A person approves each call before it runs.")
     amendable: list[str] = Field(description="The arguments a person may change when approving.")
+    decision_policy: DecisionPolicyBody | None = Field(
+        None, description="Who may decide its calls (null: the person who requested them)."
+    )
 
 
 class AgentBody(BaseModel):

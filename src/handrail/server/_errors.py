@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..exceptions import (
+    DecisionNotAllowedError,
     InvalidDecisionError,
     SessionBusyError,
     SessionCorruptError,
@@ -69,6 +70,7 @@ def error_response(
 _STATUS: dict[type[Exception], tuple[int, str]] = {
     SessionNotFoundError: (404, "not_found"),
     StaleResolutionError: (409, "stale_resolution"),
+    DecisionNotAllowedError: (403, "decision_not_allowed"),
     SessionBusyError: (409, "session_busy"),
     TurnInProgressError: (409, "turn_in_progress"),
     InvalidDecisionError: (422, "invalid_decision"),

@@ -21,7 +21,7 @@ from ..engine import Engine
 from ..exceptions import UserError
 from ..store import MemoryStore
 from ._app import create_app
-from ._auth import ApiKeyAuthenticator, Caller
+from ._auth import ApiKeyAuthenticator
 
 __all__ = ["app_from_env", "authenticator_from", "load_engine", "name_worker"]
 
@@ -54,17 +54,20 @@ def load_engine(target: str) -> Engine:
 
 
 def authenticator_from(specs: Iterable[str], file: Path | None = None) -> ApiKeyAuthenticator:
-    """An `ApiKeyAuthenticator` of `ORG:USER:KEY` specs, and of a file of them (one a line).
+    """An `ApiKeyAuthenticator` of key specs, and of a file of them (one a line).
+
+    A spec is `ORG:USER:KEY`, or `id=ID,org=ORG,user=USER,roles=R1+R2,expires=DATE,key=KEY`
+    (`ApiKeySpec`).
 
     Raises:
-        UserError: a spec is not `ORG:USER:KEY`.
+        UserError: a spec is malformed.
     """
     authenticator = ApiKeyAuthenticator()
     for spec in _specs(specs, file):
-        org_id, user_id, key = [*spec.split(":", 2), "", ""][:3]
-        if not (org_id and user_id and key):
-            raise UserError("An API key is ORG:USER:KEY (the key itself may contain colons).")
-        authenticator.add(key, Caller(org_id, user_id))
+        try:
+            authenticator.add_spec(spec)
+        except ValueError as error:
+            raise UserError(str(error)) from None
     return authenticator
 
 
@@ -97,7 +100,8 @@ def app_from_env() -> Starlette:
 
     Environment:
         HANDRAIL_ENGINE: the engine, `module:attribute` (or a factory), as `handrail serve`.
-        HANDRAIL_API_KEYS: `ORG:USER:KEY` specs, space-separated; and/or
+        HANDRAIL_API_KEYS: API key specs (`ORG:USER:KEY`, or `id=...,org=...,user=...,
+            roles=...,expires=...,key=...`: `ApiKeySpec`), space-separated; and/or
         HANDRAIL_API_KEYS_FILE: a file of them, one a line.
         HANDRAIL_WORKER_ID: a name for this deployment's workers; each process is named
             `<it>-<pid>` (default: the host name), since processes must not share one.
@@ -115,7 +119,8 @@ def app_from_env() -> Starlette:
     authenticator = authenticator_from(specs)
     if not specs:
         raise UserError(
-            "Set HANDRAIL_API_KEYS (space-separated ORG:USER:KEY) or HANDRAIL_API_KEYS_FILE: "
+            "Set HANDRAIL_API_KEYS (space-separated key specs, ORG:USER:KEY) or "
+            "HANDRAIL_API_KEYS_FILE: "
             "every process must accept the same keys."
         )
     engine = load_engine(target)

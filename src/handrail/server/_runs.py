@@ -127,7 +127,7 @@ class Runs:
             HandrailError: what the run raised before its first event.
         """
         if session_id in self._tasks:
-            if self._callers[session_id] != caller:  # another tenant's is no session at all
+            if self._callers[session_id].who != caller.who:  # another's is no session at all
                 raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
             raise TurnInProgressError(
                 f"A turn of session {session_id!r} is running: wait for it to end, or interrupt it."
@@ -209,15 +209,19 @@ class Runs:
             when the turn did not resume here: calls are still pending, or another worker
             resumed it first).
         """
-        org_id, user_id = caller
-        resolution = await self.engine.resolve_many(
-            session_id, decisions, org_id=org_id, user_id=user_id
-        )
+        resolution = await self.engine.resolve_many(session_id, decisions, decider=caller.decider())
         if not resolution.ready:
             return resolution, None
-        resume = self.engine.resume(session_id, org_id=org_id, user_id=user_id, client=client)
+        # The turn goes on as its session's user's, whoever made the last decision.
+        found = await self.engine.store.summary(session_id)
+        if found is None or found.org_id is None or found.user_id is None:
+            return resolution, None  # deleted in between
+        owner = Caller(found.org_id, found.user_id)
+        resume = self.engine.resume(
+            session_id, org_id=owner.org_id, user_id=owner.user_id, client=client
+        )
         try:
-            return resolution, await self.start(session_id, resume, caller)
+            return resolution, await self.start(session_id, resume, owner)
         except (SessionBusyError, UserError):
             return resolution, None  # another worker got there first
 

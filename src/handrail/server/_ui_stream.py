@@ -132,6 +132,7 @@ def ui_stream_operations(api: _Api, path: str = "/chat") -> list[Operation]:
             body=ChatRequest,
             stream=True,
             foreign_events=events,
+            errors=(403,),
         ),
         Operation(
             "GET",
@@ -186,7 +187,7 @@ class _Endpoint:
     async def _turn_start(self, caller: Caller, session_id: str) -> int | None:
         """The number of the event before the current turn's first; None: no current turn."""
         found = await self.api.store.summary(session_id)
-        if found is None or (found.org_id, found.user_id) != tuple(caller):
+        if found is None or (found.org_id, found.user_id) != caller.who:
             return None
         return await self.api.runs.current_turn(session_id)
 

@@ -21,6 +21,7 @@ from ..context import ContextStore, check_path
 from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
 from ..models import ToolDefinition
+from ..policy import DecisionPolicy
 from ._arguments import validate_arguments
 
 if TYPE_CHECKING:
@@ -136,6 +137,10 @@ class Tool(Generic[DepsT]):
             behind it validates them). Cannot be combined with `bindings=` or `amendable=`.
         hosted: what the model provider runs, for a `provider` tool (required there, and only
             there); made by `web_search()`, `code_execution()` and `web_fetch()`.
+        decision_policy: who may decide this tool's calls: roles, four eyes, how many
+            approvals (`handrail.policy.DecisionPolicy`); for a gated or `human` tool.
+            Default: the domain's policy for the tool's permission, else only the person who
+            requested the call decides.
     """
 
     def __init__(
@@ -165,6 +170,7 @@ class Tool(Generic[DepsT]):
         dedup: bool = True,
         parameters: Mapping[str, Any] | None = None,
         hosted: HostedTool | None = None,
+        decision_policy: DecisionPolicy | None = None,
     ) -> None:
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
@@ -249,6 +255,17 @@ class Tool(Generic[DepsT]):
                 f"{label}: amendable fields only mean something when a human approves the "
                 f"call; set approval='required' or drop amendable=."
             )
+        if decision_policy is not None and not isinstance(decision_policy, DecisionPolicy):
+            raise ToolDefinitionError(
+                f"{label}: decision_policy= takes a handrail.policy.DecisionPolicy, not "
+                f"{type(decision_policy).__name__}."
+            )
+        if decision_policy is not None and not (self.gated or executor == "human"):
+            raise ToolDefinitionError(
+                f"{label}: decision_policy= says who decides a call, and nobody decides this "
+                f"tool's calls; gate the tool (approval='required') or drop decision_policy=."
+            )
+        self.decision_policy: DecisionPolicy | None = decision_policy
         if cache_ttl is not None and not idempotent:
             raise ToolDefinitionError(
                 f"{label}: cache_ttl= reuses results, which is only safe for a tool that is "

@@ -1,0 +1,258 @@
+"""Who may decide: decision policies through `Engine.resolve`, as a library user drives them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from handrail import (
+    MESSAGES,
+    Agent,
+    ApprovalCardPart,
+    Approve,
+    CardApproval,
+    ConflictError,
+    Decider,
+    DecisionNotAllowedError,
+    DecisionPolicy,
+    Domain,
+    Engine,
+    InvalidDecisionError,
+    Reject,
+    Runtime,
+    SessionNotFoundError,
+    ToolDefinitionError,
+    UserError,
+    tool,
+)
+from handrail.store import MemoryStore
+from handrail.testing import ScriptedModel, call, sequential_ids
+
+wiped: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    wiped.clear()
+
+
+ADMINS = DecisionPolicy(roles={"it-admin"}, four_eyes=True, approvals=2)
+
+
+@tool(name="laptops.wipe", permission="destructive", amendable=["reason"])
+def wipe(laptop: str, reason: str = "lost") -> str:
+    """Wipe a laptop."""
+    wiped.append(laptop)
+    return f"wiped {laptop}"
+
+
+@tool(name="laptops.lock", permission="write", decision_policy=DecisionPolicy(roles={"helpdesk"}))
+def lock(laptop: str) -> str:
+    """Lock a laptop."""
+    return f"locked {laptop}"
+
+
+@tool(name="laptops.rename", permission="write", amendable=["name"])
+def rename(laptop: str, name: str) -> str:
+    """Rename a laptop."""
+    return f"renamed {laptop} to {name}"
+
+
+ANA = Decider(user_id="ana", org_id="acme")  # the requester, no role
+BO = Decider(user_id="bo", roles=frozenset({"it-admin"}), org_id="acme")
+CY = Decider(user_id="cy", roles=frozenset({"it-admin", "helpdesk"}), org_id="acme")
+DI = Decider(user_id="di", roles=frozenset({"sales"}), org_id="acme")
+EVE = Decider(user_id="eve", roles=frozenset({"it-admin"}), org_id="globex")
+
+
+def engine_for(call_: Any, store: MemoryStore | None = None, **domain: Any) -> Engine:
+    model = ScriptedModel([[call_], "Done."])
+    agent = Agent("desk", tools=[wipe, lock, rename])
+    policies = domain.pop("policies", {"destructive": ADMINS})
+    return Engine(
+        Domain(agents=[agent], policies=policies),
+        store=store or MemoryStore(),
+        runtime=Runtime(model=model, ids=sequential_ids(), clock=lambda: 1_000.0),
+    )
+
+
+async def suspend(engine: Engine) -> None:
+    events = [e async for e in engine.submit("s1", "go", org_id="acme", user_id="ana")]
+    assert events[-1].type == "run-suspended"
+
+
+async def card_of(engine: Engine) -> ApprovalCardPart:
+    state = await engine.session("s1", org_id="acme", user_id="ana")
+    return state.pending["call_1"]
+
+
+async def test_a_decider_without_the_role_is_refused_naming_the_rule_and_nothing_is_recorded():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    before = await engine.store.load("s1")
+    for decider in (DI, ANA):  # someone without the role; the requester, who has none
+        with pytest.raises(DecisionNotAllowedError) as refused:
+            await engine.resolve("s1", "call_1", Approve(), decider=decider)
+        assert refused.value.tool_name == "laptops.wipe"
+        assert f"laptops.wipe needs the role it-admin; {decider.user_id} has none" in str(
+            refused.value
+        )
+    after = await engine.store.load("s1")
+    assert before is not None and after is not None
+    assert after.version == before.version  # nothing was saved
+    card = await card_of(engine)
+    assert (card.decision, card.approvals) == (None, None)
+
+
+async def test_four_eyes_refuses_the_requesters_approval_but_lets_them_withdraw():
+    policies = {"destructive": DecisionPolicy(roles={"it-admin"}, four_eyes=True)}
+    engine = engine_for(call("laptops.wipe", laptop="L-7"), policies=policies)
+    await suspend(engine)
+    admin_ana = Decider(user_id="ana", roles=frozenset({"it-admin"}), org_id="acme")
+    with pytest.raises(DecisionNotAllowedError, match="needs four eyes: ana requested the call"):
+        await engine.resolve("s1", "call_1", Approve(), decider=admin_ana)
+    resolution = await engine.resolve("s1", "call_1", Reject(reason="found it"), decider=ANA)
+    assert resolution.decided == ["call_1"]
+    state = await engine.session("s1", org_id="acme", user_id="ana")
+    card = next(p for m in state.messages for p in m.parts if isinstance(p, ApprovalCardPart))
+    assert (card.decision, card.decided_by) == ("reject", "ana")
+
+
+async def test_two_approvals_from_two_people_run_the_call_once():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    first = await engine.resolve("s1", "call_1", Approve(by="forged"), decider=BO)
+    assert (first.decided, first.pending) == ([], ["call_1"])
+    with pytest.raises(DecisionNotAllowedError, match="bo already approved it \\(1 of 2\\)"):
+        await engine.resolve("s1", "call_1", Approve(), decider=BO)
+    card = await card_of(engine)
+    assert card.approvals == [CardApproval(by="bo", at=1_000.0)]  # `by` is the decider's
+    second = await engine.resolve("s1", "call_1", Approve(), decider=CY)
+    assert (second.decided, second.pending) == (["call_1"], [])
+    assert wiped == []
+    events = [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    assert events[-1].type == "run-completed"
+    assert wiped == ["L-7"]
+    state = await engine.session("s1", org_id="acme", user_id="ana")
+    card = next(p for m in state.messages for p in m.parts if isinstance(p, ApprovalCardPart))
+    assert (card.decision, card.decided_by) == ("approve", "cy")
+    assert [a.by for a in card.approvals or []] == ["bo", "cy"]
+
+
+async def test_a_rejection_by_an_allowed_decider_decides_a_call_that_needs_two_approvals():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    await engine.resolve("s1", "call_1", Approve(), decider=BO)
+    resolution = await engine.resolve("s1", "call_1", Reject(reason="no"), decider=CY)
+    assert resolution.ready
+    [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    assert wiped == []
+
+
+async def test_later_approvals_approve_the_first_ones_amendments_and_cannot_change_them():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=BO)
+    with pytest.raises(InvalidDecisionError, match="approved by bo with other arguments"):
+        await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "broken"}), decider=CY)
+    same = Approve(amended_args={"reason": "stolen"})  # repeating them is agreeing
+    assert (await engine.resolve("s1", "call_1", same, decider=CY)).ready
+    state = await engine.session("s1", org_id="acme", user_id="ana")
+    card = next(p for m in state.messages for p in m.parts if isinstance(p, ApprovalCardPart))
+    assert card.amended_args == {"laptop": "L-7", "reason": "stolen"}
+
+
+async def test_a_tools_own_policy_wins_over_the_domains_default():
+    engine = engine_for(call("laptops.lock", laptop="L-7"), policies={"write": ADMINS})
+    await suspend(engine)
+    with pytest.raises(DecisionNotAllowedError, match="needs the role helpdesk; bo has none"):
+        await engine.resolve("s1", "call_1", Approve(), decider=BO)
+    assert (await engine.resolve("s1", "call_1", Approve(), decider=CY)).ready
+
+
+async def test_without_a_policy_only_the_requester_decides():
+    engine = engine_for(call("laptops.rename", laptop="L-7", name="x"))
+    await suspend(engine)
+    with pytest.raises(DecisionNotAllowedError, match="only ana, who requested the call"):
+        await engine.resolve("s1", "call_1", Approve(), decider=CY)
+    assert (await engine.resolve("s1", "call_1", Approve(), decider=ANA)).ready
+
+
+async def test_a_policy_needs_a_decider_and_another_organisation_sees_no_session():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    with pytest.raises(DecisionNotAllowedError, match="pass decider=Decider"):
+        await engine.resolve("s1", "call_1", Approve(), org_id="acme", user_id="ana")
+    with pytest.raises(SessionNotFoundError):
+        await engine.resolve("s1", "call_1", Approve(), decider=EVE)
+    with pytest.raises(UserError, match="not both"):
+        await engine.resolve("s1", "call_1", Approve(), decider=BO, org_id="acme")
+
+
+class BarrierStore(MemoryStore):
+    """Two loads of s1 return only once both have read it: both decide on the same state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.loaded = 0
+        self.both = asyncio.Event()
+        self.conflicts = 0
+
+    async def load(self, session_id: str) -> Any:
+        record = await super().load(session_id)
+        if self.armed and self.loaded < 2:
+            self.loaded += 1
+            if self.loaded == 2:
+                self.both.set()
+            await self.both.wait()
+        return record
+
+    async def save(self, record: Any) -> Any:
+        try:
+            return await super().save(record)
+        except ConflictError:
+            self.conflicts += 1
+            raise
+
+
+async def test_approvals_racing_from_two_engines_over_one_store_both_count():
+    store = BarrierStore()
+    engine = engine_for(call("laptops.wipe", laptop="L-7"), store=store)
+    other = engine_for(call("laptops.wipe", laptop="L-7"), store=store)  # another process
+    await suspend(engine)
+    store.armed = True
+    first, second = await asyncio.gather(
+        engine.resolve("s1", "call_1", Approve(), decider=BO),
+        other.resolve("s1", "call_1", Approve(), decider=CY),
+    )
+    assert store.conflicts == 1  # the later save lost the compare-and-swap, and decided again
+    assert sorted([first.ready, second.ready]) == [False, True]  # exactly one completed it
+    state = await engine.session("s1", org_id="acme", user_id="ana")
+    decided = next(p for m in state.messages for p in m.parts if isinstance(p, ApprovalCardPart))
+    assert sorted(a.by or "" for a in decided.approvals or []) == ["bo", "cy"]
+    [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    assert wiped == ["L-7"]
+
+
+def test_a_card_stored_before_policies_loads_without_approvals():
+    stored = (
+        '[{"id":"m1","role":"assistant","parts":[{"type":"approval","tool_call_id":"c1",'
+        '"tool_name":"laptops.wipe","args":{"laptop":"L-7"},"decision":"approve"}]}]'
+    )
+    [message] = MESSAGES.validate_json(stored)
+    card = message.parts[0]
+    assert isinstance(card, ApprovalCardPart) and card.approvals is None
+
+
+def test_policies_that_cannot_work_fail_when_they_are_declared():
+    with pytest.raises(ToolDefinitionError, match="write roles=\\{'it-admin'\\}"):
+        DecisionPolicy(roles="it-admin")  # type: ignore[arg-type]
+    with pytest.raises(ToolDefinitionError, match="can never be met"):
+        DecisionPolicy(approvals=0)
+    with pytest.raises(ToolDefinitionError, match="nobody decides this tool's calls"):
+        tool(name="laptops.list", decision_policy=ADMINS)(lambda: [])
+    with pytest.raises(UserError, match="keyed by tool permission"):
+        Domain(agents=[Agent("desk", tools=[wipe])], policies={"admin": ADMINS})
