@@ -1,35 +1,39 @@
-"""Event-log notices within one process: what `listen_events` gives for memory and SQLite.
+"""Notices within one process: event-log appends (`listen_events`) and wake-ups (`listen`).
 
-A notice is `(session_id, number)`: the session's event log holds events up to `number`. A
-store that cannot push notices between processes (memory, SQLite) hands out the notices of
-the appends made through it, at once; PostgreSQL sends them over LISTEN/NOTIFY instead.
+An event notice is `(session_id, number)`: the session's event log holds events up to
+`number`. A store that cannot push notices between processes (memory, SQLite) hands out the
+notices of the appends made through it, at once; PostgreSQL sends them over LISTEN/NOTIFY
+instead. The memory store's wake-ups (`notify`/`listen`: session ids) go the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 from types import TracebackType
+from typing import Generic, TypeVar
 
-__all__ = ["EventNotice", "LocalEventFeed"]
+__all__ = ["EventNotice", "LocalFeed"]
 
 EventNotice = tuple[str, int]
 """`(session_id, number)`: the session's event log has events up to `number`."""
 
+T = TypeVar("T")
 
-class LocalEventFeed:
-    """The notices of the appends made through one store object, to its subscribers."""
+
+class LocalFeed(Generic[T]):
+    """Notices published through one store object, to every subscriber in this process."""
 
     def __init__(self) -> None:
-        self._subscriptions: set[_LocalSubscription] = set()
+        self._subscriptions: set[_LocalSubscription[T]] = set()
         self.closed = False
 
-    def publish(self, session_id: str, last: int) -> None:
-        """Tell every subscriber that `session_id`'s log now reaches `last`."""
+    def publish(self, notice: T) -> None:
+        """Hand `notice` to every subscriber."""
         for subscription in self._subscriptions:
-            subscription.queue.put_nowait((session_id, last))
+            subscription.queue.put_nowait(notice)
 
-    def subscribe(self) -> _LocalSubscription:
-        """`async with feed.subscribe() as notices: async for session_id, last in notices`."""
+    def subscribe(self) -> _LocalSubscription[T]:
+        """`async with feed.subscribe() as notices: async for notice in notices`."""
         return _LocalSubscription(self)
 
     def close(self) -> None:
@@ -40,12 +44,12 @@ class LocalEventFeed:
         self._subscriptions.clear()
 
 
-class _LocalSubscription:
-    def __init__(self, feed: LocalEventFeed) -> None:
+class _LocalSubscription(Generic[T]):
+    def __init__(self, feed: LocalFeed[T]) -> None:
         self._feed = feed
-        self.queue: asyncio.Queue[EventNotice | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[T | None] = asyncio.Queue()
 
-    async def __aenter__(self) -> _LocalSubscription:
+    async def __aenter__(self) -> _LocalSubscription[T]:
         if self._feed.closed:
             self.queue.put_nowait(None)
         else:
@@ -60,10 +64,10 @@ class _LocalSubscription:
     ) -> None:
         self._feed._subscriptions.discard(self)
 
-    def __aiter__(self) -> _LocalSubscription:
+    def __aiter__(self) -> _LocalSubscription[T]:
         return self
 
-    async def __anext__(self) -> EventNotice:
+    async def __anext__(self) -> T:
         notice = await self.queue.get()
         if notice is None:  # the store was closed
             self.queue.put_nowait(None)

@@ -7,7 +7,6 @@ too, and a caller changing a dict it saved or loaded cannot change what is store
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import builtins
 from collections.abc import AsyncIterator
@@ -42,7 +41,7 @@ from ._codec import (
 from ._codec import (
     incarnation_of as _incarnation_of,
 )
-from ._events import EventNotice, LocalEventFeed
+from ._events import EventNotice, LocalFeed
 
 __all__ = ["MemoryStore"]
 
@@ -81,8 +80,8 @@ class MemoryStore:
         self._logs: dict[str, dict[str, _Logged]] = {}
         self._events: dict[str, builtins.list[tuple[int, str]]] = {}  # events as JSON text
         self._leases: dict[str, tuple[str, float]] = {}
-        self._subscriptions: set[_Subscription] = set()
-        self._event_feed = LocalEventFeed()
+        self._wakeups: LocalFeed[str] = LocalFeed()
+        self._event_feed: LocalFeed[EventNotice] = LocalFeed()
         self._closed = False
 
     async def __aenter__(self) -> MemoryStore:
@@ -337,7 +336,7 @@ class MemoryStore:
         last = log[-1][0] if log else 0
         log.extend(enumerate(texts, last + 1))
         if texts:
-            self._event_feed.publish(session_id, last + len(texts))
+            self._event_feed.publish((session_id, last + len(texts)))
         return last + len(texts)
 
     async def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> LoggedEvents:
@@ -385,12 +384,12 @@ class MemoryStore:
     async def notify(self, session_id: str) -> None:
         """Wake every listener of this store; see `SessionStore.notify`."""
         self._check_open()
-        for subscription in self._subscriptions:
-            subscription.queue.put_nowait(session_id)
+        self._wakeups.publish(session_id)
 
-    def listen(self) -> _Subscription:
+    def listen(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
         """Subscribe to wake-ups; see `SessionStore.listen`."""
-        return _Subscription(self)
+        self._check_open()
+        return self._wakeups.subscribe()
 
     def listen_events(self) -> AbstractAsyncContextManager[AsyncIterator[EventNotice]]:
         """Subscribe to event-log appends; see `SessionStore.listen_events`."""
@@ -400,41 +399,8 @@ class MemoryStore:
         """Forget everything and end every subscription."""
         self._closed = True
         self._event_feed.close()
-        for subscription in self._subscriptions:
-            subscription.queue.put_nowait(None)
-        self._subscriptions.clear()
+        self._wakeups.close()
         self._sessions.clear()
         self._logs.clear()
         self._events.clear()
         self._leases.clear()
-
-
-class _Subscription:
-    """`async with store.listen() as wakeups`: session ids as `notify` announces them."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        self._store = store
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-
-    async def __aenter__(self) -> _Subscription:
-        self._store._check_open()
-        self._store._subscriptions.add(self)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._store._subscriptions.discard(self)
-
-    def __aiter__(self) -> _Subscription:
-        return self
-
-    async def __anext__(self) -> str:
-        session_id = await self.queue.get()
-        if session_id is None:  # the store was closed
-            self.queue.put_nowait(None)
-            raise StopAsyncIteration
-        return session_id

@@ -49,7 +49,7 @@ from ._codec import (
     stamped,
     summary_from_row,
 )
-from ._events import EventNotice, LocalEventFeed
+from ._events import EventNotice, LocalFeed
 from ._thread import ConnectionThread
 
 __all__ = ["SqliteStore"]
@@ -197,7 +197,7 @@ class SqliteStore:
         self._closed = False
         self._subscriptions: set[_Subscription] = set()
         self._appends: _Appends | None = None  # appends waiting to commit together
-        self._event_feed = LocalEventFeed()
+        self._event_feed: LocalFeed[EventNotice] = LocalFeed()
 
     async def __aenter__(self) -> SqliteStore:
         return self
@@ -640,7 +640,7 @@ class SqliteStore:
         outcomes = [error] * len(batch.items) if error is not None else done.result()
         for (session_id, texts, future), outcome in zip(batch.items, outcomes, strict=True):
             if isinstance(outcome, int) and texts:
-                self._event_feed.publish(session_id, outcome)
+                self._event_feed.publish((session_id, outcome))
             if future.done():  # its caller was cancelled: the events are logged anyway
                 continue
             if isinstance(outcome, sqlite3.Error):
