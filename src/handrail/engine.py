@@ -30,6 +30,7 @@ from ._redact import public_event
 from ._tool_result import ToolResult
 from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
+from .audit import call_entry, decision_entry
 from .capture import (
     ApplyReport,
     CapturedAction,
@@ -57,7 +58,7 @@ from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._codec import INCARNATION
-from .suspension import Decision, card_event, decide, expire
+from .suspension import Decision, args_digest, card_event, decide, expire
 from .tools import Tool
 from .tools._dispatch import Dispatcher, completed_event
 
@@ -790,12 +791,22 @@ class Engine:
                 tools = agent.tools if agent is not None else {}
                 if any(c.kind == "batch" for c in state.pending.values()):
                     tools = self._tools()
-                for tool_call_id, decision in decisions.items():
-                    decide(state, tools, tool_call_id, decision, now=now)
+                cards = [
+                    (decide(state, tools, tool_call_id, decision, now=now), decision.via)
+                    for tool_call_id, decision in decisions.items()
+                ]
                 try:
                     await self._save(record, state, record.status)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
+                for card, via in cards:  # recorded once the decision is stored, never before
+                    digest = card.args_digest or args_digest(card.tool_name, card.args)
+                    await self.store.append_audit(
+                        decision_entry(
+                            card, org_id=record.org_id, session_id=session_id, via=via,
+                            args_digest=digest,
+                        )
+                    )  # fmt: skip
                 resolution = Resolution(decided=list(decisions), pending=list(state.pending))
             if resolution.ready:
                 await self.store.notify(session_id)  # a worker waiting on the store may resume
@@ -1045,12 +1056,13 @@ _NOTHING = {
 class _SessionJournal:
     """The journal of a run under an engine: checkpoints and the store's tool-call log."""
 
-    __slots__ = ("engine", "record", "state")
+    __slots__ = ("engine", "record", "started_at", "state")
 
     def __init__(self, engine: Engine, record: SessionRecord, state: RunState) -> None:
         self.engine = engine
         self.record = record
         self.state = state
+        self.started_at: dict[str, float] = {}  # log id -> when this process started it
 
     async def checkpoint(self) -> None:
         await self.engine._save(self.record, self.state, "active")
@@ -1062,9 +1074,22 @@ class _SessionJournal:
         await self.engine.store.log_started(
             self.record.id, log_id, key=key, tool=part.name, args=part.args
         )
+        self.started_at[log_id] = self.engine.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
-        await self.engine.store.log_finished(self.record.id, log_id, result_record(result))
+        store, record = self.engine.store, self.record
+        if not await store.log_finished(record.id, log_id, result_record(result)):
+            return  # its first result was recorded (and audited) already
+        now = self.engine.runtime.clock()
+        started = self.started_at.pop(log_id, None)
+        await store.append_audit(
+            call_entry(
+                result, org_id=record.org_id, session_id=record.id, tool=part.name,
+                tool_call_id=log_id, who=record.user_id, at=now,
+                args_digest=args_digest(part.name, part.args),
+                latency_ms=None if started is None else round((now - started) * 1000, 3),
+            )
+        )  # fmt: skip
 
 
 _STATUS: dict[str, SessionStatus] = {

@@ -81,6 +81,8 @@ class Approve:
     proposed)."""
     by: str | None = None
     """Who decided (recorded on the card)."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["approve"] = "approve"
 
 
@@ -92,6 +94,8 @@ class Reject:
     """Why, in words the model can relay to the user."""
     by: str | None = None
     """Who decided."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["reject"] = "reject"
 
 
@@ -111,6 +115,8 @@ class Answer:
     """The answer (or the output of the call that ran)."""
     by: str | None = None
     """Who answered."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["answer"] = "answer"
 
 
@@ -124,6 +130,8 @@ class ClientResult:
     """Set when the client failed to run the tool: the call fails with this error."""
     by: str | None = None
     """Who (which client) posted it."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["client_result"] = "client_result"
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -33,6 +33,8 @@ from ._auth import Authenticator, Caller
 from ._bodies import (
     MAX_NUMBER,
     AgentBody,
+    AuditBody,
+    AuditQuery,
     ClientQuery,
     DomainBody,
     EventsQuery,
@@ -261,6 +263,16 @@ def _writes(batch: list[tuple[int, dict[str, Any]]]) -> list[bytes]:
     return writes
 
 
+def _via(caller: Caller) -> str | None:
+    """Through which key or token the caller came, for the audit trail (None: unknown).
+
+    `Caller` names only the org and the user for now; once it carries the key id or the
+    token's subject, this returns it, and every decision records it.
+    """
+    via = getattr(caller, "via", None)
+    return via if isinstance(via, str) else None
+
+
 def _json(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status_code=status, media_type="application/json")
 
@@ -321,6 +333,12 @@ class _Api:
             Operation("POST", f"{session}/interrupt", self.interrupt,
                       "Stop the session's running turn", status=202, response=InterruptBody,
                       errors=(404, 409)),
+            Operation("GET", "/audit", self.read_audit,
+                      "Read the caller's organisation's audit trail (decisions and "
+                      "side-effecting calls, hash-chained)", query=AuditQuery,
+                      response=AuditBody,
+                      ndjson="with `Accept: application/x-ndjson`, every entry after `after` "
+                      "as JSON lines (an export)"),
             Operation("GET", "/domain", self.describe_domain,
                       "The engine's agents and tools (for a UI: the forms of the cards)",
                       response=DomainBody),
@@ -476,6 +494,30 @@ class _Api:
         document = await self.store.export(session_id)
         return Response(document, media_type="application/json")
 
+    async def read_audit(self, request: Request) -> Response:
+        """`GET /audit`: the caller's organisation's trail, a page (or every entry, as lines)."""
+        caller = await self._caller(request)
+        query = self._query(request, AuditQuery)
+        filters: dict[str, Any] = {
+            "session_id": query.session_id,
+            "tool": query.tool,
+            "kind": query.kind,
+        }
+        accept = request.headers.get("accept", "")
+        if "application/x-ndjson" in accept and "application/json" not in accept:
+            # Read before the 200 is sent, in pages: an unreadable trail answers an error.
+            lines: list[bytes] = []
+            after = query.after
+            while page := await self.store.audit(caller.org_id, after=after, limit=1000, **filters):
+                lines += [pydantic_core.to_json(e.to_json()) + b"\n" for e in page]
+                after = page[-1].seq
+            return StreamingResponse(iter(lines), media_type="application/x-ndjson")
+        found = await self.store.audit(
+            caller.org_id, after=query.after, limit=query.limit, **filters
+        )
+        last = found[-1].seq if len(found) == query.limit else None
+        return _json(AuditBody(entries=found, after=last))
+
     async def describe_domain(self, request: Request) -> Response:
         """`GET /domain`: the agents (which keep to scratch) and the tools, with their schemas."""
         await self._caller(request)
@@ -620,7 +662,9 @@ class _Api:
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {
-            item.tool_call_id: dataclasses.replace(item.decision, by=caller.user_id)
+            item.tool_call_id: dataclasses.replace(
+                item.decision, by=caller.user_id, via=_via(caller)
+            )
             for item in items
         }
         if len(decisions) < len(items):
