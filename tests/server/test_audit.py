@@ -13,12 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 from typer.testing import CliRunner
 
 from handrail.audit import GENESIS, AuditEntry, verify
 from handrail.cli import app as cli
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, TODAY, build_scenario
-from handrail.server import create_app
+from handrail.server import Caller, create_app
 from handrail.store import SqliteStore
 from handrail.suspension import args_digest
 
@@ -85,7 +86,9 @@ async def test_each_organisation_reads_its_own_trail_of_decisions_and_calls(
 ) -> None:
     server, _ = audited
     ana = await decide(
-        server, ANA, {"decision": "approve", "amended_args": {"amount": 40}, "by": "mallory"}
+        server,
+        ANA,
+        {"decision": "approve", "amended_args": {"amount": 40}, "by": "mallory", "via": "forged"},
     )
     bob = await decide(server, BOB, {"decision": "reject", "reason": "photos first"})
     now = TODAY.timestamp()
@@ -94,7 +97,7 @@ async def test_each_organisation_reads_its_own_trail_of_decisions_and_calls(
     decided, called = (AuditEntry.from_json(e) for e in acme)
     assert decided == AuditEntry(
         org_id="acme", seq=1, at=now, kind="decision", session_id=ana, tool="orders.refund",
-        tool_call_id=decided.tool_call_id, who="ana", decision="approve",
+        tool_call_id=decided.tool_call_id, who="ana", via=None, decision="approve",
         amended_before={"amount": 84.0}, amended_after={"amount": 40.0},
         args_digest=args_digest("orders.refund", AMENDED), prev_hash=GENESIS,
         hash=decided.hash,
@@ -187,3 +190,30 @@ async def test_verify_names_an_edited_entry_and_a_deleted_one(
     assert gone.exit_code == 1
     assert "broken at entry 2 (deleted)" in gone.output
     assert "entry 1 before entry 2 is missing (deleted)" in gone.output
+
+
+class _KeyCaller(Caller):
+    """A caller that says which key it came through (what the server's `Caller` will carry)."""
+
+    @property
+    def via(self) -> str:
+        return "key-7"
+
+
+class _KeyAuthenticator:
+    async def authenticate(self, request: Request) -> Caller | None:
+        return _KeyCaller("acme", "ana")
+
+
+async def test_a_decision_records_the_key_the_caller_came_through() -> None:
+    scenario = build_scenario()
+    app = create_app(scenario.engine, authenticator=_KeyAuthenticator(), static_dir=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client,
+        httpx.AsyncClient(transport=StreamingTransport(app), base_url="http://test") as streaming,
+    ):
+        server = Server(app=app, scenario=scenario, client=client, streaming=streaming)
+        await decide(server, ANA, {"decision": "reject", "via": "forged"})
+        (entry,) = await trail(server, ANA)
+    assert (entry["who"], entry["via"]) == ("ana", "key-7")
