@@ -1077,19 +1077,16 @@ class _SessionJournal:
         self.started_at[log_id] = self.engine.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
-        store, record = self.engine.store, self.record
-        if not await store.log_finished(record.id, log_id, result_record(result)):
-            return  # its first result was recorded (and audited) already
-        now = self.engine.runtime.clock()
+        record, now = self.record, self.engine.runtime.clock()
         started = self.started_at.pop(log_id, None)
-        await store.append_audit(
-            call_entry(
-                result, org_id=record.org_id, session_id=record.id, tool=part.name,
-                tool_call_id=log_id, who=record.user_id, at=now,
-                args_digest=args_digest(part.name, part.args),
-                latency_ms=None if started is None else round((now - started) * 1000, 3),
-            )
+        entry = call_entry(
+            result, org_id=record.org_id, session_id=record.id, tool=part.name,
+            tool_call_id=log_id, who=record.user_id, at=now,
+            args_digest=args_digest(part.name, part.args),
+            latency_ms=None if started is None else round((now - started) * 1000, 3),
         )  # fmt: skip
+        # The audit entry goes with the result, in its transaction (a repeated result: neither).
+        await self.engine.store.log_finished(record.id, log_id, result_record(result), audit=entry)
 
 
 _STATUS: dict[str, SessionStatus] = {

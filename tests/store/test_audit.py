@@ -101,3 +101,25 @@ async def test_concurrent_appends_from_two_stores_keep_one_chain(
     assert [e.seq for e in trail] == list(range(1, 41))
     assert sorted(e.session_id for e in trail) == sorted(f"s-{n}" for n in range(40))
     assert verify(trail) == []
+
+
+async def test_a_result_is_logged_with_its_audit_entry_or_not_at_all(store: SessionStore) -> None:
+    await store.log_started("s-1", "c-1", key="k", tool="orders.refund", args={})
+    with pytest.raises(StoreError, match="JSON-compatible"):
+        bad = call("acme")
+        bad.latency_ms = float("inf")
+        await store.log_finished("s-1", "c-1", {"ok": True}, audit=bad)
+    assert [e.status for e in await store.tool_log("s-1")] == ["started"]  # nothing recorded
+    assert await store.audit("acme") == []
+
+    assert await store.log_finished("s-1", "c-1", {"ok": True}, audit=call("acme"))
+    assert [e.status for e in await store.tool_log("s-1")] == ["finished"]
+    (entry,) = await store.audit("acme")
+    assert (entry.seq, entry.kind, entry.outcome) == (1, "call", "ok")
+
+    # A second result is not recorded, and neither is its entry.
+    assert not await store.log_finished("s-1", "c-1", {"ok": False}, audit=call("acme"))
+    assert await store.audit("acme") == [entry]
+    with pytest.raises(StoreError, match="log_started"):
+        await store.log_finished("s-1", "c-9", {"ok": True}, audit=call("acme"))
+    assert await store.audit("acme") == [entry]

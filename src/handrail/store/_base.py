@@ -299,16 +299,26 @@ class SessionStore(Protocol):
         ...
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result.
+
+        With `audit`, the entry is appended to its organisation's audit trail (as
+        `append_audit` does) in the same transaction, if and only if the result is recorded:
+        a call's result is never logged without its entry, nor audited twice.
 
         Returns:
             `True` if recorded; `False` if the call had a result already (the first one is
             kept).
 
         Raises:
-            StoreError: the log has no such call (record `log_started` first).
+            StoreError: the log has no such call (record `log_started` first), or the audit
+                entry holds a value JSON cannot carry (then nothing is recorded).
         """
         ...
 

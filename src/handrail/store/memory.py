@@ -306,7 +306,12 @@ class MemoryStore:
         return True
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
         self._check_open()
@@ -316,6 +321,8 @@ class MemoryStore:
             raise not_started_error(session_id, tool_call_id)
         if logged.entry.status == "finished":
             return False
+        if audit is not None:
+            await self.append_audit(audit)  # no await inside: the two happen together
         logged.entry.status = "finished"
         logged.entry.finished_at = self.clock()
         logged.result = text

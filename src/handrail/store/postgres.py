@@ -762,7 +762,12 @@ class PostgresStore:
         )
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
         params = {
@@ -772,13 +777,16 @@ class PostgresStore:
             "now": self._now(),
         }
         async with self._connection(session_id) as connection:
-            cursor = await connection.execute(
-                f"""UPDATE {self._s}.handrail_tool_log
-                SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
-                WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
-                    AND status = 'started'""",
-                params,
-            )
+            async with connection.transaction() if audit is not None else contextlib.nullcontext():
+                cursor = await connection.execute(
+                    f"""UPDATE {self._s}.handrail_tool_log
+                    SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
+                    WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
+                        AND status = 'started'""",
+                    params,
+                )
+                if cursor.rowcount and audit is not None:
+                    await self._append_audit(connection, audit)  # in the same transaction
             if cursor.rowcount:
                 return True
             cursor = await connection.execute(
@@ -913,26 +921,32 @@ class PostgresStore:
         from every process, so the tail read and the insert never interleave with another
         append (and the primary key would refuse a forked seq anyway).
         """
+        async with self._connection(entry.session_id) as connection, connection.transaction():
+            return await self._append_audit(connection, entry)
+
+    async def _append_audit(
+        self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
+    ) -> AuditEntry:
+        """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
         org = entry.org_id or ""
         lock = int.from_bytes(
             hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
             "big",
             signed=True,
         )
-        async with self._connection(entry.session_id) as connection, connection.transaction():
-            await connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-            cursor = await connection.execute(
-                f"SELECT seq, hash FROM {self._s}.handrail_audit WHERE org_id = %s "
-                f"ORDER BY seq DESC LIMIT 1",
-                (org,),
-            )
-            tail = await cursor.fetchone()
-            chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
-            await connection.execute(
-                f"INSERT INTO {self._s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (org, chained.seq, chained.kind, chained.session_id, chained.tool,
-                 chained.hash, text),
-            )  # fmt: skip
+        await connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+        cursor = await connection.execute(
+            f"SELECT seq, hash FROM {self._s}.handrail_audit WHERE org_id = %s "
+            f"ORDER BY seq DESC LIMIT 1",
+            (org,),
+        )
+        tail = await cursor.fetchone()
+        chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
+        await connection.execute(
+            f"INSERT INTO {self._s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash,
+             text),
+        )  # fmt: skip
         return chained
 
     async def audit(

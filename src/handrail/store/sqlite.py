@@ -604,18 +604,27 @@ class SqliteStore:
         return bool(await self._call(lambda db: db.execute(sql, params).rowcount, session_id))
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
         text = encode(session_id, result, what="tool-call result")
         now = self.clock()
 
         def finish(db: sqlite3.Connection) -> bool:
-            updated = db.execute(
-                """UPDATE handrail_tool_log SET status = 'finished', result = ?, finished_at = ?
-                WHERE session_id = ? AND tool_call_id = ? AND status = 'started'""",
-                (text, now, session_id, tool_call_id),
-            ).rowcount
+            with _transaction(db) if audit is not None else contextlib.nullcontext():
+                updated = db.execute(
+                    """UPDATE handrail_tool_log SET status = 'finished', result = ?,
+                    finished_at = ? WHERE session_id = ? AND tool_call_id = ?
+                    AND status = 'started'""",
+                    (text, now, session_id, tool_call_id),
+                ).rowcount
+                if updated and audit is not None:
+                    _append_audit(db, audit)  # one more statement in the same transaction
             if updated:
                 return True
             if db.execute(
@@ -687,22 +696,10 @@ class SqliteStore:
         The tail is read and the entry written in one write transaction: SQLite's one writer
         at a time (across processes too) keeps the chain from forking.
         """
-        org = entry.org_id or ""
 
         def append(db: sqlite3.Connection) -> AuditEntry:
             with _transaction(db):
-                tail = db.execute(
-                    "SELECT seq, hash FROM handrail_audit WHERE org_id = ? "
-                    "ORDER BY seq DESC LIMIT 1",
-                    (org,),
-                ).fetchone()
-                chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
-                db.execute(
-                    "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (org, chained.seq, chained.kind, chained.session_id, chained.tool,
-                     chained.hash, text),
-                )  # fmt: skip
-                return chained
+                return _append_audit(db, entry)
 
         return await self._call(append, entry.session_id)
 
@@ -860,6 +857,20 @@ class _Subscription:
                     async with asyncio.timeout(self._store.poll_interval):
                         await self.nudge.wait()
         return self._pending.popleft()
+
+
+def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
+    """Chain `entry` after its organisation's last and insert it (inside a write transaction)."""
+    org = entry.org_id or ""
+    tail = db.execute(
+        "SELECT seq, hash FROM handrail_audit WHERE org_id = ? ORDER BY seq DESC LIMIT 1", (org,)
+    ).fetchone()
+    chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
+    db.execute(
+        "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash, text),
+    )
+    return chained
 
 
 def migrate(db: sqlite3.Connection, now: float) -> int:
