@@ -263,16 +263,6 @@ def _writes(batch: list[tuple[int, dict[str, Any]]]) -> list[bytes]:
     return writes
 
 
-def _via(caller: Caller) -> str | None:
-    """Through which key or token the caller came, for the audit trail (None: unknown).
-
-    `Caller` names only the org and the user for now; once it carries the key id or the
-    token's subject, this returns it, and every decision records it.
-    """
-    via = getattr(caller, "via", None)
-    return via if isinstance(via, str) else None
-
-
 def _json(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status_code=status, media_type="application/json")
 
@@ -662,9 +652,7 @@ class _Api:
         body = (await self._body(request, ResolveBody)).root
         items = body if isinstance(body, list) else [body]
         decisions = {
-            item.tool_call_id: dataclasses.replace(
-                item.decision, by=caller.user_id, via=_via(caller)
-            )
+            item.tool_call_id: dataclasses.replace(item.decision, by=caller.user_id)
             for item in items
         }
         if len(decisions) < len(items):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -56,6 +57,16 @@ _RESUBSCRIBE = 1.0
 
 class TurnInProgressError(UserError):
     """A turn of the session is already running in this server."""
+
+
+def _caller_via(caller: Caller) -> str | None:
+    """Through which key or token the caller came, for the audit trail (None: unknown).
+
+    `Caller` names only the org and the user for now; once it carries the key id or the
+    token's subject, this returns it, and every decision records it.
+    """
+    via = getattr(caller, "via", None)
+    return via if isinstance(via, str) else None
 
 
 class Runs:
@@ -210,6 +221,10 @@ class Runs:
             resumed it first).
         """
         org_id, user_id = caller
+        # Through which key: set here for every protocol (REST, AG-UI, the UI stream), never
+        # taken from a body.
+        via = _caller_via(caller)
+        decisions = {k: dataclasses.replace(d, via=via) for k, d in decisions.items()}
         resolution = await self.engine.resolve_many(
             session_id, decisions, org_id=org_id, user_id=user_id
         )
