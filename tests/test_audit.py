@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from handrail import (
     Reject,
     Runtime,
     StaleResolutionError,
+    StoreError,
     tool,
 )
 from handrail.audit import GENESIS, chain, entry_hash, verify
@@ -146,3 +148,23 @@ async def test_decisions_record_who_via_what_and_a_refused_one_records_nothing()
     _, ran = await store.audit("acme")
     assert (ran.kind, ran.outcome, ran.args_digest) == ("call", "ok", decided.args_digest)
     assert verify(await store.audit("acme")) == []
+
+
+class _NoTrail(MemoryStore):
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        raise StoreError("the audit table is gone")
+
+
+async def test_a_decision_stands_when_its_audit_entry_cannot_be_written(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = _NoTrail()
+    engine = engine_for([[call("orders.refund", order_id="A1", amount=84.0)], "Waiting."], store)
+    await engine.submit("s-1", "refund A1", org_id="acme").finish()
+    (call_id,) = (await engine.session("s-1", org_id="acme")).pending
+    with caplog.at_level(logging.ERROR, logger="handrail"):
+        resolution = await engine.resolve("s-1", call_id, Reject(by="ana"), org_id="acme")
+    assert resolution.ready
+    assert (await engine.session("s-1", org_id="acme")).pending == {}
+    (logged,) = [r for r in caplog.records if "audit trail" in r.getMessage()]
+    assert call_id in logged.getMessage() and "'s-1'" in logged.getMessage()

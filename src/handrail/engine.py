@@ -799,18 +799,36 @@ class Engine:
                     await self._save(record, state, record.status)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
-                for card, via in cards:  # recorded once the decision is stored, never before
-                    digest = card.args_digest or args_digest(card.tool_name, card.args)
-                    await self.store.append_audit(
-                        decision_entry(
-                            card, org_id=record.org_id, session_id=session_id, via=via,
-                            args_digest=digest,
-                        )
-                    )  # fmt: skip
+                await self._audit_decisions(record, cards)
                 resolution = Resolution(decided=list(decisions), pending=list(state.pending))
             if resolution.ready:
                 await self.store.notify(session_id)  # a worker waiting on the store may resume
             return resolution
+
+    async def _audit_decisions(
+        self, record: SessionRecord, cards: list[tuple[ApprovalCardPart, str | None]]
+    ) -> None:
+        """Append the stored decisions to the audit trail (after the save: never before).
+
+        The decisions stand whatever happens here: a trail the store cannot append to is
+        logged as an error for an operator, not reported to whoever decided (a retry would
+        only find the calls decided).
+        """
+        for card, via in cards:
+            digest = card.args_digest or args_digest(card.tool_name, card.args)
+            entry = decision_entry(
+                card, org_id=record.org_id, session_id=record.id, via=via, args_digest=digest
+            )
+            try:
+                await self.store.append_audit(entry)
+            except StoreError:
+                _log.exception(
+                    "handrail engine %s: the decision on call %r of session %r is stored but "
+                    "could not be added to the audit trail",
+                    self.lease_owner,
+                    card.tool_call_id,
+                    record.id,
+                )
 
     async def expire_due(self) -> list[str]:
         """Expire every pending call past its deadline; return the sessions that changed.
