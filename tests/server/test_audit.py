@@ -166,6 +166,8 @@ async def test_verify_names_an_edited_entry_and_a_deleted_one(
         audit_cli, "list", "--org", "acme", "--db", str(path), "--kind", "call", "--json"
     )
     assert json.loads(listed.output) == [acme[1]]
+    table = await asyncio.to_thread(audit_cli, "list", "--org", "acme", "--db", str(path))
+    assert all(word in table.output for word in ("approve", "amended", "reject", "ok"))
 
     # Someone turns the refund's outcome into a failure, behind handrail's back.
     with sqlite3.connect(path) as db:
