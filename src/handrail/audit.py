@@ -28,6 +28,7 @@ __all__ = [
     "AuditEntry",
     "AuditKind",
     "AuditProblem",
+    "AuditProblemKind",
     "call_entry",
     "chain",
     "decision_entry",
@@ -198,7 +199,8 @@ def call_entry(
     )
 
 
-ProblemKind = Literal["edited", "deleted", "reordered", "relinked"]
+AuditProblemKind = Literal["edited", "deleted", "reordered", "relinked"]
+"""How a trail does not hold together at an entry (see `AuditProblem.kind`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -207,7 +209,7 @@ class AuditProblem:
 
     seq: int
     """The number of the first entry concerned."""
-    kind: ProblemKind
+    kind: AuditProblemKind
     """`edited` (its content no longer hashes to its hash), `deleted` (entries before it are
     missing), `reordered` (it comes out of order, or twice), `relinked` (its `prev_hash` is
     not the hash of the entry before it: that one was replaced)."""

@@ -414,7 +414,7 @@ class SessionStore(Protocol):
         """The organisation's audit entries numbered above `after`, in order.
 
         Args:
-            org_id: the organisation (`None`: the trail of sessions without one).
+            org_id: the organisation (`None` or `""`: the trail of sessions without one).
             after: skip the entries numbered up to this one (read the next page after the
                 last entry of this one).
             limit: at most this many.
