@@ -27,6 +27,7 @@ from handrail import (
     UserError,
     tool,
 )
+from handrail.audit import verify
 from handrail.store import MemoryStore
 from handrail.testing import ScriptedModel, call, sequential_ids
 
@@ -256,3 +257,21 @@ def test_policies_that_cannot_work_fail_when_they_are_declared():
         tool(name="laptops.list", decision_policy=ADMINS)(lambda: [])
     with pytest.raises(UserError, match="keyed by tool permission"):
         Domain(agents=[Agent("desk", tools=[wipe])], policies={"admin": ADMINS})
+
+
+async def test_each_approval_of_a_two_approval_call_is_audited():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=BO)
+    (first,) = await engine.store.audit("acme")  # the card still waits: its first approval
+    assert (first.who, first.decision) == ("bo", "approve")
+    assert (first.amended_before, first.amended_after) == ({"reason": "lost"}, {"reason": "stolen"})
+    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=CY)
+    [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    entries = await engine.store.audit("acme")
+    assert [(e.kind, e.who, e.decision) for e in entries] == [
+        ("decision", "bo", "approve"),
+        ("decision", "cy", "approve"),
+        ("call", "ana", None),
+    ]
+    assert verify(entries) == []

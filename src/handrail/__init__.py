@@ -15,6 +15,7 @@ from __future__ import annotations
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
 from ._turn import RouteDecision
 from .agent import Agent
+from .audit import AuditEntry
 from .capture import ApplyReport, CapturedAction, HeadlessResult, apply, temp_id
 from .compaction import Compaction
 from .context import ContextStore
@@ -112,6 +113,7 @@ __all__ = [
     "ApprovalRequired",
     "Approve",
     "AskPerson",
+    "AuditEntry",
     "CapturedAction",
     "CardApproval",
     "ClientExecRequired",

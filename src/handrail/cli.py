@@ -7,6 +7,7 @@ handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
 handrail sessions import session.json --overwrite
 handrail sessions delete SESSION_ID --yes
+handrail audit verify --org acme
 ```
 
 It needs the `server` extra (`pip install "handrail[server]"`). An error prints one line and
@@ -40,6 +41,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._loop import AgentRun
+from .audit import AuditEntry, AuditKind, verify
 from .documents._cli import docs_app
 from .engine import Engine
 from .evals._cli import eval_command
@@ -78,7 +80,12 @@ app = typer.Typer(
 sessions = typer.Typer(
     help="List, show, export, import and delete stored sessions.", no_args_is_help=True
 )
+audit = typer.Typer(
+    help="List, export (JSON lines) and verify an organisation's audit trail.",
+    no_args_is_help=True,
+)
 app.add_typer(sessions, name="sessions")
+app.add_typer(audit, name="audit")
 app.add_typer(docs_app, name="docs")
 app.command("eval")(eval_command)
 
@@ -667,6 +674,110 @@ class _Chat:
         if decision is None:
             raise CliError(f"No decision on {card.tool_name}: the input ended.")
         return decision
+
+
+# -- audit ----------------------------------------------------------------------------------
+
+Org = Annotated[
+    str,
+    typer.Option(help="The organisation whose trail it is ('': sessions without one)."),
+]
+_PAGE = 1000
+
+
+async def _audit_all(
+    store: SessionStore,
+    org_id: str | None,
+    *,
+    after: int = 0,
+    limit: int | None = None,
+    **filters: Any,
+) -> list[AuditEntry]:
+    """The organisation's entries after `after` (at most `limit`), read in pages."""
+    found: list[AuditEntry] = []
+    while limit is None or len(found) < limit:
+        size = _PAGE if limit is None else min(_PAGE, limit - len(found))
+        page = await store.audit(org_id, after=after, limit=size, **filters)
+        found += page
+        if len(page) < size:
+            break
+        after = page[-1].seq
+    return found
+
+
+@audit.command("list")
+@_one_line_errors
+def list_audit(
+    org: Org,
+    db: Db = Path("handrail.db"),
+    dsn: Dsn = None,
+    schema: Schema = "public",
+    session: Annotated[str | None, typer.Option(help="Only this session's entries.")] = None,
+    tool: Annotated[str | None, typer.Option(help="Only this tool's entries.")] = None,
+    kind: Annotated[AuditKind | None, typer.Option(help="Only decisions, or only calls.")] = None,
+    after: Annotated[int, typer.Option(min=0, help="Only entries after this one.")] = 0,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 50,
+    as_json: AsJson = False,
+) -> None:
+    """An organisation's audit entries, oldest first."""
+    found = _with_store(
+        db,
+        dsn,
+        schema,
+        lambda store: _audit_all(
+            store, org or None, after=after, limit=limit, session_id=session, tool=tool,
+            kind=kind,
+        ),
+    )  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps([e.to_json() for e in found], indent=2))
+        return
+    table = Table("seq", "when (UTC)", "kind", "session", "tool", "who", "what")
+    for e in found:
+        what = e.decision if e.kind == "decision" else e.outcome
+        if e.amended_after:
+            what = f"{what} (amended {', '.join(e.amended_after)})"
+        table.add_row(
+            str(e.seq), _when(e.at), e.kind, e.session_id, e.tool, e.who or "", what or ""
+        )
+    _out.print(table if found else "No audit entries.")
+
+
+@audit.command("export")
+@_one_line_errors
+def export_audit(
+    org: Org,
+    db: Db = Path("handrail.db"),
+    dsn: Dsn = None,
+    schema: Schema = "public",
+    after: Annotated[int, typer.Option(min=0, help="Only entries after this one.")] = 0,
+) -> None:
+    """An organisation's whole audit trail as JSON lines (one entry a line), oldest first."""
+    found = _with_store(db, dsn, schema, lambda store: _audit_all(store, org or None, after=after))
+    for entry in found:
+        typer.echo(json.dumps(entry.to_json(), ensure_ascii=False))
+
+
+@audit.command("verify")
+@_one_line_errors
+def verify_audit(
+    org: Org,
+    db: Db = Path("handrail.db"),
+    dsn: Dsn = None,
+    schema: Schema = "public",
+) -> None:
+    """Check the organisation's trail: exit 1 naming the first broken entry, if any."""
+    found = _with_store(db, dsn, schema, lambda store: _audit_all(store, org or None))
+    problems = verify(found)
+    if problems:
+        for problem in problems:
+            typer.echo(f"entry {problem.seq}: {problem.kind}: {problem.message}", err=True)
+        raise CliError(
+            f"The audit trail of {org!r} is broken at entry {problems[0].seq} "
+            f"({problems[0].kind}); {len(problems)} problem(s)."
+        )
+    last = found[-1].hash if found else "none"
+    typer.echo(f"{len(found)} entries verified; the last hash is {last}.")
 
 
 # -- sessions -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ._redact import public_event
 from ._tool_result import ToolResult
 from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
+from .audit import call_entry, decision_entry
 from .capture import (
     ApplyReport,
     CapturedAction,
@@ -58,7 +59,7 @@ from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._codec import INCARNATION
-from .suspension import Decision, card_event, decidable, decide, expire
+from .suspension import Decision, args_digest, card_event, decidable, decide, expire
 from .tools import Permission, Tool
 from .tools._dispatch import Dispatcher, completed_event
 
@@ -830,20 +831,26 @@ class Engine:
                     record, state = await self._load(session_id, decider.org_id, any_user=True)
                 now = self.runtime.clock()
                 tools = self._deciding_tools(state)
-                for tool_call_id, decision in decisions.items():
-                    decide(
-                        state,
-                        tools,
-                        tool_call_id,
-                        decision,
-                        now=now,
-                        decider=decider,
-                        policies=self.domain.policies,
+                cards = [
+                    (
+                        decide(
+                            state,
+                            tools,
+                            tool_call_id,
+                            decision,
+                            now=now,
+                            decider=decider,
+                            policies=self.domain.policies,
+                        ),
+                        decision.via,
                     )
+                    for tool_call_id, decision in decisions.items()
+                ]
                 try:
                     await self._save(record, state, record.status)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
+                await self._audit_decisions(record, cards)
                 resolution = Resolution(
                     decided=[i for i in decisions if i not in state.pending],
                     pending=list(state.pending),
@@ -869,6 +876,31 @@ class Engine:
         progress = state.progress
         agent = self.domain.by_name.get(progress.agent) if progress else None
         return agent.tools if agent is not None else {}
+
+    async def _audit_decisions(
+        self, record: SessionRecord, cards: list[tuple[ApprovalCardPart, str | None]]
+    ) -> None:
+        """Append the stored decisions to the audit trail (after the save: never before).
+
+        The decisions stand whatever happens here: a trail the store cannot append to is
+        logged as an error for an operator, not reported to whoever decided (a retry would
+        only find the calls decided).
+        """
+        for card, via in cards:
+            digest = card.args_digest or args_digest(card.tool_name, card.args)
+            entry = decision_entry(
+                card, org_id=record.org_id, session_id=record.id, via=via, args_digest=digest
+            )
+            try:
+                await self.store.append_audit(entry)
+            except StoreError:
+                _log.exception(
+                    "handrail engine %s: the decision on call %r of session %r is stored but "
+                    "could not be added to the audit trail",
+                    self.lease_owner,
+                    card.tool_call_id,
+                    record.id,
+                )
 
     async def expire_due(self) -> list[str]:
         """Expire every pending call past its deadline; return the sessions that changed.
@@ -1121,12 +1153,13 @@ _NOTHING = {
 class _SessionJournal:
     """The journal of a run under an engine: checkpoints and the store's tool-call log."""
 
-    __slots__ = ("engine", "record", "state")
+    __slots__ = ("engine", "record", "started_at", "state")
 
     def __init__(self, engine: Engine, record: SessionRecord, state: RunState) -> None:
         self.engine = engine
         self.record = record
         self.state = state
+        self.started_at: dict[str, float] = {}  # log id -> when this process started it
 
     async def checkpoint(self) -> None:
         await self.engine._save(self.record, self.state, "active")
@@ -1138,9 +1171,19 @@ class _SessionJournal:
         await self.engine.store.log_started(
             self.record.id, log_id, key=key, tool=part.name, args=part.args
         )
+        self.started_at[log_id] = self.engine.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
-        await self.engine.store.log_finished(self.record.id, log_id, result_record(result))
+        record, now = self.record, self.engine.runtime.clock()
+        started = self.started_at.pop(log_id, None)
+        entry = call_entry(
+            result, org_id=record.org_id, session_id=record.id, tool=part.name,
+            tool_call_id=log_id, who=record.user_id, at=now,
+            args_digest=args_digest(part.name, part.args),
+            latency_ms=None if started is None else round((now - started) * 1000, 3),
+        )  # fmt: skip
+        # The audit entry goes with the result, in its transaction (a repeated result: neither).
+        await self.engine.store.log_finished(record.id, log_id, result_record(result), audit=entry)
 
 
 _STATUS: dict[str, SessionStatus] = {

@@ -88,6 +88,8 @@ class Approve:
     proposed)."""
     by: str | None = None
     """Who decided (recorded on the card; with `resolve(decider=...)`, the decider)."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["approve"] = "approve"
 
 
@@ -99,6 +101,8 @@ class Reject:
     """Why, in words the model can relay to the user."""
     by: str | None = None
     """Who decided (with `resolve(decider=...)`, the decider)."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["reject"] = "reject"
 
 
@@ -118,6 +122,8 @@ class Answer:
     """The answer (or the output of the call that ran)."""
     by: str | None = None
     """Who answered (with `resolve(decider=...)`, the decider)."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["answer"] = "answer"
 
 
@@ -131,6 +137,8 @@ class ClientResult:
     """Set when the client failed to run the tool: the call fails with this error."""
     by: str | None = None
     """Who (which client) posted it (with `resolve(decider=...)`, the decider)."""
+    via: str | None = None
+    """Through which API key or token the decision came (set by the server; audited)."""
     decision: Literal["client_result"] = "client_result"
 
 

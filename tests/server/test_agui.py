@@ -116,6 +116,12 @@ async def test_an_approval_with_edited_args_refunds_the_edited_amount() -> None:
     assert "TEXT_MESSAGE_CONTENT" in types and "TOOL_CALL_RESULT" in types
     assert [r["amount"] for r in scenario.desk.refunds] == ["€40.00"]
     assert final["final"]["pendingInterrupts"] == []
+    # The audit trail has the decision (the authenticated user's, amended) and the refund.
+    decided, ran = await scenario.engine.store.audit("acme")
+    assert (decided.who, decided.decision, decided.amended_after) == (
+        "ana", "approve", {"amount": 40.0},
+    )  # fmt: skip
+    assert (ran.kind, ran.outcome, ran.args_digest) == ("call", "ok", decided.args_digest)
 
 
 def _reply(step: dict[str, Any]) -> str:

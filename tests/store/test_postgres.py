@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from handrail import SessionRecord, StoreError
+from handrail import AuditEntry, SessionRecord, StoreError
 
 from .conftest import PG_DSN, empty_pg_schema, skip_without_postgres
 
@@ -126,11 +126,12 @@ async def test_a_version_1_schema_is_migrated_and_keeps_its_sessions(fresh_schem
     async with PostgresStore(PG_DSN, schema=fresh_schema) as store:
         assert await store.load("s-1") is not None
         assert await store.append_events("s-1", [{"type": "run-started"}]) == 1
+        assert (await store.append_audit(AuditEntry(org_id="acme", session_id="s-1"))).seq == 1
     async with await psycopg.AsyncConnection.connect(PG_DSN) as connection:
         cursor = await connection.execute(
             f"SELECT version FROM {s}.handrail_schema_version ORDER BY version"
         )
-        assert await cursor.fetchall() == [(1,), (2,), (3,)]
+        assert await cursor.fetchall() == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
 
 
 async def test_a_schema_from_a_newer_handrail_is_refused(fresh_schema: str) -> None:

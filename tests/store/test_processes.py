@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from handrail.audit import verify
 from handrail.store import SessionRecord, SessionStore, SqliteStore
 
 from .conftest import PG_DSN, empty_pg_schema
@@ -75,3 +76,17 @@ async def test_of_processes_racing_for_a_lease_exactly_one_wins(shared: Shared) 
         [["lease", kind, target, schema, f"w{n}", start] for n in range(PROCESSES)]
     )
     assert [r["acquired"] for r in results].count(True) == 1
+
+
+async def test_processes_appending_to_one_audit_trail_keep_one_chain(shared: Shared) -> None:
+    kind, target, schema, store = shared
+    start = str(time.time() + 1.0)
+    results = await run_workers(
+        [["audit", kind, target, schema, str(TIMES), f"p{n}", start] for n in range(PROCESSES)]
+    )
+    trail = await store.audit("acme", limit=1000)
+    assert [e.seq for e in trail] == list(range(1, PROCESSES * TIMES + 1))
+    assert verify(trail) == []  # one chain: no seq twice, no entry chained to a stale tail
+    assert sorted(seq for r in results for seq in r["seqs"]) == [e.seq for e in trail]
+    for n in range(PROCESSES):
+        assert sum(e.session_id == f"p{n}" for e in trail) == TIMES

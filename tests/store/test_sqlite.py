@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from handrail import SessionRecord, StoreError
+from handrail import AuditEntry, SessionRecord, StoreError
 from handrail.store import SqliteStore
 from handrail.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 
@@ -220,9 +220,10 @@ async def test_a_version_1_database_is_migrated_and_keeps_its_sessions(
     async with SqliteStore(tmp_path / "s.db", clock=clock) as store:
         assert (await store.load("s-1")) is not None
         assert await store.append_events("s-1", [{"type": "run-started"}]) == 1
+        assert (await store.append_audit(AuditEntry(org_id="acme", session_id="s-1"))).seq == 1
     with raw(tmp_path / "s.db") as db:
         rows = db.execute("SELECT version, applied_at FROM handrail_schema_version").fetchall()
-    assert rows == [(1, 0.0), (2, clock.now), (3, clock.now)]
+    assert rows == [(1, 0.0), *((v, clock.now) for v in range(2, SCHEMA_VERSION + 1))]
 
 
 async def test_a_database_from_a_newer_handrail_is_refused_untouched(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
     count KIND TARGET SCHEMA TIMES NAME START   add 1 to session "counter" TIMES times,
                                                loading again after each ConflictError
     lease KIND TARGET SCHEMA OWNER START       try once to take the lease of session "counter"
+    audit KIND TARGET SCHEMA TIMES NAME START   append TIMES audit entries to org "acme" at
+                                               once, as session NAME
 
 KIND is sqlite (TARGET: the file) or postgres (TARGET: the DSN, in SCHEMA). Every worker
 sleeps until the wall-clock time START so that they collide. Prints one JSON line.
@@ -16,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from handrail import AuditEntry
 from handrail.store import ConflictError, PostgresStore, SessionStore, SqliteStore
 
 
@@ -48,6 +51,10 @@ async def main(mode: str, kind: str, target: str, schema: str, *rest: str) -> No
         await asyncio.sleep(max(0.0, float(rest[-1]) - time.time()))
         if mode == "count":
             result = await count(store, int(rest[0]), rest[1])
+        elif mode == "audit":
+            entries = [AuditEntry(org_id="acme", session_id=rest[1]) for _ in range(int(rest[0]))]
+            appended = await asyncio.gather(*(store.append_audit(e) for e in entries))
+            result = {"seqs": [e.seq for e in appended]}
         else:
             result = {"acquired": await store.acquire_lease("counter", rest[0], ttl=60)}
     finally:

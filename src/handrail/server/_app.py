@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -35,6 +35,8 @@ from ._auth import Authenticator, Caller
 from ._bodies import (
     MAX_NUMBER,
     AgentBody,
+    AuditBody,
+    AuditQuery,
     ClientQuery,
     DecisionPolicyBody,
     DomainBody,
@@ -336,6 +338,12 @@ class _Api:
             Operation("POST", f"{session}/interrupt", self.interrupt,
                       "Stop the session's running turn", status=202, response=InterruptBody,
                       errors=(404, 409)),
+            Operation("GET", "/audit", self.read_audit,
+                      "Read the caller's organisation's audit trail (decisions and "
+                      "side-effecting calls, hash-chained)", query=AuditQuery,
+                      response=AuditBody,
+                      ndjson="with `Accept: application/x-ndjson`, every entry after `after` "
+                      "as JSON lines (an export)"),
             Operation("GET", "/domain", self.describe_domain,
                       "The engine's agents and tools (for a UI: the forms of the cards)",
                       response=DomainBody),
@@ -533,6 +541,30 @@ class _Api:
         _, session_id = await self._owned(request)
         document = await self.store.export(session_id)
         return Response(document, media_type="application/json")
+
+    async def read_audit(self, request: Request) -> Response:
+        """`GET /audit`: the caller's organisation's trail, a page (or every entry, as lines)."""
+        caller = await self._caller(request)
+        query = self._query(request, AuditQuery)
+        filters: dict[str, Any] = {
+            "session_id": query.session_id,
+            "tool": query.tool,
+            "kind": query.kind,
+        }
+        accept = request.headers.get("accept", "")
+        if "application/x-ndjson" in accept and "application/json" not in accept:
+            # Read before the 200 is sent, in pages: an unreadable trail answers an error.
+            lines: list[bytes] = []
+            after = query.after
+            while page := await self.store.audit(caller.org_id, after=after, limit=1000, **filters):
+                lines += [pydantic_core.to_json(e.to_json()) + b"\n" for e in page]
+                after = page[-1].seq
+            return StreamingResponse(iter(lines), media_type="application/x-ndjson")
+        found = await self.store.audit(
+            caller.org_id, after=query.after, limit=query.limit, **filters
+        )
+        last = found[-1].seq if len(found) == query.limit else None
+        return _json(AuditBody(entries=found, after=last))
 
     async def describe_domain(self, request: Request) -> Response:
         """`GET /domain`: the agents (which keep to scratch) and the tools, with their schemas."""

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from ..audit import AuditEntry, AuditKind
 from ..messages import ApprovalCardPart, Message
 from ..store import SessionStatus
 from ..suspension import Decision
@@ -13,6 +14,8 @@ from ..suspension import Decision
 __all__ = [
     "MAX_NUMBER",
     "AgentBody",
+    "AuditBody",
+    "AuditQuery",
     "ClientQuery",
     "DomainBody",
     "ErrorBody",
@@ -89,6 +92,20 @@ class ListQuery(_Strict):
     )
 
 
+class AuditQuery(_Strict):
+    """A page of the caller's organisation's audit trail."""
+
+    after: int = Field(
+        0, ge=0, le=MAX_NUMBER, description="Only entries after this one (the last `seq` seen)."
+    )
+    limit: int = Field(
+        100, ge=1, le=1000, description="At most this many (JSON; JSON lines: every entry)."
+    )
+    session_id: str | None = Field(None, description="Only this session's entries.")
+    tool: str | None = Field(None, description="Only this tool's entries.")
+    kind: AuditKind | None = Field(None, description="Only decisions, or only calls.")
+
+
 class EventsQuery(_Strict):
     """Where a stream of a session's events starts, and whether it ends."""
 
@@ -126,6 +143,15 @@ class SessionSummaryBody(BaseModel):
     running: bool = Field(description="A turn of the session is running on this server.")
     created_at: float
     updated_at: float
+
+
+class AuditBody(BaseModel):
+    """A page of an organisation's audit trail, oldest first."""
+
+    entries: list[AuditEntry] = Field(description="The entries, in the order of their `seq`.")
+    after: int | None = Field(
+        description="Pass as `after` for the next page (None: this page is the last)."
+    )
 
 
 class SessionsBody(BaseModel):

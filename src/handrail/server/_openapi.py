@@ -52,6 +52,8 @@ class Operation:
     """A stream of another protocol's events (named here), not handrail's: no event numbers."""
     no_content: str | None = None
     """When the operation may also answer 204 (and why)."""
+    ndjson: str | None = None
+    """What the operation answers with `Accept: application/x-ndjson` (JSON lines), if it can."""
 
 
 def openapi(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
@@ -137,7 +139,11 @@ def _success(op: Operation, ref: Callable[[type[BaseModel]], dict[str, Any]]) ->
     if op.status == 204:
         return {"description": "Done"}
     schema = ref(op.response) if op.response is not None else {"type": "object"}
-    return {"description": op.summary, "content": {"application/json": {"schema": schema}}}
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
+    if op.ndjson is not None:
+        content["application/x-ndjson"] = {"schema": {"type": "string"}}
+        return {"description": f"{op.summary}; {op.ndjson}", "content": content}
+    return {"description": op.summary, "content": content}
 
 
 def _parameters(op: Operation) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -209,6 +210,9 @@ class Runs:
             when the turn did not resume here: calls are still pending, or another worker
             resumed it first).
         """
+        # Through which key or token: set here for every protocol (REST, AG-UI, the UI
+        # stream), never taken from a body.
+        decisions = {k: dataclasses.replace(d, via=caller.credential) for k, d in decisions.items()}
         resolution = await self.engine.resolve_many(session_id, decisions, decider=caller.decider())
         if not resolution.ready:
             return resolution, None

@@ -16,7 +16,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
+
+if TYPE_CHECKING:
+    from ..audit import AuditEntry, AuditKind
 
 __all__ = [
     "Clock",
@@ -296,16 +299,26 @@ class SessionStore(Protocol):
         ...
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result.
+
+        With `audit`, the entry is appended to its organisation's audit trail (as
+        `append_audit` does) in the same transaction, if and only if the result is recorded:
+        a call's result is never logged without its entry, nor audited twice.
 
         Returns:
             `True` if recorded; `False` if the call had a result already (the first one is
             kept).
 
         Raises:
-            StoreError: the log has no such call (record `log_started` first).
+            StoreError: the log has no such call (record `log_started` first), or the audit
+                entry holds a value JSON cannot carry (then nothing is recorded).
         """
         ...
 
@@ -369,6 +382,49 @@ class SessionStore(Protocol):
 
         Returns:
             The ids of the sessions whose lease was adopted.
+        """
+        ...
+
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        """Append `entry` to its organisation's audit trail, numbered and chained.
+
+        The entry's `seq` is one past the organisation's last and its `prev_hash` that
+        entry's hash (`GENESIS` for the first); both are assigned with the append, in one
+        transaction, so appends from several tasks or processes never fork the chain. The
+        trail is kept apart from sessions: `delete` never touches it.
+
+        Returns:
+            `entry`, with `seq`, `prev_hash` and `hash` set.
+
+        Raises:
+            StoreError: the entry holds a value JSON cannot carry, or the store failed.
+        """
+        ...
+
+    async def audit(
+        self,
+        org_id: str | None,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        session_id: str | None = None,
+        tool: str | None = None,
+        kind: AuditKind | None = None,
+    ) -> builtins.list[AuditEntry]:
+        """The organisation's audit entries numbered above `after`, in order.
+
+        Args:
+            org_id: the organisation (`None` or `""`: the trail of sessions without one).
+            after: skip the entries numbered up to this one (read the next page after the
+                last entry of this one).
+            limit: at most this many.
+            session_id: only this session's entries.
+            tool: only this tool's entries.
+            kind: only `decision` or only `call` entries.
+
+        Raises:
+            ValueError: `after` or `limit` is negative.
+            StoreError: a stored entry cannot be read.
         """
         ...
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..audit import AUDIT_KINDS, GENESIS, AuditEntry, chain
 from ..exceptions import SessionCorruptError, StoreError
 from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
 
@@ -406,3 +407,40 @@ def log_entry_from_row(session_id: str, row: Sequence[Any]) -> ToolLogEntry:
         started_at=row[6],
         finished_at=row[7],
     )
+
+
+def chain_audit(entry: AuditEntry, tail: tuple[int, str] | None) -> tuple[AuditEntry, str]:
+    """`entry` chained after the trail's `tail` (its last seq and hash), and its JSON text.
+
+    Raises:
+        StoreError: the entry holds a value JSON cannot carry.
+    """
+    seq, prev = tail if tail is not None else (0, GENESIS)
+    try:
+        chain(entry, seq=seq + 1, prev_hash=prev)
+        text = json.dumps(entry.to_json(), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(
+            f"Cannot append to the audit trail of organisation {entry.org_id!r}: {exc} "
+            f"(an entry holds JSON-compatible values only)."
+        ) from None
+    return entry, text
+
+
+def decode_audit(org_id: str | None, seq: int, text: str | bytes) -> AuditEntry:
+    """A stored audit entry; a `StoreError` naming it if it is not one."""
+    try:
+        return AuditEntry.from_json(json.loads(text))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(
+            f"Audit entry {seq} of organisation {org_id!r} cannot be read: {exc}. The trail "
+            f"was edited outside handrail: run `handrail audit verify`."
+        ) from None
+
+
+def check_audit_page(after: int, limit: int, kind: str | None) -> None:
+    """Refuse a negative entry number or page size, or an unknown kind."""
+    if after < 0 or limit < 0:
+        raise ValueError(f"after and limit must be 0 or more, not {after} and {limit}")
+    if kind is not None and kind not in AUDIT_KINDS:
+        raise ValueError(f"kind must be one of {sorted(AUDIT_KINDS)}, not {kind!r}")

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
+from ..audit import AuditEntry, AuditKind
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
     LoggedEvents,
+    chain_audit,
+    check_audit_page,
     check_events_page,
     check_messages,
     check_messages_page,
@@ -27,6 +30,7 @@ from ._codec import (
     check_status,
     check_ttl,
     decode,
+    decode_audit,
     decode_event,
     decode_message,
     encode,
@@ -80,6 +84,8 @@ class MemoryStore:
         self._logs: dict[str, dict[str, _Logged]] = {}
         self._events: dict[str, builtins.list[tuple[int, str]]] = {}  # events as JSON text
         self._leases: dict[str, tuple[str, float]] = {}
+        # org -> its trail: (seq, session, tool, kind, hash, the entry as JSON text)
+        self._audit: dict[str, builtins.list[_Audited]] = {}  # '' for no organisation
         self._wakeups: LocalFeed[str] = LocalFeed()
         self._event_feed: LocalFeed[EventNotice] = LocalFeed()
         self._closed = False
@@ -299,7 +305,12 @@ class MemoryStore:
         return True
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
         self._check_open()
@@ -309,6 +320,8 @@ class MemoryStore:
             raise not_started_error(session_id, tool_call_id)
         if logged.entry.status == "finished":
             return False
+        if audit is not None:
+            await self.append_audit(audit)  # no await inside: the two happen together
         logged.entry.status = "finished"
         logged.entry.finished_at = self.clock()
         logged.result = text
@@ -348,6 +361,45 @@ class MemoryStore:
         return [
             (seq, decode_event(session_id, seq, text)) for seq, text in log[start : start + limit]
         ]
+
+    # -- audit trail ----------------------------------------------------------------------
+
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        """Append to the organisation's trail, chained; see `SessionStore.append_audit`."""
+        self._check_open()
+        trail = self._audit.setdefault(entry.org_id or "", [])
+        tail = (trail[-1].seq, trail[-1].hash) if trail else None
+        entry, text = chain_audit(entry, tail)  # no await in between: nothing interleaves
+        trail.append(
+            _Audited(entry.seq, entry.session_id, entry.tool, entry.kind, entry.hash, text)
+        )
+        return entry
+
+    async def audit(
+        self,
+        org_id: str | None,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        session_id: str | None = None,
+        tool: str | None = None,
+        kind: AuditKind | None = None,
+    ) -> builtins.list[AuditEntry]:
+        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
+        self._check_open()
+        check_audit_page(after, limit, kind)
+        found: builtins.list[AuditEntry] = []
+        for row in self._audit.get(org_id or "", []):
+            if len(found) >= limit:
+                break
+            if (
+                row.seq > after
+                and (session_id is None or row.session_id == session_id)
+                and (tool is None or row.tool == tool)
+                and (kind is None or row.kind == kind)
+            ):
+                found.append(decode_audit(org_id, row.seq, row.text))
+        return found
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Take or renew a session's lease; see `SessionStore.acquire_lease`."""
@@ -404,3 +456,16 @@ class MemoryStore:
         self._logs.clear()
         self._events.clear()
         self._leases.clear()
+        self._audit.clear()
+
+
+@dataclass(slots=True)
+class _Audited:
+    """An audit entry as kept: its indexed fields and its JSON text (which tests may edit)."""
+
+    seq: int
+    session_id: str
+    tool: str
+    kind: str
+    hash: str
+    text: str

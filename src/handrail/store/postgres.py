@@ -28,11 +28,14 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         'PostgresStore needs psycopg and psycopg-pool: pip install "handrail[postgres]"'
     ) from error
 
+from ..audit import AuditEntry, AuditKind
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
 from ._codec import (
     INCARNATION,
     LoggedEvents,
+    chain_audit,
+    check_audit_page,
     check_events_page,
     check_messages,
     check_messages_page,
@@ -40,6 +43,7 @@ from ._codec import (
     check_record,
     check_status,
     check_ttl,
+    decode_audit,
     decode_event,
     decode_message,
     encode,
@@ -61,12 +65,13 @@ _log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases.
 2: the event log, `handrail_events`.
 3: messages apart, one row a message (`handrail_messages`), and the sessions' `window_start`.
+4: the audit trail, `handrail_audit` (per organisation, hash-chained; never pruned).
 """
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,53}")  # 54: "handrail_" + it fits in 63
@@ -135,6 +140,21 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (session_id, position)
         )""",
         "ALTER TABLE {s}.handrail_sessions ADD COLUMN window_start bigint NOT NULL DEFAULT 0",
+    ),
+    # org_id '' stands for "no organisation". The entry's text is what is hashed and read
+    # back (text, not jsonb: kept exactly); the other columns only index it.
+    4: (
+        """CREATE TABLE {s}.handrail_audit (
+            org_id text NOT NULL,
+            seq bigint NOT NULL CHECK (seq > 0),
+            kind text NOT NULL,
+            session_id text NOT NULL,
+            tool text NOT NULL,
+            hash text NOT NULL,
+            entry text NOT NULL,
+            PRIMARY KEY (org_id, seq)
+        )""",
+        "CREATE INDEX handrail_audit_session ON {s}.handrail_audit (org_id, session_id, seq)",
     ),
 }
 
@@ -742,7 +762,12 @@ class PostgresStore:
         )
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
         params = {
@@ -752,13 +777,16 @@ class PostgresStore:
             "now": self._now(),
         }
         async with self._connection(session_id) as connection:
-            cursor = await connection.execute(
-                f"""UPDATE {self._s}.handrail_tool_log
-                SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
-                WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
-                    AND status = 'started'""",
-                params,
-            )
+            async with connection.transaction() if audit is not None else contextlib.nullcontext():
+                cursor = await connection.execute(
+                    f"""UPDATE {self._s}.handrail_tool_log
+                    SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
+                    WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
+                        AND status = 'started'""",
+                    params,
+                )
+                if cursor.rowcount and audit is not None:
+                    await self._append_audit(connection, audit)  # in the same transaction
             if cursor.rowcount:
                 return True
             cursor = await connection.execute(
@@ -883,6 +911,65 @@ class PostgresStore:
         return [(seq, decode_event(session_id, seq, text)) for seq, text in await cursor.fetchall()]
 
     # -- leases and wake-ups --------------------------------------------------------------
+
+    # -- audit trail ----------------------------------------------------------------------
+
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        """Append to the organisation's trail, chained; see `SessionStore.append_audit`.
+
+        A transaction-scoped advisory lock on the organisation's trail serialises appends
+        from every process, so the tail read and the insert never interleave with another
+        append (and the primary key would refuse a forked seq anyway).
+        """
+        async with self._connection(entry.session_id) as connection, connection.transaction():
+            return await self._append_audit(connection, entry)
+
+    async def _append_audit(
+        self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
+    ) -> AuditEntry:
+        """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
+        org = entry.org_id or ""
+        lock = int.from_bytes(
+            hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
+            "big",
+            signed=True,
+        )
+        await connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+        cursor = await connection.execute(
+            f"SELECT seq, hash FROM {self._s}.handrail_audit WHERE org_id = %s "
+            f"ORDER BY seq DESC LIMIT 1",
+            (org,),
+        )
+        tail = await cursor.fetchone()
+        chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
+        await connection.execute(
+            f"INSERT INTO {self._s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash,
+             text),
+        )  # fmt: skip
+        return chained
+
+    async def audit(
+        self,
+        org_id: str | None,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        session_id: str | None = None,
+        tool: str | None = None,
+        kind: AuditKind | None = None,
+    ) -> builtins.list[AuditEntry]:
+        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
+        check_audit_page(after, limit, kind)
+        sql = f"SELECT seq, entry FROM {self._s}.handrail_audit WHERE org_id = %(org)s"
+        sql += " AND seq > %(after)s"
+        params: dict[str, Any] = {"org": org_id or "", "after": after, "limit": limit}
+        for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
+            if value is not None:
+                sql += f" AND {column} = %({column})s"
+                params[column] = value
+        rows = await self._fetch(sql + " ORDER BY seq LIMIT %(limit)s", params, None)
+        return [decode_audit(org_id, seq, text) for seq, text in rows]
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Take or renew a session's lease; see `SessionStore.acquire_lease`.

@@ -23,11 +23,14 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from ..audit import AuditEntry, AuditKind
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
     INCARNATION,
     LoggedEvents,
+    chain_audit,
+    check_audit_page,
     check_events_page,
     check_messages,
     check_messages_page,
@@ -35,6 +38,7 @@ from ._codec import (
     check_record,
     check_status,
     check_ttl,
+    decode_audit,
     decode_event,
     decode_message,
     encode,
@@ -56,12 +60,13 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases, wake-ups.
 2: the event log, `handrail_events`.
 3: messages apart, one row a message (`handrail_messages`), and the sessions' `window_start`.
+4: the audit trail, `handrail_audit` (per organisation, hash-chained; never pruned).
 """
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -132,6 +137,21 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (session_id, position)
         ) WITHOUT ROWID""",
         "ALTER TABLE handrail_sessions ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
+    ),
+    # org_id '' stands for "no organisation" (NULL cannot be in a primary key). The entry's
+    # JSON text is what is hashed and read back; the other columns only index it.
+    4: (
+        """CREATE TABLE handrail_audit (
+            org_id TEXT NOT NULL,
+            seq INTEGER NOT NULL CHECK (seq > 0),
+            kind TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            entry TEXT NOT NULL,
+            PRIMARY KEY (org_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX handrail_audit_session ON handrail_audit (org_id, session_id, seq)",
     ),
 }
 
@@ -584,18 +604,27 @@ class SqliteStore:
         return bool(await self._call(lambda db: db.execute(sql, params).rowcount, session_id))
 
     async def log_finished(
-        self, session_id: str, tool_call_id: str, result: dict[str, Any]
+        self,
+        session_id: str,
+        tool_call_id: str,
+        result: dict[str, Any],
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
         text = encode(session_id, result, what="tool-call result")
         now = self.clock()
 
         def finish(db: sqlite3.Connection) -> bool:
-            updated = db.execute(
-                """UPDATE handrail_tool_log SET status = 'finished', result = ?, finished_at = ?
-                WHERE session_id = ? AND tool_call_id = ? AND status = 'started'""",
-                (text, now, session_id, tool_call_id),
-            ).rowcount
+            with _transaction(db) if audit is not None else contextlib.nullcontext():
+                updated = db.execute(
+                    """UPDATE handrail_tool_log SET status = 'finished', result = ?,
+                    finished_at = ? WHERE session_id = ? AND tool_call_id = ?
+                    AND status = 'started'""",
+                    (text, now, session_id, tool_call_id),
+                ).rowcount
+                if updated and audit is not None:
+                    _append_audit(db, audit)  # one more statement in the same transaction
             if updated:
                 return True
             if db.execute(
@@ -658,6 +687,44 @@ class SqliteStore:
         )
 
     # -- leases and wake-ups --------------------------------------------------------------
+
+    # -- audit trail ----------------------------------------------------------------------
+
+    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
+        """Append to the organisation's trail, chained; see `SessionStore.append_audit`.
+
+        The tail is read and the entry written in one write transaction: SQLite's one writer
+        at a time (across processes too) keeps the chain from forking.
+        """
+
+        def append(db: sqlite3.Connection) -> AuditEntry:
+            with _transaction(db):
+                return _append_audit(db, entry)
+
+        return await self._call(append, entry.session_id)
+
+    async def audit(
+        self,
+        org_id: str | None,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        session_id: str | None = None,
+        tool: str | None = None,
+        kind: AuditKind | None = None,
+    ) -> builtins.list[AuditEntry]:
+        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
+        check_audit_page(after, limit, kind)
+        sql = "SELECT seq, entry FROM handrail_audit WHERE org_id = ? AND seq > ?"
+        params: list[Any] = [org_id or "", after]
+        for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
+            if value is not None:
+                sql += f" AND {column} = ?"
+                params.append(value)
+        sql += " ORDER BY seq LIMIT ?"
+        params.append(limit)
+        rows = await self._call(lambda db: db.execute(sql, params).fetchall(), None)
+        return [decode_audit(org_id, seq, text) for seq, text in rows]
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Take or renew a session's lease; see `SessionStore.acquire_lease`.
@@ -790,6 +857,20 @@ class _Subscription:
                     async with asyncio.timeout(self._store.poll_interval):
                         await self.nudge.wait()
         return self._pending.popleft()
+
+
+def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
+    """Chain `entry` after its organisation's last and insert it (inside a write transaction)."""
+    org = entry.org_id or ""
+    tail = db.execute(
+        "SELECT seq, hash FROM handrail_audit WHERE org_id = ? ORDER BY seq DESC LIMIT 1", (org,)
+    ).fetchone()
+    chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
+    db.execute(
+        "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash, text),
+    )
+    return chained
 
 
 def migrate(db: sqlite3.Connection, now: float) -> int:
