@@ -31,7 +31,7 @@ from handrail.documents._metrics import (
 from handrail.exceptions import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "evals" / "documents" / "corpus"  # the snapshot of docs/ the set was written on
 QUESTIONS = ROOT / "evals" / "documents" / "questions.yaml"
 
 
@@ -279,7 +279,7 @@ def test_every_unanswerable_question_is_marked_and_has_no_gold(
 
 
 def test_unanswerable_questions_name_nothing_the_docs_mention(questions: list[Question]) -> None:
-    # The topic word of each unanswerable question appears nowhere in docs/.
+    # The topic word of each unanswerable question appears nowhere in the corpus.
     corpus = " ".join(p.read_text(encoding="utf-8") for p in DOCS.glob("*.md")).lower()
     topics = {
         "redis-store": "redis",
