@@ -18,7 +18,7 @@ from .agent import Agent
 from .capture import ApplyReport, CapturedAction, HeadlessResult, apply, temp_id
 from .compaction import Compaction
 from .context import ContextStore
-from .engine import Domain, Engine, Resolution
+from .engine import Domain, Engine, PendingCard, PendingPage, Resolution
 from .events import (
     EVENT,
     EVENTS,
@@ -148,6 +148,8 @@ __all__ = [
     "ModelRetry",
     "Part",
     "PathError",
+    "PendingCard",
+    "PendingPage",
     "ReasoningDelta",
     "ReasoningPart",
     "Reject",
