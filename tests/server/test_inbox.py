@@ -219,3 +219,39 @@ async def test_the_library_inbox(api: Api) -> None:
         await api.engine.pending("acme", BO_DECIDES, cursor="1-2")
     with pytest.raises(UserError, match="limit must be 1 or more"):
         await api.engine.pending("acme", BO_DECIDES, limit=0)
+
+
+async def test_a_page_reads_a_bounded_number_of_sessions_and_says_where_to_go_on(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import handrail.engine
+
+    monkeypatch.setattr(handrail.engine, "_INBOX_SCAN", 3)
+    wipes = []
+    for n in range(2):
+        wipes.append(await api.ask(ANA, f"wipe L-{n}"))
+        api.now[0] += 1
+    for n in range(3):  # newer, and none of them bo's to decide
+        await api.ask(ANA, f"mail m{n}@acme")
+        api.now[0] += 1
+    first = await api.engine.pending("acme", BO_DECIDES, limit=10)
+    assert first.cards == [] and first.next is not None  # three sessions read: none his
+    second = await api.engine.pending("acme", BO_DECIDES, limit=10, cursor=first.next)
+    assert [c.session_id for c in second.cards] == wipes[::-1]
+    assert second.next is None
+
+
+async def test_a_card_lists_the_approvals_it_has_so_far(api: Api) -> None:
+    api.engine.domain.policies["destructive"] = DecisionPolicy(
+        roles={"it-admin"}, four_eyes=True, approvals=2
+    )
+    session = await api.ask(ANA, "wipe L-1")
+    [card] = (await api.inbox(BO))["cards"]
+    approved = await api.client.post(
+        f"/sessions/{session}/resolve",
+        json={"tool_call_id": card["tool_call_id"], "decision": {"decision": "approve"}},
+        headers=BO,
+    )
+    assert approved.json()["resumed"] is False
+    [card] = (await api.inbox(BO))["cards"]  # bo may still reject it
+    assert [a["by"] for a in card["approvals"]] == ["bo"]
