@@ -926,7 +926,8 @@ class Engine:
         many as it takes (at most 1,000 a page: past that, a short page with a `next`).
 
         Args:
-            org_id: the organisation (the decider's, when it has one).
+            org_id: the organisation (the decider's, when it has one). None reads every
+                session of the store: for a store without organisations only.
             decider: who decides (`handrail.policy.Decider`).
             tool: only cards of this tool.
             kind: only cards of this kind (`"approval"`, `"batch"`, ...).
