@@ -19,7 +19,7 @@ from .audit import AuditEntry
 from .capture import ApplyReport, CapturedAction, HeadlessResult, apply, temp_id
 from .compaction import Compaction
 from .context import ContextStore
-from .engine import Domain, Engine, Resolution
+from .engine import Domain, Engine, PendingCard, PendingPage, Resolution
 from .events import (
     EVENT,
     EVENTS,
@@ -150,6 +150,8 @@ __all__ = [
     "ModelRetry",
     "Part",
     "PathError",
+    "PendingCard",
+    "PendingPage",
     "ReasoningDelta",
     "ReasoningPart",
     "Reject",

@@ -49,7 +49,7 @@ from .exceptions import (
     StoreError,
     UserError,
 )
-from .messages import ApprovalCardPart, ToolCallPart
+from .messages import ApprovalCardPart, CardApproval, CardKind, ToolCallPart
 from .models import Model
 from .models._infer import as_model
 from .policy import Decider, DecisionPolicy
@@ -63,7 +63,7 @@ from .suspension import Decision, args_digest, card_event, decidable, decide, ex
 from .tools import Permission, Tool
 from .tools._dispatch import Dispatcher, completed_event
 
-__all__ = ["Domain", "Engine", "Resolution"]
+__all__ = ["Domain", "Engine", "PendingCard", "PendingPage", "Resolution"]
 
 _log = logging.getLogger("handrail.engine")
 
@@ -203,6 +203,49 @@ class Resolution:
     def ready(self) -> bool:
         """Whether nothing is pending any more: the turn can `resume`."""
         return not self.pending
+
+
+@dataclass(kw_only=True, slots=True)
+class PendingCard:
+    """A call waiting for a decision, as an inbox lists it (`Engine.pending`)."""
+
+    session_id: str
+    """The session that waits."""
+    tool_call_id: str
+    """The call (decide it with `Engine.resolve(session_id, tool_call_id, ...)`)."""
+    tool: str
+    """The tool's name (a batch card's is the capture's)."""
+    kind: CardKind
+    """What is asked: approval, batch, elicitation, client_exec, recovery."""
+    prompt: str | None
+    """What to ask the decider."""
+    args: dict[str, Any]
+    """The arguments as proposed (a batch card's: its actions)."""
+    amendable: list[str]
+    """The arguments the decider may change."""
+    created_at: float | None
+    """When the card was raised (seconds since the epoch)."""
+    expires_at: float | None
+    """When it stops accepting a decision, if ever."""
+    requester: str | None
+    """The user whose session waits (who asked for the call)."""
+    approvals: list[CardApproval]
+    """The approvals given so far, for a call whose policy needs several."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PendingPage:
+    """A page of an inbox: the cards, and where the next page starts."""
+
+    cards: list[PendingCard]
+    """Oldest-updated sessions last; a session's cards in the order they were raised."""
+    next: str | None
+    """The cursor of the next page (pass it as `cursor=`), or None: there is nothing more."""
+
+
+_INBOX_SCAN = 1_000
+"""Sessions `Engine.pending` reads at most for one page (a page may then be short, with a
+`next` cursor to go on from)."""
 
 
 class Engine:
@@ -869,6 +912,132 @@ class Engine:
             return []
         return decidable(state, self._deciding_tools(state), decider, self.domain.policies)
 
+    async def pending(
+        self,
+        org_id: str | None,
+        decider: Decider,
+        *,
+        tool: str | None = None,
+        kind: CardKind | None = None,
+        older_than: float | None = None,
+        newer_than: float | None = None,
+        session_id: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> PendingPage:
+        """An inbox: the cards of `org_id`'s sessions that `decider` may decide.
+
+        The decider's own sessions count too (a card without a policy is its requester's to
+        decide). What `decider` may decide is `Engine.decidable`'s rule, the one `resolve`
+        checks. Sessions are read most recently updated first, and a page is filled from as
+        many as it takes (at most 1,000 a page: past that, a short page with a `next`).
+
+        Args:
+            org_id: the organisation (the decider's, when it has one). None reads every
+                session of the store: for a store without organisations only.
+            decider: who decides (`handrail.policy.Decider`).
+            tool: only cards of this tool.
+            kind: only cards of this kind (`"approval"`, `"batch"`, ...).
+            older_than: only cards raised at least this many seconds ago.
+            newer_than: only cards raised less than this many seconds ago.
+            session_id: only this session's cards.
+            limit: at most this many cards.
+            cursor: where to go on from: the `next` of the page before.
+
+        Raises:
+            UserError: `limit` is below 1, the cursor is not one `pending` gave, or the
+                decider belongs to another organisation.
+        """
+        if limit < 1:
+            raise UserError(f"pending: limit must be 1 or more, not {limit}.")
+        if decider.org_id is not None and decider.org_id != org_id:
+            raise UserError(
+                f"pending: the decider belongs to organisation {decider.org_id!r}, not "
+                f"{org_id!r}; list the decider's own organisation."
+            )
+        offset, skip = _cursor(cursor)
+        now = self.runtime.clock()
+        cards: list[PendingCard] = []
+        scanned = 0
+        while len(cards) < limit and scanned < _INBOX_SCAN:
+            if session_id is not None:
+                found = await self.store.summary(session_id)
+                ok = found is not None and found.org_id == org_id and offset == 0
+                page = [found] if ok and found is not None else []
+            else:
+                page = await self.store.list(
+                    org_id=org_id, status="suspended", limit=100, offset=offset
+                )
+            if not page:
+                return PendingPage(cards=cards, next=None)
+            for summary in page:
+                scanned += 1
+                try:
+                    state = await self.session(
+                        summary.id, org_id=summary.org_id, user_id=summary.user_id
+                    )
+                except (SessionNotFoundError, SessionCorruptError):
+                    state = None  # deleted in between, or for a person to look at
+                matching = (
+                    []
+                    if state is None
+                    else self._inbox_cards(
+                        summary.id, state, decider, now, tool, kind, older_than, newer_than
+                    )
+                )
+                room = limit - len(cards)
+                taken = matching[skip : skip + room]
+                cards.extend(taken)
+                if skip + len(taken) < len(matching):  # the page is full within this session
+                    return PendingPage(cards=cards, next=f"{offset}.{skip + len(taken)}")
+                offset, skip = offset + 1, 0
+                if len(cards) >= limit or scanned >= _INBOX_SCAN:
+                    break
+            if session_id is not None:
+                return PendingPage(cards=cards, next=None)
+        return PendingPage(cards=cards, next=f"{offset}.0")
+
+    def _inbox_cards(
+        self,
+        summary_id: str,
+        state: RunState,
+        decider: Decider,
+        now: float,
+        tool: str | None,
+        kind: CardKind | None,
+        older_than: float | None,
+        newer_than: float | None,
+    ) -> list[PendingCard]:
+        """The cards of `state` that `decider` may decide and that pass the filters."""
+        cards: list[PendingCard] = []
+        for call_id in self.decidable(state, decider):
+            card = state.pending[call_id]
+            if (tool is not None and card.tool_name != tool) or (
+                kind is not None and card.kind != kind
+            ):
+                continue
+            raised = card.created_at
+            if older_than is not None and (raised is None or raised > now - older_than):
+                continue
+            if newer_than is not None and (raised is None or raised <= now - newer_than):
+                continue
+            cards.append(
+                PendingCard(
+                    session_id=summary_id,
+                    tool_call_id=call_id,
+                    tool=card.tool_name,
+                    kind=card.kind,
+                    prompt=card.prompt,
+                    args=card.args,
+                    amendable=list(card.amendable),
+                    created_at=card.created_at,
+                    expires_at=card.expires_at,
+                    requester=state.user_id,
+                    approvals=list(card.approvals or ()),
+                )
+            )
+        return cards
+
     def _deciding_tools(self, state: RunState) -> Mapping[str, Tool[Any]]:
         """The tools a decision on `state` is checked against: the suspended agent's."""
         if any(c.kind == "batch" for c in state.pending.values()):
@@ -1229,3 +1398,15 @@ def _report_text(report: ApplyReport) -> str:
             f"{len(report.not_run)} did not run"
         )
     return text + "."
+
+
+def _cursor(cursor: str | None) -> tuple[int, int]:
+    """(sessions to skip, cards of the next session to skip) from a `PendingPage.next`."""
+    if cursor is None:
+        return 0, 0
+    offset, _, skip = cursor.partition(".")
+    if not (offset.isdigit() and skip.isdigit()) or len(cursor) > 40:
+        raise UserError(
+            f"pending: {cursor[:60]!r} is not a cursor; pass the `next` of a page, or none."
+        )
+    return int(offset), int(skip)

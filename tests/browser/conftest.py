@@ -37,6 +37,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 KEYS = {
     "key-ana": Caller("acme", "ana"),
     "key-bob": Caller("globex", "bob"),
+    "key-bo": Caller("acme", "bo", frozenset({"it-admin"})),
 }
 
 try:

@@ -45,6 +45,8 @@ from ._bodies import (
     ListQuery,
     MessagesBody,
     MessagesQuery,
+    PendingBody,
+    PendingQuery,
     ResolutionBody,
     ResolveBody,
     SessionBody,
@@ -344,6 +346,10 @@ class _Api:
                       response=AuditBody,
                       ndjson="with `Accept: application/x-ndjson`, every entry after `after` "
                       "as JSON lines (an export)"),
+            Operation("GET", "/pending", self.list_pending,
+                      "The inbox: the cards of the caller's organisation that it may decide "
+                      "(its own sessions' too), with filters; deciding one is a resolve",
+                      query=PendingQuery, response=PendingBody),
             Operation("GET", "/domain", self.describe_domain,
                       "The engine's agents and tools (for a UI: the forms of the cards)",
                       response=DomainBody),
@@ -503,6 +509,23 @@ class _Api:
             if self.engine.decidable(state, decider):
                 found.append(self._summary(summary))
         return found
+
+    async def list_pending(self, request: Request) -> Response:
+        """`GET /pending`: a page of the cards of the organisation the caller may decide."""
+        caller = await self._caller(request)
+        query = self._query(request, PendingQuery)
+        page = await self.engine.pending(
+            caller.org_id,
+            caller.decider(),
+            tool=query.tool,
+            kind=query.kind,
+            older_than=query.older_than,
+            newer_than=query.newer_than,
+            session_id=query.session_id,
+            limit=query.limit,
+            cursor=query.cursor,
+        )
+        return _json(PendingBody(cards=page.cards, next=page.next))
 
     async def read_session(self, request: Request) -> Response:
         """`GET /sessions/{id}`: messages, pending cards, status."""

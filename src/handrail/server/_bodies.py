@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from ..audit import AuditEntry, AuditKind
-from ..messages import ApprovalCardPart, Message
+from ..engine import PendingCard
+from ..messages import ApprovalCardPart, CardKind, Message
 from ..store import SessionStatus
 from ..suspension import Decision
 
@@ -106,6 +107,28 @@ class AuditQuery(_Strict):
     kind: AuditKind | None = Field(None, description="Only decisions, or only calls.")
 
 
+class PendingQuery(_Strict):
+    """A page of the inbox: the cards of the organisation the caller may decide."""
+
+    tool: str | None = Field(None, max_length=200, description="Only cards of this tool.")
+    kind: CardKind | None = Field(None, description="Only cards of this kind.")
+    older_than: float | None = Field(
+        None, ge=0, le=MAX_NUMBER, description="Only cards raised at least this many seconds ago."
+    )
+    newer_than: float | None = Field(
+        None, ge=0, le=MAX_NUMBER, description="Only cards raised less than this many seconds ago."
+    )
+    session_id: str | None = Field(
+        None, min_length=1, max_length=200, description="Only this session's cards."
+    )
+    limit: int = Field(50, ge=1, le=500, description="At most this many cards.")
+    cursor: str | None = Field(
+        None,
+        pattern=r"^[0-9]{1,15}\.[0-9]{1,15}$",
+        description="Where to go on from: the `next` of the page before.",
+    )
+
+
 class EventsQuery(_Strict):
     """Where a stream of a session's events starts, and whether it ends."""
 
@@ -158,6 +181,17 @@ class SessionsBody(BaseModel):
     """A page of the caller's sessions, most recently updated first."""
 
     sessions: list[SessionSummaryBody]
+
+
+class PendingBody(BaseModel):
+    """A page of the inbox: full unless it is the last one (`next` is then null)."""
+
+    cards: list[PendingCard] = Field(
+        description="Cards the caller may decide, of the most recently updated sessions first."
+    )
+    next: str | None = Field(
+        description="The `cursor` of the next page, or null: there is nothing more."
+    )
 
 
 class SessionBody(SessionSummaryBody):

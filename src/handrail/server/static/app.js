@@ -17,6 +17,9 @@ const page = {
   domain: null, // {agents: {name: agent}, tools: {name: tool}}
   session: null, // the last GET /sessions/{id}
   history: { first: 0, messages: [] }, // the messages drawn, from position `first` on
+  applied: new Map(), // call id -> its action as an applied batch reports it
+  mine: new Set(), // the caller's own sessions (its list): the others it only decides
+  inbox: [], // the cards the caller may decide (GET /pending)
   stream: null, // the AbortController of the open event stream
   poll: null,
 };
@@ -298,6 +301,9 @@ const STATUS = {
   pending: ["○", "pending"],
   running: ["↻", "running"],
   waiting: ["⚑", "waiting for a decision"],
+  proposed: ["◌", "proposed"], // captured with nobody present: nothing ran
+  applied: ["✓", "applied"],
+  skipped: ["⊘", "skipped"],
   completed: ["✓", "done"],
   failed: ["✗", "failed"],
   rejected: ["⊘", "rejected"],
@@ -412,6 +418,10 @@ function renderMessage(message, agentOf) {
     if (part.type === "tool-call") {
       const card = decided.get(part.id);
       if (card) note(decidedText(card), `decided ${card.decision}`);
+      if (part.captured !== null && part.captured !== undefined) {
+        capturedLine(part);
+        continue;
+      }
       callLine({
         id: part.id,
         name: part.name,
@@ -424,13 +434,61 @@ function renderMessage(message, agentOf) {
       });
     } else if (part.type === "approval" && part.decision && !message.parts.some((p) => p.id === part.tool_call_id)) {
       note(decidedText(part), `decided ${part.decision}`);
+      if (part.kind === "batch" && part.output && Array.isArray(part.output.actions)) batchReport(part);
     }
   }
+}
+
+/** A call captured with nobody present: proposed (nothing ran), or what applying it did. */
+function capturedLine(part) {
+  const action = page.applied.get(part.id);
+  const predicted = part.result ? part.result.data : undefined;
+  const status = action ? action.status : "proposed";
+  callLine({
+    id: part.id,
+    name: part.name,
+    args: action ? action.args : part.args,
+    status: status === "captured" ? "proposed" : status,
+    digest: action && action.status === "applied" ? action.output : action ? undefined : predicted,
+    summary: undefined,
+    error: action && action.status !== "applied" ? action.error || undefined : undefined,
+  });
+}
+
+/** An applied batch: "applied n of m", and each action with what it really made. */
+function batchReport(card) {
+  const actions = card.output.actions;
+  const applied = actions.filter((a) => a.status === "applied").length;
+  const list = el("ol", { class: "batch-report", "aria-label": "Applied actions" });
+  for (const a of actions) {
+    const [icon, word] = STATUS[a.status === "captured" ? "proposed" : a.status] || ["•", a.status];
+    const outcome = a.status === "applied" ? describe(a.output) : a.error || "";
+    list.append(
+      el(
+        "li",
+        { class: `batch-action ${a.status}`, "data-index": String(a.local_index) },
+        el("span", { class: "call-status", text: `${icon} ${word}` }),
+        " ",
+        el("code", { text: a.tool }),
+        " ",
+        el("span", { class: "call-args", text: describe(a.args) }),
+        outcome ? el("span", { class: "call-digest", text: ` → ${outcome}` }) : null,
+      ),
+    );
+  }
+  $("transcript").append(
+    el("div", { class: "line batch-summary" }, el("p", { class: "batch-applied", text: `Applied ${applied} of ${actions.length}` }), list),
+  );
 }
 
 function decidedText(card) {
   const who = card.decided_by ? ` by ${card.decided_by}` : "";
   const verbs = { approve: "Approved", reject: "Rejected", answer: "Answered", client_result: "Ran in the client", skip: "Skipped", expire: "Expired" };
+  if (card.kind === "batch") {
+    // Its actions' decisions are drawn with the report of what was applied.
+    const count = (card.args.actions || []).length;
+    return `${verbs[card.decision] || card.decision}${who}: ${count} action${count === 1 ? "" : "s"}${card.reason ? `: “${card.reason}”` : ""}`;
+  }
   let text = `${verbs[card.decision] || card.decision}${who}: ${card.tool_name}`;
   const changed = Object.entries(card.amended_args || {}).filter(
     ([k, v]) => JSON.stringify(v) !== JSON.stringify(card.args[k]),
@@ -461,6 +519,15 @@ function renderSession(session) {
 
 function drawHistory(session) {
   $("transcript").replaceChildren();
+  // What applying a batch did to each captured call (by its call id).
+  page.applied = new Map();
+  for (const m of session.messages || []) {
+    for (const p of m.parts) {
+      if (p.type === "approval" && p.kind === "batch" && p.output && Array.isArray(p.output.actions)) {
+        for (const a of p.output.actions) if (a.call_id) page.applied.set(a.call_id, a);
+      }
+    }
+  }
   const { first, messages } = page.history;
   if (first > 0) {
     $("transcript").append(
@@ -552,7 +619,7 @@ function cardFor(card) {
     },
     el("h4", { id: `${id}-title`, text: titles[card.kind] || card.tool_name }),
     card.prompt ? el("p", { class: "prompt", text: card.prompt }) : null,
-    argsList(card.args, id),
+    card.kind === "batch" ? null : argsList(card.args, id),
     form,
     el("p", { class: "error", role: "alert", id: `${id}-error` }),
   );
@@ -567,6 +634,7 @@ function cardFor(card) {
     }
     form.append(box);
   }
+  if (card.kind === "batch") form.append(batchRows(card, id, node));
   if (card.kind === "question") {
     // A tool asked while it ran: the answer is text, and the tool runs again with it.
     const field = schemaField(`${id}-answer`, "Your answer", { type: "string" }, undefined);
@@ -597,7 +665,7 @@ function cardFor(card) {
   const reason = el("input", { id: `${id}-reason`, type: "text", name: "reason", autocomplete: "off" });
   const asks = card.kind === "elicitation" || card.kind === "question";
   const rejectLabel = asks ? "Decline" : card.kind === "recovery" ? "Skip" : "Reject";
-  const approveLabel = { approval: "Approve", elicitation: "Send answer", question: "Send answer", recovery: "Run it again", batch: "Approve" }[card.kind];
+  const approveLabel = { approval: "Approve", elicitation: "Send answer", question: "Send answer", recovery: "Run it again", batch: "Apply" }[card.kind];
   const buttons = el("div", { class: "buttons" });
   if (approveLabel) {
     buttons.append(el("button", { type: "submit", class: "primary", text: approveLabel }));
@@ -626,6 +694,84 @@ function cardFor(card) {
   return node;
 }
 
+/** A batch card's actions, a row each: the call, what it would make, approve / skip / amend. */
+function batchRows(card, id, node) {
+  const amendable = card.args.amendable || {};
+  const list = el("ol", { class: "batch-actions", "aria-label": "Proposed actions" });
+  node.rows = [];
+  for (const action of card.args.actions || []) {
+    const index = action.local_index;
+    const rowId = `${id}-action-${index}`;
+    const tool = (page.domain && page.domain.tools[action.tool]) || null;
+    const approve = el("input", { type: "radio", name: `${rowId}-choice`, id: `${rowId}-approve`, value: "approve", checked: true });
+    const skip = el("input", { type: "radio", name: `${rowId}-choice`, id: `${rowId}-skip`, value: "skip" });
+    const fields = [];
+    const amend = el("div", { class: "batch-amend" });
+    for (const name of amendable[String(index)] || []) {
+      const schema = (tool && tool.parameters) || {};
+      const field = schemaField(`${rowId}-amend-${name}`, name, propertySchema(schema, name), action.args[name]);
+      fields.push(field);
+      amend.append(field.node);
+    }
+    const row = el(
+      "li",
+      { class: "batch-action", id: rowId, "data-index": String(index), "aria-labelledby": `${rowId}-tool` },
+      el(
+        "p",
+        { class: "batch-call" },
+        el("span", { class: "call-status", text: "◌ proposed" }),
+        " ",
+        el("code", { id: `${rowId}-tool`, text: action.tool }),
+        " ",
+        el("span", { class: "call-args", text: describe(action.args) }),
+      ),
+      action.predicted_output !== null && action.predicted_output !== undefined
+        ? el("p", { class: "predicted", text: `would give: ${describe(action.predicted_output)}` })
+        : null,
+      el(
+        "div",
+        { class: "batch-choice", role: "radiogroup", "aria-label": `Action ${index + 1}: ${action.tool}` },
+        el("label", { class: "check" }, approve, " Approve"),
+        el("label", { class: "check" }, skip, " Skip"),
+      ),
+      fields.length ? amend : null,
+    );
+    const sync = () => {
+      amend.hidden = skip.checked;
+      row.dataset.choice = skip.checked ? "skip" : "approve";
+    };
+    approve.addEventListener("change", sync);
+    skip.addEventListener("change", sync);
+    sync();
+    node.rows.push({ action, skip, fields });
+    list.append(row);
+  }
+  return list;
+}
+
+/** The per-action choices of a batch card's rows, or null when a field is invalid. */
+function batchDecision(node) {
+  const actions = {};
+  for (const { action, skip, fields } of node.rows || []) {
+    if (skip.checked) {
+      actions[action.local_index] = { approve: false };
+      continue;
+    }
+    const amended = {};
+    for (const field of fields) {
+      const value = field.read();
+      if (value === INVALID) {
+        node.querySelector(".error").textContent = `${action.tool} ${field.label}: ${field.input.validationMessage || "not a valid value"}`;
+        field.input.focus();
+        return null;
+      }
+      if (value !== undefined && JSON.stringify(value) !== JSON.stringify(action.args[field.name])) amended[field.name] = value;
+    }
+    if (Object.keys(amended).length) actions[action.local_index] = { approve: true, amended_args: amended };
+  }
+  return Object.keys(actions).length ? { decision: "approve", actions } : { decision: "approve" };
+}
+
 function argsList(args, id) {
   const list = el("dl", { class: "args", "aria-label": "Arguments" });
   for (const [name, value] of Object.entries(args || {})) {
@@ -636,6 +782,7 @@ function argsList(args, id) {
 
 /** The decision the card's form says, or null when a field is invalid (it says why). */
 function decisionFrom(card, fields, node) {
+  if (card.kind === "batch") return batchDecision(node);
   const values = {};
   for (const field of fields) {
     const value = field.read();
@@ -670,7 +817,14 @@ async function resolve(items, errorBox, node) {
   try {
     const body = items.length === 1 ? items[0] : items;
     const resolution = await api("POST", `/sessions/${encodeURIComponent(sessionId)}/resolve`, body);
-    if (resolution.resumed) {
+    if (resolution.resumed && !page.mine.has(sessionId)) {
+      // Another's session, decided from the inbox: its turn resumes on the server, and
+      // its stream is its owner's.
+      page.session.pending = [];
+      renderCards([]);
+      say("Decided; the turn resumes in the background.");
+      loadInbox().catch(() => {});
+    } else if (resolution.resumed) {
       // Follow from the resolution's event: the transcript shows the turn as it was then.
       page.session.pending = [];
       renderCards([]);
@@ -815,6 +969,7 @@ async function loadDomain() {
 
 async function listSessions() {
   const { sessions } = await api("GET", "/sessions");
+  page.mine = new Set(sessions.map((s) => s.id));
   const list = $("session-list");
   list.replaceChildren(
     ...sessions.map((s) => {
@@ -842,6 +997,39 @@ async function listSessions() {
   if (!sessions.length) list.append(el("li", { class: "none", text: "No sessions yet." }));
 }
 
+/** The inbox: the cards of the organisation the caller may decide, a line each. */
+async function loadInbox() {
+  const { cards } = await api("GET", "/pending?limit=100");
+  page.inbox = cards;
+  const list = $("inbox-list");
+  list.replaceChildren(
+    ...cards.map((c) => {
+      const title = c.kind === "batch" ? `${c.args.actions.length} actions` : c.tool;
+      const when = c.created_at ? new Date(c.created_at * 1000).toLocaleString([], { dateStyle: "short", timeStyle: "short" }) : "";
+      return el(
+        "li",
+        {},
+        el(
+          "button",
+          {
+            type: "button",
+            class: "inbox-card",
+            "data-session": c.session_id,
+            "data-call": c.tool_call_id,
+            "aria-current": c.session_id === page.sessionId ? "true" : undefined,
+            onclick: () => select(c.session_id),
+          },
+          el("span", { class: "inbox-tool", text: title }),
+          el("span", { class: "inbox-who", text: `from ${c.requester || "?"}` }),
+          c.approvals.length ? el("span", { class: "badge", text: `${c.approvals.length} approved` }) : null,
+          el("span", { class: "when", text: when }),
+        ),
+      );
+    }),
+  );
+  if (!cards.length) list.append(el("li", { class: "none", text: "Nothing waits for you." }));
+}
+
 async function select(sessionId) {
   stopStream();
   history.replaceState(null, "", `#session=${encodeURIComponent(sessionId)}`);
@@ -856,6 +1044,7 @@ async function openSession(sessionId, { focus = false, resume = false } = {}) {
   } catch (error) {
     if (error.status === 404) {
       history.replaceState(null, "", "#");
+      loadInbox().catch(() => {});
       page.sessionId = null;
       page.session = null;
       $("transcript").replaceChildren();
@@ -872,6 +1061,7 @@ async function openSession(sessionId, { focus = false, resume = false } = {}) {
   page.session = session;
   renderSession(session);
   listSessions().catch(() => {});
+  loadInbox().catch(() => {});
   const after = sessionStorage.getItem(afterKey(sessionId));
   if (resume && after !== null) {
     if (session.running) {
@@ -980,6 +1170,7 @@ async function signIn(key) {
   try {
     await listSessions();
     await loadDomain();
+    await loadInbox();
   } catch (error) {
     page.key = null;
     const why = error.status === 401 ? "That API key was not accepted (401)." : error.message;
@@ -1013,6 +1204,7 @@ async function start() {
   });
   $("sign-out").addEventListener("click", () => signOut(""));
   $("new-session").addEventListener("click", newSession);
+  $("refresh-inbox").addEventListener("click", () => loadInbox().catch((error) => say(error.message, true)));
   $("composer").addEventListener("submit", send);
   $("composer-text").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
