@@ -149,16 +149,21 @@ class Runs:
         self._recent[session_id] = collections.deque(maxlen=self.queue_size)
         self._callers[session_id] = caller
         self._per_org[caller.org_id] += 1
-        return await asyncio.shield(started)
+        # Awaited as it is (a shield would cost the request a pass of the loop): if the request
+        # goes away, `started` is cancelled, and the turn goes on regardless.
+        return await started
 
     async def _drive(
         self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
     ) -> None:
+        begun = False  # its first event is logged
         try:
             async for event in run:
                 seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
-                if not started.done():
-                    started.set_result(seq - 1)
+                if not begun:
+                    begun = True
+                    if not started.done():  # (cancelled: the request went away)
+                        started.set_result(seq - 1)
                 if event.type in TERMINAL:
                     # The engine has freed the session: a client that read this event may
                     # start the next turn now, while this generator winds down.
@@ -166,8 +171,9 @@ class Runs:
                 elif self._starting or len(self._tasks) > 1:
                     await self._pacer.wait(1 if self._starting else _SHARE)
         except Exception as error:
-            if not started.done():
-                started.set_exception(error)
+            if not begun:
+                if not started.done():
+                    started.set_exception(error)
                 return
             # The engine ends a turn with an event; an exception means a store or a bug
             # failed it midway. Say so in the log, so that its streams end.
