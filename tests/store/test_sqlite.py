@@ -459,6 +459,10 @@ async def test_a_write_that_rolls_back_the_whole_group_fails_alone(tmp_path: Pat
                 "CREATE TRIGGER doom BEFORE INSERT ON handrail_sessions "
                 "WHEN NEW.id = 'doomed' BEGIN SELECT RAISE(ROLLBACK, 'the disk is full'); END"
             )
+            db.execute(
+                "CREATE TRIGGER doom_events BEFORE INSERT ON handrail_events "
+                "WHEN NEW.session_id = 'doomed' BEGIN SELECT RAISE(ROLLBACK, 'full again'); END"
+            )
         async with lock_held(path):
             writes = asyncio.gather(
                 store.save(SessionRecord(id="ok-1")),
@@ -471,11 +475,27 @@ async def test_a_write_that_rolls_back_the_whole_group_fails_alone(tmp_path: Pat
         assert isinstance(doomed, StoreError) and "the disk is full" in str(doomed)
         assert isinstance(ok1, SessionRecord) and isinstance(ok2, SessionRecord)
         assert appended == 1
+        # Appends of one batch (made together), one of which rolls the group back.
+        async with lock_held(path):
+            writes = asyncio.gather(
+                store.save(SessionRecord(id="ok-3")),
+                store.append_events("ok-2", [{"n": 1}]),
+                store.append_events("doomed", [{"n": 1}]),
+                store.append_events("ok-2", [{"n": 2}]),
+                store.save(SessionRecord(id="ok-4")),
+                return_exceptions=True,
+            )
+        ok3, first, lost, second, ok4 = await writes
+        assert isinstance(lost, StoreError) and "full again" in str(lost)
+        assert (first, second) == (1, 2)
+        assert isinstance(ok3, SessionRecord) and isinstance(ok4, SessionRecord)
     async with SqliteStore(path) as reopened:
         assert await reopened.load("doomed") is None
-        for session_id in ("ok-1", "ok-2"):
+        assert await reopened.events("doomed") == []
+        for session_id in ("ok-1", "ok-2", "ok-3", "ok-4"):
             assert (loaded := await reopened.load(session_id)) and loaded.version == 1
         assert await reopened.events("ok-1") == [(1, {"n": 1})]
+        assert await reopened.events("ok-2") == [(1, {"n": 1}), (2, {"n": 2})]
 
 
 async def test_each_write_of_many_writers_is_committed_before_it_is_acknowledged(

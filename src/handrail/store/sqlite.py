@@ -921,24 +921,39 @@ def _commit_together(
     `busy_timeout`), every job fails with that.
     """
     db.execute("BEGIN IMMEDIATE")  # what it raises, every job of the group gets
+    try:
+        return _run_together(db, jobs)
+    except BaseException:  # the group's own statements failed: nothing of it is kept
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _run_together(
+    db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]]
+) -> list[Outcome]:
+    """`_commit_together`, once its transaction has begun."""
     outcomes: list[Outcome | None] = [None] * len(jobs)
     for index, job in enumerate(jobs):
         try:
             db.execute("SAVEPOINT handrail_job")
             outcome: Outcome = (job(db), None)
         except BaseException as error:
-            if not db.in_transaction:  # the jobs before are rolled back too: run them again
-                done = [i for i, o in enumerate(outcomes[:index]) if o is not None and o[1] is None]
-                again = done + list(range(index + 1, len(jobs)))
-                outcomes[index] = (None, error)
-                retried = _commit_together(db, [jobs[i] for i in again]) if again else []
-                for i, outcome in zip(again, retried, strict=True):
-                    outcomes[i] = outcome
-                return [o for o in outcomes if o is not None]
-            db.execute("ROLLBACK TO handrail_job")
             outcome = (None, error)
-        db.execute("RELEASE handrail_job")
         outcomes[index] = outcome
+        if not db.in_transaction:
+            # SQLite rolled the whole transaction back (as this job failed, or inside it, if
+            # it went on alone): the jobs before lost their writes, so they run again, with
+            # the rest. (This job's outcome stands: whatever it did after stands too.)
+            again = [i for i, o in enumerate(outcomes[:index]) if o is not None and o[1] is None]
+            again += range(index + 1, len(jobs))
+            retried = _commit_together(db, [jobs[i] for i in again]) if again else []
+            for i, outcome in zip(again, retried, strict=True):
+                outcomes[i] = outcome
+            return [o for o in outcomes if o is not None]
+        if outcome[1] is not None:
+            db.execute("ROLLBACK TO handrail_job")
+        db.execute("RELEASE handrail_job")
     try:
         db.execute("COMMIT")
     except sqlite3.Error:
