@@ -335,6 +335,63 @@ async def test_at_shutdown_turns_are_interrupted_then_the_streams_end(server: Se
     assert not server.app.state.runs.running(busy)
 
 
+@pytest.mark.parametrize("latency", [0.05])
+async def test_a_turns_own_stream_starts_from_the_events_at_hand_not_the_log(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream of a turn running in this server starts from the events the server logged
+    for it (a burst of turns does not queue a read of the log each before its first event)."""
+    session_id = await server.new_session()
+    store = server.app.state.runs.engine.store
+    reads: list[int] = []
+    read_log = store.events
+
+    async def counted(session_id: str, **kwargs: Any) -> Any:
+        reads.append(kwargs.get("after", 0))
+        return await read_log(session_id, **kwargs)
+
+    monkeypatch.setattr(store, "events", counted)
+    async with server.streaming.stream(
+        "POST",
+        f"/sessions/{session_id}/turns",
+        json={"text": CUSTOMER_MESSAGE},
+        headers={**ANA, "Accept": "text/event-stream"},
+    ) as response:
+        streamed = [frame async for frame in frames(response)]
+    assert reads == []
+    assert [(f.id, f.data) for f in streamed] == await read_log(session_id)
+    assert streamed[-1].type == "run-suspended"
+
+
+@pytest.mark.parametrize("latency", [0.1])
+async def test_an_event_logged_elsewhere_mid_turn_reaches_every_stream_in_order(
+    server: Server,
+) -> None:
+    """An event another process logs for the session while its turn runs here (a worker's
+    late events) is in the log between the turn's: a stream started before it, and one
+    reconnecting after it, both get the log as it is, never the server's own events alone."""
+    session_id = await server.new_session()
+    engine = server.app.state.runs.engine
+    elsewhere = {"type": "text-delta", "agent": "w", "message_id": "m", "delta": "elsewhere"}
+    async with server.streaming.stream(
+        "POST",
+        f"/sessions/{session_id}/turns",
+        json={"text": CUSTOMER_MESSAGE},
+        headers={**ANA, "Accept": "text/event-stream"},
+    ) as response:
+        streamed = []
+        async for frame in frames(response):
+            streamed.append(frame)
+            if len(streamed) == 2:  # the turn waits for its tool (latency)
+                foreign, _ = await engine.log_events(session_id, [elsewhere])
+                reconnected = await server.events(session_id, after=1)
+    logged = await engine.store.events(session_id)
+    assert (foreign, elsewhere) in logged
+    assert [(f.id, f.data) for f in streamed] == logged
+    assert [(f.id, f.data) for f in reconnected] == logged[1:]
+    assert logged[-1][1]["type"] == "run-suspended"
+
+
 async def test_a_stream_of_a_finished_turn_replays_it_from_the_log(server: Server) -> None:
     session_id, _ = await suspended(server)
     replay = await server.events(session_id, 0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from handrail import AuditEntry, SessionRecord, StoreError
+from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
 from handrail.store import SqliteStore
 from handrail.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 
@@ -361,3 +361,163 @@ async def test_an_append_whose_caller_is_cancelled_is_logged_all_the_same(
         appending.cancel()
         assert await store.append_events("s-1", [{"n": 3}]) == 3
         assert [e["n"] for _, e in await store.events("s-1")] == [1, 2, 3]
+
+
+# -- group commit ------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def lock_held(path: Path) -> Any:
+    """Another process holds the write lock while the block queues writes; they run (together,
+    one transaction) once it lets go, at the end of the block."""
+    with raw(path) as other:
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            await asyncio.sleep(0.05)  # every write of the block is queued behind the first
+        finally:
+            other.execute("ROLLBACK")
+
+
+async def test_writes_that_wait_together_each_get_their_own_outcome(tmp_path: Path) -> None:
+    """Writes queued while the store's thread was busy commit in one transaction; one that
+    fails (a lost compare-and-swap, a save refused after its update ran, a result for an
+    unknown call) is rolled back alone, and the others are committed."""
+    path = tmp_path / "g.db"
+    async with SqliteStore(path) as store:
+        for session_id in ("s-a", "s-b", "s-c"):
+            await store.save(SessionRecord(id=session_id, data={"v": 1}))
+        async with lock_held(path):
+            writes = asyncio.gather(
+                store.save(SessionRecord(id="s-new", data={"v": 1})),
+                store.save(SessionRecord(id="s-b", version=5, data={"v": "lost"})),
+                # Refused after its UPDATE ran (a gap after the stored messages): undone.
+                store.save(SessionRecord(id="s-c", version=1, data={"v": 2}, messages_from=3)),
+                store.log_started("s-a", "c-1", key="k-1", tool="t", args={"a": 1}),
+                store.log_finished("s-a", "c-unknown", {"ok": True}),
+                store.acquire_lease("s-a", "w-1", 30.0),
+                store.append_events("s-a", [{"n": 1}, {"n": 2}]),
+                store.save(SessionRecord(id="s-a", version=1, data={"v": 2})),
+                return_exceptions=True,
+            )
+        outcomes = await writes
+    new, lost, gap, started, unknown, leased, appended, saved = outcomes
+    assert isinstance(new, SessionRecord) and new.version == 1
+    assert isinstance(lost, ConflictError) and (lost.expected, lost.actual) == (5, 1)
+    assert isinstance(gap, ValueError) and "gap" in str(gap)
+    assert started is True
+    assert isinstance(unknown, StoreError) and "c-unknown" in str(unknown)
+    assert leased is True and appended == 2
+    assert isinstance(saved, SessionRecord) and saved.version == 2
+    async with SqliteStore(path) as reopened:  # what was acknowledged was committed
+        versions = {s: (await reopened.load(s)) for s in ("s-new", "s-a", "s-b", "s-c")}
+        assert {s: (r.version, r.data) for s, r in versions.items() if r} == {
+            "s-new": (1, {"v": 1}),
+            "s-a": (2, {"v": 2}),
+            "s-b": (1, {"v": 1}),
+            "s-c": (1, {"v": 1}),
+        }
+        assert [e.tool_call_id for e in await reopened.tool_log("s-a")] == ["c-1"]
+        assert [e for _, e in await reopened.events("s-a")] == [{"n": 1}, {"n": 2}]
+        assert not await reopened.acquire_lease("s-a", "w-2", 30.0)  # w-1 holds it
+
+
+async def test_saves_of_one_session_in_one_group_compare_and_swap_in_the_order_made(
+    tmp_path: Path,
+) -> None:
+    """Within a group each write sees the ones before it: of two saves from version 1 the
+    first made wins, the second conflicts; a save from the winner's version goes on."""
+    path = tmp_path / "g.db"
+    async with SqliteStore(path) as store:
+        await store.save(SessionRecord(id="s-1", data={"by": "creator"}))
+        async with lock_held(path):
+            writes = asyncio.gather(
+                store.save(SessionRecord(id="s-1", version=1, data={"by": "first"})),
+                store.save(SessionRecord(id="s-1", version=1, data={"by": "second"})),
+                store.save(SessionRecord(id="s-1", version=2, data={"by": "third"})),
+                *(store.append_events("s-1", [{"n": n}]) for n in range(5)),
+                return_exceptions=True,
+            )
+        first, second, third, *lasts = await writes
+        assert isinstance(first, SessionRecord) and first.version == 2
+        assert isinstance(second, ConflictError) and (second.expected, second.actual) == (1, 2)
+        assert isinstance(third, SessionRecord) and third.version == 3
+        assert lasts == [1, 2, 3, 4, 5]
+        loaded = await store.load("s-1")
+        assert loaded is not None and (loaded.version, loaded.data) == (3, {"by": "third"})
+        assert [e["n"] for _, e in await store.events("s-1")] == [0, 1, 2, 3, 4]
+
+
+async def test_a_write_that_rolls_back_the_whole_group_fails_alone(tmp_path: Path) -> None:
+    """A failure that makes SQLite roll the whole transaction back (here a trigger's
+    RAISE(ROLLBACK); a full disk does the same) fails its own write only: the others of the
+    group are written again, and committed."""
+    path = tmp_path / "g.db"
+    async with SqliteStore(path) as store:
+        await store.save(SessionRecord(id="warm-up"))
+        with raw(path) as db:
+            db.execute(
+                "CREATE TRIGGER doom BEFORE INSERT ON handrail_sessions "
+                "WHEN NEW.id = 'doomed' BEGIN SELECT RAISE(ROLLBACK, 'the disk is full'); END"
+            )
+            db.execute(
+                "CREATE TRIGGER doom_events BEFORE INSERT ON handrail_events "
+                "WHEN NEW.session_id = 'doomed' BEGIN SELECT RAISE(ROLLBACK, 'full again'); END"
+            )
+        async with lock_held(path):
+            writes = asyncio.gather(
+                store.save(SessionRecord(id="ok-1")),
+                store.append_events("ok-1", [{"n": 1}]),
+                store.save(SessionRecord(id="doomed")),
+                store.save(SessionRecord(id="ok-2")),
+                return_exceptions=True,
+            )
+        ok1, appended, doomed, ok2 = await writes
+        assert isinstance(doomed, StoreError) and "the disk is full" in str(doomed)
+        assert isinstance(ok1, SessionRecord) and isinstance(ok2, SessionRecord)
+        assert appended == 1
+        # Appends of one batch (made together), one of which rolls the group back.
+        async with lock_held(path):
+            writes = asyncio.gather(
+                store.save(SessionRecord(id="ok-3")),
+                store.append_events("ok-2", [{"n": 1}]),
+                store.append_events("doomed", [{"n": 1}]),
+                store.append_events("ok-2", [{"n": 2}]),
+                store.save(SessionRecord(id="ok-4")),
+                return_exceptions=True,
+            )
+        ok3, first, lost, second, ok4 = await writes
+        assert isinstance(lost, StoreError) and "full again" in str(lost)
+        assert (first, second) == (1, 2)
+        assert isinstance(ok3, SessionRecord) and isinstance(ok4, SessionRecord)
+    async with SqliteStore(path) as reopened:
+        assert await reopened.load("doomed") is None
+        assert await reopened.events("doomed") == []
+        for session_id in ("ok-1", "ok-2", "ok-3", "ok-4"):
+            assert (loaded := await reopened.load(session_id)) and loaded.version == 1
+        assert await reopened.events("ok-1") == [(1, {"n": 1})]
+        assert await reopened.events("ok-2") == [(1, {"n": 1}), (2, {"n": 2})]
+
+
+async def test_each_write_of_many_writers_is_committed_before_it_is_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """Many writers at once: whenever a save returns, another process already reads it."""
+    path = tmp_path / "g.db"
+    async with SqliteStore(path) as store:
+        await store.save(SessionRecord(id="warm-up"))
+
+        async def writer(i: int) -> None:
+            record = await store.save(SessionRecord(id=f"s-{i}", data={"i": i}))
+            await store.append_events(f"s-{i}", [{"i": i}])
+            record = await store.save(record)
+            with raw(path) as other:
+                row = other.execute(
+                    "SELECT version FROM handrail_sessions WHERE id = ?", (f"s-{i}",)
+                ).fetchone()
+                events = other.execute(
+                    "SELECT COUNT(*) FROM handrail_events WHERE session_id = ?", (f"s-{i}",)
+                ).fetchone()
+            assert (row, events) == ((record.version,), (1,))
+
+        await asyncio.gather(*(writer(i) for i in range(100)))

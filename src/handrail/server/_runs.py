@@ -4,7 +4,10 @@ A turn (a new message, or the resumption once the last pending call is decided) 
 background task, so a client that disconnects does not stop it. Each event is appended to
 the session's event log, which numbers it, before it is handed to the streams listening in
 this process. A stream first reads the log after the client's last event, then follows the
-live events. Events another process logged (a turn running there, or a worker's) reach it
+live events; a stream of a turn running here starts instead from the events this server
+logged for it, when they reach back to the client's last (the last `queue_size` are kept
+while the turn runs), so that a burst of turns does not queue a read of the log each before
+its first event. Events another process logged (a turn running there, or a worker's) reach it
 through the store's event notices (`SessionStore.listen_events`: LISTEN/NOTIFY on
 PostgreSQL), which one task of this server reads for all its streams: a notice of an event
 the stream has not had makes it read the log. It also reads the log when it falls behind (a
@@ -99,6 +102,9 @@ class Runs:
         self._per_org: collections.Counter[str | None] = collections.Counter()
         self._listeners: dict[str, set[asyncio.Queue[Logged]]] = {}
         self._handed: dict[str, int] = {}  # the last event this server logged, by session
+        # The events of each turn running here, as logged, from its first (the last
+        # `queue_size` of them): a stream that starts within them needs no read of the log.
+        self._recent: dict[str, collections.deque[Logged]] = {}
         self._starting = 0  # turns started here whose first event is not logged yet
         self._closed = False  # the server is shutting down: streams end once caught up
         self._pacer = _Pacer()
@@ -141,18 +147,24 @@ class Runs:
         self._tasks[session_id] = asyncio.create_task(
             self._drive(session_id, run, started), name=f"handrail turn {session_id}"
         )
+        self._recent[session_id] = collections.deque(maxlen=self.queue_size)
         self._callers[session_id] = caller
         self._per_org[caller.org_id] += 1
-        return await asyncio.shield(started)
+        # Awaited as it is (a shield would cost the request a pass of the loop): if the request
+        # goes away, `started` is cancelled, and the turn goes on regardless.
+        return await started
 
     async def _drive(
         self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
     ) -> None:
+        begun = False  # its first event is logged
         try:
             async for event in run:
                 seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
-                if not started.done():
-                    started.set_result(seq - 1)
+                if not begun:
+                    begun = True
+                    if not started.done():  # (cancelled: the request went away)
+                        started.set_result(seq - 1)
                 if event.type in TERMINAL:
                     # The engine has freed the session: a client that read this event may
                     # start the next turn now, while this generator winds down.
@@ -160,8 +172,9 @@ class Runs:
                 elif self._starting or len(self._tasks) > 1:
                     await self._pacer.wait(1 if self._starting else _SHARE)
         except Exception as error:
-            if not started.done():
-                started.set_exception(error)
+            if not begun:
+                if not started.done():
+                    started.set_exception(error)
                 return
             # The engine ends a turn with an event; an exception means a store or a bug
             # failed it midway. Say so in the log, so that its streams end.
@@ -181,12 +194,19 @@ class Runs:
         if self._tasks.get(session_id) is asyncio.current_task():
             org_id = self._callers.pop(session_id).org_id
             del self._tasks[session_id]
+            self._recent.pop(session_id, None)
             self._per_org[org_id] -= 1
             if not self._per_org[org_id]:
                 del self._per_org[org_id]
 
     async def _append(self, session_id: str, event: dict[str, Any]) -> int:
         seq, (event,) = await self.engine.log_events(session_id, [event])
+        recent = self._recent.get(session_id)
+        if recent is not None and self._tasks.get(session_id) is asyncio.current_task():
+            if recent and recent[-1][0] + 1 != seq:  # another process logged one in between:
+                del self._recent[session_id]  # the log has it, this tail does not
+            else:
+                recent.append((seq, event))
         if session_id in self._listeners:  # its notice, when it comes, is no news to them
             self._handed[session_id] = max(seq, self._handed.get(session_id, 0))
         for queue in self._listeners.get(session_id, ()):
@@ -247,13 +267,20 @@ class Runs:
             await self._listen()  # and notices of other processes' events, too
             last = after
             quiet = 0.0
+            # The events of a turn running here from the stream's start on are at hand: the
+            # stream starts from them (they are the log's), then follows the live ones.
+            recent = self._recent.get(session_id)
+            tail = list(recent) if recent and recent[0][0] <= after + 1 else None
             while True:
-                # Reading the log is the costly part of a stream. When many streams replay long
-                # logs at once, they take turns, a page at a time: the store's connections (and
-                # SQLite's one thread) are never queued up with hundreds of reads that every
-                # other request would wait behind.
-                async with self._readers:
-                    page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
+                if tail is not None:
+                    page, tail = tail, None
+                else:
+                    # Reading the log is the costly part of a stream. When many streams replay
+                    # long logs at once, they take turns, a page at a time: the store's
+                    # connections (and SQLite's one thread) are never queued up with hundreds
+                    # of reads that every other request would wait behind.
+                    async with self._readers:
+                        page = await self.engine.store.events(session_id, after=last, limit=_PAGE)
                 batch, ended = _upto_end(page, last, forever)
                 if batch:
                     last = batch[-1][0]

@@ -3,7 +3,9 @@
 SQLite's calls block (on the disk, and on other processes' locks for up to the busy
 timeout), so none of them may run on the event loop. A connection is used only by the thread
 that opened it, so its transactions are never interleaved by another thread and sqlite3's
-same-thread check holds. Jobs run one at a time, in the order they were submitted.
+same-thread check holds. Jobs run one at a time, in the order they were submitted, except
+that the writes waiting when the thread comes to them may run together (`group`): with
+SQLite, in one transaction and one commit instead of one each.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ __all__ = ["ConnectionThread"]
 
 C = TypeVar("C")
 T = TypeVar("T")
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[Any], Any]]
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[Any], Any], bool]
+Outcome = tuple[Any, BaseException | None]
+"""What a job returned, or what it raised."""
+Group = Callable[[C, list[Callable[[C], Any]]], list[Outcome]]
+"""Runs write jobs together on the connection; each one's outcome, in order, once they are
+all durable (committed): no job's caller may hear of its result before."""
 
 
 class ConnectionThread(Generic[C]):
@@ -30,29 +37,42 @@ class ConnectionThread(Generic[C]):
             error until the thread is stopped.
         close: closes the connection (in the thread) when the thread stops.
         name: the thread's name (shows in tracebacks and profilers).
+        group: runs the write jobs waiting together (see `Group`); None: each alone.
     """
 
-    def __init__(self, connect: Callable[[], C], close: Callable[[C], None], *, name: str) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], C],
+        close: Callable[[C], None],
+        *,
+        name: str,
+        group: Group[C] | None = None,
+    ) -> None:
         self._connect = connect
         self._close = close
+        self._group = group
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.ident: int | None = None
         """The thread's `threading.get_ident()`, once it runs."""
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
-    async def run(self, job: Callable[[C], T]) -> T:
+    async def run(self, job: Callable[[C], T], *, write: bool = False) -> T:
         """Run `job(connection)` in the thread and return what it returns (or raise).
 
         If the awaiting task is cancelled, the job still runs to its end (a thread cannot be
         stopped halfway), and its result is dropped.
-        """
-        return await self.submit(job)
 
-    def submit(self, job: Callable[[C], T]) -> asyncio.Future[T]:
+        Args:
+            job: the work.
+            write: the job writes: it may run with the other writes waiting, in one group.
+        """
+        return await self.submit(job, write=write)
+
+    def submit(self, job: Callable[[C], T], *, write: bool = False) -> asyncio.Future[T]:
         """Queue `job(connection)` for the thread now; the future of what it returns."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._jobs.put((future.get_loop(), future, job))
+        self._jobs.put((future.get_loop(), future, job, write))
         return future
 
     async def stop(self) -> None:
@@ -74,19 +94,28 @@ class ConnectionThread(Generic[C]):
             failure = error
         try:
             while (item := self._jobs.get()) is not None:
-                loop, future, job = item
-                if job is _stop:
+                # Everything waiting now: its writes run first, together, then its reads.
+                items, stopping = [item], item[2] is _stop
+                while not stopping:
+                    try:
+                        more = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        self._jobs.put(None)  # `stop_soon`: once these have run
+                        break
+                    items.append(more)
+                    stopping = more[2] is _stop
+                if stopping:
+                    loop, future, _, _ = items.pop()
                     stopper = loop, future
-                    break
                 if failure is not None:
-                    _settle(loop, future, None, failure)
-                    continue
-                try:
-                    result = job(connection)
-                except BaseException as error:
-                    _settle(loop, future, None, error)
+                    for loop, future, _, _ in items:
+                        _settle(loop, future, None, failure)
                 else:
-                    _settle(loop, future, result, None)
+                    self._run(connection, items)
+                if stopping:
+                    break
         finally:
             closing_error: BaseException | None = None
             if connection is not None:
@@ -96,6 +125,31 @@ class ConnectionThread(Generic[C]):
                     closing_error = error
             if stopper is not None:  # settled last: `stop()` returns once all is closed
                 _settle(*stopper, None, closing_error)
+
+    def _run(self, connection: Any, items: list[_Job]) -> None:
+        """Run `items` and settle each once its outcome is final.
+
+        The writes run together (if there is a group and several writes), then the reads, one by
+        one; without a group, every job runs alone, in order.
+        """
+        writes = [item for item in items if item[3]]
+        reads = [item for item in items if not item[3]]
+        if self._group is not None and len(writes) > 1:
+            try:
+                outcomes = self._group(connection, [job for _, _, job, _ in writes])
+            except BaseException as failed:  # the group could not run at all
+                outcomes = [(None, failed)] * len(writes)
+            for (loop, future, _, _), (result, raised) in zip(writes, outcomes, strict=True):
+                _settle(loop, future, result, raised)
+        else:
+            reads = items  # one by one, in order
+        for loop, future, job, _ in reads:
+            try:
+                result = job(connection)
+            except BaseException as error:
+                _settle(loop, future, None, error)
+            else:
+                _settle(loop, future, result, None)
 
 
 def _stop(connection: Any) -> None:  # a marker: `_main` stops when it meets it

@@ -54,7 +54,7 @@ from ._codec import (
     summary_from_row,
 )
 from ._events import EventNotice, LocalFeed
-from ._thread import ConnectionThread
+from ._thread import ConnectionThread, Outcome
 
 __all__ = ["SqliteStore"]
 
@@ -237,10 +237,17 @@ class SqliteStore:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    async def _call(self, job: Callable[[sqlite3.Connection], T], session_id: str | None) -> T:
+    async def _call(
+        self,
+        job: Callable[[sqlite3.Connection], T],
+        session_id: str | None,
+        *,
+        write: bool = False,
+    ) -> T:
+        """Run `job` in the store's thread (`write`: a write, grouped by `_commit_together`)."""
         thread = self._thread or await self._start()
         try:
-            return await thread.run(job)
+            return await thread.run(job, write=write)
         except sqlite3.Error as error:
             raise self._error(error, session_id) from error
 
@@ -250,7 +257,10 @@ class SqliteStore:
                 raise StoreError(f"This SqliteStore ({self.path}) is closed: make a new one.")
             if self._thread is None:
                 thread = ConnectionThread(
-                    self._connect, _close, name=f"handrail-sqlite {self.path}"
+                    self._connect,
+                    _close,
+                    name=f"handrail-sqlite {self.path}",
+                    group=_commit_together,
                 )
                 try:
                     await thread.run(_nothing)  # raises what opening the database raised
@@ -399,7 +409,7 @@ class SqliteStore:
                 return created_at
 
         saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
-        saved.created_at = await self._call(save, session_id)
+        saved.created_at = await self._call(save, session_id, write=True)
         return saved
 
     async def list(
@@ -467,7 +477,7 @@ class SqliteStore:
                 db.executemany(_LEASE, [(row[0], owner, at + ttl, at) for row in rows])
             return rows
 
-        return [summary_from_row(row) for row in await self._call(claim, None)]
+        return [summary_from_row(row) for row in await self._call(claim, None, write=True)]
 
     async def delete(self, session_id: str) -> bool:
         """Delete a session, its logs and its lease; see `SessionStore.delete`."""
@@ -482,7 +492,7 @@ class SqliteStore:
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
                 )
 
-        return await self._call(delete, session_id)
+        return await self._call(delete, session_id, write=True)
 
     async def export(self, session_id: str) -> str:
         """The session and its logs as one JSON document; see `SessionStore.export`."""
@@ -575,7 +585,7 @@ class SqliteStore:
                 )
                 return version
 
-        record.version = await self._call(import_, session_id)
+        record.version = await self._call(import_, session_id, write=True)
         return record
 
     # -- tool-call log --------------------------------------------------------------------
@@ -601,7 +611,9 @@ class SqliteStore:
         sql = """INSERT INTO handrail_tool_log
             (session_id, tool_call_id, key, tool, args, status, started_at)
             VALUES (?, ?, ?, ?, ?, 'started', ?) ON CONFLICT DO NOTHING"""
-        return bool(await self._call(lambda db: db.execute(sql, params).rowcount, session_id))
+        return bool(
+            await self._call(lambda db: db.execute(sql, params).rowcount, session_id, write=True)
+        )
 
     async def log_finished(
         self,
@@ -634,7 +646,7 @@ class SqliteStore:
                 return False  # finished already: the first result stands
             raise not_started_error(session_id, tool_call_id)
 
-        return await self._call(finish, session_id)
+        return await self._call(finish, session_id, write=True)
 
     async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
         """The session's logged calls in start order; see `SessionStore.tool_log`."""
@@ -657,7 +669,7 @@ class SqliteStore:
             batch = self._appends = _Appends()
             batch.add(session_id, texts, future)
             # The thread takes the batch when it gets to this job: what joined it by then.
-            done = thread.submit(lambda db: _append_all(db, batch.take()))
+            done = thread.submit(lambda db: _append_all(db, batch.take()), write=True)
             done.add_done_callback(functools.partial(self._settle, batch))
         return await future
 
@@ -701,7 +713,7 @@ class SqliteStore:
             with _transaction(db):
                 return _append_audit(db, entry)
 
-        return await self._call(append, entry.session_id)
+        return await self._call(append, entry.session_id, write=True)
 
     async def audit(
         self,
@@ -735,13 +747,17 @@ class SqliteStore:
         check_ttl(ttl)
         now = self.clock()
         params = (session_id, owner, now + ttl, now)
-        return bool(await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id))
+        return bool(
+            await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id, write=True)
+        )
 
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
         sql = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
         return bool(
-            await self._call(lambda db: db.execute(sql, (session_id, owner)).rowcount, session_id)
+            await self._call(
+                lambda db: db.execute(sql, (session_id, owner)).rowcount, session_id, write=True
+            )
         )
 
     async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
@@ -755,7 +771,7 @@ class SqliteStore:
             with _transaction(db):
                 return db.execute(sql, params).fetchall()
 
-        return sorted(row[0] for row in await self._call(adopt, None))
+        return sorted(row[0] for row in await self._call(adopt, None, write=True))
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener, in this process at once and in others at their next poll.
@@ -774,7 +790,7 @@ class SqliteStore:
                     "DELETE FROM handrail_wakeups WHERE created_at < ?", (now - _WAKEUPS_KEPT_FOR,)
                 )
 
-        await self._call(notify, session_id)
+        await self._call(notify, session_id, write=True)
         for subscription in self._subscriptions:
             subscription.nudge.set()
 
@@ -935,7 +951,7 @@ def _append_all(
     If that fails, each is committed in a transaction of its own, so only a failing one fails.
     """
     try:
-        with _transaction(db):
+        with _transaction(db, nested=len(appends) > 1):
             return _append(db, appends)
     except sqlite3.Error:
         if len(appends) == 1:
@@ -943,7 +959,7 @@ def _append_all(
     outcomes: list[int | sqlite3.Error] = []
     for one in appends:
         try:
-            with _transaction(db):
+            with _transaction(db, nested=True):
                 outcomes += _append(db, [one])
         except sqlite3.Error as error:
             outcomes.append(error)
@@ -973,13 +989,94 @@ def _append(
     return outcomes
 
 
+def _commit_together(
+    db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]]
+) -> list[Outcome]:
+    """Group commit: write jobs in one transaction; each one's outcome, once committed.
+
+    Each job runs in a savepoint of its own: one that fails is rolled back to it and fails
+    alone; the others commit. If SQLite rolls the whole transaction back (a full disk, an I/O
+    error), the failing job fails and the others run again without it. If the commit fails,
+    each job runs again alone, in a transaction of its own (as it would have without the
+    group). If the transaction cannot begin (another process held the lock past
+    `busy_timeout`), every job fails with that.
+    """
+    db.execute("BEGIN IMMEDIATE")  # what it raises, every job of the group gets
+    try:
+        return _run_together(db, jobs)
+    except BaseException:  # the group's own statements failed: nothing of it is kept
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _run_together(
+    db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]]
+) -> list[Outcome]:
+    """`_commit_together`, once its transaction has begun."""
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    for index, job in enumerate(jobs):
+        try:
+            db.execute("SAVEPOINT handrail_job")
+            outcome: Outcome = (job(db), None)
+        except BaseException as error:
+            outcome = (None, error)
+        outcomes[index] = outcome
+        if not db.in_transaction:
+            # SQLite rolled the whole transaction back (as this job failed, or inside it, if
+            # it went on alone): the jobs before lost their writes, so they run again, with
+            # the rest. (This job's outcome stands: whatever it did after stands too.)
+            again = [i for i, o in enumerate(outcomes[:index]) if o is not None and o[1] is None]
+            again += range(index + 1, len(jobs))
+            retried = _commit_together(db, [jobs[i] for i in again]) if again else []
+            for i, outcome in zip(again, retried, strict=True):
+                outcomes[i] = outcome
+            return [o for o in outcomes if o is not None]
+        if outcome[1] is not None:
+            db.execute("ROLLBACK TO handrail_job")
+        db.execute("RELEASE handrail_job")
+    try:
+        db.execute("COMMIT")
+    except sqlite3.Error:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        return [_alone(db, job) for job in jobs]
+    return [o for o in outcomes if o is not None]
+
+
+def _alone(db: sqlite3.Connection, job: Callable[[sqlite3.Connection], Any]) -> Outcome:
+    try:
+        return job(db), None
+    except BaseException as error:
+        return None, error
+
+
 @contextlib.contextmanager
-def _transaction(db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+def _transaction(
+    db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE", *, nested: bool = False
+) -> Iterator[None]:
     """One explicit transaction, rolled back if the block raises.
 
+    Within the transaction of a group (`_commit_together`), the job's savepoint is the
+    transaction: the block runs in it as it is, or (`nested`: a block whose failure the job
+    itself handles) in a savepoint of its own, rolled back alone.
     `BEGIN IMMEDIATE` takes the write lock up front, so a read-then-write transaction never
     fails halfway to upgrade its lock (which WAL mode does not wait for).
     """
+    if db.in_transaction and not nested:
+        yield
+        return
+    if db.in_transaction:
+        db.execute("SAVEPOINT handrail_step")
+        try:
+            yield
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK TO handrail_step")
+                db.execute("RELEASE handrail_step")
+            raise
+        db.execute("RELEASE handrail_step")
+        return
     db.execute(begin)
     try:
         yield
