@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from handrail import (
     InvalidDecisionError,
     Reject,
     Runtime,
+    SessionRecord,
     StaleResolutionError,
     StoreError,
     tool,
@@ -151,20 +151,43 @@ async def test_decisions_record_who_via_what_and_a_refused_one_records_nothing()
 
 
 class _NoTrail(MemoryStore):
-    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
-        raise StoreError("the audit table is gone")
+    """A store whose audit trail cannot be written (its table is gone, say)."""
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        if record.audit:
+            raise StoreError("the audit table is gone")
+        return await super().save(record)
 
 
-async def test_a_decision_stands_when_its_audit_entry_cannot_be_written(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_a_decision_whose_audit_entry_cannot_be_written_is_not_recorded() -> None:
     store = _NoTrail()
     engine = engine_for([[call("orders.refund", order_id="A1", amount=84.0)], "Waiting."], store)
     await engine.submit("s-1", "refund A1", org_id="acme").finish()
     (call_id,) = (await engine.session("s-1", org_id="acme")).pending
-    with caplog.at_level(logging.ERROR, logger="handrail"):
-        resolution = await engine.resolve("s-1", call_id, Reject(by="ana"), org_id="acme")
-    assert resolution.ready
-    assert (await engine.session("s-1", org_id="acme")).pending == {}
-    (logged,) = [r for r in caplog.records if "audit trail" in r.getMessage()]
-    assert call_id in logged.getMessage() and "'s-1'" in logged.getMessage()
+    before = await store.load("s-1")
+    with pytest.raises(StoreError, match="the audit table is gone"):
+        await engine.resolve("s-1", call_id, Reject(by="ana"), org_id="acme")
+    # The decision and its entry are one write: neither is stored, the call still waits.
+    after = await store.load("s-1")
+    assert before is not None and after is not None and after.version == before.version
+    assert list((await engine.session("s-1", org_id="acme")).pending) == [call_id]
+    assert await store.audit("acme") == []
+
+
+async def test_a_decision_and_its_audit_entry_are_one_save() -> None:
+    store = MemoryStore()
+    engine = engine_for([[call("orders.refund", order_id="A1", amount=84.0)], "Waiting."], store)
+    await engine.submit("s-1", "refund A1", org_id="acme").finish()
+    (call_id,) = (await engine.session("s-1", org_id="acme")).pending
+    saves: list[int] = []
+    original = store.save
+
+    async def counting(record: SessionRecord) -> SessionRecord:
+        saves.append(len(record.audit))
+        return await original(record)
+
+    store.save = counting  # type: ignore[method-assign]
+    await engine.resolve("s-1", call_id, Reject(by="ana"), org_id="acme")
+    assert saves == [1]  # one write: the decision with its entry
+    (entry,) = await store.audit("acme")
+    assert (entry.tool_call_id, entry.decision, entry.who) == (call_id, "reject", "ana")

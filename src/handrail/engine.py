@@ -30,7 +30,7 @@ from ._redact import public_event
 from ._tool_result import ToolResult
 from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
-from .audit import call_entry, decision_entry
+from .audit import AuditEntry, call_entry, decision_entry
 from .capture import (
     ApplyReport,
     CapturedAction,
@@ -889,11 +889,15 @@ class Engine:
                     )
                     for tool_call_id, decision in decisions.items()
                 ]
+                # The decisions' audit entries are written by the same save: one transaction,
+                # so the trail never misses a stored decision nor records one that was not.
+                record.audit = self._decision_entries(record, cards)
                 try:
                     await self._save(record, state, record.status)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
-                await self._audit_decisions(record, cards)
+                finally:
+                    record.audit = []
                 resolution = Resolution(
                     decided=[i for i in decisions if i not in state.pending],
                     pending=list(state.pending),
@@ -1046,30 +1050,21 @@ class Engine:
         agent = self.domain.by_name.get(progress.agent) if progress else None
         return agent.tools if agent is not None else {}
 
-    async def _audit_decisions(
-        self, record: SessionRecord, cards: list[tuple[ApprovalCardPart, str | None]]
-    ) -> None:
-        """Append the stored decisions to the audit trail (after the save: never before).
-
-        The decisions stand whatever happens here: a trail the store cannot append to is
-        logged as an error for an operator, not reported to whoever decided (a retry would
-        only find the calls decided).
-        """
-        for card, via in cards:
-            digest = card.args_digest or args_digest(card.tool_name, card.args)
-            entry = decision_entry(
-                card, org_id=record.org_id, session_id=record.id, via=via, args_digest=digest
+    @staticmethod
+    def _decision_entries(
+        record: SessionRecord, cards: list[tuple[ApprovalCardPart, str | None]]
+    ) -> list[AuditEntry]:
+        """The audit entries of the decisions just recorded on `cards` (`handrail.audit`)."""
+        return [
+            decision_entry(
+                card,
+                org_id=record.org_id,
+                session_id=record.id,
+                via=via,
+                args_digest=card.args_digest or args_digest(card.tool_name, card.args),
             )
-            try:
-                await self.store.append_audit(entry)
-            except StoreError:
-                _log.exception(
-                    "handrail engine %s: the decision on call %r of session %r is stored but "
-                    "could not be added to the audit trail",
-                    self.lease_owner,
-                    card.tool_call_id,
-                    record.id,
-                )
+            for card, via in cards
+        ]
 
     async def expire_due(self) -> list[str]:
         """Expire every pending call past its deadline; return the sessions that changed.

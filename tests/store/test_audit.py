@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from handrail import AuditEntry, SessionRecord, StoreError
+from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
 from handrail.audit import GENESIS, entry_hash, verify
 from handrail.store import SessionStore
 
@@ -123,3 +123,35 @@ async def test_a_result_is_logged_with_its_audit_entry_or_not_at_all(store: Sess
     with pytest.raises(StoreError, match="log_started"):
         await store.log_finished("s-1", "c-9", {"ok": True}, audit=call("acme"))
     assert await store.audit("acme") == [entry]
+
+
+async def test_a_save_appends_its_audit_entries_in_its_own_transaction(
+    store: SessionStore,
+) -> None:
+    first = await store.append_audit(call("acme"))
+    saved = await store.save(
+        SessionRecord(
+            id="s-1", org_id="acme", data={"n": 1}, audit=[decision("acme"), decision("globex")]
+        )
+    )
+    assert saved.audit == []  # the saved copy holds none: saving it again appends nothing
+    acme = await store.audit("acme")
+    assert [(e.seq, e.kind) for e in acme] == [(1, "call"), (2, "decision")]
+    assert acme[1].prev_hash == first.hash and verify(acme) == []
+    assert [e.seq for e in await store.audit("globex")] == [1]
+
+    # A save that loses its compare-and-swap appends nothing.
+    stale = SessionRecord(id="s-1", org_id="acme", data={"n": 2}, audit=[decision("acme")])
+    with pytest.raises(ConflictError):
+        await store.save(stale)
+    assert await store.audit("acme") == acme
+    # Nor does one whose entry JSON cannot carry; the session is left as it was.
+    bad = SessionRecord(
+        id="s-1", org_id="acme", version=1, data={"n": 3},
+        audit=[decision("acme", amended_after={"amount": float("nan")})],
+    )  # fmt: skip
+    with pytest.raises(StoreError):
+        await store.save(bad)
+    loaded = await store.load("s-1")
+    assert loaded is not None and (loaded.version, loaded.data) == (1, {"n": 1})
+    assert await store.audit("acme") == acme

@@ -16,10 +16,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
-if TYPE_CHECKING:
-    from ..audit import AuditEntry, AuditKind
+from ..audit import AuditEntry, AuditKind
 
 __all__ = [
     "Clock",
@@ -100,6 +99,10 @@ class SessionRecord(SessionSummary):
     """Where `load` starts reading messages: the messages before it are not needed to drive
     the session (a summary in `data` stands for them). Saved with the record; the history
     before it is still stored, and read with `SessionStore.messages`."""
+    audit: list[AuditEntry] = field(default_factory=list)
+    """Audit entries to append with this save, in its transaction (`handrail.audit`): each
+    chained at the end of its organisation's trail, so a save that fails appends none, and
+    one that succeeds appends them all. Not loaded (the trail is read with `audit`)."""
 
     def summary(self) -> SessionSummary:
         """The record without its document."""
@@ -173,8 +176,9 @@ class SessionStore(Protocol):
 
         Compare-and-swap: the save succeeds only if the stored version equals
         `record.version` (0: the session must not exist yet). Nothing else is compared, so a
-        lost update is impossible. The document, the messages from `record.messages_from` on
-        and the metadata are written in one transaction: all of them, or nothing.
+        lost update is impossible. The document, the messages from `record.messages_from` on,
+        the metadata and the audit entries of `record.audit` (each appended as `append_audit`
+        does) are written in one transaction: all of them, or nothing.
 
         Returns:
             A copy of `record` with `version` one higher and `updated_at` (and, on the first
@@ -183,7 +187,8 @@ class SessionStore(Protocol):
         Raises:
             ConflictError: someone else saved (or deleted) the session first; nothing was
                 written.
-            StoreError: `record.data` or a message is not JSON-compatible, or the store failed.
+            StoreError: `record.data`, a message or an audit entry is not JSON-compatible, or
+                the store failed.
             ValueError: `record.messages_from` is past the stored messages (it would leave a
                 gap), or `record.window` past the saved ones.
         """

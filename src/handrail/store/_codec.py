@@ -363,8 +363,11 @@ def _float_or_none(value: float | None) -> float | None:
 def stamped(
     record: SessionRecord, *, version: int, created_at: float, updated_at: float
 ) -> SessionRecord:
-    """A shallow copy of `record` as saved (the caller's record is left as it was)."""
-    return replace(record, version=version, created_at=created_at, updated_at=updated_at)
+    """A shallow copy of `record` as saved (the caller's record is left as it was).
+
+    Without the audit entries the save appended: saving the copy again appends nothing.
+    """
+    return replace(record, version=version, created_at=created_at, updated_at=updated_at, audit=[])
 
 
 _SUMMARY_COLUMNS = (

@@ -148,6 +148,7 @@ class MemoryStore:
             raise ConflictError(record.id, expected=record.version, actual=actual)
         history = [] if stored is None else stored.messages
         check_messages(record, len(history))
+        audited = self._chained(record.audit)  # a bad entry fails the save before any change
         del history[record.messages_from :]  # what the save replaces; the rest is kept
         history.extend(texts)
         now = self.clock()
@@ -160,6 +161,8 @@ class MemoryStore:
         self._sessions[record.id] = _Session(
             summary=saved.summary(), data=text, window=record.window, messages=history
         )
+        for org, row, _ in audited:  # no await since the checks: the save and these are one
+            self._audit.setdefault(org, []).append(row)
         return saved
 
     async def messages(
@@ -367,13 +370,26 @@ class MemoryStore:
     async def append_audit(self, entry: AuditEntry) -> AuditEntry:
         """Append to the organisation's trail, chained; see `SessionStore.append_audit`."""
         self._check_open()
-        trail = self._audit.setdefault(entry.org_id or "", [])
-        tail = (trail[-1].seq, trail[-1].hash) if trail else None
-        entry, text = chain_audit(entry, tail)  # no await in between: nothing interleaves
-        trail.append(
-            _Audited(entry.seq, entry.session_id, entry.tool, entry.kind, entry.hash, text)
-        )
-        return entry
+        ((org, row, chained),) = self._chained([entry])
+        self._audit.setdefault(org, []).append(row)
+        return chained
+
+    def _chained(
+        self, entries: builtins.list[AuditEntry]
+    ) -> builtins.list[tuple[str, _Audited, AuditEntry]]:
+        """`entries` chained at the ends of their organisations' trails, not yet appended."""
+        tails: dict[str, tuple[int, str] | None] = {}
+        chained: builtins.list[tuple[str, _Audited, AuditEntry]] = []
+        for entry in entries:
+            org = entry.org_id or ""
+            if org not in tails:
+                trail = self._audit.get(org)
+                tails[org] = (trail[-1].seq, trail[-1].hash) if trail else None
+            done, text = chain_audit(entry, tails[org])
+            tails[org] = (done.seq, done.hash)
+            row = _Audited(done.seq, done.session_id, done.tool, done.kind, done.hash, text)
+            chained.append((org, row, done))
+        return chained
 
     async def audit(
         self,

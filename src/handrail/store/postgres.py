@@ -476,6 +476,7 @@ class PostgresStore:
         # The copy is made before the await: the caller may change `record` meanwhile.
         saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
         checked = dataclasses.replace(saved, messages=record.messages[:])
+        audit = record.audit[:]
         async with self._connection(saved.id) as connection, connection.transaction():
             # The row lock the UPDATE takes keeps other saves off the messages until commit.
             row = await (await connection.execute(query, params)).fetchone()
@@ -508,6 +509,8 @@ class PostgresStore:
                     FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
                     params,
                 )
+            for entry in audit:  # the organisation's trail lock is taken last, at the end
+                await self._append_audit(connection, entry)
         saved.created_at, saved.updated_at = row
         return saved
 

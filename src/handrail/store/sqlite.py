@@ -375,6 +375,7 @@ class SqliteStore:
         now = self.clock()
         scope = (record.org_id, record.user_id, record.status)
         expires_at = record.expires_at
+        audit = record.audit[:]
 
         def save(db: sqlite3.Connection) -> float:
             with _transaction(db):
@@ -406,6 +407,8 @@ class SqliteStore:
                         (session_id, start),
                     )
                 db.executemany(_PUT, rows)
+                for entry in audit:
+                    _append_audit(db, entry)
                 return created_at
 
         saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
