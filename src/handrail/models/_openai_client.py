@@ -34,21 +34,24 @@ class OpenAIClientModel(SDKModel):
     settings: dict[str, Any]
     """More request parameters, sent as they are."""
 
+    default_provider: str = "openai"
+    """The provider's name when `provider=` is not given (each subclass says its own)."""
+
     def __init__(
         self,
         model: str,
         *,
-        api_key: str | None,
-        base_url: str | None,
-        client: openai.AsyncOpenAI | None,
-        retry: RetryPolicy | None,
-        timeout: float,
-        stream: bool,
-        settings: Mapping[str, Any] | None,
-        provider: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 600.0,
+        stream: bool = True,
+        settings: Mapping[str, Any] | None = None,
+        provider: str | None = None,
     ) -> None:
         self.model_name = model
-        self.provider = provider
+        self.provider = provider or self.default_provider
         self.retry = retry or RetryPolicy()
         self.streaming = stream
         self.settings = dict(settings or {})

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 from ..exceptions import ModelError
@@ -41,7 +41,6 @@ from . import (
 from ._openai_format import openai_request, request_tool_names
 from ._sdk import body_broken, incomplete
 from ._wire import ToolNames
-from .retry import RetryPolicy
 
 try:
     import openai
@@ -93,30 +92,7 @@ class OpenAIModel(OpenAIClientModel):
         provider: the provider's name in the model name and in errors.
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        client: openai.AsyncOpenAI | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float = 600.0,
-        stream: bool = True,
-        settings: Mapping[str, Any] | None = None,
-        provider: str = "openai",
-    ) -> None:
-        super().__init__(
-            model,
-            api_key=api_key,
-            base_url=base_url,
-            client=client,
-            retry=retry,
-            timeout=timeout,
-            stream=stream,
-            settings=settings,
-            provider=provider,
-        )
+    default_provider = "openai"
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the answer to `request`: chunks, then one `ModelResponse`.

@@ -26,7 +26,7 @@ events raise `ModelHTTPError` (retried while nothing was streamed and the code m
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 from ..exceptions import ModelError
@@ -53,7 +53,7 @@ from ._responses_format import (
 )
 from ._sdk import body_broken, incomplete
 from ._wire import ToolNames
-from .retry import Failure, RetryPolicy
+from .retry import Failure
 
 try:
     import openai
@@ -133,30 +133,7 @@ class OpenAIResponsesModel(OpenAIClientModel):
             parts it produces.
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        client: openai.AsyncOpenAI | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float = 600.0,
-        stream: bool = True,
-        settings: Mapping[str, Any] | None = None,
-        provider: str = PROVIDER,
-    ) -> None:
-        super().__init__(
-            model,
-            api_key=api_key,
-            base_url=base_url,
-            client=client,
-            retry=retry,
-            timeout=timeout,
-            stream=stream,
-            settings=settings,
-            provider=provider,
-        )
+    default_provider = PROVIDER
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the answer to `request`: chunks, then one `ModelResponse`.
