@@ -198,6 +198,10 @@ class Resolution:
     recorded on its card, and the call stays pending)."""
     pending: list[str]
     """The calls still waiting for a decision."""
+    org_id: str | None = None
+    """The session's organisation, as stored."""
+    user_id: str | None = None
+    """The session's user, as stored: whoever decided, the turn goes on as theirs."""
 
     @property
     def ready(self) -> bool:
@@ -901,6 +905,8 @@ class Engine:
                 resolution = Resolution(
                     decided=[i for i in decisions if i not in state.pending],
                     pending=list(state.pending),
+                    org_id=record.org_id,
+                    user_id=record.user_id,
                 )
             if resolution.ready:
                 await self.store.notify(session_id)  # a worker waiting on the store may resume

@@ -237,10 +237,9 @@ class Runs:
         if not resolution.ready:
             return resolution, None
         # The turn goes on as its session's user's, whoever made the last decision.
-        found = await self.engine.store.summary(session_id)
-        if found is None or found.org_id is None or found.user_id is None:
-            return resolution, None  # deleted in between
-        owner = Caller(found.org_id, found.user_id)
+        if resolution.org_id is None or resolution.user_id is None:
+            return resolution, None  # not a session of a caller's: not this server's to resume
+        owner = Caller(resolution.org_id, resolution.user_id)
         resume = self.engine.resume(
             session_id, org_id=owner.org_id, user_id=owner.user_id, client=client
         )
