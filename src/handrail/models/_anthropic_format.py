@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 
-from ..exceptions import HostedToolError
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
-from ..tools._hosted import hosted_call, hosted_note
+from ..tools._hosted import hosted_call, hosted_note, one_of_each_kind
 from . import ModelRequest, ToolDefinition
 from ._wire import ToolNames, result_text
 
@@ -183,15 +182,8 @@ def anthropic_hosted_tools(hosted_tools: Sequence[HostedTool]) -> list[dict[str,
         HostedToolError: two hosted tools of one kind (Anthropic names each by its kind).
     """
     out: list[dict[str, Any]] = []
-    seen: dict[str, str] = {}
+    one_of_each_kind(hosted_tools, "Anthropic")
     for hosted in hosted_tools:
-        if hosted.kind in seen:
-            raise HostedToolError(
-                f"Tools {seen[hosted.kind]!r} and {hosted.name!r} are both hosted "
-                f"{hosted.kind} tools, and Anthropic runs one of each kind in a request; give "
-                f"the agent one."
-            )
-        seen[hosted.kind] = hosted.name
         entry: dict[str, Any] = {"type": _HOSTED_TYPES[hosted.kind], "name": hosted.kind}
         if hosted.kind != "code_execution":
             if hosted.max_uses is not None:

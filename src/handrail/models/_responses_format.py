@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import HostedToolError, ModelError
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
-from ..tools._hosted import hosted_call, hosted_note
+from ..tools._hosted import hosted_call, hosted_note, one_of_each_kind
 from . import ModelRequest, ToolDefinition
 from ._openai_format import output_format, tool_arguments
 from ._wire import ToolNames, result_text
@@ -181,15 +181,8 @@ def responses_hosted_tools(hosted_tools: Sequence[HostedTool]) -> list[dict[str,
             `blocked_domains`), or two hosted tools of one kind.
     """
     out: list[dict[str, Any]] = []
-    seen: dict[str, str] = {}
+    one_of_each_kind(hosted_tools, "the Responses API")
     for hosted in hosted_tools:
-        if hosted.kind in seen:
-            raise HostedToolError(
-                f"Tools {seen[hosted.kind]!r} and {hosted.name!r} are both hosted "
-                f"{hosted.kind} tools, and the Responses API runs one of each kind in a "
-                f"request; give the agent one."
-            )
-        seen[hosted.kind] = hosted.name
         if hosted.kind == "code_execution":
             out.append({"type": "code_interpreter", "container": {"type": "auto"}})
             continue

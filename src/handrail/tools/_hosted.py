@@ -43,6 +43,7 @@ __all__ = [
     "hosted_call",
     "hosted_note",
     "hosted_summary",
+    "one_of_each_kind",
     "web_fetch",
     "web_search",
 ]
@@ -221,6 +222,27 @@ def check_hosted(
                 f"Tool {hosted.name or hosted.kind!r} is a hosted {hosted.kind} that the model "
                 f"provider runs, and {model} cannot run it: {fix}."
             )
+
+
+def one_of_each_kind(hosted_tools: Sequence[HostedTool], api: str) -> None:
+    """Refuse two hosted tools of one kind: providers run one of each kind in a request.
+
+    Args:
+        hosted_tools: the request's hosted tools.
+        api: the provider's API, as the message names it (`Anthropic`).
+
+    Raises:
+        HostedToolError: naming both tools.
+    """
+    seen: dict[str, str] = {}
+    for hosted in hosted_tools:
+        if hosted.kind in seen:
+            raise HostedToolError(
+                f"Tools {seen[hosted.kind]!r} and {hosted.name!r} are both hosted "
+                f"{hosted.kind} tools, and {api} runs one of each kind in a request; give "
+                f"the agent one."
+            )
+        seen[hosted.kind] = hosted.name
 
 
 _VERBS: dict[str, str] = {
