@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..events import EVENT, Event
+from ..exceptions import SessionNotFoundError
 from ..messages import ApprovalCardPart
 from ..state import RunState
 from ..suspension import Decision
@@ -81,10 +82,11 @@ def scratch_agents(api: _Api) -> set[str]:
 
 
 async def chat_state(api: _Api, caller: Caller, session_id: str) -> RunState | None:
-    """The session of the caller's chat, or None before its first turn."""
-    if await api.store.summary(session_id) is None:
+    """The session of the caller's chat, or None before its first turn (one read)."""
+    try:
+        return await api.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
+    except SessionNotFoundError:  # the id is the caller's own: no one else's session is hit
         return None
-    return await api.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
 
 
 def new_user_text(texts: Sequence[str], state: RunState | None) -> str:
