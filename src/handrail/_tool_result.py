@@ -25,7 +25,8 @@ class ToolResult:
     summary: str | None = None
     """One line for the UI ("Order A1: shipped")."""
     markdown: str | None = None
-    """The prompt form the model reads; when unset the model reads compact JSON of `data`."""
+    """The prompt form the model reads; when unset, `data` itself if it is a `str`, else its
+    compact JSON."""
     error: str | None = None
     """What went wrong, written for the model to act on; set when `ok` is false."""
 
