@@ -252,8 +252,8 @@ class UsageEvent:
     """Output tokens spent on reasoning (part of `output_tokens`; where the provider says)."""
     finish_reason: str | None = None
     """Why the model stopped this response (`stop`, `tool_call`, `length`, `content_filter`,
-    `other`; see `handrail.models.FinishReason`); tool calls of a response that is not `stop`
-    or `tool_call` are never run."""
+    `pause`, `other`; see `handrail.models.FinishReason`); tool calls of a response that is not
+    `stop` or `tool_call` are never run."""
     type: Literal["usage"] = "usage"
 
 
