@@ -17,5 +17,7 @@ def test_examples_run(page: Path) -> None:
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     for number, match in enumerate(BLOCK.finditer(page.read_text()), 1):
         line = page.read_text()[: match.start()].count("\n") + 2
-        code = compile(match.group(1), f"{page.name}:{line} (block {number})", "exec")
+        code = compile(
+            match.group(1), f"{page.name}:{line} (block {number})", "exec", dont_inherit=True
+        )
         exec(code, namespace)
