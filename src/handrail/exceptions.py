@@ -5,6 +5,7 @@ HandrailError
 ├── UserError                  the application developer misused the API
 │   ├── ToolDefinitionError    an illegal tool declaration (found when the tool is defined)
 │   ├── ConfigError            a bad or missing setting (names the variable or argument to fix)
+│   │   └── MissingExtraError  an optional dependency is not installed (names the extra)
 │   ├── PathError              a context path that does not parse or does not resolve
 │   │   └── ContextFullError   a session-scoped write that does not fit under the size cap
 │   ├── InvalidDecisionError   a decision that does not fit its pending call (kind, amendment)
@@ -56,6 +57,7 @@ __all__ = [
     "IncompleteResponseError",
     "InvalidDecisionError",
     "MaxIterationsError",
+    "MissingExtraError",
     "ModelError",
     "ModelHTTPError",
     "ModelRetry",
@@ -85,6 +87,21 @@ class ToolDefinitionError(UserError):
 
 class ConfigError(UserError):
     """A setting is missing or invalid."""
+
+
+class MissingExtraError(ConfigError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it.
+
+    Also an `ImportError`, so code that guards an optional import with `except ImportError`
+    keeps working.
+
+    Attributes:
+        extra: the extra to install (`pip install "handrail[<extra>]"`).
+    """
+
+    def __init__(self, what: str, *, needs: str, extra: str) -> None:
+        super().__init__(f'{what} needs {needs}: pip install "handrail[{extra}]"')
+        self.extra = extra
 
 
 class PathError(UserError):
