@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 import pydantic_core
@@ -77,12 +77,18 @@ class ActionChoice:
     """Why it is skipped."""
 
 
-@dataclass(kw_only=True, slots=True)
+# A decision's first field is positional, as people write it (`Answer("size M")`,
+# `Reject("too expensive")`, `Approve({"amount": 40})`, `ClientResult(output)`); the rest are
+# keywords (`KW_ONLY`).
+
+
+@dataclass(slots=True)
 class Approve:
     """Run the gated call, with the arguments as proposed or as amended."""
 
     amended_args: dict[str, Any] | None = None
     """New values for some of the tool's `amendable` arguments (the rest stay as proposed)."""
+    _: KW_ONLY
     actions: dict[int, ActionChoice] | None = None
     """For a batch card: decisions per action, by local index (the others are applied as
     proposed)."""
@@ -93,12 +99,13 @@ class Approve:
     decision: Literal["approve"] = "approve"
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(slots=True)
 class Reject:
     """Do not run the call; the model is told, with the reason, and acknowledges it."""
 
     reason: str | None = None
     """Why, in words the model can relay to the user."""
+    _: KW_ONLY
     by: str | None = None
     """Who decided (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
@@ -106,7 +113,7 @@ class Reject:
     decision: Literal["reject"] = "reject"
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(slots=True)
 class Answer:
     """A person's answer: validated against the tool's output type.
 
@@ -120,6 +127,7 @@ class Answer:
 
     output: Any
     """The answer (or the output of the call that ran)."""
+    _: KW_ONLY
     by: str | None = None
     """Who answered (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
@@ -127,12 +135,13 @@ class Answer:
     decision: Literal["answer"] = "answer"
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(slots=True)
 class ClientResult:
     """What the client returned for a `client` tool (untrusted: validated, never believed)."""
 
     output: Any = None
     """The output."""
+    _: KW_ONLY
     error: str | None = None
     """Set when the client failed to run the tool: the call fails with this error."""
     by: str | None = None
