@@ -67,6 +67,8 @@ from .exceptions import (
     StaleResolutionError,
     StoreError,
     ToolDefinitionError,
+    TurnCutOffError,
+    TurnSuspendedError,
     UserError,
 )
 from .messages import (
@@ -193,6 +195,8 @@ __all__ = [
     "ToolDefinitionError",
     "ToolProgress",
     "ToolResult",
+    "TurnCutOffError",
+    "TurnSuspendedError",
     "Usage",
     "UsageEvent",
     "UserError",

@@ -280,8 +280,8 @@ def decide(
     if card.expires_at is not None and now >= card.expires_at:
         raise StaleResolutionError(
             f"The decision on call {tool_call_id} ({card.tool_name}) expired at "
-            f"{card.expires_at:.0f}; the run goes on without it once the session is swept "
-            f"(Engine.expire_due).",
+            f"{card.expires_at:.0f}: it becomes an 'expired' tool error, and the run goes on "
+            f"without it when expired decisions are next swept.",
             tool_call_id=tool_call_id,
         )
     kind = decision.decision
@@ -308,7 +308,7 @@ def decide(
     if isinstance(decision, Approve) and decision.actions is not None:
         raise InvalidDecisionError(
             f"Call {tool_call_id} ({card.tool_name}) is one call, not a batch: approve it "
-            f"with amended_args=, not actions=."
+            f"with amended_args, not actions."
         )
     tool = tools.get(card.tool_name)
     if tool is None and not isinstance(decision, Reject):
@@ -330,8 +330,8 @@ def decide(
         if not isinstance(decision.output, str) or not decision.output.strip():
             raise InvalidDecisionError(
                 f"Call {tool_call_id} ({card.tool_name}) asked a question: answer it with "
-                f'text (Answer(output="...")), not {type(decision.output).__name__} '
-                f"{str(decision.output)[:40]!r}."
+                f"text (an answer whose output is a string), not "
+                f"{type(decision.output).__name__} {str(decision.output)[:40]!r}."
             )
         output = decision.output
     elif isinstance(decision, Answer):  # a person's answer, or what a call that ran returned
