@@ -15,7 +15,7 @@ import uvicorn
 from dirty_equals import IsInt
 from typer.testing import CliRunner
 
-from handrail import Engine, Message, RunState, SessionRecord, TextPart
+from handrail import Engine, Message, Reject, RunState, SessionRecord, TextPart
 from handrail.cli import app
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, build_scenario
 from handrail.store import SqliteStore
@@ -546,3 +546,29 @@ def test_sessions_show_pages_back_through_the_history(tmp_path: Path) -> None:
     shown = run(*show, "--limit", "2")
     assert "… 3 earlier message(s): --before 3 shows them" in shown.output
     assert "message 4" in shown.output and "message 2" not in shown.output
+
+
+def test_chat_on_a_turn_cut_off_says_what_recovers_it_in_one_line(
+    chat_module: str, db: Path
+) -> None:
+    async def cut_off() -> None:  # as a process killed mid-turn leaves the session
+        async with SqliteStore(db) as store:
+            engine = build_scenario(store=store).engine
+            who = {"org_id": "acme", "user_id": "ana"}
+            call_id = next(iter((await engine.session("support-1", **who)).pending))
+            await engine.resolve("support-1", call_id, Reject("no"), **who)
+            await engine.resume("support-1", **who).finish()
+            record = await store.load("support-1")
+            assert record is not None and record.data["progress"] is None
+            record.data["progress"] = {"status": "running", "agent": "responder"}
+            await store.save(record)
+
+    asyncio.run(cut_off())
+    args = ("--session", "support-1", "--org", "acme", "--user", "ana", "--db", str(db))
+    result = chat("chatapp:desk", *args, "-m", "hello?")
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: Session 'support-1': the previous turn was cut off while it ran (a crash, or "
+        "a worker that stopped). `handrail serve` recovers it by itself (as does any Worker on "
+        "the same store); then chat again."
+    )

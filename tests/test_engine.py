@@ -417,3 +417,38 @@ def test_a_state_round_trips_with_its_messages_and_where_they_start():
     assert apart.changed_from() == 10  # stored as they are, and no turn in progress
     with pytest.raises(UserError, match="both in the document and given apart"):
         RunState.load(state.dump(), messages=state.dump_messages(7), base=7)
+
+
+async def test_a_new_message_while_the_turn_waits_says_which_library_calls_end_it():
+    from handrail import Approve, TurnSuspendedError
+
+    @tool(permission="write")
+    def refund(order: str) -> str:
+        """Refund."""
+        return "ok"
+
+    engine = engine_for(
+        [[call("refund", order="A1")], "Refunded.", "Hello."], Agent("a", tools=[refund])
+    )
+    events = await events_of(engine.submit("s1", "refund A1"))
+    (call_id,) = events[-1].pending
+    with pytest.raises(TurnSuspendedError) as caught:
+        await events_of(engine.submit("s1", "hello?"))
+    assert (caught.value.session_id, caught.value.pending) == ("s1", (call_id,))
+    assert str(caught.value) == (
+        f"The turn of session 's1' is suspended, waiting on {call_id}: decide each call with "
+        f"engine.resolve(session_id, tool_call_id, decision), then continue the turn with "
+        f"engine.resume(session_id), before sending a new message."
+    )
+    assert isinstance(caught.value, UserError)
+
+    await engine.resolve("s1", call_id, Approve())  # decided, not yet resumed
+    with pytest.raises(TurnSuspendedError) as caught:
+        await events_of(engine.submit("s1", "hello?"))
+    assert caught.value.pending == ()
+    assert str(caught.value) == (
+        "The turn of session 's1' is suspended, its calls all decided: continue it with "
+        "engine.resume(session_id), before sending a new message."
+    )
+    assert (await events_of(engine.resume("s1")))[-1].type == "run-completed"
+    assert (await events_of(engine.submit("s1", "hello?")))[-1].type == "run-completed"

@@ -71,10 +71,12 @@ def defined_in_handrail(name: str, value: Any) -> bool:
 
 
 def public_members(package: types.ModuleType) -> list[str]:
+    # `dir`, not `vars`: a name loaded lazily (a module `__getattr__`) counts before its load.
+    members = {name: getattr(package, name) for name in dir(package)}
     return sorted(
         (
             name
-            for name, value in list(vars(package).items())
+            for name, value in members.items()
             if not name.startswith("_")
             and not isinstance(value, types.ModuleType)
             and defined_in_handrail(name, value)

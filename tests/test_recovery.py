@@ -23,6 +23,7 @@ from handrail import (
     Runtime,
     SessionBusyError,
     ToolContext,
+    TurnCutOffError,
     UserError,
     tool,
 )
@@ -108,8 +109,10 @@ async def test_a_call_whose_result_was_logged_is_never_run_again():
     assert (entry.status, entry.tool) == ("finished", "charge")
 
     other = engine(store, model("unused", "Charged A1."))
-    with pytest.raises(UserError, match=r"cut off while it ran .* recover it"):
+    with pytest.raises(UserError, match=r"cut off while it ran .* recover it") as caught:
         await events_of(other.submit("s1", "hello?"))
+    assert isinstance(caught.value, TurnCutOffError) and caught.value.session_id == "s1"
+    assert "recover it with engine.recover(session_id)" in str(caught.value)
     events = await events_of(other.recover("s1"))
     assert events[-1].type == "run-completed"
     assert len(effects) == 1  # not charged twice

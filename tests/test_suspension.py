@@ -924,3 +924,28 @@ async def test_a_declined_question_fails_the_call_with_the_reason_for_the_model(
 def test_ask_person_needs_a_question() -> None:
     with pytest.raises(TypeError, match="needs the question"):
         AskPerson("  ")
+
+
+# -- decisions as people write them ---------------------------------------------------------
+
+
+def test_a_decisions_first_field_is_positional_and_the_rest_are_keywords():
+    from handrail import DECISION, Answer, Approve, ClientResult, Reject
+
+    assert Answer("size M", by="ana") == Answer(output="size M", by="ana")
+    assert Reject("too expensive") == Reject(reason="too expensive")
+    assert Approve({"amount": 40}) == Approve(amended_args={"amount": 40})
+    assert ClientResult({"ok": True}) == ClientResult(output={"ok": True})
+    assert Reject() == Reject(reason=None) and Approve() == Approve(amended_args=None)
+    with pytest.raises(TypeError):
+        Answer("size M", "ana")  # type: ignore[misc]  # who decided is always by=
+    # The JSON form is unchanged.
+    assert DECISION.validate_json('{"decision": "answer", "output": "M", "by": "ana"}') == (
+        Answer("M", by="ana")
+    )
+    assert json.loads(DECISION.dump_json(Reject("no"))) == {
+        "decision": "reject",
+        "reason": "no",
+        "by": None,
+        "via": None,
+    }

@@ -734,3 +734,127 @@ def test_a_bad_hosted_option_fails_at_definition(options: dict[str, Any], proble
 
     with pytest.raises(ToolDefinitionError, match=problem.replace("[", r"\[")):
         web_search(**options)
+
+
+# -- options: one typed list, checked at run time and by a type checker ------------------------
+
+
+def test_a_misspelled_option_of_the_decorator_names_the_closest_one():
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(permision="write")  # type: ignore[call-overload]
+    assert str(caught.value) == "tool(): unknown option 'permision'; did you mean 'permission'?"
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(lookup, cache_tll=60)  # type: ignore[call-overload]
+    assert str(caught.value) == "tool(): unknown option 'cache_tll'; did you mean 'cache_ttl'?"
+
+
+def test_a_misspelled_option_of_tool_names_the_closest_one():
+    with pytest.raises(ToolDefinitionError) as caught:
+        Tool(lookup, aproval="required")  # type: ignore[call-arg]
+    assert str(caught.value) == "Tool(): unknown option 'aproval'; did you mean 'approval'?"
+
+
+def test_an_option_like_no_other_lists_them_all():
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(lookup, colour="red")  # type: ignore[call-overload]
+    assert str(caught.value) == (
+        "tool(): unknown option 'colour'; the options: amendable, approval, bindings, "
+        "cache_ttl, decision_policy, dedup, description, digest, ends_turn, executor, "
+        "expires_after, hosted, idempotent, mint, name, normalize, output_type, parameters, "
+        "permission, prompt, revalidate, sequential, summary, timeout."
+    )
+
+
+def test_the_decorator_takes_exactly_the_options_of_tool():
+    from handrail.tools import ToolOptions
+
+    keywords = {
+        name: str(param.annotation)
+        for name, param in inspect.signature(Tool).parameters.items()
+        if param.kind is param.KEYWORD_ONLY
+    }
+    options = {name: ref.__forward_arg__ for name, ref in ToolOptions.__annotations__.items()}
+    assert options == keywords  # the same names with the same types
+    assert list(options) == list(keywords)  # in the same order
+
+
+def test_every_option_still_reaches_the_tool_by_keyword():
+    made = tool(lookup, name="orders.lookup", timeout=3, idempotent=True, cache_ttl=60)
+    assert (made.name, made.timeout, made.cache_ttl) == ("orders.lookup", 3, 60)
+    assert Tool(function=lookup).name == "lookup"
+    assert tool()(lookup).name == "lookup"  # `@tool()` is `@tool`
+
+
+SNIPPET = """
+from typing import reveal_type
+
+from handrail import Tool, ToolContext, tool
+
+
+class Deps: ...
+
+
+def plain(x: int) -> int:
+    return x
+
+
+@tool(permision="write")
+def misspelled(x: int) -> int:
+    return x
+
+
+Tool(plain, aproval="required")
+
+
+@tool(permission="writ")
+def wrong_value(x: int) -> int:
+    return x
+
+
+@tool
+def with_deps(ctx: ToolContext[Deps], x: int) -> int:
+    return x
+
+
+@tool(name="a.b", timeout=3)
+def configured(ctx: ToolContext[Deps], x: int) -> int:
+    return x
+
+
+reveal_type(with_deps)
+reveal_type(configured)
+reveal_type(tool(plain))
+"""
+
+
+def test_a_type_checker_refuses_what_the_runtime_refuses(tmp_path):
+    """mypy sees every option: a misspelling or a wrong value fails the check, not a run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(SNIPPET)
+    root = Path(__file__).parents[1]  # the project's .mypy_cache: warm after `make typecheck`
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", str(snippet)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    lines = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if ": " in line]
+    unexpected = 'error: Unexpected keyword argument "{}" for {}; did you mean "{}"?  [{}]'
+    assert (
+        unexpected.format("permision", 'overloaded function "tool"', "permission", "call-overload")
+        in lines
+    )
+    assert unexpected.format("aproval", '"Tool"', "approval", "call-arg") in lines
+    assert any(line.startswith("error: No overload variant of") for line in lines)  # "writ"
+    revealed = [line for line in lines if line.startswith("note: Revealed type")]
+    assert revealed == [
+        'note: Revealed type is "handrail.tools._tool.Tool[snippet.Deps]"',
+        'note: Revealed type is "handrail.tools._tool.Tool[snippet.Deps]"',
+        'note: Revealed type is "handrail.tools._tool.Tool[Any]"',
+    ]

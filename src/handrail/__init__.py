@@ -12,6 +12,8 @@ def lookup(order_id: str) -> dict:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
 from ._turn import RouteDecision
 from .agent import Agent
@@ -53,6 +55,7 @@ from .exceptions import (
     HandrailError,
     HostedToolError,
     InvalidDecisionError,
+    MissingExtraError,
     ModelError,
     ModelHTTPError,
     ModelRetry,
@@ -64,6 +67,8 @@ from .exceptions import (
     StaleResolutionError,
     StoreError,
     ToolDefinitionError,
+    TurnCutOffError,
+    TurnSuspendedError,
     UserError,
 )
 from .messages import (
@@ -93,6 +98,9 @@ from .tools import (
     web_search,
 )
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .store import PostgresStore, SqliteStore
 
 __version__ = "0.1.0"
 
@@ -142,6 +150,7 @@ __all__ = [
     "InvalidDecisionError",
     "MemoryStore",
     "Message",
+    "MissingExtraError",
     "Model",
     "ModelError",
     "ModelHTTPError",
@@ -152,6 +161,7 @@ __all__ = [
     "PathError",
     "PendingCard",
     "PendingPage",
+    "PostgresStore",
     "ReasoningDelta",
     "ReasoningPart",
     "Reject",
@@ -170,6 +180,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionRecord",
     "SessionStore",
+    "SqliteStore",
     "StaleResolutionError",
     "StoreError",
     "TextDelta",
@@ -184,6 +195,8 @@ __all__ = [
     "ToolDefinitionError",
     "ToolProgress",
     "ToolResult",
+    "TurnCutOffError",
+    "TurnSuspendedError",
     "Usage",
     "UsageEvent",
     "UserError",
@@ -198,3 +211,22 @@ __all__ = [
     "web_fetch",
     "web_search",
 ]
+
+_LAZY = ("PostgresStore", "SqliteStore")
+
+
+def __getattr__(name: str) -> Any:
+    # The stores' modules load on first use: neither `import handrail` nor a program that
+    # keeps its sessions in memory imports sqlite3 or psycopg. Without the `postgres` extra
+    # the name still resolves; making a `PostgresStore` raises `MissingExtraError`.
+    if name in _LAZY:
+        from . import store
+
+        value = getattr(store, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -33,7 +33,7 @@ from ._loop import (
 )
 from .agent import Agent
 from .events import AgentCompleted, Event, RunCompleted, RunFailed, RunStarted, RunSuspended
-from .exceptions import ModelError, UserError
+from .exceptions import ModelError, TurnCutOffError, TurnSuspendedError, UserError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Model
 from .recovery import Journal
@@ -82,35 +82,27 @@ def check_resumable(
             them again rather than going on).
 
     Raises:
-        UserError: a new prompt while a turn waits for decisions or was cut off, a resumption
-            while a decision is still missing, or by an agent that did not suspend.
+        TurnSuspendedError: a new prompt while a turn waits for decisions.
+        TurnCutOffError: a new prompt while a turn that was cut off waits to be recovered.
+        UserError: a resumption while a decision is still missing, or by an agent that did
+            not suspend.
     """
     progress = state.progress
     if progress is None:
         return
     if prompt is not None and progress.status == "running":
-        raise UserError(
-            "The session's previous turn was cut off while it ran (a crash, or a worker that "
-            "stopped): recover it (Engine.recover) before sending a new message."
-        )
+        raise TurnCutOffError(state.session_id)
     if prompt is not None:
-        raise UserError(
-            f"The session's turn is suspended, waiting on {_ids(state)}: resolve those "
-            f"calls and resume the turn (prompt=None) before sending a new message."
-        )
+        raise TurnSuspendedError(state.session_id, tuple(state.pending))
     if state.pending and not waiting:
         raise UserError(
-            f"Cannot resume yet: still waiting for a decision on {_ids(state)}. Resolve "
-            f"every pending call first."
+            f"Cannot resume yet: still waiting for a decision on {', '.join(state.pending)}. "
+            f"Decide each pending call first (engine.resolve)."
         )
     if progress.agent not in agents:
         raise UserError(
             f"The turn suspended in agent {progress.agent!r}; resume it with that agent."
         )
-
-
-def _ids(state: RunState) -> str:
-    return ", ".join(state.pending) or "decided calls not yet resumed"
 
 
 def run_turn(

@@ -341,8 +341,8 @@ def decide_batch(
         return None
     if decision.amended_args:
         raise InvalidDecisionError(
-            f"Batch {card.tool_call_id} holds several actions: amend them one by one with "
-            f"Approve(actions={{index: ActionChoice(amended_args=...)}})."
+            f"Batch {card.tool_call_id} holds several actions: amend them one by one, in "
+            f"actions (by each action's index), each with its own amended_args."
         )
     actions = [CapturedAction.model_validate(a) for a in card.args["actions"]]
     choices = decision.actions or {}

@@ -59,7 +59,12 @@ from .events import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from .exceptions import HandrailError, SessionNotFoundError
+from .exceptions import (
+    HandrailError,
+    SessionNotFoundError,
+    TurnCutOffError,
+    TurnSuspendedError,
+)
 from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
 from .state import RunState
 from .store import SessionStatus, SessionStore
@@ -118,10 +123,37 @@ def _one_line_errors(command: Callable[P, T]) -> Callable[P, T]:
         try:
             return command(*args, **kwargs)
         except (CliError, HandrailError, ImportError, OSError, ValueError) as error:
-            typer.echo(f"error: {error}", err=True)
+            typer.echo(f"error: {_cli_message(error)}", err=True)
             raise typer.Exit(1) from None
 
     return run
+
+
+def _cli_message(error: Exception) -> str:
+    """What a person at the terminal reads for `error`: what to do, in the CLI's terms.
+
+    An exception's own message speaks to a Python caller (`engine.resume(...)`).
+    """
+    if isinstance(error, TurnCutOffError):
+        return (
+            f"Session {error.session_id!r}: the previous turn was cut off while it ran (a "
+            f"crash, or a worker that stopped). `handrail serve` recovers it by itself (as "
+            f"does any Worker on the same store); then chat again."
+        )
+    if isinstance(error, TurnSuspendedError) and not error.pending:
+        return (
+            f"Session {error.session_id!r} has a suspended turn whose calls are all decided: "
+            f"`handrail serve` resumes it by itself (as does any Worker on the same store); "
+            f"then chat again."
+        )
+    if isinstance(error, TurnSuspendedError):
+        return (
+            f"Session {error.session_id!r} has a suspended turn, waiting on decisions for "
+            f"{', '.join(error.pending)} (`handrail chat --session {error.session_id}` asks "
+            f"you for yours; a call its policy gives to others waits for them); the turn "
+            f"resumes once none is left, then chat again."
+        )
+    return str(error)
 
 
 # -- serve ----------------------------------------------------------------------------------

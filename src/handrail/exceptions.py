@@ -5,10 +5,13 @@ HandrailError
 ├── UserError                  the application developer misused the API
 │   ├── ToolDefinitionError    an illegal tool declaration (found when the tool is defined)
 │   ├── ConfigError            a bad or missing setting (names the variable or argument to fix)
+│   │   └── MissingExtraError  an optional dependency is not installed (names the extra)
 │   ├── PathError              a context path that does not parse or does not resolve
 │   │   └── ContextFullError   a session-scoped write that does not fit under the size cap
 │   ├── InvalidDecisionError   a decision that does not fit its pending call (kind, amendment)
 │   ├── HostedToolError        a hosted tool (web search, ...) given to a model that cannot run it
+│   ├── TurnSuspendedError     a new message while the session's turn waits for decisions
+│   ├── TurnCutOffError        a new message while the session's turn waits to be recovered
 │   └── SessionNotFoundError   no such session for this caller (another tenant's included)
 ├── RunError                   a run failed; carries what the run had got to
 │   ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
@@ -56,6 +59,7 @@ __all__ = [
     "IncompleteResponseError",
     "InvalidDecisionError",
     "MaxIterationsError",
+    "MissingExtraError",
     "ModelError",
     "ModelHTTPError",
     "ModelRetry",
@@ -67,6 +71,8 @@ __all__ = [
     "StaleResolutionError",
     "StoreError",
     "ToolDefinitionError",
+    "TurnCutOffError",
+    "TurnSuspendedError",
     "UserError",
 ]
 
@@ -85,6 +91,21 @@ class ToolDefinitionError(UserError):
 
 class ConfigError(UserError):
     """A setting is missing or invalid."""
+
+
+class MissingExtraError(ConfigError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it.
+
+    Also an `ImportError`, so code that guards an optional import with `except ImportError`
+    keeps working.
+
+    Attributes:
+        extra: the extra to install (`pip install "handrail[<extra>]"`).
+    """
+
+    def __init__(self, what: str, *, needs: str, extra: str) -> None:
+        super().__init__(f'{what} needs {needs}: pip install "handrail[{extra}]"')
+        self.extra = extra
 
 
 class PathError(UserError):
@@ -119,6 +140,58 @@ class HostedToolError(UserError):
     Raised by the model before any request is sent; the message names the model and a model
     that can run the tool.
     """
+
+
+class TurnSuspendedError(UserError):
+    """A new message for a session whose turn is suspended; nothing changed.
+
+    The turn must end first: decide its pending calls, then resume it. The exception carries
+    the facts, and each edge says what to do in its own terms (the server names its
+    endpoints, the CLI its commands); the message is the library's.
+
+    Attributes:
+        session_id: the session.
+        pending: the calls that wait for a decision (empty: all decided, the turn not yet
+            resumed).
+    """
+
+    def __init__(self, session_id: str | None, pending: tuple[str, ...]) -> None:
+        turn = f"The turn of session {session_id!r}" if session_id is not None else "The turn"
+        if pending:
+            what = (
+                f"{turn} is suspended, waiting on {', '.join(pending)}: decide each call with "
+                f"engine.resolve(session_id, tool_call_id, decision), then continue the turn "
+                f"with engine.resume(session_id)"
+            )
+        else:
+            what = (
+                f"{turn} is suspended, its calls all decided: continue it with "
+                f"engine.resume(session_id)"
+            )
+        super().__init__(f"{what}, before sending a new message.")
+        self.session_id = session_id
+        self.pending = pending
+
+
+class TurnCutOffError(UserError):
+    """A new message for a session whose previous turn was cut off while it ran; nothing changed.
+
+    A crash or a stopped worker left the turn unfinished; it must be recovered first (from the
+    tool-call log), which a `Worker` does by itself. The message is the library's; each edge
+    words it its own way.
+
+    Attributes:
+        session_id: the session.
+    """
+
+    def __init__(self, session_id: str | None) -> None:
+        session = f"Session {session_id!r}" if session_id is not None else "The session"
+        super().__init__(
+            f"{session}: the previous turn was cut off while it ran (a crash, or a worker that "
+            f"stopped): recover it with engine.recover(session_id) (a Worker does so by "
+            f"itself) before sending a new message."
+        )
+        self.session_id = session_id
 
 
 class SessionNotFoundError(UserError):

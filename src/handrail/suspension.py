@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 import pydantic_core
@@ -77,12 +77,18 @@ class ActionChoice:
     """Why it is skipped."""
 
 
-@dataclass(kw_only=True, slots=True)
+# A decision's first field is positional, as people write it (`Answer("size M")`,
+# `Reject("too expensive")`, `Approve({"amount": 40})`, `ClientResult(output)`); the rest are
+# keywords (`KW_ONLY`).
+
+
+@dataclass(slots=True)
 class Approve:
     """Run the gated call, with the arguments as proposed or as amended."""
 
     amended_args: dict[str, Any] | None = None
     """New values for some of the tool's `amendable` arguments (the rest stay as proposed)."""
+    _: KW_ONLY
     actions: dict[int, ActionChoice] | None = None
     """For a batch card: decisions per action, by local index (the others are applied as
     proposed)."""
@@ -93,12 +99,13 @@ class Approve:
     decision: Literal["approve"] = "approve"
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(slots=True)
 class Reject:
     """Do not run the call; the model is told, with the reason, and acknowledges it."""
 
     reason: str | None = None
     """Why, in words the model can relay to the user."""
+    _: KW_ONLY
     by: str | None = None
     """Who decided (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
@@ -106,7 +113,7 @@ class Reject:
     decision: Literal["reject"] = "reject"
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(slots=True)
 class Answer:
     """A person's answer: validated against the tool's output type.
 
@@ -120,6 +127,7 @@ class Answer:
 
     output: Any
     """The answer (or the output of the call that ran)."""
+    _: KW_ONLY
     by: str | None = None
     """Who answered (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
@@ -127,12 +135,13 @@ class Answer:
     decision: Literal["answer"] = "answer"
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(slots=True)
 class ClientResult:
     """What the client returned for a `client` tool (untrusted: validated, never believed)."""
 
     output: Any = None
     """The output."""
+    _: KW_ONLY
     error: str | None = None
     """Set when the client failed to run the tool: the call fails with this error."""
     by: str | None = None
@@ -271,8 +280,8 @@ def decide(
     if card.expires_at is not None and now >= card.expires_at:
         raise StaleResolutionError(
             f"The decision on call {tool_call_id} ({card.tool_name}) expired at "
-            f"{card.expires_at:.0f}; the run goes on without it once the session is swept "
-            f"(Engine.expire_due).",
+            f"{card.expires_at:.0f}: it becomes an 'expired' tool error, and the run goes on "
+            f"without it when expired decisions are next swept.",
             tool_call_id=tool_call_id,
         )
     kind = decision.decision
@@ -299,7 +308,7 @@ def decide(
     if isinstance(decision, Approve) and decision.actions is not None:
         raise InvalidDecisionError(
             f"Call {tool_call_id} ({card.tool_name}) is one call, not a batch: approve it "
-            f"with amended_args=, not actions=."
+            f"with amended_args, not actions."
         )
     tool = tools.get(card.tool_name)
     if tool is None and not isinstance(decision, Reject):
@@ -321,8 +330,8 @@ def decide(
         if not isinstance(decision.output, str) or not decision.output.strip():
             raise InvalidDecisionError(
                 f"Call {tool_call_id} ({card.tool_name}) asked a question: answer it with "
-                f'text (Answer(output="...")), not {type(decision.output).__name__} '
-                f"{str(decision.output)[:40]!r}."
+                f"text (an answer whose output is a string), not "
+                f"{type(decision.output).__name__} {str(decision.output)[:40]!r}."
             )
         output = decision.output
     elif isinstance(decision, Answer):  # a person's answer, or what a call that ran returned

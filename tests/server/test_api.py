@@ -946,3 +946,36 @@ async def test_the_history_is_read_in_pages_newest_first_then_before_a_position(
     for bad in ({"limit": 0}, {"before": -1}, {"limit": "many"}, {"after": 1}):
         refused = await server.client.get(url, params=bad, headers=ANA)
         assert refused.status_code == 422, bad
+
+
+async def test_a_new_message_while_the_turn_waits_says_what_to_post(server: Server) -> None:
+    session_id, call_id = await suspended(server)
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", json={"text": "hello?"}, headers=ANA
+    )
+    assert (response.status_code, response.json()["error"]["type"]) == (409, "conflict")
+    assert response.json()["error"]["message"] == (
+        f"Session {session_id!r} is waiting on decisions for {call_id}: POST them to "
+        f"/sessions/{session_id}/resolve (the turn resumes once none is left), then send the "
+        f"message again."
+    )
+
+
+async def test_a_new_message_after_a_cut_off_turn_says_the_server_recovers_it(
+    server: Server,
+) -> None:
+    session_id, _ = await suspended(server)
+    store = server.scenario.engine.store
+    record = await store.load(session_id)
+    assert record is not None
+    record.data["progress"]["status"] = "running"  # as a server killed mid-turn leaves it
+    await store.save(record)
+    response = await server.client.post(
+        f"/sessions/{session_id}/turns", json={"text": "hello?"}, headers=ANA
+    )
+    assert (response.status_code, response.json()["error"]["type"]) == (409, "conflict")
+    assert response.json()["error"]["message"] == (
+        f"Session {session_id!r}: the previous turn was cut off while it ran (a server "
+        f"stopped), and the server recovers it by itself; wait for it to end (its events: "
+        f"GET /sessions/{session_id}/events), then send the message again."
+    )

@@ -39,3 +39,38 @@ def test_importing_handrail_does_not_import_psycopg() -> None:
     code = "import sys, handrail, handrail.store; print('psycopg' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_stores_are_exported_from_the_root_lazily() -> None:
+    code = (
+        "import sys, handrail\n"
+        "lazy = {'PostgresStore', 'SqliteStore'}\n"
+        "assert lazy <= set(handrail.__all__) and lazy <= set(dir(handrail))\n"
+        "assert 'psycopg' not in sys.modules and 'handrail.store.sqlite' not in sys.modules\n"
+        "from handrail import PostgresStore, SqliteStore\n"
+        "import handrail.store\n"
+        "assert PostgresStore is handrail.store.PostgresStore\n"
+        "assert SqliteStore is handrail.store.SqliteStore\n"
+        "print('psycopg' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"  # loaded when asked for, not before
+
+
+def test_postgres_store_without_psycopg_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None  # as if handrail[postgres] were not installed\n"
+        "from handrail import *  # every exported name resolves all the same\n"
+        "from handrail import ConfigError, MissingExtraError, PostgresStore\n"
+        "try:\n"
+        "    PostgresStore('postgresql://localhost/db')\n"
+        "except MissingExtraError as error:\n"
+        "    assert isinstance(error, ConfigError) and isinstance(error, ImportError)\n"
+        "    assert error.extra == 'postgres'\n"
+        "    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        'PostgresStore needs psycopg and psycopg-pool: pip install "handrail[postgres]"'
+    )

@@ -46,6 +46,7 @@ from ._chats import (
     scratch_agents,
     start_turn,
 )
+from ._errors import http_message
 from ._openapi import Operation
 from ._sse import EventStream
 
@@ -120,7 +121,8 @@ class _Endpoint:
                 yield _encode(agui.RunErrorEvent(message=refusal.message, code=refusal.code))
                 return
             except HandrailError as error:
-                yield _encode(agui.RunErrorEvent(message=str(error), code=type(error).__name__))
+                message = http_message(error, endpoints=False)
+                yield _encode(agui.RunErrorEvent(message=message, code=type(error).__name__))
                 return
             out.announced.update(announced)
             if after is None:  # decisions recorded, more still pending: nothing ran

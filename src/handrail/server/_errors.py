@@ -18,12 +18,14 @@ from ..exceptions import (
     SessionNotFoundError,
     StaleResolutionError,
     StoreError,
+    TurnCutOffError,
+    TurnSuspendedError,
     UserError,
 )
 from ._headers import request_id, security_headers
 from ._runs import TurnInProgressError
 
-__all__ = ["EXCEPTION_HANDLERS", "ApiError"]
+__all__ = ["EXCEPTION_HANDLERS", "ApiError", "http_message"]
 
 _log = logging.getLogger("handrail.server")
 
@@ -78,6 +80,39 @@ _STATUS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
+def http_message(exc: Exception, *, endpoints: bool = True) -> str:
+    """What an HTTP client reads for `exc`: what to do, in the API's terms.
+
+    An exception's own message speaks to a Python caller (`engine.resume(...)`); the ones an
+    HTTP client can act on differently are worded here, from the facts they carry.
+
+    Args:
+        exc: the error.
+        endpoints: name this API's endpoints (False for a chat protocol's client, which
+            talks to its own endpoint only).
+    """
+    if isinstance(exc, TurnSuspendedError | TurnCutOffError):
+        session = f"Session {exc.session_id!r}"
+        events = f" (its events: GET /sessions/{exc.session_id}/events)" if endpoints else ""
+        if isinstance(exc, TurnCutOffError):
+            return (
+                f"{session}: the previous turn was cut off while it ran (a server stopped), "
+                f"and the server recovers it by itself; wait for it to end{events}, then send "
+                f"the message again."
+            )
+        if not exc.pending:
+            return (
+                f"{session} is resuming its suspended turn: wait for it to end{events}, then "
+                f"send the message again."
+            )
+        where = f"POST them to /sessions/{exc.session_id}/resolve" if endpoints else "send them"
+        return (
+            f"{session} is waiting on decisions for {', '.join(exc.pending)}: {where} (the "
+            f"turn resumes once none is left), then send the message again."
+        )
+    return str(exc)
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(request, exc.status, exc.kind, exc.message, headers=exc.headers)
@@ -85,7 +120,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _handrail_error(request: Request, exc: Exception) -> Response:
     status, kind = next(_STATUS[k] for k in type(exc).__mro__ if k in _STATUS)
-    return error_response(request, status, kind, str(exc))
+    return error_response(request, status, kind, http_message(exc))
 
 
 async def _corrupt(request: Request, exc: Exception) -> Response:

@@ -51,7 +51,7 @@ from ._chats import (
     scratch_agents,
     start_turn,
 )
-from ._errors import ApiError
+from ._errors import ApiError, http_message
 from ._openapi import Operation
 from ._sse import EventStream
 
@@ -228,7 +228,8 @@ class _Endpoint:
                 yield _encode(_error(f"{refusal.code}: {refusal.message}")) + _DONE
                 return
             except HandrailError as error:
-                yield _encode(_error(f"{type(error).__name__}: {error}")) + _DONE
+                message = http_message(error, endpoints=False)
+                yield _encode(_error(f"{type(error).__name__}: {message}")) + _DONE
                 return
             out = _Chunks(scratch_agents(api), known)
             yield _encode({"type": "start", "messageId": message_id})

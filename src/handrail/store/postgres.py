@@ -19,17 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-try:
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-    from psycopg_pool import AsyncConnectionPool
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        'PostgresStore needs psycopg and psycopg-pool: pip install "handrail[postgres]"'
-    ) from error
-
 from ..audit import AuditEntry, AuditKind
-from ..exceptions import ConflictError, SessionNotFoundError, StoreError
+from ..exceptions import ConflictError, MissingExtraError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
 from ._codec import (
     INCARNATION,
@@ -58,6 +49,16 @@ from ._codec import (
     stamped,
     summary_from_row,
 )
+
+# Without the extra the module still imports (so `from handrail import *` and `isinstance`
+# work), and making a store says what to install.
+_missing: ImportError | None = None
+try:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as error:
+    _missing = error
 
 __all__ = ["PostgresStore"]
 
@@ -194,6 +195,7 @@ class PostgresStore:
         clock: Clock | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
+        _require_psycopg()
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(
                 f"schema must be a plain identifier (letters, digits, _; at most 54 "
@@ -1143,8 +1145,17 @@ class _Subscription(Generic[T]):
         return item
 
 
+def _require_psycopg() -> None:
+    """Raise `MissingExtraError` when psycopg or psycopg-pool is not installed."""
+    if _missing is not None:
+        raise MissingExtraError(
+            "PostgresStore", needs="psycopg and psycopg-pool", extra="postgres"
+        ) from _missing
+
+
 def mask_dsn(dsn: str) -> str:
     """`dsn` with any password replaced by `***`."""
+    _require_psycopg()
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.Error:  # unparseable: mask what looks like a password anyway

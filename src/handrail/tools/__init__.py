@@ -12,7 +12,7 @@ from ._hosted import (
     web_fetch,
     web_search,
 )
-from ._tool import Approval, Permission, Tool, ToolContext, tool
+from ._tool import Approval, Permission, Tool, ToolContext, ToolDecorator, ToolOptions, tool
 
 __all__ = [
     "Approval",
@@ -21,6 +21,8 @@ __all__ = [
     "Permission",
     "Tool",
     "ToolContext",
+    "ToolDecorator",
+    "ToolOptions",
     "ToolResult",
     "UserLocation",
     "code_execution",

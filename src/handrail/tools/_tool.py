@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import inspect
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 import docstring_parser
 import pydantic_core
@@ -27,9 +41,10 @@ from ._arguments import validate_arguments
 if TYPE_CHECKING:
     from ._hosted import HostedTool
 
-__all__ = ["Approval", "Permission", "Tool", "ToolContext", "tool"]
+__all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolDecorator", "ToolOptions", "tool"]
 
 DepsT = TypeVar("DepsT")
+_P = ParamSpec("_P")
 Permission: TypeAlias = Literal["read", "draft", "write", "destructive"]
 Approval: TypeAlias = Literal["auto", "required"]
 
@@ -80,6 +95,68 @@ class ToolContext(Generic[DepsT]):
     """When the tool asked a person (`raise AskPerson(...)`) and runs again: their answer."""
     answered_by: str | None = None
     """Who gave `answer` (as the decision recorded it), when known."""
+
+
+class ToolOptions(TypedDict, total=False):
+    """Every option of `@tool(...)`: the keyword arguments of `Tool` (which documents them).
+
+    Spelled out so that an editor completes them and a type checker checks them in
+    `@tool(...)`; a test keeps it equal to `Tool`'s keyword arguments.
+    """
+
+    name: str | None
+    description: str | None
+    output_type: Any
+    permission: Permission
+    executor: Executor
+    approval: Approval | None
+    amendable: Sequence[str]
+    bindings: Mapping[str, str] | None
+    normalize: Callable[[dict[str, Any]], dict[str, Any]] | None
+    digest: Callable[[Any], Any] | None
+    summary: Callable[[Any], str] | None
+    mint: Callable[[dict[str, Any], int], Any] | None
+    ends_turn: bool
+    idempotent: bool
+    cache_ttl: float | None
+    timeout: float | None
+    sequential: bool
+    prompt: str | None
+    revalidate: Callable[[ToolContext[Any], dict[str, Any]], Any] | None
+    expires_after: float | None
+    dedup: bool
+    parameters: Mapping[str, Any] | None
+    hosted: HostedTool | None
+    decision_policy: DecisionPolicy | None
+
+
+def _check_options(where: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse an option that does not exist, naming the closest one that does.
+
+    Raises:
+        ToolDefinitionError: `given` holds a name that is not in `known`.
+    """
+    known = sorted(known)
+    for option in given:
+        if option not in known:
+            close = difflib.get_close_matches(option, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the options: {', '.join(known)}."
+            raise ToolDefinitionError(f"{where}: unknown option {option!r}; {hint}")
+
+
+def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
+    """`Tool.__init__`, refusing a misspelled option with a `ToolDefinitionError`.
+
+    Python's own refusal is a bare `TypeError` that names no alternative.
+    """
+    known = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        _check_options("Tool()", kwargs, known)
+        init(*args, **kwargs)
+
+    return checked
 
 
 _UNSET: Any = object()
@@ -143,6 +220,7 @@ class Tool(Generic[DepsT]):
             requested the call decides.
     """
 
+    @_named_options
     def __init__(
         self,
         function: Callable[..., Any] | None = None,
@@ -471,24 +549,45 @@ class Tool(Generic[DepsT]):
         return f"Tool({self.name!r}, permission={self.permission!r}, executor={self.executor!r})"
 
 
-@overload
-def tool(function: Callable[..., Any], /, **options: Any) -> Tool[Any]: ...
+class ToolDecorator(Protocol):
+    """What `@tool(...)` returns: it makes a `Tool` of the function it decorates."""
+
+    @overload
+    def __call__(
+        self, function: Callable[Concatenate[ToolContext[DepsT], ...], Any], /
+    ) -> Tool[DepsT]: ...
+
+    @overload
+    def __call__(self, function: Callable[..., Any], /) -> Tool[Any]: ...
 
 
 @overload
-def tool(**options: Any) -> Callable[[Callable[..., Any]], Tool[Any]]: ...
+def tool(
+    function: Callable[Concatenate[ToolContext[DepsT], ...], Any],
+    /,
+    **options: Unpack[ToolOptions],
+) -> Tool[DepsT]: ...
+
+
+@overload
+def tool(function: Callable[..., Any], /, **options: Unpack[ToolOptions]) -> Tool[Any]: ...
+
+
+@overload
+def tool(**options: Unpack[ToolOptions]) -> ToolDecorator: ...
 
 
 def tool(
     function: Callable[..., Any] | None = None,
     /,
-    **options: Any,
-) -> Tool[Any] | Callable[[Callable[..., Any]], Tool[Any]]:
+    **options: Unpack[ToolOptions],
+) -> Tool[Any] | ToolDecorator:
     """Make a `Tool` from a plain function; use bare (`@tool`) or with options (`@tool(...)`).
 
     The arguments' JSON Schema comes from the signature (pydantic), descriptions from the
     docstring's `Args:` section (Google, NumPy or Sphinx style). A first parameter annotated
-    `ToolContext` receives the context and is not an argument.
+    `ToolContext[Deps]` receives the context and is not an argument; the tool is then a
+    `Tool[Deps]`.
 
     ```python
     @tool(name="orders.refund", permission="write", amendable=["amount"])
@@ -497,8 +596,11 @@ def tool(
 
     Args:
         function: the function, when used bare as `@tool`.
-        **options: any keyword argument of `Tool` (`name=`, `permission=`, ...).
+        **options: the keyword arguments of `Tool` (`ToolOptions`: `name=`, `permission=`,
+            ...). A misspelled one is a `ToolDefinitionError` naming the closest option,
+            and a type checker refuses it too.
     """
+    _check_options("tool()", options, ToolOptions.__optional_keys__)
     if function is not None:
         return Tool(function, **options)
 
