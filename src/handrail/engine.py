@@ -25,21 +25,20 @@ from typing import Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ValidationError
 
+from ._captured import (
+    ApplyReport,
+    CapturedAction,
+    HeadlessResult,
+    batch_card,
+    captured_actions,
+    run_actions,
+)
 from ._loop import AgentResult, AgentRun
 from ._redact import public_event
 from ._tool_result import ToolResult
 from ._turn import RouteDecision, Router, check_resumable, run_turn
 from .agent import Agent
 from .audit import AuditEntry, call_entry, decision_entry
-from .capture import (
-    ApplyReport,
-    CapturedAction,
-    HeadlessResult,
-    approved_plan,
-    batch_card,
-    captured_actions,
-    run_actions,
-)
 from .events import EVENT, Event, RunCompleted, RunStarted, RunSuspended
 from .exceptions import (
     ConflictError,
@@ -59,7 +58,15 @@ from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._codec import INCARNATION
-from .suspension import Decision, args_digest, card_event, decidable, decide, expire
+from .suspension import (
+    Decision,
+    approved_plan,
+    args_digest,
+    card_event,
+    decidable,
+    decide,
+    expire,
+)
 from .tools import Permission, Tool
 from .tools._dispatch import Dispatcher, completed_event
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from .._captured import BATCH_TOOL
 from ..agent import Agent
-from ..capture import BATCH_TOOL
 from ..engine import Domain, Engine
 from ..events import (
     ApprovalRequired,
