@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from ._agent_spec import CONTINUE_PROMPT, AgentSpec
 from ._tool_result import ToolResult
-from .agent import CONTINUE_PROMPT, Agent
 from .events import (
     AgentCompleted,
     AgentStarted,
@@ -186,7 +186,7 @@ class AgentRun(Generic[OutputT]):
 
 
 def run_agent(
-    agent: Agent[OutputT],
+    agent: AgentSpec[OutputT],
     state: RunState,
     runtime: Runtime[Any] | None = None,
     *,
@@ -210,7 +210,7 @@ def run_agent(
     return AgentRun(lambda run: _agent_loop(run, agent, state, runtime, resolved), interrupt)
 
 
-def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | str | None) -> Model:
+def _model_for(agent: AgentSpec[Any], runtime: Runtime[Any], override: Model | str | None) -> Model:
     resolved = override or agent.model or runtime.model
     if resolved is None:
         raise ConfigError(
@@ -222,7 +222,7 @@ def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | str |
 
 async def _agent_loop(
     run: AgentRun[OutputT],
-    agent: Agent[OutputT],
+    agent: AgentSpec[OutputT],
     state: RunState,
     runtime: Runtime[Any],
     model: Model,
