@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from ._agent_spec import CONTINUE_PROMPT, AgentSpec
 from ._tool_result import ToolResult
+from .compaction import Compaction, compact
 from .events import (
     AgentCompleted,
     AgentStarted,
@@ -45,14 +46,12 @@ from .models import (
 )
 from .models._infer import as_model
 from .recovery import Journal
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
-    from .compaction import Compaction
 from .runtime import Runtime
 from .state import Progress, RunState
 from .tools._dispatch import Dispatcher, completed_event
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["AgentResult", "AgentRun", "Interrupt", "StopReason", "run_agent"]
 
@@ -492,8 +491,6 @@ async def _compact(
     The stored history is never changed; the summary is stored with the session and extended
     incrementally.
     """
-    from .compaction import compact
-
     compacted = await compact(
         request, config=config, model=model, summary=state.summary, base=state.base
     )
