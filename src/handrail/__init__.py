@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
-from ._turn import RouteDecision
 from .agent import Agent
 from .audit import AuditEntry
 from .capture import ApplyReport, CapturedAction, HeadlessResult, apply, temp_id
 from .compaction import Compaction
 from .context import ContextStore
-from .engine import Domain, Engine, PendingCard, PendingPage, Resolution
+from .domain import Domain, RouteDecision
+from .engine import Engine, PendingCard, PendingPage, Resolution
 from .events import (
     EVENT,
     EVENTS,

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from ._agent_spec import CONTINUE_PROMPT, AgentSpec
 from ._tool_result import ToolResult
-from .agent import CONTINUE_PROMPT, Agent
+from .compaction import Compaction, compact
 from .events import (
     AgentCompleted,
     AgentStarted,
@@ -45,14 +46,12 @@ from .models import (
 )
 from .models._infer import as_model
 from .recovery import Journal
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
-    from .compaction import Compaction
 from .runtime import Runtime
 from .state import Progress, RunState
 from .tools._dispatch import Dispatcher, completed_event
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["AgentResult", "AgentRun", "Interrupt", "StopReason", "run_agent"]
 
@@ -186,7 +185,7 @@ class AgentRun(Generic[OutputT]):
 
 
 def run_agent(
-    agent: Agent[OutputT],
+    agent: AgentSpec[OutputT],
     state: RunState,
     runtime: Runtime[Any] | None = None,
     *,
@@ -210,7 +209,7 @@ def run_agent(
     return AgentRun(lambda run: _agent_loop(run, agent, state, runtime, resolved), interrupt)
 
 
-def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | str | None) -> Model:
+def _model_for(agent: AgentSpec[Any], runtime: Runtime[Any], override: Model | str | None) -> Model:
     resolved = override or agent.model or runtime.model
     if resolved is None:
         raise ConfigError(
@@ -222,7 +221,7 @@ def _model_for(agent: Agent[Any], runtime: Runtime[Any], override: Model | str |
 
 async def _agent_loop(
     run: AgentRun[OutputT],
-    agent: Agent[OutputT],
+    agent: AgentSpec[OutputT],
     state: RunState,
     runtime: Runtime[Any],
     model: Model,
@@ -492,8 +491,6 @@ async def _compact(
     The stored history is never changed; the summary is stored with the session and extended
     incrementally.
     """
-    from .compaction import compact
-
     compacted = await compact(
         request, config=config, model=model, summary=state.summary, base=state.base
     )

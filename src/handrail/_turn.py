@@ -16,12 +16,10 @@ checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
-
+from ._agent_spec import AgentSpec
 from ._loop import (
     _DEFAULT_RUNTIME,
     AgentResult,
@@ -31,7 +29,7 @@ from ._loop import (
     _jsonable_output,
     _model_for,
 )
-from .agent import Agent
+from .domain import RouteDecision, Router
 from .events import AgentCompleted, Event, RunCompleted, RunFailed, RunStarted, RunSuspended
 from .exceptions import ModelError, TurnCutOffError, TurnSuspendedError, UserError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
@@ -44,29 +42,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 __all__ = ["RouteDecision", "Router", "check_resumable", "run_turn"]
-
-
-class RouteDecision(BaseModel):
-    """What a supervisor decides: the `output_type` of a supervisor agent (or a subclass)."""
-
-    route: str = Field(description="The name of the route to take.")
-    reason: str = Field(default="", description="Why, in a sentence.")
-    hints: dict[str, str] = Field(
-        default_factory=dict,
-        description="Optional notes for the route's agents, by agent name.",
-    )
-
-
-@dataclass(kw_only=True, slots=True)
-class Router:
-    """A supervisor agent and the routes it chooses between."""
-
-    supervisor: Agent[Any]
-    """Decides the route: its structured output is a `RouteDecision`."""
-    routes: Mapping[str, Sequence[Agent[Any]]]
-    """Route name -> its agents, in order."""
-    default: str
-    """The route taken when the supervisor's output does not parse or names no route."""
 
 
 def check_resumable(
@@ -106,14 +81,14 @@ def check_resumable(
 
 
 def run_turn(
-    route: Agent[Any] | Sequence[Agent[Any]] | Router,
+    route: AgentSpec[Any] | Sequence[AgentSpec[Any]] | Router,
     prompt: str | None,
     *,
     state: RunState | None = None,
     runtime: Runtime[Any] | None = None,
     model: Model | str | None = None,
     journal: Journal | None = None,
-    models: Callable[[Agent[Any]], Model] | None = None,
+    models: Callable[[AgentSpec[Any]], Model] | None = None,
 ) -> AgentRun[Any]:
     """One user turn: `run-started`, the agents' events in order, one terminal event.
 
@@ -132,13 +107,13 @@ def run_turn(
     """
     state = state if state is not None else RunState()
     runtime = runtime or _DEFAULT_RUNTIME
-    resolve: Callable[[Agent[Any]], Model] = models or (
+    resolve: Callable[[AgentSpec[Any]], Model] = models or (
         lambda agent: _model_for(agent, runtime, model)
     )
     if isinstance(route, Router):
         candidates = [route.supervisor, *(a for r in route.routes.values() for a in r)]
     else:
-        route = [route] if isinstance(route, Agent) else list(route)
+        route = [route] if isinstance(route, AgentSpec) else list(route)
         if not route:
             raise UserError("A turn needs at least one agent.")
         candidates = route
@@ -155,8 +130,8 @@ def run_turn(
 
 async def _turn(
     run: AgentRun[Any],
-    route: list[Agent[Any]] | Router,
-    resolve: Callable[[Agent[Any]], Model],
+    route: list[AgentSpec[Any]] | Router,
+    resolve: Callable[[AgentSpec[Any]], Model],
     prompt: str | None,
     state: RunState,
     runtime: Runtime[Any],
@@ -229,8 +204,8 @@ def _decided(state: RunState, progress: Progress) -> list[ApprovalCardPart]:
 
 async def _steps(
     run: AgentRun[Any],
-    route: list[Agent[Any]] | Router,
-    resolve: Callable[[Agent[Any]], Model],
+    route: list[AgentSpec[Any]] | Router,
+    resolve: Callable[[AgentSpec[Any]], Model],
     prompt: str | None,
     state: RunState,
     runtime: Runtime[Any],
@@ -315,7 +290,7 @@ async def _steps(
 
 def _start(
     state: RunState,
-    agents: list[Agent[Any]],
+    agents: list[AgentSpec[Any]],
     step: int,
     previous_output: Any,
     runtime: Runtime[Any],
@@ -338,10 +313,10 @@ def _start(
 
 
 def _agent_run(
-    agent: Agent[Any],
+    agent: AgentSpec[Any],
     state: RunState,
     runtime: Runtime[Any],
-    resolve: Callable[[Agent[Any]], Model],
+    resolve: Callable[[AgentSpec[Any]], Model],
     journal: Journal | None,
     interrupt: Interrupt,
     trace: Span | None,
@@ -381,7 +356,7 @@ def _agent_run(
 
 async def _choose(
     router: Router,
-    resolve: Callable[[Agent[Any]], Model],
+    resolve: Callable[[AgentSpec[Any]], Model],
     state: RunState,
     runtime: Runtime[Any],
     interrupt: Interrupt,

@@ -1,20 +1,21 @@
-"""`Agent`: a named model loop with instructions, tools and an optional output type."""
+"""`Agent`: a named model loop with instructions, tools and an optional output type.
+
+An `Agent` is what it declares (`AgentSpec`: the loop and the turn need no more) and can run
+itself: `run` and `run_stream` run one user turn of it alone, through the turn.
+"""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import TypeAdapter
-
-from .exceptions import UserError
-from .models import Model, ToolDefinition
-from .models._infer import as_model
-from .tools import HostedTool, Tool
+from ._agent_spec import CONTINUE_PROMPT as CONTINUE_PROMPT
+from ._agent_spec import DEFAULT_NUDGE as DEFAULT_NUDGE
+from ._agent_spec import AgentSpec
+from ._turn import run_turn
 
 if TYPE_CHECKING:
     from ._loop import AgentResult, AgentRun
+    from .models import Model
     from .runtime import Runtime
     from .state import RunState
 
@@ -22,20 +23,12 @@ __all__ = ["Agent"]
 
 OutputT = TypeVar("OutputT")
 
-CONTINUE_PROMPT = (
-    "Your answer was cut off by the output token limit. Continue it exactly where it "
-    "stopped, without repeating anything."
-)
-"""What the loop says to have a cut answer continued (`Agent(continue_on_length=...)`)."""
 
-DEFAULT_NUDGE = (
-    "You answered before using your tools. Call at least {n} tool(s) to ground your answer, "
-    "then answer."
-)
+class Agent(AgentSpec[OutputT]):
+    """An agent: instructions, tools, and the limits of its loop, which can run itself.
 
-
-class Agent(Generic[OutputT]):
-    """An agent: instructions, tools, and the limits of its loop.
+    What it declares is its `AgentSpec` (all the loop and the turn use); `run` and
+    `run_stream` run one turn of it alone.
 
     Args:
         name: identifies the agent in events, history and routes.
@@ -59,81 +52,6 @@ class Agent(Generic[OutputT]):
             `run-completed`. Tool calls of a cut response are never run, whatever this says.
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        instructions: str | Callable[[RunState], str] = "",
-        tools: Sequence[Tool[Any]] = (),
-        model: Model | str | None = None,
-        max_iterations: int = 10,
-        min_tool_calls: int = 0,
-        output_type: type[OutputT] | None = None,
-        nudge: str = DEFAULT_NUDGE,
-        scratch: bool = False,
-        continue_on_length: int = 0,
-    ) -> None:
-        if max_iterations < 1:
-            raise UserError(f"Agent {name!r}: max_iterations must be at least 1.")
-        if min_tool_calls < 0:
-            raise UserError(f"Agent {name!r}: min_tool_calls cannot be negative.")
-        self.name = name
-        self.instructions = instructions
-        self.model: Model | None = (
-            None if model is None else as_model(model, where=f"Agent({name!r}, model=...)")
-        )
-        self.max_iterations = max_iterations
-        self.min_tool_calls = min_tool_calls
-        self.scratch = scratch
-        if continue_on_length < 0:
-            raise UserError(f"Agent {name!r}: continue_on_length cannot be negative.")
-        self.continue_on_length = continue_on_length
-        self.nudge = nudge.replace("{n}", str(min_tool_calls))
-        self.tools: dict[str, Tool[Any]] = {}
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise UserError(
-                    f"Agent {name!r}: {t!r} is not a Tool; decorate the function with @tool."
-                )
-            if t.name in self.tools:
-                raise UserError(f"Agent {name!r}: two tools are named {t.name!r}.")
-            self.tools[t.name] = t
-        self.tool_definitions: list[ToolDefinition] = _definitions(self.tools)
-        self.hosted_tools: list[HostedTool] = _hosted(self.tools)
-        self.output_type = output_type
-        self.output_adapter: TypeAdapter[OutputT] | None = (
-            TypeAdapter(output_type) if output_type is not None else None
-        )
-        self.output_schema = (
-            self.output_adapter.json_schema() if self.output_adapter is not None else None
-        )
-
-    def replace(
-        self,
-        *,
-        tools: Sequence[Tool[Any]] | None = None,
-        output_schema: dict[str, Any] | None = None,
-        scratch: bool | None = None,
-    ) -> Agent[OutputT]:
-        """A copy of this agent with other tools, output schema or scratch setting."""
-        clone: Agent[OutputT] = copy.copy(self)
-        if tools is not None:
-            clone.tools = {}
-            for t in tools:
-                clone.tools[t.name] = t
-            clone.tool_definitions = _definitions(clone.tools)
-            clone.hosted_tools = _hosted(clone.tools)
-        if output_schema is not None:
-            clone.output_schema = output_schema
-        if scratch is not None:
-            clone.scratch = scratch
-        return clone
-
-    def instructions_for(self, state: RunState) -> str | None:
-        """The system prompt for this state."""
-        text = self.instructions(state) if callable(self.instructions) else self.instructions
-        return text or None
-
     def run_stream(
         self,
         prompt: str | None,
@@ -154,8 +72,6 @@ class Agent(Generic[OutputT]):
             runtime: dependencies, hooks, clock and ids (defaults when None).
             model: a per-turn model override (before the agent's and the runtime's).
         """
-        from ._turn import run_turn
-
         run: AgentRun[OutputT] = run_turn(self, prompt, state=state, runtime=runtime, model=model)
         return run
 
@@ -169,16 +85,3 @@ class Agent(Generic[OutputT]):
     ) -> AgentResult[OutputT]:
         """Run one user turn to its end and return the result (see `run_stream`)."""
         return await self.run_stream(prompt, state=state, runtime=runtime, model=model).finish()
-
-    def __repr__(self) -> str:
-        return f"Agent({self.name!r}, tools={list(self.tools)})"
-
-
-def _definitions(tools: dict[str, Tool[Any]]) -> list[ToolDefinition]:
-    """The function tools the model is told of (hosted ones are declared apart)."""
-    return [t.definition for t in tools.values() if t.hosted is None]
-
-
-def _hosted(tools: dict[str, Tool[Any]]) -> list[HostedTool]:
-    """The tools the model provider runs itself."""
-    return [t.hosted for t in tools.values() if t.hosted is not None]

@@ -37,6 +37,7 @@ from .messages import ApprovalCardPart, Message, Part, ReasoningPart, TextPart, 
 from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
 from .models._openai_format import tool_arguments
 from .models._wire import result_text
+from .state import Summary
 from .tokens import count_text, count_tokens
 
 __all__ = [
@@ -117,23 +118,6 @@ class Compaction:
                 raise ConfigError(f"Compaction({name}={value}): it cannot be negative.")
         if not self.instructions.strip():
             raise ConfigError("Compaction(instructions=''): the summarizer needs instructions.")
-
-
-@dataclass(kw_only=True, slots=True)
-class Summary:
-    """A summary of the start of a conversation: what a session stores between turns.
-
-    JSON in and out with `pydantic.TypeAdapter(Summary)` (or inside the session's own adapter).
-    """
-
-    text: str
-    """The summary, as the summarizer wrote it."""
-    upto: str
-    """The id of the last message it covers (the message just before a user turn)."""
-    messages: int
-    """How many messages it covers: the first `messages` of the history."""
-    tokens: int
-    """Its size in tokens, for the model it was written for."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -21,25 +21,25 @@ import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias, get_args
+from typing import Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from ._loop import AgentResult, AgentRun
-from ._redact import public_event
-from ._tool_result import ToolResult
-from ._turn import RouteDecision, Router, check_resumable, run_turn
-from .agent import Agent
-from .audit import AuditEntry, call_entry, decision_entry
-from .capture import (
+from ._agent_spec import AgentSpec
+from ._captured import (
     ApplyReport,
     CapturedAction,
     HeadlessResult,
-    approved_plan,
     batch_card,
     captured_actions,
     run_actions,
 )
+from ._loop import AgentResult, AgentRun
+from ._redact import public_event
+from ._tool_result import ToolResult
+from ._turn import check_resumable, run_turn
+from .audit import AuditEntry, call_entry, decision_entry
+from .domain import Domain, Router
 from .events import EVENT, Event, RunCompleted, RunStarted, RunSuspended
 from .exceptions import (
     ConflictError,
@@ -52,141 +52,32 @@ from .exceptions import (
 from .messages import ApprovalCardPart, CardApproval, CardKind, ToolCallPart
 from .models import Model
 from .models._infer import as_model
-from .policy import Decider, DecisionPolicy
+from .policy import Decider
 from .recovery import RESULT as _RESULT
 from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._codec import INCARNATION
-from .suspension import Decision, args_digest, card_event, decidable, decide, expire
-from .tools import Permission, Tool
+from .suspension import (
+    Decision,
+    approved_plan,
+    args_digest,
+    card_event,
+    decidable,
+    decide,
+    expire,
+)
+from .tools import Tool
 from .tools._dispatch import Dispatcher, completed_event
 
 __all__ = ["Domain", "Engine", "PendingCard", "PendingPage", "Resolution"]
 
 _log = logging.getLogger("handrail.engine")
 
-_PERMISSIONS: tuple[str, ...] = get_args(Permission)
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
 """What a worker passes over: another worker got to the session first, or it went."""
-
-
-@dataclass(kw_only=True)
-class Domain:
-    """The agents of an application, the routes through them, and the supervisor that picks.
-
-    Args:
-        agents: every agent of the domain (names must be unique).
-        routes: route name -> the agents that run, in order, for a turn on that route (e.g.
-            `{"simple": ["responder"], "action": ["executor", "responder"]}`). Default: one
-            route, `default`, through the first agent.
-        default_route: the route a turn takes when none is chosen and when the supervisor's
-            output does not parse or names no route (default: the first route).
-        supervisor: an agent whose structured output (`output_type`) is a `RouteDecision` (or
-            a subclass): it picks each turn's route. It runs in scratch: its messages stay out
-            of the conversation. Without one, turns take the default route (or the one
-            `submit` names).
-        initial_state: the domain's typed state for a new session (a pydantic model
-            instance, or a model class whose defaults make one); tools read and change it as
-            `ctx.state`, and it is stored with the session.
-        policies: who may decide calls, by tool permission (`{"destructive":
-            DecisionPolicy(roles={"it-admin"})}`), for tools that declare no
-            `decision_policy=` of their own (`handrail.policy`).
-    """
-
-    agents: Sequence[Agent[Any]]
-    routes: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    default_route: str | None = None
-    supervisor: Agent[Any] | None = None
-    initial_state: BaseModel | type[BaseModel] | None = None
-    policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.policies) - set(_PERMISSIONS))
-        if unknown:
-            raise UserError(
-                f"Domain: policies are keyed by tool permission ({', '.join(_PERMISSIONS)}), "
-                f"not {', '.join(map(repr, unknown))}."
-            )
-        self.by_name: dict[str, Agent[Any]] = {}
-        for agent in self.agents:
-            if agent.name in self.by_name:
-                raise UserError(f"Domain: two agents are named {agent.name!r}.")
-            self.by_name[agent.name] = agent
-        if not self.by_name:
-            raise UserError("Domain: give at least one agent.")
-        if not self.routes:
-            self.routes = {"default": [self.agents[0].name]}
-        for route, names in self.routes.items():
-            unknown = [n for n in names if n not in self.by_name]
-            if unknown or not names:
-                raise UserError(
-                    f"Domain: route {route!r} names no agent or unknown agents "
-                    f"({', '.join(map(repr, unknown)) or 'empty'}); agents: "
-                    f"{', '.join(self.by_name)}."
-                )
-        if self.default_route is None:
-            self.default_route = next(iter(self.routes))
-        elif self.default_route not in self.routes:
-            raise UserError(
-                f"Domain: default_route {self.default_route!r} is not a route "
-                f"(routes: {', '.join(self.routes)})."
-            )
-        supervisor = self.supervisor
-        if supervisor is not None:
-            kind = supervisor.output_type
-            if not (isinstance(kind, type) and issubclass(kind, RouteDecision)):
-                raise UserError(
-                    f"Domain: the supervisor {supervisor.name!r} must answer with a route: "
-                    f"give it output_type=RouteDecision (or a subclass)."
-                )
-            if supervisor.name in self.by_name:
-                raise UserError(
-                    f"Domain: the supervisor is named {supervisor.name!r}, like an agent; "
-                    f"give it a name of its own."
-                )
-        state = self.initial_state
-        self.state_type: type[BaseModel] | None = (
-            None if state is None else state if isinstance(state, type) else type(state)
-        )
-
-    def route(self, name: str | None) -> list[Agent[Any]]:
-        """The agents of route `name` (the default route when None)."""
-        key = name if name is not None else self.default_route
-        if key is None or key not in self.routes:
-            raise UserError(f"Unknown route {key!r}; routes: {', '.join(self.routes)}.")
-        return [self.by_name[n] for n in self.routes[key]]
-
-    def router(self) -> Router | None:
-        """The supervisor with the routes it chooses between (None without a supervisor)."""
-        if self.supervisor is None:
-            return None
-        assert self.default_route is not None
-        schema = dict(self.supervisor.output_schema or {})
-        properties = dict(schema.get("properties", {}))
-        # The model may only name a route that exists.
-        properties["route"] = {**properties.get("route", {}), "enum": list(self.routes)}
-        schema["properties"] = properties
-        return Router(
-            supervisor=self.supervisor.replace(output_schema=schema, scratch=True),
-            routes={name: self.route(name) for name in self.routes},
-            default=self.default_route,
-        )
-
-    def new_state(self) -> Any:
-        """The domain state of a new session (a copy of `initial_state`)."""
-        state = self.initial_state
-        if state is None:
-            return None
-        return state() if isinstance(state, type) else state.model_copy(deep=True)
-
-    def load_state(self, data: Any) -> Any:
-        """The domain state from what a session stored."""
-        if self.state_type is None or data is None:
-            return data if data is not None else self.new_state()
-        return self.state_type.model_validate(data)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -272,7 +163,7 @@ class Engine:
 
     def __init__(
         self,
-        domain: Domain | Agent[Any],
+        domain: Domain | AgentSpec[Any],
         *,
         store: SessionStore | None = None,
         runtime: Runtime[Any] | None = None,
@@ -333,7 +224,7 @@ class Engine:
             create: make the session if there is none; False: a `SessionNotFoundError`
                 instead (the server makes sessions only with `POST /sessions`).
         """
-        plan: list[Agent[Any]] | Router
+        plan: list[AgentSpec[Any]] | Router
         if route is None and self._router is not None:
             plan = self._router  # the supervisor picks
         else:
@@ -504,7 +395,7 @@ class Engine:
         self,
         session_id: str,
         text: str | None,
-        plan: list[Agent[Any]] | Router | None,
+        plan: list[AgentSpec[Any]] | Router | None,
         org_id: str | None,
         user_id: str | None,
         model: Model | str | None,
@@ -696,7 +587,7 @@ class Engine:
         return {name: t for agent in self.domain.agents for name, t in agent.tools.items()}
 
     async def _reconcile(
-        self, session_id: str, state: RunState, agent: Agent[Any]
+        self, session_id: str, state: RunState, agent: AgentSpec[Any]
     ) -> list[ApprovalCardPart]:
         progress = state.progress
         assert progress is not None
@@ -1144,7 +1035,7 @@ class Engine:
         _, state = await self._load(session_id, org_id, user_id)
         return state
 
-    def _agents(self, names: list[str]) -> list[Agent[Any]]:
+    def _agents(self, names: list[str]) -> list[AgentSpec[Any]]:
         missing = [n for n in names if n not in self.domain.by_name]
         if missing:
             raise UserError(

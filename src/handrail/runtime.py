@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from ._agent_spec import AgentSpec
+from .domain import Domain
 from .exceptions import ConfigError, ModelRetry
 from .models._infer import as_model
 from .tools._workers import WorkerThreads
 
 if TYPE_CHECKING:
-    from .agent import Agent
     from .compaction import Compaction
-    from .engine import Domain
     from .messages import ToolCallPart
     from .models import Model
     from .tools import Permission, Tool, ToolResult
@@ -132,7 +132,7 @@ class Assembly:
     default_model: Model | None = None
     """The engine's default model (over the runtime's)."""
 
-    def model_for(self, agent: Agent[Any], override: Model | str | None = None) -> Model:
+    def model_for(self, agent: AgentSpec[Any], override: Model | str | None = None) -> Model:
         """The model `agent` uses: the per-turn override, else the agent's, else the default.
 
         Raises:
@@ -148,7 +148,7 @@ class Assembly:
 
 
 def build_runtime(
-    config: Domain | Agent[Any],
+    config: Domain | AgentSpec[Any],
     *,
     runtime: Runtime[Any] | None = None,
     mode: Mode = "live",
@@ -172,10 +172,7 @@ def build_runtime(
     Raises:
         ConfigError: an unknown mode, or mocks for tools that no agent has.
     """
-    from .agent import Agent as AgentType
-    from .engine import Domain as DomainType
-
-    domain = config if isinstance(config, DomainType) else DomainType(agents=[config])
+    domain = config if isinstance(config, Domain) else Domain(agents=[config])
     runtime = runtime if runtime is not None else Runtime()
     if mode not in ("live", "mock", "capture"):
         raise ConfigError(f"build_runtime(mode={mode!r}): the modes are live, mock, capture.")
@@ -215,7 +212,7 @@ def build_runtime(
                 "is" if len(blind) == 1 else "are",
             )
 
-    def rebuilt(agent: AgentType[Any]) -> AgentType[Any]:
+    def rebuilt(agent: AgentSpec[Any]) -> AgentSpec[Any]:
         if wrap_tools is None and mode == "live":
             return agent
         return agent.replace(tools=[wrap(t) for t in agent.tools.values()])

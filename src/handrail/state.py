@@ -26,15 +26,34 @@ from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from ._tool_result import ToolResult
-from .compaction import Summary
 from .context import ContextStore
 from .exceptions import UserError
 from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Usage
 
-__all__ = ["Progress", "RouteChoice", "RunState"]
+__all__ = ["Progress", "RouteChoice", "RunState", "Summary"]
 
 SCHEMA_VERSION = 2
+
+
+@dataclass(kw_only=True, slots=True)
+class Summary:
+    """A compaction summary of the start of a conversation: stored with the session.
+
+    Written by `handrail.compaction` (which exports it too); part of the state, so the state
+    does not depend on how it is made.
+
+    JSON in and out with `pydantic.TypeAdapter(Summary)` (or inside the session's own adapter).
+    """
+
+    text: str
+    """The summary, as the summarizer wrote it."""
+    upto: str
+    """The id of the last message it covers (the message just before a user turn)."""
+    messages: int
+    """How many messages it covers: the first `messages` of the history."""
+    tokens: int
+    """Its size in tokens, for the model it was written for."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 import pydantic_core
 from pydantic import Field, TypeAdapter
 
+from ._captured import CapturedAction
 from ._tool_result import ToolResult
 from .events import ApprovalRequired, ClientExecRequired, Event, InputRequired
 from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
@@ -55,10 +56,12 @@ __all__ = [
     "ClientResult",
     "Decision",
     "Reject",
+    "approved_plan",
     "args_digest",
     "card_event",
     "decidable",
     "decide",
+    "decide_batch",
     "expire",
     "placeholder",
     "settle",
@@ -296,8 +299,6 @@ def decide(
     check(rules, decider, state.user_id, approving=approving, approved_by=approved_by)
     needed = max((p.approvals for _, p in rules if p is not None), default=1)
     if card.kind == "batch":
-        from .capture import decide_batch
-
         amended_plan = decide_batch(state, tools, card, decision)
         if isinstance(decision, Approve) and needed > 1:
             changes = bool(decision.actions)
@@ -563,3 +564,83 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
         assert tool is not None
         return tool.to_result(card.output)
     return None
+
+
+# -- batch cards (`handrail.capture`) -----------------------------------------------------
+
+
+def decide_batch(
+    state: RunState,
+    tools: Mapping[str, Tool[Any]],
+    card: ApprovalCardPart,
+    decision: Decision,
+) -> dict[str, Any] | None:
+    """Check a decision on a batch card; return the plan it approves (None: nothing runs).
+
+    The plan is the card's actions with per-action amendments made and rejections marked
+    `skipped`; its digest binds the approval, as for a single call.
+
+    Raises:
+        InvalidDecisionError: an unknown action index, a change to a field its tool does
+            not let a person amend, or amended arguments that do not validate.
+    """
+    if not isinstance(decision, Approve):
+        return None
+    if decision.amended_args:
+        raise InvalidDecisionError(
+            f"Batch {card.tool_call_id} holds several actions: amend them one by one, in "
+            f"actions (by each action's index), each with its own amended_args."
+        )
+    actions = [CapturedAction.model_validate(a) for a in card.args["actions"]]
+    choices = decision.actions or {}
+    known = {a.local_index for a in actions}
+    unknown = sorted(set(choices) - known)
+    if unknown:
+        raise InvalidDecisionError(
+            f"Batch {card.tool_call_id} has no action {', '.join(map(str, unknown))} "
+            f"(actions: {', '.join(map(str, sorted(known)))})."
+        )
+    for action in actions:
+        choice = choices.get(action.local_index)
+        if choice is None:
+            continue
+        if not choice.approve:
+            action.status = "skipped"
+            action.error = choice.reason or "a person chose not to apply it"
+        elif choice.amended_args:
+            tool = tools.get(action.tool)
+            if tool is None:
+                raise InvalidDecisionError(
+                    f"Action {action.local_index} is for tool {action.tool!r}, which no agent "
+                    f"has any more: skip it, or deploy the tool again."
+                )
+            label = f"Action {action.local_index} ({action.tool})"
+            action.args = amend(
+                state, tool, action.args, choice.amended_args, tool.amendable, label, action.bound
+            )
+    return {"actions": [a.model_dump(mode="json") for a in actions]}
+
+
+def approved_plan(card: ApprovalCardPart) -> list[CapturedAction]:
+    """The actions a decided batch card says to apply (all skipped when it was rejected).
+
+    Raises:
+        InvalidDecisionError: the recorded plan does not match the digest that was approved.
+    """
+    if card.output is not None:  # applied before (partly, perhaps): go on from there
+        return [CapturedAction.model_validate(a) for a in card.output["actions"]]
+    if card.decision != "approve":
+        reason = card.reason or (
+            "nobody approved it in time" if card.decision == "expire" else "rejected"
+        )
+        actions = [CapturedAction.model_validate(a) for a in card.args["actions"]]
+        for action in actions:
+            action.status, action.error = "skipped", reason
+        return actions
+    plan = card.amended_args if card.amended_args is not None else card.args
+    if card.args_digest != args_digest(card.tool_name, plan):
+        raise InvalidDecisionError(
+            f"Batch {card.tool_call_id}: the actions are not the ones that were approved "
+            f"(the digest does not match); nothing was applied. Ask for approval again."
+        )
+    return [CapturedAction.model_validate(a) for a in plan["actions"]]

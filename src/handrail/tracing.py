@@ -25,9 +25,9 @@ semantic conventions; the turn, the route decision and a suspension use `handrai
 `gen_ai.provider.name` is the model's `provider` (`openai`, `anthropic`, or the `provider=`
 given to a compatible endpoint; `openai` for `OpenAIResponsesModel`, whose own name is
 `openai-responses`), else the `provider:` prefix of its name;
-`handrail.testing` for the test doubles (`ScriptedModel`, `FunctionModel`) and `_OTHER` for
-a model that says neither. `gen_ai.request.model` is the model's name without that prefix
-(`gpt-4o-mini`).
+`handrail.testing` for the test doubles (`ScriptedModel`, `FunctionModel`, which say so
+with their `provider`) and `_OTHER` for a model that says neither. `gen_ai.request.model`
+is the model's name without that prefix (`gpt-4o-mini`).
 
 A failed span has an error status and `error.type`: the exception's class name
 (`ModelError`), `tool_error` for a tool call whose result is an error, `max_iterations` or
@@ -57,10 +57,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic_core
 
+from .messages import Message, ReasoningPart, TextPart, ToolCallPart
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Link, Span, SpanKind, Tracer
 
-    from .messages import ApprovalCardPart, Message
+    from .messages import ApprovalCardPart
     from .models import Model, ModelRequest, ModelResponse, ToolDefinition
 
 __all__ = ["Tracing"]
@@ -178,16 +180,12 @@ class Tracing:
 
     def model_attributes(self, model: Model, session_id: str | None) -> dict[str, AttributeValue]:
         """`gen_ai.provider.name`, `gen_ai.request.model` and `gen_ai.conversation.id`."""
-        from .models.function import FunctionModel
-
         name = model.name
         provider = getattr(model, "provider", None)
         model_name = getattr(model, "model_name", None)
         if not isinstance(provider, str) or not isinstance(model_name, str):
             prefix, colon, rest = name.partition(":")
-            if isinstance(model, FunctionModel):
-                provider, model_name = "handrail.testing", name
-            elif colon:
+            if colon:
                 provider, model_name = prefix, rest
             else:
                 provider, model_name = "_OTHER", name
@@ -227,8 +225,6 @@ class Tracing:
         if response.model_name:
             attributes["gen_ai.response.model"] = response.model_name
         if self.capture_content:
-            from .messages import Message
-
             message = Message(id="", role="assistant", parts=list(response.parts))
             output = _messages([message])
             for item in output:
@@ -288,8 +284,6 @@ class Tracing:
 
 def _messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     """Messages in the GenAI conventions' shape: a tool call's result is a `tool` message."""
-    from .messages import ReasoningPart, TextPart, ToolCallPart
-
     out: list[dict[str, Any]] = []
     for message in messages:
         parts: list[dict[str, Any]] = []

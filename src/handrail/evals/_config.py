@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from ..agent import Agent
+from .._agent_spec import AgentSpec
 from ..engine import Domain
 from ._load import SuiteError, import_target, read_yaml, validate
 from ._suite import _TARGET, ModelSpec, _Strict
@@ -94,7 +94,7 @@ def configure(domain: Domain, config: AgentConfig, where: str) -> Domain:
             f"(agents: {', '.join(names)})."
         )
 
-    def changed(agent: Agent[Any]) -> Agent[Any]:
+    def changed(agent: AgentSpec[Any]) -> AgentSpec[Any]:
         override = config.agents.get(agent.name)
         if override is None or override.instructions is None:
             return agent

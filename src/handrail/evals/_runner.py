@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from ..agent import Agent
-from ..capture import BATCH_TOOL
+from .._agent_spec import AgentSpec
+from .._captured import BATCH_TOOL
 from ..engine import Domain, Engine
 from ..events import (
     ApprovalRequired,
@@ -187,7 +187,7 @@ def _counted_domain(
     """The domain with every agent's own model (or the configuration's) counted into `tally`."""
     overrides = config.agents if config is not None else {}
 
-    def counted(agent: Agent[Any]) -> Agent[Any]:
+    def counted(agent: AgentSpec[Any]) -> AgentSpec[Any]:
         override = overrides.get(agent.name)
         spec: ModelSpec | None = override.model if override is not None else None
         model: Model | None

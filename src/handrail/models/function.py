@@ -89,9 +89,17 @@ class FunctionModel:
         self._call_ids = 0
         self.calls: list[ModelRequest] = []
 
+    provider = "handrail.testing"
+    """Who runs it, as tracing names it: a test double, whatever its name says."""
+
     @property
     def name(self) -> str:
         """The model's name."""
+        return self._name
+
+    @property
+    def model_name(self) -> str:
+        """The model's name, as tracing reports it (`gen_ai.request.model`)."""
         return self._name
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:

@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - the server extra brings it
     ) from exc
 
 if TYPE_CHECKING:
-    from ._app import _Api
+    from ._api import Api
 
 __all__ = ["agui_operation", "thread_session_id"]
 
@@ -70,8 +70,8 @@ def thread_session_id(caller: Caller, thread_id: str) -> str:
     return chat_session_id(caller, thread_id, prefix="agui")
 
 
-def agui_operation(api: _Api, path: str = "/agui") -> Operation:
-    """The `POST /agui` operation of the app's `_Api` (`create_app` mounts it)."""
+def agui_operation(api: Api, path: str = "/agui") -> Operation:
+    """The `POST /agui` operation of the app's `Api` (`create_app` mounts it)."""
     return Operation(
         "POST",
         path,
@@ -85,7 +85,7 @@ def agui_operation(api: _Api, path: str = "/agui") -> Operation:
 
 
 class _Endpoint:
-    def __init__(self, api: _Api) -> None:
+    def __init__(self, api: Api) -> None:
         self.api = api
 
     async def run(self, request: Request) -> Response:
@@ -330,7 +330,7 @@ class _Translator:
             )
         yield agui.ToolCallEndEvent(tool_call_id=tool_call_id)
 
-    def interrupted(self, state: RunState, api: _Api) -> agui.BaseEvent:
+    def interrupted(self, state: RunState, api: Api) -> agui.BaseEvent:
         """`RUN_FINISHED` with the interrupt outcome: one interrupt per pending card."""
         interrupts = [_interrupt(card, api) for card in state.pending.values()]
         return agui.RunFinishedEvent(
@@ -340,7 +340,7 @@ class _Translator:
         )
 
 
-def _interrupt(card: ApprovalCardPart, api: _Api) -> agui.Interrupt:
+def _interrupt(card: ApprovalCardPart, api: Api) -> agui.Interrupt:
     tool = next(
         (a.tools[card.tool_name] for a in api.engine.domain.agents if card.tool_name in a.tools),
         None,

@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +29,7 @@ from ..store import SessionRecord
 from ..tools import Tool
 from ..worker import Worker
 from ._agui import agui_operation
+from ._api import Api
 from ._auth import Authenticator, Caller
 from ._bodies import (
     MAX_NUMBER,
@@ -199,49 +198,6 @@ def _session_id(request: Request) -> str:
     return session_id
 
 
-_BIG = re.compile(rb"\d[eE][+-]?\d{3}")
-"""An exponent of three digits or more: the only way a JSON number overflows a float."""
-
-
-def _check_finite(body: bytes) -> None:
-    """Refuse a body with a number that is not finite.
-
-    `NaN`, `Infinity` or a number past the float range (`1e400`) would reach a tool as nothing
-    it can use (and be stored as null). A body that is not JSON at all is left to the model's
-    validation to name.
-    """
-    if b"NaN" not in body and b"Infinity" not in body and not _BIG.search(body):
-        return  # nothing that could be one: no second parse
-    try:
-        value = pydantic_core.from_json(body)  # NaN and Infinity read, to be named below
-    except ValueError:
-        return
-    where = _infinite(value, "body")
-    if where is not None:
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"{where}: numbers must be finite (not NaN, not Infinity, not past ±1.8e308).",
-        )
-
-
-def _infinite(value: Any, where: str) -> str | None:
-    """Where in `value` a number is not finite, or None."""
-    if isinstance(value, float):
-        return where if not math.isfinite(value) else None
-    if isinstance(value, dict):
-        items: Any = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        found = _infinite(item, f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]")
-        if found is not None:
-            return found
-    return None
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -283,27 +239,8 @@ def _json(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status_code=status, media_type="application/json")
 
 
-class _Api:
+class _Api(Api):
     """The endpoints: each authenticates, validates, and leaves scope to the engine."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        runs: Runs,
-        authenticator: Authenticator,
-        max_body_size: int,
-        ping_interval: float,
-        send_timeout: float | None,
-        limits: Limits,
-    ) -> None:
-        self.limits = limits
-        self.engine = engine
-        self.store = engine.store
-        self.runs = runs
-        self.authenticator = authenticator
-        self.max_body_size = max_body_size
-        self.ping_interval = ping_interval
-        self.send_timeout = send_timeout
 
     def operations(self) -> list[Operation]:
         """Every endpoint, with what OpenAPI says about it."""
@@ -357,19 +294,6 @@ class _Api:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    async def _caller(self, request: Request) -> Caller:
-        caller = await self.authenticator.authenticate(request)
-        if caller is None:
-            raise ApiError(
-                401,
-                "unauthorized",
-                "Send an API key: `Authorization: Bearer <key>`.",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        self.limits.request(caller)
-        request.state.caller = caller
-        return caller
-
     async def _session(self, request: Request) -> tuple[Caller, str, RunState]:
         """The caller, and the session of the path if the caller may read it (else 404).
 
@@ -406,30 +330,6 @@ class _Api:
         if found is None or (found.org_id, found.user_id) != caller.who:
             raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
         return caller, session_id
-
-    async def _body(self, request: Request, model: type[M]) -> M:
-        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media != "application/json" and not media.endswith("+json"):
-            raise ApiError(
-                415,
-                "unsupported_media_type",
-                f"The body must be JSON (Content-Type: application/json), not {media[:60]!r}.",
-            )
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_size:
-            raise self._too_large()
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body_size:
-                raise self._too_large()
-        _check_finite(bytes(body))
-        return model.model_validate_json(bytes(body))
-
-    def _too_large(self) -> ApiError:
-        return ApiError(
-            413, "body_too_large", f"The request body is over {self.max_body_size} bytes."
-        )
 
     @staticmethod
     def _query(request: Request, model: type[M]) -> M:
@@ -714,18 +614,6 @@ class _Api:
                     self.limits.close_stream(caller)
 
         return EventStream(frames(), ping=self.ping_interval, send_timeout=self.send_timeout)
-
-    async def _within_bandwidth(self, caller: Caller) -> AsyncGenerator[bytes, None]:
-        """Before a stream writes: past its organisation's bandwidth, wait until within.
-
-        Yields `b""` while it waits, so that the stream still sends its keep-alives. (A write
-        is counted after it is made: the last write of a stream never waits.)
-        """
-        wait = self.limits.stream_wait(caller)
-        while wait > 0:
-            await asyncio.sleep(min(wait, self.ping_interval))
-            yield b""
-            wait = self.limits.stream_wait(caller)
 
     async def resolve(self, request: Request) -> Response:
         """`POST /sessions/{id}/resolve`: decide pending calls; the turn resumes when ready."""

@@ -34,7 +34,7 @@ from ..suspension import Decision
 from ._auth import Caller
 
 if TYPE_CHECKING:
-    from ._app import _Api
+    from ._api import Api
 
 __all__ = [
     "ChatRefusal",
@@ -72,7 +72,7 @@ def chat_session_id(caller: Caller, chat_id: str, *, prefix: str) -> str:
     return f"{prefix}-{digest[:32]}"
 
 
-def scratch_agents(api: _Api) -> set[str]:
+def scratch_agents(api: Api) -> set[str]:
     """The agents whose text is working, not the reply (a client shows it as reasoning)."""
     domain = api.engine.domain
     scratch = {a.name for a in domain.agents if a.scratch}
@@ -81,7 +81,7 @@ def scratch_agents(api: _Api) -> set[str]:
     return scratch
 
 
-async def chat_state(api: _Api, caller: Caller, session_id: str) -> RunState | None:
+async def chat_state(api: Api, caller: Caller, session_id: str) -> RunState | None:
     """The session of the caller's chat, or None before its first turn (one read)."""
     try:
         return await api.engine.session(session_id, org_id=caller.org_id, user_id=caller.user_id)
@@ -132,7 +132,7 @@ def amendment(card: ApprovalCardPart, edited: Any, *, field: str) -> dict[str, A
 
 
 async def start_turn(
-    api: _Api,
+    api: Api,
     caller: Caller,
     session_id: str,
     *,
@@ -173,7 +173,7 @@ class Cursor:
 
 
 async def pump(
-    api: _Api,
+    api: Api,
     caller: Caller,
     session_id: str,
     cursor: Cursor,

@@ -56,7 +56,7 @@ from ._openapi import Operation
 from ._sse import EventStream
 
 if TYPE_CHECKING:
-    from ._app import _Api
+    from ._api import Api
 
 __all__ = ["ChatRequest", "chat_session", "ui_stream_operations"]
 
@@ -118,8 +118,8 @@ def chat_session(caller: Caller, chat_id: str) -> str:
     return chat_session_id(caller, chat_id, prefix="chat")
 
 
-def ui_stream_operations(api: _Api, path: str = "/chat") -> list[Operation]:
-    """`POST /chat` and `GET /chat/{chat_id}/stream` of the app's `_Api`."""
+def ui_stream_operations(api: Api, path: str = "/chat") -> list[Operation]:
+    """`POST /chat` and `GET /chat/{chat_id}/stream` of the app's `Api`."""
     endpoint = _Endpoint(api)
     events = "the AI SDK's UI message stream, v1 (docs/ai-sdk.md)"
     return [
@@ -148,7 +148,7 @@ def ui_stream_operations(api: _Api, path: str = "/chat") -> list[Operation]:
 
 
 class _Endpoint:
-    def __init__(self, api: _Api) -> None:
+    def __init__(self, api: Api) -> None:
         self.api = api
 
     async def chat(self, request: Request) -> Response:

@@ -58,7 +58,7 @@ from ..recovery import Journal, attempt_id, idempotency_key
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from ..capture import CapturedAction
+    from .._captured import CapturedAction
 
 from ..runtime import Runtime
 from ..state import RunState

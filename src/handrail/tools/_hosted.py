@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import pydantic_core
-from typing_extensions import TypedDict
 
 from .._tool_result import ToolResult
 from ..exceptions import HostedToolError, ToolDefinitionError
 from ..messages import ToolCallPart
+from ._definition import HostedKind, HostedTool, UserLocation
 from ._tool import Tool
 
 __all__ = [
@@ -47,43 +46,6 @@ __all__ = [
     "web_fetch",
     "web_search",
 ]
-
-HostedKind: TypeAlias = Literal["web_search", "code_execution", "web_fetch"]
-"""What a hosted tool does."""
-
-
-class UserLocation(TypedDict, total=False):
-    """Where the user is, so a web search can rank local results first."""
-
-    city: str
-    region: str
-    country: str
-    """Two-letter ISO country code."""
-    timezone: str
-    """IANA time zone (`Europe/Paris`)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class HostedTool:
-    """What a provider is asked to run for one hosted tool (`Tool.hosted`)."""
-
-    kind: HostedKind
-    """Which hosted tool."""
-    name: str = ""
-    """The handrail tool's name (its calls' `ToolCallPart.name`); set by `Tool`."""
-    max_uses: int | None = None
-    """At most this many calls in one response (web search, web fetch)."""
-    allowed_domains: list[str] | None = None
-    """Only these domains (web search, web fetch)."""
-    blocked_domains: list[str] | None = None
-    """Never these domains (web search, web fetch)."""
-    user_location: UserLocation | None = None
-    """Where the user is (web search)."""
-    max_content_tokens: int | None = None
-    """The most tokens of a fetched page the model reads (web fetch)."""
-    citations: bool | None = None
-    """Whether the model may cite fetched pages (web fetch)."""
-
 
 _DESCRIPTIONS: dict[HostedKind, str] = {
     "web_search": "Search the web (run by the model provider).",

@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
@@ -34,12 +33,9 @@ from .._tool_result import ToolResult
 from ..context import ContextStore, check_path
 from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
-from ..models import ToolDefinition
 from ..policy import DecisionPolicy
 from ._arguments import validate_arguments
-
-if TYPE_CHECKING:
-    from ._hosted import HostedTool
+from ._definition import HostedTool, ToolDefinition
 
 __all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolDecorator", "ToolOptions", "tool"]
 

@@ -1,0 +1,163 @@
+"""`Domain`: what an application declares: its agents, the routes through them, who decides.
+
+A domain is a declaration, like an agent: the runtime assembles one (`build_runtime`), the
+turn runs its routes (`run_turn`), and the engine drives its sessions (`handrail.engine`,
+which re-exports `Domain`). A supervisor agent picks each turn's route with a
+`RouteDecision`; `Domain.router` pairs it with the routes as a `Router`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from pydantic import BaseModel, Field
+
+from ._agent_spec import AgentSpec
+from .exceptions import UserError
+from .policy import DecisionPolicy
+from .tools import Permission
+
+__all__ = ["Domain", "RouteDecision", "Router"]
+
+_PERMISSIONS: tuple[str, ...] = get_args(Permission)
+
+
+class RouteDecision(BaseModel):
+    """What a supervisor decides: the `output_type` of a supervisor agent (or a subclass)."""
+
+    route: str = Field(description="The name of the route to take.")
+    reason: str = Field(default="", description="Why, in a sentence.")
+    hints: dict[str, str] = Field(
+        default_factory=dict,
+        description="Optional notes for the route's agents, by agent name.",
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class Router:
+    """A supervisor agent and the routes it chooses between."""
+
+    supervisor: AgentSpec[Any]
+    """Decides the route: its structured output is a `RouteDecision`."""
+    routes: Mapping[str, Sequence[AgentSpec[Any]]]
+    """Route name -> its agents, in order."""
+    default: str
+    """The route taken when the supervisor's output does not parse or names no route."""
+
+
+@dataclass(kw_only=True)
+class Domain:
+    """The agents of an application, the routes through them, and the supervisor that picks.
+
+    Args:
+        agents: every agent of the domain (names must be unique).
+        routes: route name -> the agents that run, in order, for a turn on that route (e.g.
+            `{"simple": ["responder"], "action": ["executor", "responder"]}`). Default: one
+            route, `default`, through the first agent.
+        default_route: the route a turn takes when none is chosen and when the supervisor's
+            output does not parse or names no route (default: the first route).
+        supervisor: an agent whose structured output (`output_type`) is a `RouteDecision` (or
+            a subclass): it picks each turn's route. It runs in scratch: its messages stay out
+            of the conversation. Without one, turns take the default route (or the one
+            `submit` names).
+        initial_state: the domain's typed state for a new session (a pydantic model
+            instance, or a model class whose defaults make one); tools read and change it as
+            `ctx.state`, and it is stored with the session.
+        policies: who may decide calls, by tool permission (`{"destructive":
+            DecisionPolicy(roles={"it-admin"})}`), for tools that declare no
+            `decision_policy=` of their own (`handrail.policy`).
+    """
+
+    agents: Sequence[AgentSpec[Any]]
+    routes: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    default_route: str | None = None
+    supervisor: AgentSpec[Any] | None = None
+    initial_state: BaseModel | type[BaseModel] | None = None
+    policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.policies) - set(_PERMISSIONS))
+        if unknown:
+            raise UserError(
+                f"Domain: policies are keyed by tool permission ({', '.join(_PERMISSIONS)}), "
+                f"not {', '.join(map(repr, unknown))}."
+            )
+        self.by_name: dict[str, AgentSpec[Any]] = {}
+        for agent in self.agents:
+            if agent.name in self.by_name:
+                raise UserError(f"Domain: two agents are named {agent.name!r}.")
+            self.by_name[agent.name] = agent
+        if not self.by_name:
+            raise UserError("Domain: give at least one agent.")
+        if not self.routes:
+            self.routes = {"default": [self.agents[0].name]}
+        for route, names in self.routes.items():
+            unknown = [n for n in names if n not in self.by_name]
+            if unknown or not names:
+                raise UserError(
+                    f"Domain: route {route!r} names no agent or unknown agents "
+                    f"({', '.join(map(repr, unknown)) or 'empty'}); agents: "
+                    f"{', '.join(self.by_name)}."
+                )
+        if self.default_route is None:
+            self.default_route = next(iter(self.routes))
+        elif self.default_route not in self.routes:
+            raise UserError(
+                f"Domain: default_route {self.default_route!r} is not a route "
+                f"(routes: {', '.join(self.routes)})."
+            )
+        supervisor = self.supervisor
+        if supervisor is not None:
+            kind = supervisor.output_type
+            if not (isinstance(kind, type) and issubclass(kind, RouteDecision)):
+                raise UserError(
+                    f"Domain: the supervisor {supervisor.name!r} must answer with a route: "
+                    f"give it output_type=RouteDecision (or a subclass)."
+                )
+            if supervisor.name in self.by_name:
+                raise UserError(
+                    f"Domain: the supervisor is named {supervisor.name!r}, like an agent; "
+                    f"give it a name of its own."
+                )
+        state = self.initial_state
+        self.state_type: type[BaseModel] | None = (
+            None if state is None else state if isinstance(state, type) else type(state)
+        )
+
+    def route(self, name: str | None) -> list[AgentSpec[Any]]:
+        """The agents of route `name` (the default route when None)."""
+        key = name if name is not None else self.default_route
+        if key is None or key not in self.routes:
+            raise UserError(f"Unknown route {key!r}; routes: {', '.join(self.routes)}.")
+        return [self.by_name[n] for n in self.routes[key]]
+
+    def router(self) -> Router | None:
+        """The supervisor with the routes it chooses between (None without a supervisor)."""
+        if self.supervisor is None:
+            return None
+        assert self.default_route is not None
+        schema = dict(self.supervisor.output_schema or {})
+        properties = dict(schema.get("properties", {}))
+        # The model may only name a route that exists.
+        properties["route"] = {**properties.get("route", {}), "enum": list(self.routes)}
+        schema["properties"] = properties
+        return Router(
+            supervisor=self.supervisor.replace(output_schema=schema, scratch=True),
+            routes={name: self.route(name) for name in self.routes},
+            default=self.default_route,
+        )
+
+    def new_state(self) -> Any:
+        """The domain state of a new session (a copy of `initial_state`)."""
+        state = self.initial_state
+        if state is None:
+            return None
+        return state() if isinstance(state, type) else state.model_copy(deep=True)
+
+    def load_state(self, data: Any) -> Any:
+        """The domain state from what a session stored."""
+        if self.state_type is None or data is None:
+            return data if data is not None else self.new_state()
+        return self.state_type.model_validate(data)
