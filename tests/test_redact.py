@@ -28,6 +28,13 @@ def test_a_key_in_any_wording_is_scrubbed(before: str, secret: str, after: str):
         assert "***" in text
 
 
+def test_a_label_before_the_label_does_not_hide_the_key():
+    # Found by the property above: "BEARER" before "Bearer k" made "Bearer" the scrubbed value.
+    assert scrub("BEARER Bearer 000000000000 ") == "BEARER Bearer *** "
+    assert scrub("token x-api-key: abcdef123") == "token x-api-key: ***"
+    assert scrub("x-api-key: Bearer sk-abcdefghij") == "x-api-key: Bearer ***"
+
+
 def test_only_an_errors_failure_is_replaced():
     interrupted = {
         "type": "run-failed",

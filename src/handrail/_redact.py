@@ -19,11 +19,18 @@ __all__ = ["public_event", "scrub"]
 
 _log = logging.getLogger("handrail.runs")
 
+_KEYWORDS = r"bearer|basic|authorization|x-api-key|api[-_]?key|token|password|secret"
+_NOT_A_KEYWORD = rf"(?!(?:{_KEYWORDS})\b)"
+"""A credential's value never starts with another credential's label (`Bearer Bearer k`)."""
 _SECRETS = [
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}"), r"\1 ***"),
+    (
+        re.compile(rf"(?i)\b(bearer|basic)\s+{_NOT_A_KEYWORD}[A-Za-z0-9._~+/=-]{{6,}}"),
+        r"\1 ***",
+    ),
     (
         re.compile(
-            r"(?i)\b(authorization|x-api-key|api[-_]?key|token|password|secret)(\W{1,3})\S+"
+            rf"(?i)\b(authorization|x-api-key|api[-_]?key|token|password|secret)(\W{{1,3}})"
+            rf"{_NOT_A_KEYWORD}\S+"
         ),
         r"\1\2***",
     ),
