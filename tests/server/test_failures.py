@@ -68,4 +68,4 @@ async def test_a_providers_error_never_reaches_the_tenant(
     reference = event["error"].split("reference ")[1].split(";")[0]
     (record,) = [r for r in caplog.records if reference in r.getMessage()]
     assert "gateway.internal.corp" in record.getMessage()  # the operator gets the detail...
-    assert KEY not in record.getMessage() and "Authorization: ***" in record.getMessage()
+    assert KEY not in record.getMessage() and "Authorization: Bearer ***" in record.getMessage()
