@@ -34,11 +34,11 @@ async def test_young_collections_wait_for_the_first_events_of_starting_turns(
     loading, go = _gate_loads(server)
     submitted = asyncio.create_task(server.submit(session_id))
     await loading.wait()  # the turn is starting: no first event yet
-    assert gc.get_threshold() == (_gc.STARTING, 20, 100)
+    assert gc.get_threshold() == _gc.HELD
     go.set()
     await submitted  # its first event is logged
     await asyncio.sleep(0)  # and the pass after, the collector is as tuned again
-    assert gc.get_threshold() == (_gc.YOUNG, 20, 100)
+    assert gc.get_threshold() == _gc.TUNED
     await server.join(session_id)
 
 
@@ -64,4 +64,4 @@ async def test_a_turn_that_fails_to_start_releases_the_collector(server: Server)
     )
     assert response.status_code == 404
     await asyncio.sleep(0)
-    assert gc.get_threshold() == (_gc.YOUNG, 20, 100)
+    assert gc.get_threshold() == _gc.TUNED

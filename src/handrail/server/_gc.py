@@ -12,12 +12,16 @@ import gc
 
 __all__ = ["hold", "release", "tune_gc"]
 
-YOUNG = 5_000
-"""Allocations (net of deallocations) between young collections, once tuned."""
-STARTING = 50_000
+TUNED = (5_000, 20, 100)
+"""The collector's thresholds once tuned: a young collection every 5,000 allocations (net of
+deallocations), the middle generation's every 20 of them, the oldest's as Python decides."""
+HELD = (50_000, 2, 100)
 """The same while turns are starting: a burst of 200 turns allocates about 50,000 objects
 before the last one's first event (bench/server.py), and a young collection costs about the
-same per object whenever it runs, so it may as well run after the first events."""
+same per object whenever it runs, so it may as well run after the first events. The middle
+generation is collected every 2 of these, so that it grows no bigger than when tuned (it
+counts young collections, not objects: 20 of 50,000 would let it grow to a million, and its
+collections pause the server ten times longer)."""
 
 
 def tune_gc() -> None:
@@ -33,7 +37,7 @@ def tune_gc() -> None:
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(YOUNG, 20, 100)
+    gc.set_threshold(*TUNED)
 
 
 def hold() -> None:
@@ -41,13 +45,11 @@ def hold() -> None:
 
     Only when the collector is tuned by `tune_gc`: a process that tunes its own is left as it is.
     """
-    young, *older = gc.get_threshold()
-    if young == YOUNG:
-        gc.set_threshold(STARTING, *older)
+    if gc.get_threshold() == TUNED:
+        gc.set_threshold(*HELD)
 
 
 def release() -> None:
     """Collect young objects as `tune_gc` set, again (the first collection may come at once)."""
-    young, *older = gc.get_threshold()
-    if young == STARTING:
-        gc.set_threshold(YOUNG, *older)
+    if gc.get_threshold() == HELD:
+        gc.set_threshold(*TUNED)
