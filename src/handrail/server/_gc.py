@@ -15,13 +15,13 @@ __all__ = ["hold", "release", "tune_gc"]
 TUNED = (5_000, 20, 100)
 """The collector's thresholds once tuned: a young collection every 5,000 allocations (net of
 deallocations), the middle generation's every 20 of them, the oldest's as Python decides."""
-HELD = (50_000, 2, 100)
-"""The same while turns are starting: a burst of 200 turns allocates about 50,000 objects
-before the last one's first event (bench/server.py), and a young collection costs about the
-same per object whenever it runs, so it may as well run after the first events. The middle
-generation is collected every 2 of these, so that it grows no bigger than when tuned (it
-counts young collections, not objects: 20 of 50,000 would let it grow to a million, and its
-collections pause the server ten times longer)."""
+HELD = (100_000, 1, 100)
+"""The same while turns are starting: a burst of 200 turns allocates 40,000-55,000 objects
+before the last one's first event (bench/server.py, SQLite the most), and a young collection
+costs about the same per object whenever it runs, so it may as well run after the first
+events. The middle generation is collected every other one of these, so that it stays about
+as small as when tuned (it counts young collections, not objects: 20 of 100,000 would let it
+grow to two million, and its collections pause the server for hundreds of milliseconds)."""
 
 
 def tune_gc() -> None:
