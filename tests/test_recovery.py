@@ -377,3 +377,58 @@ async def test_a_process_whose_lease_was_taken_over_acts_no_more():
     assert [kind for kind, _ in effects] == ["slow"]  # the second charge never started
     state = await new.session("s1")
     assert [c.kind for c in state.pending.values()] == ["recovery"]  # the new one's record
+
+
+class _Clock:
+    """A store's clock that the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _waiting_engine(store: MemoryStore, release: asyncio.Event, ttl: float) -> Engine:
+    @tool(permission="read")
+    async def wait(order: str) -> str:
+        """Wait for the test."""
+        effects.append(("wait", order))
+        await release.wait()
+        return "waited"
+
+    def answer(request: ModelRequest) -> Any:
+        return "Done." if request.messages[-1].role != "user" else call("wait", order="A1")
+
+    runtime = Runtime(model=FunctionModel(answer), ids=sequential_ids())
+    return Engine(Agent("a", tools=[wait]), store=store, runtime=runtime, lease_ttl=ttl)
+
+
+async def test_a_turn_longer_than_its_lease_renews_it_every_third_of_its_ttl():
+    clock, release = _Clock(), asyncio.Event()
+    store = MemoryStore(clock=clock)
+    driving = _waiting_engine(store, release, ttl=0.03)
+    turn = asyncio.create_task(events_of(driving.submit("s1", "go")))
+    while not effects:  # noqa: ASYNC110 - polled: the turn is in its tool
+        await asyncio.sleep(0)
+    clock.now = 100.0  # the lease taken at 0 has lapsed, unless it was renewed since
+    await asyncio.sleep(0.05)  # past a third of the ttl: renewed (at 100)
+    assert not await store.acquire_lease("s1", "another", 0.03)
+    release.set()
+    assert (await turn)[-1].type == "run-completed"
+    assert await store.acquire_lease("s1", "another", 0.03)  # released at the turn's end
+
+
+async def test_a_turn_whose_lease_another_worker_took_stops_at_its_renewal():
+    clock, release = _Clock(), asyncio.Event()
+    store = MemoryStore(clock=clock)
+    driving = _waiting_engine(store, release, ttl=3.0)
+    turn = asyncio.create_task(events_of(driving.submit("s1", "go")))
+    while not effects:  # noqa: ASYNC110 - polled: the turn is in its tool
+        await asyncio.sleep(0)
+    clock.now = 100.0  # lapsed (its renewal is a second away)...
+    assert await store.acquire_lease("s1", "another", 3600)  # ...and taken by another worker
+    # At its renewal (1 s on) the turn finds the lease gone: it is interrupted and writes no more.
+    with pytest.raises(SessionBusyError):
+        await turn
+    release.set()

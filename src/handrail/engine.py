@@ -1055,20 +1055,31 @@ class Engine:
                 f"for its run to end (or for its lease to expire if that worker died)."
             )
         self._lost.discard(session_id)
+        # A timer until the lease is due for renewal, and a task only then: most turns end
+        # before, and a task each (with its cancellation) was a cost of every turn's start.
+        loop = asyncio.get_running_loop()
+        renewal: asyncio.Task[None] | None = None
+        timer: asyncio.TimerHandle
+
+        def due() -> None:
+            nonlocal renewal
+            renewal = loop.create_task(renew())
 
         async def renew() -> None:
-            while True:
-                await asyncio.sleep(ttl / 3)
-                if not await store.acquire_lease(session_id, owner, ttl):
-                    self._lose(session_id)
-                    return
+            nonlocal timer
+            if await store.acquire_lease(session_id, owner, ttl):
+                timer = loop.call_later(ttl / 3, due)
+            else:
+                self._lose(session_id)
 
-        renewal = asyncio.create_task(renew())
+        timer = loop.call_later(ttl / 3, due)
         try:
             yield
         finally:
-            renewal.cancel()
-            await asyncio.wait([renewal])
+            timer.cancel()
+            if renewal is not None:
+                renewal.cancel()
+                await asyncio.wait([renewal])
             await store.release_lease(session_id, owner)
 
     def _lose(self, session_id: str) -> None:

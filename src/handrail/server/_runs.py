@@ -31,6 +31,7 @@ from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
 from ..exceptions import SessionBusyError, SessionNotFoundError, UserError
 from ..suspension import Decision
+from . import _gc
 from ._auth import Caller
 
 __all__ = ["TERMINAL", "Runs", "TurnInProgressError"]
@@ -112,6 +113,13 @@ class Runs:
 
     def _started(self, _: asyncio.Future[int]) -> None:
         self._starting -= 1
+        if not self._starting:
+            # In the next pass: the requests woken with this one write their first events first.
+            asyncio.get_running_loop().call_soon(self._collect)
+
+    def _collect(self) -> None:
+        if not self._starting:  # (else a turn started meanwhile: it holds the collector still)
+            _gc.release()
 
     def running_for(self, org_id: str | None) -> int:
         """How many turns of `org_id`'s sessions run in this server now."""
@@ -143,6 +151,8 @@ class Runs:
         # Retrieve the outcome even if the request that waits for it has gone away.
         started.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._starting += 1
+        if self._starting == 1:  # the collector waits for the first events of a burst
+            _gc.hold()
         started.add_done_callback(self._started)
         self._tasks[session_id] = asyncio.create_task(
             self._drive(session_id, run, started), name=f"handrail turn {session_id}"

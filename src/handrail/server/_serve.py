@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import multiprocessing
@@ -24,6 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ._connections import guarded_protocol
+from ._gc import tune_gc
 
 __all__ = [
     "AccessLogScrubber",
@@ -128,21 +128,6 @@ def escape_logs() -> None:
         for handler in logger.handlers:
             if not any(isinstance(f, ControlEscaper) for f in handler.filters):
                 handler.addFilter(escaper)
-
-
-def tune_gc() -> None:
-    """Make the garbage collector cheap for a long-running server (`serve` calls it).
-
-    Freezes what exists now (the engine, the app, imported modules: they live as long as the
-    process) out of the collector's sight, and collects the youngest objects every 5,000
-    allocations instead of 700: fewer collections under load, each still short. (Not many
-    more: the count is allocations minus deallocations, so while old objects are freed the
-    young ones pile up past it; at 50,000, single collections paused the server for 25-45 ms
-    under 200 concurrent turns, `bench/server.py`.)
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(5_000, 20, 100)
 
 
 class _Server(uvicorn.Server):
