@@ -150,6 +150,7 @@ async def test_decisions_that_break_the_policy_are_refused_with_403_naming_the_r
     assert wiped == []
     second = await api.decide(CY, session, call_id)
     assert second.status_code == 200 and second.json()["resumed"] is True
+    assert second.json()["events"] is None  # the stream is ana's: no link cy cannot follow
     await api.app.state.runs.join(session)
     assert wiped == ["L-7"]
 
@@ -158,6 +159,7 @@ async def test_a_rejection_by_the_requester_withdraws_the_call(api: Api) -> None
     session, call_id = await api.wipe_requested()
     response = await api.decide(ANA, session, call_id, decision="reject", reason="found it")
     assert response.status_code == 200 and response.json()["resumed"] is True
+    assert response.json()["events"].startswith(f"/sessions/{session}/events?after=")
     await api.app.state.runs.join(session)
     assert wiped == []
 

@@ -629,12 +629,14 @@ class _Api(Api):
             raise ApiError(422, "invalid_request", "A tool_call_id is decided twice.")
         client = self._query(request, ClientQuery).client
         resolution, after = await self.runs.resolve(session_id, decisions, caller, client=client)
+        # A session's stream is its owner's: a colleague who decided gets no link to follow.
+        owner = (resolution.org_id, resolution.user_id) == (caller.org_id, caller.user_id)
         answer = ResolutionBody(
             decided=resolution.decided,
             pending=resolution.pending,
             resumed=after is not None,
             after=after,
-            events=None if after is None else self._events_url(session_id, after),
+            events=self._events_url(session_id, after) if after is not None and owner else None,
         )
         return _json(answer)
 

@@ -282,7 +282,11 @@ class ResolutionBody(BaseModel):
     after: int | None = Field(
         None, description="When resumed: the number of the event before the resumption's first."
     )
-    events: str | None = Field(None, description="When resumed: the URL of its stream.")
+    events: str | None = Field(
+        None,
+        description="When resumed and the caller owns the session: the URL of its stream (a "
+        "colleague who decided cannot read it).",
+    )
 
 
 class _Error(BaseModel):
