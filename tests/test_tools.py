@@ -858,3 +858,49 @@ def test_a_type_checker_refuses_what_the_runtime_refuses(tmp_path):
         'note: Revealed type is "handrail.tools._tool.Tool[snippet.Deps]"',
         'note: Revealed type is "handrail.tools._tool.Tool[Any]"',
     ]
+
+
+# -- replace: a variant of a tool ---------------------------------------------------------------
+
+
+def _refund_tool() -> Tool[Any]:
+    @tool(name="orders.refund", permission="write", amendable=["amount"])
+    def refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"order_id": order_id, "amount": amount}
+
+    return refund
+
+
+def test_replace_changes_only_what_it_names_and_checks_again() -> None:
+    refund = _refund_tool()
+    quiet = refund.replace(approval="auto", amendable=(), description="No questions asked.")
+    assert (quiet.name, quiet.permission) == ("orders.refund", "write")
+    assert not quiet.gated and refund.gated  # the original keeps its gate
+    assert quiet.definition.description == "No questions asked."
+    with pytest.raises(ToolDefinitionError, match="set approval='required' or drop amendable"):
+        refund.replace(approval="auto")  # every check runs again
+    assert quiet.definition.parameters == refund.definition.parameters
+    with pytest.raises(ToolDefinitionError, match="did you mean 'amendable'"):
+        refund.replace(amendible=["amount"])  # type: ignore[call-arg]
+    with pytest.raises(ToolDefinitionError, match="destructive"):
+        refund.replace(permission="destructive", approval="auto")
+
+
+async def test_a_replaced_mock_is_rebuilt_from_the_declaration() -> None:
+    refund = _refund_tool()
+    mocked = refund.mocked({"order_id": "X", "amount": 0})
+    rebuilt = mocked.replace(name="orders.refund_v2")
+    assert rebuilt.name == "orders.refund_v2"
+    assert rebuilt.definition.parameters == refund.definition.parameters
+    assert rebuilt.function is refund.function  # the real function, not the mock
+
+
+def test_a_tool_without_a_function_can_be_replaced() -> None:
+    ask = Tool(
+        name="customer.ask",
+        executor="human",
+        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+    )
+    asked = ask.replace(prompt="Ask the customer")
+    assert asked.executor == "human" and asked.name == "customer.ask"

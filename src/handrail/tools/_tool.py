@@ -151,6 +151,9 @@ def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
         _check_options("Tool()", kwargs, known)
         init(*args, **kwargs)
+        tool: Tool[Any] = args[0]  # type: ignore[assignment]
+        function = args[1] if len(args) > 1 else kwargs.pop("function", None)
+        tool._declared = (function, dict(kwargs))  # what `replace` rebuilds from
 
     return checked
 
@@ -215,6 +218,9 @@ class Tool(Generic[DepsT]):
             Default: the domain's policy for the tool's permission, else only the person who
             requested the call decides.
     """
+
+    _declared: tuple[Any, dict[str, Any]]
+    """The function and options the tool was made with (`replace` makes a new one from them)."""
 
     @_named_options
     def __init__(
@@ -482,6 +488,26 @@ class Tool(Generic[DepsT]):
         clone.kind = "async"
         clone.takes_ctx = False
         return clone
+
+    def replace(self, **changes: Unpack[ToolOptions]) -> Tool[DepsT]:
+        """A new tool declared as this one was, with some options changed.
+
+        ```python
+        plain = refund.replace(decision_policy=None)  # the same tool, no decision policy
+        ```
+
+        The new tool is made from the same function and options, so every check runs again
+        (an illegal combination fails here, naming the fix). A mocked or capture copy
+        (`mocked`, `for_capture`) is rebuilt from its declaration, without the mock.
+
+        Raises:
+            ToolDefinitionError: a misspelled option (naming the close one), or a
+                combination a tool cannot have.
+        """
+        _check_options(f"Tool {self.name!r}.replace()", changes, list(ToolOptions.__annotations__))
+        function, options = self._declared
+        new: Tool[DepsT] = Tool(function, **{**options, **changes})
+        return new
 
     def for_capture(self) -> Tool[DepsT]:
         """A copy of this tool for capture mode: its gated calls are recorded, not run."""
