@@ -46,8 +46,25 @@ async def test_each_message_takes_the_route_the_supervisor_chose():
     visible = [m.text for m in state.messages if m.role == "assistant" and not m.scratch]
     assert visible == replies  # the supervisor's decisions stayed in its scratch
     # ... and, once their turn is over, are kept in the history for people (never models).
-    kept = [m.text for m in state.messages if m.scratch and m.role == "assistant"]
-    assert kept == ['{"route": "simple", "reason": "a policy question", "hints": {}}']
+    # Each in its turn: after the person's message, before the reply.
+    kept = [(m.agent, m.text) for m in state.messages if m.scratch and m.role == "assistant"]
+    assert kept == [
+        ("supervisor", '{"route": "simple", "reason": "a policy question", "hints": {}}'),
+        ("supervisor", '{"route": "search", "reason": "an order must be looked up", "hints": {}}'),
+        ("executor", ""),  # its lookup
+        ("executor", "Order A1042 (€84.00): delivered on 18 November 2026."),
+    ]
+    assert [(m.role, m.scratch) for m in state.messages] == [
+        ("user", False),
+        ("assistant", True),
+        ("assistant", False),
+        ("user", False),
+        ("assistant", True),
+        ("assistant", True),
+        ("assistant", True),
+        ("user", False),  # the executor's handoff
+        ("assistant", False),
+    ]
 
 
 async def test_the_refund_looks_up_in_parallel_then_suspends_on_the_card():
@@ -111,9 +128,21 @@ async def test_the_refund_runs_as_decided_when_the_turn_resumes(
     assert [r["amount"] for r in scenario.desk.refunds] == refunds
     # The decided call was not re-decided: the executor's note, then the responder's reply.
     assert len(scenario.model.calls) == calls_before + 2
-    messages = run.result.state.messages
+    messages = [m for m in run.result.state.messages if not m.scratch]  # the conversation
     assert [m.role for m in messages] == ["user", "user", "assistant"]  # handoff, reply
     assert messages[1].parts[0].synthetic
+    # The turn's scratch is kept in the history where it happened, once the turn is over.
+    history = run.result.state.messages
+    assert [(m.agent or m.role, m.scratch) for m in history] == [
+        ("user", False),
+        ("supervisor", True),
+        ("user", True),  # the supervisor's note for the executor
+        ("executor", True),  # its lookups
+        ("executor", True),  # the refund it proposed
+        ("executor", True),  # its note
+        ("user", False),  # the handoff
+        ("responder", False),
+    ]
 
 
 def context(desk: Desk) -> ToolContext[Desk]:

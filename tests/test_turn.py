@@ -25,8 +25,9 @@ from handrail import (
     build_runtime,
     tool,
 )
+from handrail.messages import MESSAGES, Message, TextPart
 from handrail.models import ModelRequest
-from handrail.store import MemoryStore
+from handrail.store import MemoryStore, SessionRecord
 from handrail.testing import FunctionModel, ScriptedModel, call, sequential_ids
 
 
@@ -99,14 +100,19 @@ async def test_the_supervisor_routes_the_turn_and_its_messages_stay_out_of_the_c
     assert state.route == RouteChoice(  # recorded with the session until the next turn
         route="search", reason="needs a lookup", hints={"executor": "check A1 first"}
     )
-    assert state.scratch["supervisor"][-1].text == decision(
-        "search", reason="needs a lookup", hints={"executor": "check A1 first"}
-    )
-    texts = [m.text for m in state.messages]
-    assert texts[0] == "Where is A1?"
-    assert texts[1] == "Note from the supervisor: check A1 first"  # the executor's handoff
-    assert state.messages[1].parts[0].synthetic  # type: ignore[union-attr]
-    assert all("route" not in t for t in texts)  # the decision is not part of the conversation
+    assert not state.scratch  # the turn is over: its scratch is in the history, in its place
+    supervised = decision("search", reason="needs a lookup", hints={"executor": "check A1 first"})
+    assert [(m.role, m.agent, m.scratch, m.text) for m in state.messages] == [
+        ("user", None, False, "Where is A1?"),
+        ("assistant", "supervisor", True, supervised),  # kept for people, never for a model
+        ("user", None, False, "Note from the supervisor: check A1 first"),  # the handoff
+        ("assistant", "executor", False, ""),  # its lookup
+        ("assistant", "executor", False, "A1 was delivered."),
+        ("assistant", "responder", False, "Your order A1 was delivered yesterday."),
+    ]
+    assert state.messages[2].parts[0].synthetic  # type: ignore[union-attr]
+    conversation = [m.text for m in state.messages if not m.scratch]
+    assert all("route" not in t for t in conversation)  # the decision is not part of it
 
 
 async def test_the_supervisor_sees_the_routes_it_may_name():
@@ -177,7 +183,16 @@ async def test_a_scratch_agent_hands_its_answer_to_the_next_and_keeps_its_messag
     assert events[-1].output == "All done."
     assert seen[0] == ["Sort out A1", "planner handed over: 1. look up 2. answer"]
     state = await engine.session("s1")
-    assert "1. look up 2. answer" not in [m.text for m in state.messages]
+    assert "1. look up 2. answer" not in [m.text for m in state.messages if not m.scratch]
+    # Kept for people, in its place: after the supervisor's decision, before the handoff.
+    assert [(m.text, m.scratch) for m in state.messages] == [
+        ("Sort out A1", False),
+        (decision("multi_step"), True),
+        ("1. look up 2. answer", True),
+        ("planner handed over: 1. look up 2. answer", False),
+        ("Done as planned.", False),
+        ("All done.", False),
+    ]
 
 
 async def test_a_scratch_agent_last_in_its_route_publishes_its_answer():
@@ -203,6 +218,190 @@ async def test_a_turn_suspended_in_a_routed_pipeline_resumes_in_its_agent():
     resumed = await events_of(engine.resume("s1"))
     assert [e.agent for e in resumed if e.type == "agent-started"] == ["executor", "responder"]
     assert resumed[-1].output == "Your refund is on its way."
+
+
+# -- the stored history: in the order things happened ----------------------------------------
+
+
+class CountingStore(MemoryStore):
+    """A memory store that remembers where each save started writing messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []
+
+    async def save(self, record: Any) -> Any:
+        self.writes.append(record.messages_from)
+        return await super().save(record)
+
+
+def routed_desk(answer: Any, **runtime: Any) -> tuple[Engine, CountingStore]:
+    """supervisor -> worker (scratch, looks up, may refund) -> writer, on a counting store."""
+    domain = Domain(
+        agents=[Agent("worker", tools=[lookup, refund], scratch=True), Agent("writer")],
+        routes={"simple": ["writer"], "search": ["worker", "writer"]},
+        supervisor=Agent("supervisor", output_type=RouteDecision),
+    )
+    store = CountingStore()
+    model = FunctionModel(answer)
+    return Engine(
+        domain, store=store, runtime=Runtime(model=model, ids=sequential_ids(), **runtime)
+    ), store
+
+
+def routed(request: ModelRequest, *, refund_it: bool = False) -> Any:
+    last = request.messages[-1]
+    if request.agent == "supervisor":
+        return decision("search", reason="lookup", hints={"worker": "check A1"})
+    if request.agent == "worker":
+        if last.role == "user":
+            return call("orders.refund" if refund_it else "orders.lookup", order_id="A1")
+        return "A1 shipped."
+    return "Your order A1 shipped."
+
+
+def shown(message: Message) -> str:
+    """A message as a model is shown it (or as people read it), in one line."""
+    if message.tool_calls:
+        return f"{message.agent}: " + ", ".join(f"{p.name} {p.status}" for p in message.tool_calls)
+    return f"{message.agent or message.role}: {message.text}"
+
+
+async def test_what_each_model_is_shown_is_unchanged_by_where_the_scratch_is_kept():
+    # The requests below are those the engine made when a turn's scratch was appended after
+    # the next turn's start: keeping it in its place changes what people read, not models.
+    seen: list[tuple[str, list[str]]] = []
+
+    def answer(request: ModelRequest) -> Any:
+        seen.append((request.agent, [shown(m) for m in request.messages]))
+        return routed(request)
+
+    engine, _ = routed_desk(answer)
+    for text in ["where is A1?", "and now?"]:
+        await events_of(engine.submit("s1", text))
+    first = ["user: where is A1?", "user: worker handed over: A1 shipped."]
+    answered = [*first, "writer: Your order A1 shipped.", "user: and now?"]
+    assert seen == [
+        ("supervisor", ["user: where is A1?"]),
+        ("worker", ["user: where is A1?", "user: Note from the supervisor: check A1"]),
+        (
+            "worker",
+            [
+                "user: where is A1?",
+                "user: Note from the supervisor: check A1",
+                "worker: orders.lookup completed",
+            ],
+        ),
+        ("writer", first),
+        ("supervisor", answered),
+        ("worker", [*answered, "user: Note from the supervisor: check A1"]),
+        (
+            "worker",
+            [
+                *answered,
+                "user: Note from the supervisor: check A1",
+                "worker: orders.lookup completed",
+            ],
+        ),
+        ("writer", [*answered, "user: worker handed over: A1 shipped."]),
+    ]
+
+
+async def test_a_turns_stored_history_reads_in_the_order_things_happened():
+    engine, store = routed_desk(routed)
+    turn = [
+        ("user: where is A1?", False),
+        (
+            'supervisor: {"route": "search", "reason": "lookup", "hints": {"worker": "check A1"}}',
+            True,
+        ),
+        ("user: Note from the supervisor: check A1", True),  # the worker's handoff
+        ("worker: orders.lookup completed", True),
+        ("worker: A1 shipped.", True),
+        ("user: worker handed over: A1 shipped.", False),  # the writer's handoff
+        ("writer: Your order A1 shipped.", False),
+    ]
+    await events_of(engine.submit("s1", "where is A1?"))
+    store.writes.clear()
+    await events_of(engine.submit("s1", "where is A1?"))
+    history = MESSAGES.validate_python([m for _, m in await store.messages("s1")])
+    assert [(shown(m), m.scratch) for m in history] == turn + turn
+    assert store.writes and min(store.writes) == len(turn)  # the first turn's rows stay put
+    state = await engine.session("s1")
+    assert not state.scratch and not state.scratch_at  # nothing waits for the next turn
+
+
+async def test_a_suspended_turn_keeps_its_scratch_until_it_ends():
+    engine, store = routed_desk(lambda request: routed(request, refund_it=True))
+    events = await events_of(engine.submit("s1", "refund A1"))
+    assert events[-1].type == "run-suspended"
+    state = await engine.session("s1")
+    assert list(state.scratch) == ["supervisor", "worker"]  # the worker resumes with its own
+    assert [shown(m) for m in state.messages] == ["user: refund A1"]
+    await engine.resolve("s1", events[-1].pending[0], Approve())
+    resumed = await events_of(engine.resume("s1"))
+    assert resumed[-1].output == "Your order A1 shipped."
+    history = MESSAGES.validate_python([m for _, m in await store.messages("s1")])
+    assert [(shown(m), m.scratch) for m in history] == [
+        ("user: refund A1", False),
+        (
+            'supervisor: {"route": "search", "reason": "lookup", "hints": {"worker": "check A1"}}',
+            True,
+        ),
+        ("user: Note from the supervisor: check A1", True),
+        ("worker: orders.refund completed", True),
+        ("worker: A1 shipped.", True),
+        ("user: worker handed over: A1 shipped.", False),
+        ("writer: Your order A1 shipped.", False),
+    ]
+
+
+async def test_a_scratch_agent_cut_short_keeps_its_work_before_the_message_that_says_so():
+    engine, store = routed_desk(routed, max_turn_iterations=2)
+    events = await events_of(engine.submit("s1", "where is A1?"))
+    assert events[-1].type == "run-failed" and events[-1].reason == "max-iterations"
+    history = MESSAGES.validate_python([m for _, m in await store.messages("s1")])
+    assert [(shown(m), m.scratch) for m in history][2:] == [
+        ("user: Note from the supervisor: check A1", True),
+        ("worker: orders.lookup completed", True),
+        (
+            "worker: I stopped before finishing: this turn reached its limit of 2 model calls.",
+            False,
+        ),
+    ]
+
+
+async def test_a_scratch_stored_to_wait_for_the_next_turn_is_still_kept():
+    # A session saved before a turn's scratch moved when it ended: it waits in `scratch`.
+    state = RunState(session_id="s1", turn=1)
+    state.messages = [
+        Message(id="u1", role="user", parts=[TextPart(text="hello")]),
+        Message(id="a1", role="assistant", agent="solo", parts=[TextPart(text="Hi there.")]),
+    ]
+    note = Message(id="n1", role="assistant", agent="solo", parts=[TextPart(text="a note")])
+    state.scratch = {"solo": [note, state.messages[1]]}  # its answer, published too
+    store = MemoryStore()
+    record = SessionRecord(
+        id="s1",
+        status="completed",
+        data=state.dump(messages=False),
+        messages=state.dump_messages(),
+    )
+    await store.save(record)
+    engine = Engine(
+        Domain(agents=[Agent("solo", scratch=True)]),
+        store=store,
+        runtime=Runtime(model=ScriptedModel(["Bye."]), ids=sequential_ids()),
+    )
+    await events_of(engine.submit("s1", "bye"))
+    history = MESSAGES.validate_python([m for _, m in await store.messages("s1")])
+    assert [(shown(m), m.scratch) for m in history] == [
+        ("user: hello", False),
+        ("solo: Hi there.", False),
+        ("solo: a note", True),  # where the next turn's start put it, as before: not lost
+        ("user: bye", False),
+        ("solo: Bye.", False),  # this turn's answer, once (published, not scratch)
+    ]
 
 
 # -- caps -----------------------------------------------------------------------------------

@@ -250,7 +250,10 @@ async def _agent_loop(
     if progress is None or progress.agent != name:
         progress = state.progress = Progress(agent=name)
     shared = state.messages
-    history = state.scratch.setdefault(name, []) if agent.scratch else shared
+    history = shared
+    if agent.scratch:
+        history = state.scratch.setdefault(name, [])
+        state.start_scratch(name)  # where its scratch goes in the history when the turn ends
     turn_cap = runtime.max_turn_iterations
     tool_choice: Literal["auto", "none"] = "auto"
     insist = False  # the model called tools although asked not to: ask again without them

@@ -304,6 +304,8 @@ def _start(
         notes.append(f"{agents[step - 1].name} handed over: {output}")
     if state.route is not None and (hint := state.route.hints.get(agent.name)):
         notes.append(f"Note from the supervisor: {hint}")
+    if agent.scratch:  # its scratch goes here in the history when the turn ends
+        state.start_scratch(agent.name)
     if notes:
         history = state.scratch.setdefault(agent.name, []) if agent.scratch else state.messages
         text = "\n\n".join(notes)
@@ -369,6 +371,7 @@ async def _choose(
     problem = ""
     inner = _agent_run(supervisor, state, runtime, resolve, None, interrupt, trace, False)
     state.scratch.pop(supervisor.name, None)  # a decision cut off by a crash starts over
+    state.scratch_at.pop(supervisor.name, None)
     try:
         async for event in inner:
             if isinstance(event, AgentCompleted):

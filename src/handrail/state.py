@@ -12,13 +12,14 @@ Schema versions:
        compaction summary, the capture counter, the suspended turn's span (`progress.trace`).
     2: the messages may be stored apart (no `messages` key: they are given to `load`, from
        position `base` on); `turn_start` says where the turn in progress began. A version 1
-       state loads as version 2, its messages all to be written again.
+       state loads as version 2, its messages all to be written again. Later (still 2: the
+       key is optional) `scratch_at`, where each agent's scratch goes when the turn ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, NotRequired
 
@@ -143,8 +144,14 @@ class RunState:
     scratch: dict[str, list[Message]] = field(default_factory=dict)
     """Agent name -> the messages of this turn that agent keeps out of the conversation
     (`Agent(scratch=True)`, the supervisor): what it saw besides the conversation, what it
-    called, what it said before its answer. When the next turn starts they move to the end
-    of `messages`, marked `Message.scratch` (a model never sees them)."""
+    called, what it said before its answer. When the turn ends (not when it suspends) they
+    move into `messages` where the agent started its work (`scratch_at`), marked
+    `Message.scratch`, so the history reads in the order things happened; a model never
+    sees them."""
+    scratch_at: dict[str, int] = field(default_factory=dict)
+    """Agent name -> the position in the history where its scratch goes when the turn ends:
+    where the conversation stood when the agent started. An agent that runs twice in a turn
+    keeps its first place (its scratch is one list)."""
     route: RouteChoice | None = None
     """The route this turn took, and why (the supervisor's decision, or the fallback)."""
     summary: Summary | None = None
@@ -183,15 +190,11 @@ class RunState:
     def new_turn(self) -> None:
         """Start a user turn: clear what is turn-scoped; its messages start at the end.
 
-        The last turn's scratch messages move to the history, marked `scratch` (people see
-        them; models never do), so what its agents did stays on record.
+        A scratch still held from a turn stored before scratch moved when its turn ended goes
+        to the history first (see `end_turn`), so nothing is lost.
         """
         self.turn += 1
-        for messages in self.scratch.values():
-            for message in messages:
-                message.scratch = True
-                self.messages.append(message)
-        self.scratch.clear()
+        self.keep_scratch()
         self.turn_start = self.base + len(self.messages)
         self.turn_iterations = 0
         self.approvals = 0
@@ -214,13 +217,54 @@ class RunState:
         raise KeyError(message_id)
 
     def end_turn(self) -> None:
-        """End a turn: drop what was only for it (this turn's outputs, its dedup).
+        """End a turn: file its scratch; drop what was only for it (its outputs, its dedup).
 
         A suspended turn keeps them until it ends.
         """
+        self.keep_scratch()
         self.progress = None
         self.turn_calls.clear()
         self.context.new_turn()
+
+    def start_scratch(self, agent: str) -> None:
+        """Note that `agent` starts work in scratch now: its scratch goes here in the history.
+
+        An agent already noted this turn keeps its place.
+        """
+        self.scratch_at.setdefault(agent, self.base + len(self.messages))
+
+    def keep_scratch(self) -> None:
+        """Move the turn's scratch into the history, each agent's where it started its work.
+
+        The messages are marked `Message.scratch` (people see them; models never do), so the
+        history reads in the order things happened: the person's message, the supervisor's
+        scratch, each agent of the route in turn (a scratch agent's messages, the next one's
+        handoff and messages, ...), the answer. They go at or after the turn's start, so a
+        save writes them with the turn's other messages and older rows never change. A
+        message also published (a scratch agent's answer, last in its route) stays where it
+        was published. A scratch with no place (stored before places were kept) goes last.
+        """
+        if not self.scratch:
+            self.scratch_at.clear()
+            return
+        end = self.base + len(self.messages)
+        start = max(self.base, min(self.turn_start, end))
+        published = {m.id for m in self.messages[start - self.base :]}
+        moves = sorted(
+            (
+                (max(start, min(self.scratch_at.get(agent, end), end)), order, messages)
+                for order, (agent, messages) in enumerate(self.scratch.items())
+            ),
+            key=lambda move: (move[0], move[1]),
+        )
+        for position, _, messages in reversed(moves):  # later places first: earlier stay put
+            # Marked copies: a message a model was given stays as it was given.
+            kept = [replace(m, scratch=True) for m in messages if m.id not in published]
+            index = position - self.base
+            self.messages[index:index] = kept
+            self.clean = min(self.clean, position)
+        self.scratch.clear()
+        self.scratch_at.clear()
 
     @property
     def suspended(self) -> bool:
@@ -317,6 +361,8 @@ class RunState:
             doc["messages"] = self.messages
         if self.captures:
             doc["captures"] = self.captures
+        if self.scratch_at:
+            doc["scratch_at"] = self.scratch_at
         return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
 
     @classmethod
@@ -392,6 +438,7 @@ class RunState:
             tool_cache={k: (t, r) for k, t, r in doc["tool_cache"]},
             progress=doc["progress"],
             scratch=doc.get("scratch", {}),
+            scratch_at=doc.get("scratch_at", {}),
             route=doc.get("route"),
             domain_state=doc.get("domain_state"),
             summary=doc.get("summary"),
@@ -449,6 +496,7 @@ class _Doc(TypedDict):
     tool_cache: list[tuple[str, float, ToolResult]]
     progress: Progress | None
     scratch: NotRequired[dict[str, list[Message]]]
+    scratch_at: NotRequired[dict[str, int]]
     route: NotRequired[RouteChoice | None]
     domain_state: NotRequired[Any]
     summary: NotRequired[Summary | None]
