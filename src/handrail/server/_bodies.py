@@ -209,8 +209,10 @@ class SessionBody(SessionSummaryBody):
     pending: list[ApprovalCardPart] = Field(description="The cards waiting for a decision.")
     scratch: dict[str, list[Message]] = Field(
         default_factory=dict,
-        description="This turn's messages kept out of the conversation, by agent (the "
-        "supervisor's, and those of agents with `scratch=True`): their tool calls and notes.",
+        description="The turn in progress's messages kept out of the conversation, by agent "
+        "(the supervisor's, and those of agents with `scratch=True`): their tool calls and "
+        "notes. When the turn ends they move into `messages`, marked `scratch`, in the order "
+        "things happened; a suspended turn keeps them here until it ends.",
     )
 
 

@@ -506,7 +506,7 @@ const EARLIER = 50;
 
 const opensTurn = (m) => m.role === "user" && !m.parts.every((p) => p.type === "text" && p.synthetic);
 
-/** Draw a session as the store has it: its latest messages, this turn's scratch, its cards. */
+/** Draw a session as the store has it: its latest messages, a waiting turn's scratch, its cards. */
 function renderSession(session) {
   // The session holds what a turn reads (all of it, or what follows a compaction summary):
   // its latest messages are drawn, and the whole history is there a page at a time.
@@ -542,22 +542,11 @@ function drawHistory(session) {
   messages.forEach((m, i) => {
     if (opensTurn(m)) last = i;
   });
-  // An earlier turn: the person's message, what its agents did out of the conversation
-  // (kept as `scratch` once the turn is over), then the answer.
-  let turn = [];
-  const flush = () => {
-    turn.filter((m) => m.scratch).forEach((m) => renderMessage(m));
-    turn.filter((m) => !m.scratch).forEach((m) => renderMessage(m));
-    turn = [];
-  };
-  for (const m of messages.slice(0, Math.max(last, 0))) {
-    if (opensTurn(m)) {
-      flush();
-      renderMessage(m);
-    } else turn.push(m);
-  }
-  flush();
-  // The latest turn: its scratch is still the session's.
+  // The history is in the order things happened: a turn's scratch (what its agents did out
+  // of the conversation, marked `scratch`) sits between the person's message and the answer.
+  for (const m of messages.slice(0, Math.max(last, 0))) renderMessage(m);
+  // The latest turn: while it waits (suspended), its scratch is still the session's, and its
+  // scratch agents worked before the agents that publish.
   if (last >= 0) renderMessage(messages[last]);
   for (const [agent, scratch] of Object.entries(session.scratch || {})) {
     for (const m of scratch) if (m.role !== "user") renderMessage(m, agent);
