@@ -220,6 +220,32 @@ async def test_a_turn_suspended_in_a_routed_pipeline_resumes_in_its_agent():
     assert resumed[-1].output == "Your refund is on its way."
 
 
+async def test_an_agent_twice_in_a_route_resumes_at_the_step_it_stopped_at():
+    # executor -> responder -> executor: the second executor suspends on the refund, and the
+    # resumption goes on from there (not from the executor's first place in the route).
+    domain = desk(routes={"simple": ["responder"], "review": ["executor", "responder", "executor"]})
+    engine = engine_for(
+        [
+            "Looked: A1 is damaged.",
+            "A refund is due.",
+            [call("orders.refund", order_id="A1")],
+            "Refunded A1.",
+        ],
+        domain,
+    )
+    events = await events_of(engine.submit("s1", "Review A1", route="review"))
+    assert [e.agent for e in events if e.type == "agent-started"] == [
+        "executor",
+        "responder",
+        "executor",
+    ]
+    assert events[-1].type == "run-suspended"
+    await engine.resolve("s1", events[-1].pending[0], Approve())
+    resumed = await events_of(engine.resume("s1"))
+    assert [e.agent for e in resumed if e.type == "agent-started"] == ["executor"]
+    assert resumed[-1].type == "run-completed" and resumed[-1].output == "Refunded A1."
+
+
 # -- the stored history: in the order things happened ----------------------------------------
 
 

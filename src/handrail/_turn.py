@@ -244,8 +244,12 @@ async def _steps(
                 agents = list(route.routes[state.route.route])
         names = [a.name for a in agents]
         first_step = 0
-        if resumed and state.progress is not None and state.progress.agent in names:
-            first_step = names.index(state.progress.agent)
+        progress = state.progress
+        if resumed and progress is not None and progress.agent in names:
+            # The step it stopped at: an agent may stand twice in a route.
+            at = progress.step
+            fits = progress.route == names and 0 <= at < len(names) and names[at] == progress.agent
+            first_step = at if fits else names.index(progress.agent)
         else:
             _start(state, agents, 0, None, runtime)
         for step in range(first_step, len(agents)):
