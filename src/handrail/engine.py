@@ -8,7 +8,8 @@ call to decide the decided calls again; `expire_due` sweeps deadlines; `interrup
 running turn from another task.
 
 A session belongs to the org and user that created it: any other caller gets
-`SessionNotFoundError`, exactly as if it did not exist.
+`SessionNotFoundError`, exactly as if it did not exist. The inbox (`pending`, `decidable`:
+the calls waiting for a decider, across sessions) lives in `handrail.inbox`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from .exceptions import (
     StoreError,
     UserError,
 )
-from .messages import ApprovalCardPart, CardApproval, CardKind, ToolCallPart
+from .inbox import Inbox, PendingCard, PendingPage, deciding_tools
+from .messages import ApprovalCardPart, CardKind, ToolCallPart
 from .models import Model
 from .models._infer import as_model
 from .policy import Decider
@@ -64,7 +66,6 @@ from .suspension import (
     approved_plan,
     args_digest,
     card_event,
-    decidable,
     decide,
     expire,
 )
@@ -98,49 +99,6 @@ class Resolution:
     def ready(self) -> bool:
         """Whether nothing is pending any more: the turn can `resume`."""
         return not self.pending
-
-
-@dataclass(kw_only=True, slots=True)
-class PendingCard:
-    """A call waiting for a decision, as an inbox lists it (`Engine.pending`)."""
-
-    session_id: str
-    """The session that waits."""
-    tool_call_id: str
-    """The call (decide it with `Engine.resolve(session_id, tool_call_id, ...)`)."""
-    tool: str
-    """The tool's name (a batch card's is the capture's)."""
-    kind: CardKind
-    """What is asked: approval, batch, elicitation, client_exec, recovery."""
-    prompt: str | None
-    """What to ask the decider."""
-    args: dict[str, Any]
-    """The arguments as proposed (a batch card's: its actions)."""
-    amendable: list[str]
-    """The arguments the decider may change."""
-    created_at: float | None
-    """When the card was raised (seconds since the epoch)."""
-    expires_at: float | None
-    """When it stops accepting a decision, if ever."""
-    requester: str | None
-    """The user whose session waits (who asked for the call)."""
-    approvals: list[CardApproval]
-    """The approvals given so far, for a call whose policy needs several."""
-
-
-@dataclass(kw_only=True, slots=True)
-class PendingPage:
-    """A page of an inbox: the cards, and where the next page starts."""
-
-    cards: list[PendingCard]
-    """Oldest-updated sessions last; a session's cards in the order they were raised."""
-    next: str | None
-    """The cursor of the next page (pass it as `cursor=`), or None: there is nothing more."""
-
-
-_INBOX_SCAN = 1_000
-"""Sessions `Engine.pending` reads at most for one page (a page may then be short, with a
-`next` cursor to go on from)."""
 
 
 class Engine:
@@ -768,7 +726,7 @@ class Engine:
                 else:
                     record, state = await self._load(session_id, decider.org_id, any_user=True)
                 now = self.runtime.clock()
-                tools = self._deciding_tools(state)
+                tools = deciding_tools(self.domain, state)
                 cards = [
                     (
                         decide(
@@ -803,15 +761,23 @@ class Engine:
                 await self.store.notify(session_id)  # a worker waiting on the store may resume
             return resolution
 
+    @property
+    def inbox(self) -> Inbox:
+        """The inbox over this engine's store: the calls waiting for a decider (`Inbox`).
+
+        `pending` and `decidable` are its own; `inbox.sessions` lists the sessions that
+        hold such calls, and `inbox.waiting` reads them one at a time.
+        """
+        return Inbox(self.store, self.domain, load=self.session, clock=self.runtime.clock)
+
     def decidable(self, state: RunState, decider: Decider) -> list[str]:
         """The pending calls of `state` that `decider` may decide (`handrail.policy`).
 
         What a server shows an approver: a session of their organisation is theirs to read
-        while it waits for a decision they may make.
+        while it waits for a decision they may make. The rule `resolve` checks; see
+        `Inbox.decidable`.
         """
-        if decider.org_id is not None and decider.org_id != state.org_id:
-            return []
-        return decidable(state, self._deciding_tools(state), decider, self.domain.policies)
+        return self.inbox.decidable(state, decider)
 
     async def pending(
         self,
@@ -828,10 +794,9 @@ class Engine:
     ) -> PendingPage:
         """An inbox: the cards of `org_id`'s sessions that `decider` may decide.
 
-        The decider's own sessions count too (a card without a policy is its requester's to
-        decide). What `decider` may decide is `Engine.decidable`'s rule, the one `resolve`
-        checks. Sessions are read most recently updated first, and a page is filled from as
-        many as it takes (at most 1,000 a page: past that, a short page with a `next`).
+        The decider's own sessions count too. Sessions are read most recently updated first,
+        and a page of `limit` cards is filled from as many as it takes (at most 1,000 a page);
+        its `next` is the `cursor=` of the next page (see `Inbox.pending`).
 
         Args:
             org_id: the organisation (the decider's, when it has one). None reads every
@@ -849,103 +814,17 @@ class Engine:
             UserError: `limit` is below 1, the cursor is not one `pending` gave, or the
                 decider belongs to another organisation.
         """
-        if limit < 1:
-            raise UserError(f"pending: limit must be 1 or more, not {limit}.")
-        if decider.org_id is not None and decider.org_id != org_id:
-            raise UserError(
-                f"pending: the decider belongs to organisation {decider.org_id!r}, not "
-                f"{org_id!r}; list the decider's own organisation."
-            )
-        offset, skip = _cursor(cursor)
-        now = self.runtime.clock()
-        cards: list[PendingCard] = []
-        scanned = 0
-        while len(cards) < limit and scanned < _INBOX_SCAN:
-            if session_id is not None:
-                found = await self.store.summary(session_id)
-                ok = found is not None and found.org_id == org_id and offset == 0
-                page = [found] if ok and found is not None else []
-            else:
-                page = await self.store.list(
-                    org_id=org_id, status="suspended", limit=100, offset=offset
-                )
-            if not page:
-                return PendingPage(cards=cards, next=None)
-            for summary in page:
-                scanned += 1
-                try:
-                    state = await self.session(
-                        summary.id, org_id=summary.org_id, user_id=summary.user_id
-                    )
-                except (SessionNotFoundError, SessionCorruptError):
-                    state = None  # deleted in between, or for a person to look at
-                matching = (
-                    []
-                    if state is None
-                    else self._inbox_cards(
-                        summary.id, state, decider, now, tool, kind, older_than, newer_than
-                    )
-                )
-                room = limit - len(cards)
-                taken = matching[skip : skip + room]
-                cards.extend(taken)
-                if skip + len(taken) < len(matching):  # the page is full within this session
-                    return PendingPage(cards=cards, next=f"{offset}.{skip + len(taken)}")
-                offset, skip = offset + 1, 0
-                if len(cards) >= limit or scanned >= _INBOX_SCAN:
-                    break
-            if session_id is not None:
-                return PendingPage(cards=cards, next=None)
-        return PendingPage(cards=cards, next=f"{offset}.0")
-
-    def _inbox_cards(
-        self,
-        summary_id: str,
-        state: RunState,
-        decider: Decider,
-        now: float,
-        tool: str | None,
-        kind: CardKind | None,
-        older_than: float | None,
-        newer_than: float | None,
-    ) -> list[PendingCard]:
-        """The cards of `state` that `decider` may decide and that pass the filters."""
-        cards: list[PendingCard] = []
-        for call_id in self.decidable(state, decider):
-            card = state.pending[call_id]
-            if (tool is not None and card.tool_name != tool) or (
-                kind is not None and card.kind != kind
-            ):
-                continue
-            raised = card.created_at
-            if older_than is not None and (raised is None or raised > now - older_than):
-                continue
-            if newer_than is not None and (raised is None or raised <= now - newer_than):
-                continue
-            cards.append(
-                PendingCard(
-                    session_id=summary_id,
-                    tool_call_id=call_id,
-                    tool=card.tool_name,
-                    kind=card.kind,
-                    prompt=card.prompt,
-                    args=card.args,
-                    amendable=list(card.amendable),
-                    created_at=card.created_at,
-                    expires_at=card.expires_at,
-                    requester=state.user_id,
-                    approvals=list(card.approvals or ()),
-                )
-            )
-        return cards
-
-    def _deciding_tools(self, state: RunState) -> Mapping[str, Tool[Any]]:
-        """The tools a decision on `state` is checked against: the suspended agent's."""
-        if any(c.kind == "batch" for c in state.pending.values()):
-            return self._tools()
-        progress = state.progress
-        agent = self.domain.by_name.get(progress.agent) if progress else None
-        return agent.tools if agent is not None else {}
+        return await self.inbox.pending(
+            org_id,
+            decider,
+            tool=tool,
+            kind=kind,
+            older_than=older_than,
+            newer_than=newer_than,
+            session_id=session_id,
+            limit=limit,
+            cursor=cursor,
+        )
 
     @staticmethod
     def _decision_entries(
@@ -1301,15 +1180,3 @@ def _report_text(report: ApplyReport) -> str:
             f"{len(report.not_run)} did not run"
         )
     return text + "."
-
-
-def _cursor(cursor: str | None) -> tuple[int, int]:
-    """(sessions to skip, cards of the next session to skip) from a `PendingPage.next`."""
-    if cursor is None:
-        return 0, 0
-    offset, _, skip = cursor.partition(".")
-    if not (offset.isdigit() and skip.isdigit()) or len(cursor) > 40:
-        raise UserError(
-            f"pending: {cursor[:60]!r} is not a cursor; pass the `next` of a page, or none."
-        )
-    return int(offset), int(skip)

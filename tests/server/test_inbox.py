@@ -224,9 +224,9 @@ async def test_the_library_inbox(api: Api) -> None:
 async def test_a_page_reads_a_bounded_number_of_sessions_and_says_where_to_go_on(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import handrail.engine
+    import handrail.inbox
 
-    monkeypatch.setattr(handrail.engine, "_INBOX_SCAN", 3)
+    monkeypatch.setattr(handrail.inbox, "_SCAN", 3)
     wipes = []
     for n in range(2):
         wipes.append(await api.ask(ANA, f"wipe L-{n}"))
@@ -255,3 +255,39 @@ async def test_a_card_lists_the_approvals_it_has_so_far(api: Api) -> None:
     assert approved.json()["resumed"] is False
     [card] = (await api.inbox(BO))["cards"]  # bo may still reject it
     assert [a["by"] for a in card["approvals"]] == ["bo"]
+
+
+async def test_the_sessions_to_decide_are_those_of_the_card_inbox_paged_as_stored(
+    api: Api,
+) -> None:
+    ana_wipe = await api.ask(ANA, "wipe L-1")
+    api.now[0] += 1
+    al_wipe = await api.ask(AL, "wipe L-2")
+    api.now[0] += 1
+    await api.ask(ANA, "mail x@acme")  # ana's to decide, not bo's
+    api.now[0] += 1
+    bo_wipe = await api.ask(BO, "wipe L-3")  # his own: he may withdraw it
+
+    async def to_decide(**query: Any) -> list[str]:
+        params = {"to_decide": "true", **query}
+        response = await api.client.get("/sessions", params=params, headers=BO)
+        assert response.status_code == 200, response.text
+        return [s["id"] for s in response.json()["sessions"]]
+
+    # others' sessions only (his own are in his own list), most recently updated first
+    assert await to_decide() == [al_wipe, ana_wipe]
+    # limit and offset page the organisation's suspended sessions: a page may be short
+    assert await to_decide(limit=2) == []  # bo's own and ana's mail
+    assert await to_decide(limit=2, offset=2) == [al_wipe, ana_wipe]
+    # the library's: the same reading, his own sessions counted unless own=False
+    inbox = api.engine.inbox
+    mine = [s.id for s in await inbox.sessions("acme", BO_DECIDES)]
+    assert mine == [bo_wipe, al_wipe, ana_wipe]
+    others = await inbox.sessions("acme", BO_DECIDES, own=False)
+    assert [s.id for s in others] == [al_wipe, ana_wipe]
+    cards = (await api.engine.pending("acme", BO_DECIDES)).cards
+    assert [c.session_id for c in cards] == mine
+    with pytest.raises(UserError, match="sessions: the decider belongs to organisation 'acme'"):
+        await inbox.sessions("globex", BO_DECIDES)
+    with pytest.raises(UserError, match="sessions: limit must be 1 or more"):
+        await inbox.sessions("acme", BO_DECIDES, limit=0)
