@@ -229,6 +229,54 @@ async def test_another_tenants_session_id_cannot_be_taken_over_by_a_new_turn():
     assert [m.text for m in state.messages] == ["hello", "Hi."]
 
 
+async def test_a_session_asked_for_without_its_scope_is_not_found_with_how_to_find_it():
+    from handrail import Approve, Decider
+
+    @tool(name="mail.send", permission="write")
+    def send(to: str) -> str:
+        """Send a mail."""
+        return f"sent to {to}"
+
+    engine = engine_for([[call("mail.send", to="x")], "Sent."], Agent("a", tools=[send]))
+    events = await events_of(engine.submit("s1", "mail x", org_id="acme", user_id="u1"))
+    (call_id,) = events[-1].pending
+    hint = (
+        "A session is found with the org_id= and user_id= it was created with: pass the same "
+        "ones to submit, resolve, resume and session."
+    )
+    attempts = {
+        "resolve": lambda: engine.resolve("s1", call_id, Approve()),
+        "resume": lambda: events_of(engine.resume("s1")),
+        "session": lambda: engine.session("s1"),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(SessionNotFoundError) as caught:
+            await attempt()
+        assert str(caught.value) == (
+            f"No session 's1' for this caller (org_id=None, user_id=None). {hint}"
+        ), name
+        assert caught.value.session_id == "s1"
+    # the same words for a session that is nobody's: they never say whether one exists
+    with pytest.raises(SessionNotFoundError) as caught:
+        await engine.session("nope", org_id="acme", user_id="u2")
+    assert str(caught.value) == (
+        f"No session 'nope' for this caller (org_id='acme', user_id='u2'). {hint}"
+    )
+    # a decider reaches its own organisation's sessions only
+    eve = Decider(user_id="eve", org_id="globex")
+    with pytest.raises(SessionNotFoundError) as caught:
+        await engine.resolve("s1", call_id, Approve(), decider=eve)
+    assert str(caught.value) == (
+        "No session 's1' in organisation 'globex' (the decider's). A decider= reaches the "
+        "sessions of its own organisation: check the session id and the decider's org_id."
+    )
+    # with the scope it was made with, it is found, and nothing was changed before
+    resolution = await engine.resolve("s1", call_id, Approve(), org_id="acme", user_id="u1")
+    assert resolution.ready
+    events = await events_of(engine.resume("s1", org_id="acme", user_id="u1"))
+    assert events[-1].output == "Sent."
+
+
 # -- history: a save writes what changed, a load reads what a turn needs ------------------
 
 

@@ -639,7 +639,7 @@ class Engine:
         """
         found = await self.store.summary(session_id)
         if found is None:
-            raise SessionNotFoundError(f"No session {session_id!r}.")
+            raise SessionNotFoundError(f"No session {session_id!r}.", session_id=session_id)
         return await self.advance(session_id, org_id=found.org_id, user_id=found.user_id)
 
     async def recover_stale(self) -> list[str]:
@@ -1008,10 +1008,10 @@ class Engine:
         scope = (record.org_id, None if any_user else record.user_id) if record else None
         if scope is not None and scope != (org_id, user_id):
             # Another tenant's session is, to this caller, no session; nor can it be made.
-            raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+            raise _not_found(session_id, org_id, user_id, any_user=any_user)
         if record is None:
             if not create:
-                raise SessionNotFoundError(f"No session {session_id!r} for this caller.")
+                raise _not_found(session_id, org_id, user_id, any_user=any_user)
             record = SessionRecord(id=session_id, org_id=org_id, user_id=user_id)
             state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
             state.domain_state = self.domain.new_state()
@@ -1077,6 +1077,29 @@ class Engine:
         record.version = saved.version
         state.mark_saved()
         return saved
+
+
+def _not_found(
+    session_id: str, org_id: str | None, user_id: str | None, *, any_user: bool
+) -> SessionNotFoundError:
+    """No such session in the caller's scope, and how a session is found.
+
+    The same words whether the session is someone else's or nobody's. (The server answers
+    its clients with its own, shorter ones: `server/_errors.py`.)
+    """
+    if any_user:
+        return SessionNotFoundError(
+            f"No session {session_id!r} in organisation {org_id!r} (the decider's). A "
+            f"decider= reaches the sessions of its own organisation: check the session id "
+            f"and the decider's org_id.",
+            session_id=session_id,
+        )
+    return SessionNotFoundError(
+        f"No session {session_id!r} for this caller (org_id={org_id!r}, user_id={user_id!r}). "
+        f"A session is found with the org_id= and user_id= it was created with: pass the "
+        f"same ones to submit, resolve, resume and session.",
+        session_id=session_id,
+    )
 
 
 def _decode(record: SessionRecord) -> RunState:

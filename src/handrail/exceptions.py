@@ -195,7 +195,19 @@ class TurnCutOffError(UserError):
 
 
 class SessionNotFoundError(UserError):
-    """No session with this id belongs to the caller (another tenant's looks the same)."""
+    """No session with this id belongs to the caller (another tenant's looks the same).
+
+    The library's message names the scope it looked in and how a session is found (with the
+    `org_id=`/`user_id=` it was created with); the server's answer says only that its caller
+    has no such session, never whether another one has (`http_message` in `handrail.server`).
+
+    Attributes:
+        session_id: the session looked for, when known.
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
 
 
 class RunError(HandrailError):

@@ -553,6 +553,9 @@ async def test_another_tenants_session_is_not_found(
             "request_id": IsStr(),
         }
     }
+    # The library's message names the caller's scope and how a session is found; over HTTP
+    # a stranger's session and nobody's read the same, and say no more.
+    assert nobodys.json()["error"]["message"] == "No session 'nope' for this caller."
     assert len(await server.pending(session_id)) == 1  # nothing changed
 
 

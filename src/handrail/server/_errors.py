@@ -91,6 +91,11 @@ def http_message(exc: Exception, *, endpoints: bool = True) -> str:
         endpoints: name this API's endpoints (False for a chat protocol's client, which
             talks to its own endpoint only).
     """
+    if isinstance(exc, SessionNotFoundError):
+        # The library's message names the scope it looked in and how a session is found; a
+        # client learns only that its caller has no such session, never whether another has.
+        session = f"session {exc.session_id!r}" if exc.session_id is not None else "such session"
+        return f"No {session} for this caller."
     if isinstance(exc, TurnSuspendedError | TurnCutOffError):
         session = f"Session {exc.session_id!r}"
         events = f" (its events: GET /sessions/{exc.session_id}/events)" if endpoints else ""

@@ -250,7 +250,9 @@ class MemoryStore:
         """The session and its logs as one JSON document; see `SessionStore.export`."""
         record = await self.load(session_id)
         if record is None:
-            raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
+            raise SessionNotFoundError(
+                f"Cannot export session {session_id!r}: there is none.", session_id=session_id
+            )
         events = await self.events(session_id, limit=len(self._events.get(session_id, ())))
         history = await self.messages(session_id, limit=len(self._sessions[session_id].messages))
         return export_document(

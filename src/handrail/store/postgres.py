@@ -627,7 +627,9 @@ class PostgresStore:
             events = await self._read_events(connection, session_id, 0, None) if row else []
             history = await self._read_messages(connection, session_id, None, None) if row else []
         if row is None:
-            raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
+            raise SessionNotFoundError(
+                f"Cannot export session {session_id!r}: there is none.", session_id=session_id
+            )
         return export_document(record_from_row(row), log, events, [m for _, m in history])
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:

@@ -517,7 +517,9 @@ class SqliteStore:
 
         document = await self._call(export, session_id)
         if document is None:
-            raise SessionNotFoundError(f"Cannot export session {session_id!r}: there is none.")
+            raise SessionNotFoundError(
+                f"Cannot export session {session_id!r}: there is none.", session_id=session_id
+            )
         return document
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
