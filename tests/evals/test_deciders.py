@@ -129,7 +129,7 @@ def test_without_by_a_policy_gated_call_says_which_field_of_the_suite_names_the_
         (
             "run",
             "turn 2: decisions[0] (approve expenses.approve): expenses.approve has a decision "
-            "policy (roles: finance; four eyes), so the suite says who decides its calls: add "
+            "policy (roles: finance; four eyes), so the suite must name who decides its calls: add "
             "by: {user_id: ..., roles: [...]} to the decision (or the turn)",
         )
     ]

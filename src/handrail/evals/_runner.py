@@ -303,7 +303,11 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
 
 
 class _Undecidable(Exception):
-    """A decision turn that does not fit the calls that wait: nothing was decided."""
+    """A decision turn the scenario cannot go on from: the scenario stops there.
+
+    Its decisions do not fit the calls that wait (then nothing was decided), or one was
+    refused, or recorded, against the suite's expectation.
+    """
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -475,8 +479,8 @@ def _refused(engine: Engine, turn: Turn, choice: _Choice, exc: DecisionNotAllowe
         where = "to the turn" if turn.decide is not None else "to the decision (or the turn)"
         raise _Undecidable(
             f"{choice.label}: {exc.tool_name} has a decision policy"
-            f"{_policy_words(engine, exc.tool_name)}, so the suite says who decides its calls: "
-            f"add by: {{user_id: ..., roles: [...]}} {where}"
+            f"{_policy_words(engine, exc.tool_name)}, so the suite must name who decides its "
+            f"calls: add by: {{user_id: ..., roles: [...]}} {where}"
         )
     if not choice.refused:
         raise _Undecidable(

@@ -236,7 +236,8 @@ class DecisionSpec(_Strict):
     calls, in the order the model proposed them (0 is the first).
 
     `answer` answers an elicitation (a `human` tool), a tool's question (`AskPerson`) or a
-    `client` tool (its result, as the client would post it).
+    `client` tool (its result, as the client would post it). `by` names who decides, so the
+    call's `DecisionPolicy` is checked; `expect_refused` asserts that it refuses them.
     """
 
     approve: str | StrictInt | None = None
