@@ -11,7 +11,8 @@ them (never as a request body claims them). `check` is the one place the rules a
 API and the chat protocols all obey the same policy.
 
 Without a policy a call is decided by the person who requested it (the session's user), as
-before policies existed; a library call that names no decider is trusted.
+before policies existed. A library call that names no decider is trusted only where no policy
+applies; where one does, it is refused, since the policy has nobody to check.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,24 @@ def test_a_failing_assertion_exits_1_with_its_reason(tmp_path: Path) -> None:
     assert "0 passed, 1 failed" in result.stdout
     junit = (tmp_path / "j.xml").read_text()
     assert 'failures="1"' in junit and "text_contains: 'within 30 days'" in junit
+
+
+def test_off_a_terminal_the_table_is_as_wide_as_its_reasons(tmp_path: Path) -> None:
+    wanted = "a refund reaches your card within five to ten business days of our approval"
+    suite = write(tmp_path / "s.yaml", SIMPLE.replace("{wanted}", wanted))
+    result = runner.invoke(app, ["eval", str(suite)], env={"COLUMNS": None})
+    assert result.exit_code == 1
+    reason = f"text_contains: '{wanted}' not in the final text \"Yes, in full.\""
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("│ question")]
+    assert [cell.strip() for cell in row.split("│")[1:-1]][:3] == ["question", "FAIL", reason]
+    assert len(row) > 80  # a log's width, not an imagined 80-column terminal
+    # At a terminal (as rich detects one), the table fits the window and the reason wraps.
+    at_a_terminal = runner.invoke(
+        app, ["eval", str(suite)], env={"TTY_COMPATIBLE": "1", "COLUMNS": "60"}
+    )
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", at_a_terminal.stdout)
+    table = [line for line in plain.splitlines() if line[:1] in "┏┃┡│└"]
+    assert len(table) > 5 and max(len(line) for line in table) == 60
 
 
 def test_a_baseline_lists_regressions_improvements_new_and_missing(tmp_path: Path) -> None:

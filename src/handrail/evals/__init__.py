@@ -38,6 +38,7 @@ from ._result import Failure, ScenarioResult, SuiteResult
 from ._runner import run_suite
 from ._suite import (
     CapturedExpectation,
+    DeciderSpec,
     DecisionSpec,
     Expect,
     Judge,
@@ -59,6 +60,7 @@ __all__ = [
     "Call",
     "CapturedExpectation",
     "CountingModel",
+    "DeciderSpec",
     "DecisionSpec",
     "DocumentsResult",
     "DocumentsSuite",

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from ..exceptions import HandrailError
 from ._config import AgentConfig, load_config
+from ._console import show
 from ._documents_cli import documents_command
 from ._load import load_suite, suite_kind
 from ._report import BaselineDiff, diff_baseline, read_report, to_json, to_junit
@@ -85,10 +86,7 @@ def eval_command(
     except (HandrailError, OSError, typer.BadParameter) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
-    if configs:
-        out.print(_side_by_side(runs))
-    else:
-        out.print(_table(runs[0]))
+    show(out, _side_by_side(runs) if configs else _table(runs[0]))
     for run in runs:
         for scenario in run.failed:
             label = f"{scenario.name} [{run.config}]" if run.config else scenario.name

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from ..documents._metrics import Question
 from ..exceptions import HandrailError
+from ._console import show
 from ._documents import (
     DocumentsResult,
     DocumentsSuite,
@@ -57,7 +58,7 @@ def documents_command(
     except (HandrailError, OSError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
-    out.print(_table(result))
+    show(out, _table(result))
     for note in result.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)
     for check in result.failed:

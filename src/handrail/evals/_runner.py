@@ -30,9 +30,10 @@ from ..events import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from ..exceptions import InvalidDecisionError
+from ..exceptions import DecisionNotAllowedError, InvalidDecisionError, StaleResolutionError
 from ..messages import ApprovalCardPart, ToolCallPart
 from ..models import Model
+from ..policy import Decider, policy_for
 from ..runtime import Runtime, sequential_ids
 from ..store import MemoryStore
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject
@@ -43,7 +44,7 @@ from ._load import as_domain, check_suite, import_target
 from ._mocks import wrap_tools
 from ._models import CountingModel, Tally, build_model, close, unplayed
 from ._result import Failure, ScenarioResult, SuiteResult
-from ._suite import DecisionSpec, ModelSpec, Scenario, Suite, Turn
+from ._suite import DeciderSpec, DecisionSpec, ModelSpec, Scenario, Suite, Turn
 
 __all__ = ["run_suite"]
 
@@ -216,7 +217,9 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
     session = f"eval-{index}"
     suspended = False
     made: dict[str, Proposal] = {}  # answered calls: made once their answer settles them
+    amended: set[str] = set()  # calls an approval amended, while they wait for more approvals
     started: set[str] = set()
+    first = scenario.turns[0]
     for number, turn in enumerate(scenario.turns, 1):
         if suspended != turn.deciding:
             seen.error = (
@@ -227,14 +230,21 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                 else f"turn {number} decides, but nothing waits for a decision"
             )
             return
-        org_id, user_id = turn.org_id, turn.user_id
+        # The session's caller is the same on every turn: a turn that names none is theirs.
+        org_id = turn.org_id if turn.org_id is not None else first.org_id
+        user_id = turn.user_id if turn.user_id is not None else first.user_id
+        record = TurnRecord(text=turn.label)
         if turn.deciding:
             try:
-                await _decide(engine, session, turn, seen, made)
+                ready = await _decide(engine, session, turn, (org_id, user_id), seen, made, amended)
             except _Undecidable as exc:
                 seen.error = f"turn {number}: {exc}"
                 return
-        record = TurnRecord(text=turn.label)
+            if not ready:  # a call waits for another approval, or a refusal left it waiting
+                record.outcome = "suspended"
+                record.route = await _route(engine, session, None, org_id, user_id)
+                seen.turns.append(record)
+                continue
         seen.turns.append(record)
         if turn.text is not None and scenario.mode == "capture":
             headless = await engine.run_headless(
@@ -293,68 +303,235 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
 
 
 class _Undecidable(Exception):
-    """A decision turn that does not fit the calls that wait: nothing was decided."""
+    """A decision turn the scenario cannot go on from: the scenario stops there.
+
+    Its decisions do not fit the calls that wait (then nothing was decided), or one was
+    refused, or recorded, against the suite's expectation.
+    """
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Choice:
+    """One decision of a decision turn: the card it decides, how, and by whom."""
+
+    label: str
+    card: ApprovalCardPart
+    kind: str
+    fate: str
+    decision: Decision
+    by: DeciderSpec | None
+    refused: bool | str
 
 
 async def _decide(
-    engine: Engine, session: str, turn: Turn, seen: Transcript, made: dict[str, Proposal]
-) -> None:
-    """Decide the calls the session waits on, as the decision turn says, all or none.
+    engine: Engine,
+    session: str,
+    turn: Turn,
+    scope: tuple[str | None, str | None],
+    seen: Transcript,
+    made: dict[str, Proposal],
+    amended: set[str],
+) -> bool:
+    """Decide the calls the session waits on, as the decision turn says; whether none waits.
+
+    Every decision is checked against the waiting calls before any is recorded. Then they
+    are recorded in order, each person's run of decisions together (all or none), and a
+    decision expected to be refused on its own.
 
     Raises:
         _Undecidable: a decision names no waiting call (or several), two decide the same
-            call, a waiting call has no decision, or the engine refuses one.
+            call (other than approvals by different people), a waiting call has no decision,
+            the engine refuses one (unless it was expected to), or an expected refusal was
+            not refused.
     """
-    scope = {"org_id": turn.org_id, "user_id": turn.user_id}
-    state = await engine.session(session, **scope)
+    org_id, user_id = scope
+    state = await engine.session(session, org_id=org_id, user_id=user_id)
     asked = [p.id for m in state.all_messages() for p in m.parts if isinstance(p, ToolCallPart)]
     order = {call: position for position, call in enumerate(asked)}
     waiting = sorted(state.pending.values(), key=lambda c: order.get(c.tool_call_id, len(order)))
-    chosen: dict[str, tuple[str, Decision]] = {}
+    choices = _choices(turn, waiting)
+    undecided = [c for c in waiting if all(ch.card is not c for ch in choices)]
+    if undecided:
+        raise _Undecidable(
+            f"{len({id(ch.card) for ch in choices})} of {len(waiting)} waiting calls decided; "
+            f"no decision for {'; '.join(_show(waiting, c) for c in undecided)} (add one to "
+            f"decisions, or decide every call alike with decide: approve | reject | answer)"
+        )
+    ready = False
+    for group in _groups(choices):
+        lead = group[0]
+        decider = (
+            Decider(user_id=lead.by.user_id, roles=frozenset(lead.by.roles), org_id=org_id)
+            if lead.by is not None
+            else None
+        )
+        decisions = {c.card.tool_call_id: c.decision for c in group}
+        try:
+            if decider is None:
+                resolution = await engine.resolve_many(
+                    session, decisions, org_id=org_id, user_id=user_id
+                )
+            else:
+                resolution = await engine.resolve_many(session, decisions, decider=decider)
+        except DecisionNotAllowedError as exc:
+            refused = next((c for c in group if c.card.tool_name == exc.tool_name), lead)
+            _refused(engine, turn, refused, exc)
+            continue  # refused, as expected: nothing was recorded, and the call still waits
+        except (InvalidDecisionError, StaleResolutionError) as exc:
+            raise _Undecidable(str(exc)) from None
+        if lead.refused and lead.by is not None:
+            raise _Undecidable(
+                f"{lead.label}: expected a refusal, but the policy let {lead.by.user_id} make "
+                f"it, and it was recorded"
+            )
+        for choice in group:
+            _fate(choice, resolution.decided, seen, made, amended)
+        ready = resolution.ready
+    return ready
+
+
+def _choices(turn: Turn, waiting: list[ApprovalCardPart]) -> list[_Choice]:
+    """The turn's decisions, each on the waiting card it names."""
+    choices: list[_Choice] = []
     if turn.decide is not None:
-        for card in waiting:
-            chosen[card.tool_call_id] = _decision(
+        for position, card in enumerate(waiting):
+            who = f", by {turn.by.user_id}" if turn.by is not None else ""
+            fate, decision = _decision(
                 turn.decide, card, amend=turn.amend, reason=turn.reason, output=turn.output
             )
-    else:
-        assert turn.decisions is not None
-        by: dict[str, int] = {}
-        for number, spec in enumerate(turn.decisions):
-            card = _target(spec, waiting, f"decisions[{number}] ({spec.label})")
-            if card.tool_call_id in by:
-                raise _Undecidable(
-                    f"decisions[{by[card.tool_call_id]}] and decisions[{number}] both decide "
-                    f"{_show(waiting, card)}; a call is decided once"
+            choices.append(
+                _Choice(
+                    label=f"decide: {turn.decide} ([{position}] {card.tool_name}{who})",
+                    card=card,
+                    kind=turn.decide,
+                    fate=fate,
+                    decision=decision,
+                    by=turn.by,
+                    refused=turn.expect_refused,
                 )
-            by[card.tool_call_id] = number
-            chosen[card.tool_call_id] = _decision(
-                spec.kind, card, amend=spec.amend, reason=spec.reason, output=spec.output
             )
-        undecided = [c for c in waiting if c.tool_call_id not in chosen]
-        if undecided:
-            raise _Undecidable(
-                f"{len(chosen)} of {len(waiting)} waiting calls decided; no decision for "
-                f"{'; '.join(_show(waiting, c) for c in undecided)} (add one to decisions, "
-                f"or decide every call alike with decide: approve | reject | answer)"
-            )
-    try:
-        await engine.resolve_many(
-            session,
-            {call: decision for call, (_, decision) in chosen.items()},
-            org_id=turn.org_id,
-            user_id=turn.user_id,
+        return choices
+    assert turn.decisions is not None
+    for number, spec in enumerate(turn.decisions):
+        label = f"decisions[{number}] ({spec.label})"
+        card = _target(spec, waiting, label)
+        fate, decision = _decision(
+            spec.kind, card, amend=spec.amend, reason=spec.reason, output=spec.output
         )
-    except InvalidDecisionError as exc:
-        raise _Undecidable(str(exc)) from None
-    for call, (fate, _) in chosen.items():
-        proposal = next((p for p in reversed(seen.proposals) if p.tool_call_id == call), None)
-        if proposal is None:  # its card came with no event this scenario saw
-            card = next(c for c in waiting if c.tool_call_id == call)
-            proposal = Proposal(tool=card.tool_name, args=card.args, tool_call_id=call)
-            seen.proposals.append(proposal)
-        proposal.decision = fate
-        if fate == "answered":
-            made[call] = proposal
+        choice = _Choice(
+            label=label,
+            card=card,
+            kind=spec.kind,
+            fate=fate,
+            decision=decision,
+            by=spec.by or turn.by,
+            refused=spec.expect_refused,
+        )
+        for earlier, other in enumerate(choices):
+            if other.card is card:
+                _twice(waiting, earlier, other, number, choice)
+        choices.append(choice)
+    return choices
+
+
+def _twice(
+    waiting: list[ApprovalCardPart], first: int, one: _Choice, second: int, other: _Choice
+) -> None:
+    """Two decisions on one call: fine for approvals by different people, or a refusal."""
+    if one.refused or other.refused:
+        return
+    both = f"decisions[{first}] and decisions[{second}] both"
+    if one.kind == other.kind == "approve":
+        if one.by is None or other.by is None or one.by.user_id == other.by.user_id:
+            raise _Undecidable(
+                f"{both} approve {_show(waiting, one.card)} as the same person; approvals "
+                f"that add up are by different people: give each its by: {{user_id: ...}}"
+            )
+        return
+    raise _Undecidable(f"{both} decide {_show(waiting, one.card)}; a call is decided once")
+
+
+def _groups(choices: list[_Choice]) -> list[list[_Choice]]:
+    """The choices as the engine records them: a person's run together, a refusal alone."""
+    groups: list[list[_Choice]] = []
+    for choice in choices:
+        last = groups[-1] if groups else None
+        if (
+            last is not None
+            and not choice.refused
+            and not last[0].refused
+            and last[0].by == choice.by
+            and all(c.card is not choice.card for c in last)
+        ):
+            last.append(choice)
+        else:
+            groups.append([choice])
+    return groups
+
+
+def _refused(engine: Engine, turn: Turn, choice: _Choice, exc: DecisionNotAllowedError) -> None:
+    """Accept a refusal the suite expects; otherwise say why it failed, and how to fix it.
+
+    Raises:
+        _Undecidable: the refusal was not expected, or not for the words expected.
+    """
+    if choice.by is None:  # the scenario's user names no decider: a policy needs one
+        where = "to the turn" if turn.decide is not None else "to the decision (or the turn)"
+        raise _Undecidable(
+            f"{choice.label}: {exc.tool_name} has a decision policy"
+            f"{_policy_words(engine, exc.tool_name)}, so the suite must name who decides its "
+            f"calls: add by: {{user_id: ..., roles: [...]}} {where}"
+        )
+    if not choice.refused:
+        raise _Undecidable(
+            f"{choice.label} was refused: {exc} (if the suite expects that, add "
+            f"expect_refused: true to the decision)"
+        )
+    words = choice.refused
+    if isinstance(words, str) and words.lower() not in str(exc).lower():
+        raise _Undecidable(f"{choice.label}: refused, but not for {words!r}: {exc}")
+
+
+def _policy_words(engine: Engine, tool_name: str) -> str:
+    """` (roles: finance; four eyes)`: the tool's policy in words, or nothing if unknown."""
+    domain = engine.domain
+    for agent in [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]:
+        found = agent.tools.get(tool_name)
+        if found is not None:
+            policy = policy_for(found.decision_policy, found.permission, domain.policies)
+            return f" ({policy.describe()})" if policy is not None else ""
+    return ""
+
+
+def _fate(
+    choice: _Choice,
+    decided: list[str],
+    seen: Transcript,
+    made: dict[str, Proposal],
+    amended: set[str],
+) -> None:
+    """Record on its proposal how a call was decided.
+
+    A call that needs another approval stays undecided, remembering whether an approval
+    amended it.
+    """
+    call = choice.card.tool_call_id
+    if choice.fate == "amended":
+        amended.add(call)
+    if call not in decided:
+        return
+    proposal = next((p for p in reversed(seen.proposals) if p.tool_call_id == call), None)
+    if proposal is None:  # its card came with no event this scenario saw
+        card = choice.card
+        proposal = Proposal(tool=card.tool_name, args=card.args, tool_call_id=call)
+        seen.proposals.append(proposal)
+    fate = choice.fate
+    if fate == "approved" and call in amended:
+        fate = "amended"  # an earlier approval amended it; this one approved it as it stood
+    proposal.decision = fate
+    amended.discard(call)
+    if fate == "answered":
+        made[call] = proposal
 
 
 def _decision(

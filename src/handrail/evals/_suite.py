@@ -25,10 +25,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "CapturedExpectation",
+    "DeciderSpec",
     "DecisionSpec",
     "Expect",
     "Judge",
@@ -178,6 +187,46 @@ class Mock(_Strict):
 _DECISIONS = ("approve", "reject", "answer")
 
 
+class DeciderSpec(_Strict):
+    """Who decides a waiting call: a person of the scenario's organisation and their roles.
+
+    In YAML `by: {user_id: fiona, roles: [finance]}`, or `by: fiona` (no roles). The runner
+    passes it to the engine as a `handrail.policy.Decider`, so the call's `DecisionPolicy`
+    (roles, four eyes, several approvals) is checked as it is for the server's callers.
+    """
+
+    user_id: str = Field(min_length=1)
+    """The person (the decision's `by`)."""
+    roles: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """Their roles (a policy's `roles` needs one of them)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"user_id": data}
+        if not isinstance(data, dict | DeciderSpec):
+            raise ValueError("give the person as {user_id: fiona, roles: [finance]}, or fiona")
+        return data
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @property
+    def label(self) -> str:
+        """The person in a message: `fiona`, `fiona (finance)`."""
+        roles = f" ({', '.join(self.roles)})" if self.roles else ""
+        return f"{self.user_id}{roles}"
+
+
+def _expected_refusal(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("expect_refused: true, or words the refusal must contain")
+    return value
+
+
 class DecisionSpec(_Strict):
     """A decision on ONE waiting call, which it names by tool or by position.
 
@@ -187,7 +236,8 @@ class DecisionSpec(_Strict):
     calls, in the order the model proposed them (0 is the first).
 
     `answer` answers an elicitation (a `human` tool), a tool's question (`AskPerson`) or a
-    `client` tool (its result, as the client would post it).
+    `client` tool (its result, as the client would post it). `by` names who decides, so the
+    call's `DecisionPolicy` is checked; `expect_refused` asserts that it refuses them.
     """
 
     approve: str | StrictInt | None = None
@@ -202,6 +252,17 @@ class DecisionSpec(_Strict):
     """With `reject`: why (the model reads it)."""
     output: Any = None
     """With `answer` (required there): the person's answer, or the client tool's result."""
+    by: DeciderSpec | None = None
+    """Who decides (default: the turn's `by`, else the scenario's user, trusted only where
+    no decision policy applies)."""
+    expect_refused: StrictBool | str = False
+    """The call's policy must refuse this decision (`true`), naming these words (a string,
+    e.g. `four eyes`); nothing is recorded, and the call still waits."""
+
+    @field_validator("expect_refused")
+    @classmethod
+    def _refusal(cls, value: Any) -> Any:
+        return _expected_refusal(value)
 
     @field_validator("approve", "reject", "answer", mode="before")
     @classmethod
@@ -245,9 +306,10 @@ class DecisionSpec(_Strict):
 
     @property
     def label(self) -> str:
-        """The decision in a message: `approve orders.refund`, `answer [1]`."""
+        """The decision in a message: `approve orders.refund`, `answer [1] by fiona`."""
         target = self.target
-        return f"{self.kind} {f'[{target}]' if isinstance(target, int) else target}"
+        who = f" by {self.by.user_id}" if self.by is not None else ""
+        return f"{self.kind} {f'[{target}]' if isinstance(target, int) else target}{who}"
 
 
 def _companions(kind: str, amend: Any, reason: Any, output: bool, how: str = "") -> None:
@@ -267,7 +329,9 @@ class Turn(_Strict):
     A decision turn follows a turn that suspended, decides the calls that wait, then resumes
     that turn. `decide: approve | reject | answer` decides every waiting call the same way;
     `decisions: [...]` decides each waiting call on its own (`DecisionSpec`), and must cover
-    every one of them.
+    every one of them. `by` names who decides (see `DeciderSpec`); a call that still waits
+    afterwards (it needs another approval, or its decision was refused as expected) leaves
+    the turn suspended, for the next decision turn.
     """
 
     text: str | None = None
@@ -282,12 +346,22 @@ class Turn(_Strict):
     """With `decide: reject`: why (the model reads it)."""
     output: Any = None
     """With `decide: answer` (required there): the answer, or the client tool's result."""
+    by: DeciderSpec | None = None
+    """With `decide` or `decisions`: who decides (a decision's own `by` wins). Default: the
+    scenario's user, trusted only where no decision policy applies."""
+    expect_refused: StrictBool | str = False
+    """With `decide`: the policy must refuse each of these decisions (see `DecisionSpec`)."""
     route: str | None = None
     """The route to take (default: the supervisor chooses)."""
     org_id: str | None = None
-    """The caller's organisation."""
+    """The caller's organisation (default: the first turn's; the same on every turn)."""
     user_id: str | None = None
-    """The caller."""
+    """The caller (default: the first turn's; the same on every turn)."""
+
+    @field_validator("expect_refused")
+    @classmethod
+    def _refusal(cls, value: Any) -> Any:
+        return _expected_refusal(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -303,10 +377,22 @@ class Turn(_Strict):
         if self.decisions is not None:
             if self.amend is not None or self.reason is not None or output:
                 raise ValueError("with decisions, amend, reason and output go inside each decision")
+            if self.expect_refused:
+                raise ValueError("with decisions, expect_refused goes inside each decision")
+            for number, decision in enumerate(self.decisions):
+                if decision.expect_refused and decision.by is None and self.by is None:
+                    raise ValueError(
+                        f"decisions[{number}]: expect_refused needs by: the person refused "
+                        f"(on the decision, or on the turn)"
+                    )
         elif self.decide is not None:
             _companions(self.decide, self.amend, self.reason, output, "decide: ")
+            if self.expect_refused and self.by is None:
+                raise ValueError("expect_refused needs by: the person refused")
         elif self.amend is not None or self.reason is not None or output:
             raise ValueError("amend, reason and output go with a decision, not a message")
+        elif self.by is not None or self.expect_refused:
+            raise ValueError("by and expect_refused go with a decision, not a message")
         if self.route is not None and self.text is None:
             raise ValueError("a decision resumes its turn on that turn's route: drop route")
         return self
@@ -323,7 +409,8 @@ class Turn(_Strict):
             return self.text
         if self.decisions is not None:
             return f"(a person decides: {', '.join(d.label for d in self.decisions)})"
-        return f"(a person decides: {self.decide})"
+        who = f" by {self.by.user_id}" if self.by is not None else ""
+        return f"(a person decides: {self.decide}{who})"
 
 
 class ToolCallExpectation(_Strict):
