@@ -154,6 +154,9 @@ async def test_a_corrupt_row_raises_a_store_error_and_is_left_alone(
         assert caught.value.session_id == "bad"
         with pytest.raises(StoreError, match="Session 'bad'"):
             await store.export("bad")
+        with pytest.raises(StoreError, match="Session 'bad'"):  # a turn's start: refused,
+            await store.lease_and_load("bad", "w1", ttl=30)
+        assert await store.acquire_lease("bad", "w2", ttl=30)  # and its lease not taken
         assert await store.load("good") == good
         assert [s.id for s in await store.list()] == ["bad", "good"]
         assert await store.delete("bad")  # the way out the message names

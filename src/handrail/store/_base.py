@@ -464,3 +464,25 @@ class SessionStore(Protocol):
     async def close(self) -> None:
         """Release the store's connections and threads. Closing twice is harmless."""
         ...
+
+
+async def lease_and_load(
+    store: SessionStore, session_id: str, owner: str, ttl: float
+) -> tuple[bool, SessionRecord | None]:
+    """Take (or renew) the session's lease, then, if it was taken, load the session.
+
+    What a turn does first. A store may do both in one trip (a method `lease_and_load` of the
+    same signature: `SqliteStore` does them in one job of its thread, in one transaction);
+    otherwise they are `acquire_lease`, then `load`.
+
+    Returns:
+        Whether the lease is `owner`'s now (as `acquire_lease`), and the session as `load`
+        reads it (`None`: there is none, or the lease was not taken, so nothing was read).
+    """
+    fused = getattr(store, "lease_and_load", None)
+    if fused is not None:
+        held, record = await fused(session_id, owner, ttl)
+        return held, record
+    if not await store.acquire_lease(session_id, owner, ttl):
+        return False, None
+    return True, await store.load(session_id)

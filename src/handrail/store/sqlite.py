@@ -337,17 +337,7 @@ class SqliteStore:
 
         def load(db: sqlite3.Connection) -> SessionRecord | None:
             with _transaction(db, "BEGIN"):  # one snapshot for the document and the messages
-                row = db.execute(
-                    f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
-                    (session_id,),
-                ).fetchone()
-                if row is None:
-                    return None
-                record = record_from_row(row)
-                record.messages = [
-                    m for _, m in _read_messages(db, session_id, record.window, None, -1)
-                ]
-            return record
+                return _load(db, session_id)
 
         return await self._call(load, session_id)
 
@@ -754,6 +744,27 @@ class SqliteStore:
             await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id, write=True)
         )
 
+    async def lease_and_load(
+        self, session_id: str, owner: str, ttl: float
+    ) -> tuple[bool, SessionRecord | None]:
+        """`acquire_lease`, then (if taken) `load`, in one job of the store's thread.
+
+        A turn's start (see `handrail.store._base.lease_and_load`): one trip to the thread
+        instead of two, a write that joins the others waiting (`_commit_together`), so the
+        session is read in the transaction that takes its lease.
+        """
+        check_ttl(ttl)
+        now = self.clock()
+        params = (session_id, owner, now + ttl, now)
+
+        def lease_and_load(db: sqlite3.Connection) -> tuple[bool, SessionRecord | None]:
+            with _transaction(db):
+                if not db.execute(_LEASE, params).rowcount:
+                    return False, None
+                return True, _load(db, session_id)
+
+        return await self._call(lease_and_load, session_id, write=True)
+
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
         sql = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
@@ -1088,6 +1099,19 @@ def _transaction(
             db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
+    """The session as last saved (inside a transaction: one snapshot), or None."""
+    row = db.execute(
+        f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    record = record_from_row(row)
+    record.messages = [m for _, m in _read_messages(db, session_id, record.window, None, -1)]
+    return record
 
 
 def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
