@@ -171,6 +171,11 @@ _LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (
     ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
     WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
+CHECKPOINT_AFTER = 1024
+"""Rows written since the last WAL checkpoint after which the store's thread, once it has no
+job waiting, copies the write-ahead log back into the database (see `_Checkpoints`)."""
+CHECKPOINT_BUSY_AFTER = 8192
+"""The same, when jobs wait: under a load that never lets up, the log is still bounded."""
 
 
 class SqliteStore:
@@ -261,6 +266,7 @@ class SqliteStore:
                     _close,
                     name=f"handrail-sqlite {self.path}",
                     group=_commit_together,
+                    between=_Checkpoints(),
                 )
                 try:
                     await thread.run(_nothing)  # raises what opening the database raised
@@ -288,6 +294,9 @@ class SqliteStore:
                     f"{mode!r}): put it on a local file system."
                 )
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            # No checkpoint inside a commit (SQLite's default, at 1000 pages of log): the
+            # thread checkpoints between jobs instead (`_Checkpoints`).
+            connection.execute("PRAGMA wal_autocheckpoint=0")
             self._retry_busy(lambda: migrate(connection, self.clock()))
         except BaseException as error:
             connection.close()
@@ -1001,6 +1010,27 @@ def _append(
         lasts[session_id] = last = last + len(texts)
         outcomes.append(last)
     return outcomes
+
+
+class _Checkpoints:
+    """Checkpoints the write-ahead log, between jobs, once enough was written since the last.
+
+    SQLite checkpoints by default inside the commit that takes the log past 1000 pages, so
+    that commit's writers (a batch of a burst's events) wait for it. Here the thread does it
+    once its callers have their outcomes, and only when no job waits (or the log has grown
+    long anyway). A passive checkpoint: it never waits for readers (other processes); what
+    it cannot copy yet stays in the log for the next one. Durability is the same: the log
+    holds every commit until it is copied.
+    """
+
+    def __init__(self) -> None:
+        self.written = 0  # the connection's `total_changes` at the last checkpoint
+
+    def __call__(self, db: sqlite3.Connection, busy: bool) -> None:  # in the store's thread
+        written = db.total_changes
+        if written - self.written >= (CHECKPOINT_BUSY_AFTER if busy else CHECKPOINT_AFTER):
+            self.written = written
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _commit_together(
