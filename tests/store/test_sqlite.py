@@ -14,6 +14,7 @@ import pytest
 
 from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
 from handrail.store import SqliteStore
+from handrail.store._base import lease_and_load
 from handrail.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 
 from .conftest import Clock
@@ -546,3 +547,26 @@ async def test_the_write_ahead_log_stays_bounded_under_many_writes(tmp_path: Pat
         assert len(await store.events("s-7", limit=100)) == 60  # nothing lost on the way
     with raw(path) as db:  # and every commit is in the database, for any reader
         assert db.execute("SELECT count(*) FROM handrail_events").fetchone()[0] == 3000 + 6000
+
+
+async def test_a_wrapper_passing_attributes_through_keeps_its_own_lease_and_load(
+    tmp_path: Path,
+) -> None:
+    class Counting:  # a user's wrapper: its own load, the rest passed through
+        def __init__(self, inner: SqliteStore) -> None:
+            self.inner, self.loads = inner, 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def load(self, session_id: str) -> SessionRecord | None:
+            self.loads += 1
+            return await self.inner.load(session_id)
+
+    async with SqliteStore(tmp_path / "s.db") as inner:
+        await inner.save(SessionRecord(id="s-1", data={"n": 1}))
+        wrapper = Counting(inner)
+        held, record = await lease_and_load(wrapper, "s-1", "w1", ttl=30)  # type: ignore[arg-type]
+        assert held and record is not None and record.data == {"n": 1}
+        assert wrapper.loads == 1  # not the inner store's one trip, which would bypass it
+        assert await inner.lease_and_load("s-1", "w2", ttl=30) == (False, None)
