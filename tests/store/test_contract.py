@@ -717,6 +717,17 @@ async def test_a_turn_takes_the_lease_and_reads_the_session_in_one_call(
         await lease_and_load(store, "s-2", "w1", ttl=0)
 
 
+async def test_a_turn_whose_session_cannot_be_read_leaves_the_lease_free() -> None:
+    class Unreadable(MemoryStore):  # no lease_and_load of its own: the two calls
+        async def load(self, session_id: str) -> SessionRecord | None:
+            raise StoreError(f"Session {session_id!r} cannot be read.", session_id=session_id)
+
+    store = Unreadable()
+    with pytest.raises(StoreError, match="cannot be read"):
+        await lease_and_load(store, "s-1", "w1", ttl=30)
+    assert await store.acquire_lease("s-1", "w2", ttl=30)  # not held until it lapses
+
+
 async def test_of_owners_racing_for_a_lease_exactly_one_wins(make_store: StoreFactory) -> None:
     stores = [await make_store(), await make_store()]
     results = await asyncio.gather(

@@ -487,4 +487,8 @@ async def lease_and_load(
         return held, record
     if not await store.acquire_lease(session_id, owner, ttl):
         return False, None
-    return True, await store.load(session_id)
+    try:
+        return True, await store.load(session_id)
+    except BaseException:  # as if it had not been taken: nobody holds it until it lapses
+        await store.release_lease(session_id, owner)
+        raise
