@@ -60,6 +60,7 @@ from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
+from .store._base import lease_and_load
 from .store._codec import INCARNATION
 from .suspension import (
     Decision,
@@ -368,8 +369,12 @@ class Engine:
         if model is not None:  # a model string that does not name one is refused now
             model = as_model(model, where="model=")
 
-        async def turn(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
-            record, state = await self._load(session_id, org_id, user_id, create=create)
+        async def turn(
+            run: AgentRun[Any], loaded: SessionRecord | None
+        ) -> AsyncGenerator[Event, None]:
+            record, state = await self._load(
+                session_id, org_id, user_id, create=create, loaded=(loaded,)
+            )
             route = plan
             batch = _batch_to_apply(state) if text is None else None
             if batch is not None:
@@ -455,8 +460,8 @@ class Engine:
 
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             terminal: Event | None = None
-            async with self._lock(session_id), self._leased(session_id):
-                async for event in turn(run):
+            async with self._lock(session_id), self._leased(session_id) as loaded:
+                async for event in turn(run, loaded):
                     if event.type in _TERMINAL:
                         terminal = event
                     else:
@@ -925,10 +930,15 @@ class Engine:
         return [self.domain.by_name[n] for n in names]
 
     @contextlib.asynccontextmanager
-    async def _leased(self, session_id: str) -> AsyncIterator[None]:
-        """Hold the session's lease (one worker drives a session), renewed while held."""
+    async def _leased(self, session_id: str) -> AsyncIterator[SessionRecord | None]:
+        """Hold the session's lease (one worker drives a session), renewed while held.
+
+        Yields the session as read once the lease is taken (`None`: there is none), in one
+        trip to the store with the lease where the store can (`lease_and_load`).
+        """
         store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
-        if not await store.acquire_lease(session_id, owner, ttl):
+        held, loaded = await lease_and_load(store, session_id, owner, ttl)
+        if not held:
             raise SessionBusyError(
                 f"Session {session_id!r} is being driven by another worker right now; wait "
                 f"for its run to end (or for its lease to expire if that worker died)."
@@ -953,7 +963,7 @@ class Engine:
 
         timer = loop.call_later(ttl / 3, due)
         try:
-            yield
+            yield loaded
         finally:
             timer.cancel()
             if renewal is not None:
@@ -1003,8 +1013,10 @@ class Engine:
         *,
         create: bool = False,
         any_user: bool = False,
+        loaded: tuple[SessionRecord | None] | None = None,
     ) -> tuple[SessionRecord, RunState]:
-        record = await self.store.load(session_id)
+        # `loaded`: the session as read already (with its lease), else read now.
+        record = loaded[0] if loaded is not None else await self.store.load(session_id)
         scope = (record.org_id, None if any_user else record.user_id) if record else None
         if scope is not None and scope != (org_id, user_id):
             # Another tenant's session is, to this caller, no session; nor can it be made.

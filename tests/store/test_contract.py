@@ -20,6 +20,7 @@ from handrail.store import (
     SessionSummary,
     ToolLogEntry,
 )
+from handrail.store._base import lease_and_load
 
 from .conftest import Clock, StoreFactory
 
@@ -689,6 +690,42 @@ async def test_only_the_owner_can_release_a_lease(store: SessionStore) -> None:
 async def test_leases_are_per_session(store: SessionStore) -> None:
     assert await store.acquire_lease("s-1", "w1", ttl=30)
     assert await store.acquire_lease("s-2", "w2", ttl=30)
+
+
+async def test_a_turn_takes_the_lease_and_reads_the_session_in_one_call(
+    store: SessionStore, clock: Clock
+) -> None:
+    saved = await store.save(SessionRecord(id="s-1", data={"k": 1}, messages=[{"m": 0}, {"m": 1}]))
+    held, record = await lease_and_load(store, "s-1", "w1", ttl=30)
+    assert held is True
+    assert record is not None
+    assert (record.version, record.data, record.messages) == (
+        saved.version,
+        {"k": 1},
+        saved.messages,
+    )
+    # Held by w1: w2 is refused and reads nothing; w1 renews it.
+    assert await lease_and_load(store, "s-1", "w2", ttl=30) == (False, None)
+    clock.advance(20)
+    assert (await lease_and_load(store, "s-1", "w1", ttl=30))[0] is True
+    clock.advance(20)
+    assert not await store.acquire_lease("s-1", "w2", ttl=30)  # renewed until 50
+    # No such session: the lease is taken all the same (a turn may create it).
+    assert await lease_and_load(store, "s-new", "w1", ttl=30) == (True, None)
+    assert not await store.acquire_lease("s-new", "w2", ttl=30)
+    with pytest.raises(ValueError, match="ttl"):
+        await lease_and_load(store, "s-2", "w1", ttl=0)
+
+
+async def test_a_turn_whose_session_cannot_be_read_leaves_the_lease_free() -> None:
+    class Unreadable(MemoryStore):  # no lease_and_load of its own: the two calls
+        async def load(self, session_id: str) -> SessionRecord | None:
+            raise StoreError(f"Session {session_id!r} cannot be read.", session_id=session_id)
+
+    store = Unreadable()
+    with pytest.raises(StoreError, match="cannot be read"):
+        await lease_and_load(store, "s-1", "w1", ttl=30)
+    assert await store.acquire_lease("s-1", "w2", ttl=30)  # not held until it lapses
 
 
 async def test_of_owners_racing_for_a_lease_exactly_one_wins(make_store: StoreFactory) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
 from handrail.store import SqliteStore
+from handrail.store._base import lease_and_load
 from handrail.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 
 from .conftest import Clock
@@ -154,6 +155,9 @@ async def test_a_corrupt_row_raises_a_store_error_and_is_left_alone(
         assert caught.value.session_id == "bad"
         with pytest.raises(StoreError, match="Session 'bad'"):
             await store.export("bad")
+        with pytest.raises(StoreError, match="Session 'bad'"):  # a turn's start: refused,
+            await store.lease_and_load("bad", "w1", ttl=30)
+        assert await store.acquire_lease("bad", "w2", ttl=30)  # and its lease not taken
         assert await store.load("good") == good
         assert [s.id for s in await store.list()] == ["bad", "good"]
         assert await store.delete("bad")  # the way out the message names
@@ -521,3 +525,48 @@ async def test_each_write_of_many_writers_is_committed_before_it_is_acknowledged
             assert (row, events) == ((record.version,), (1,))
 
         await asyncio.gather(*(writer(i) for i in range(100)))
+
+
+async def test_the_write_ahead_log_stays_bounded_under_many_writes(tmp_path: Path) -> None:
+    # The store checkpoints between its jobs (not inside commits, where SQLite would): however
+    # many writes, one at a time or many at once, the log is copied back and starts over.
+    path = tmp_path / "s.db"
+    wal = tmp_path / "s.db-wal"
+    cap = 8 * 1024 * 1024  # without checkpoints, these writes make a log of about 19 MB
+    async with SqliteStore(path) as store:
+        for n in range(3000):
+            await store.append_events(f"s-{n % 50}", [{"type": "text-delta", "delta": "x" * 40}])
+        assert wal.stat().st_size < cap
+        for round in range(20):
+            ids = [f"r{round}-{i}" for i in range(100)]
+            await asyncio.gather(
+                *(store.save(SessionRecord(id=i, data={"x": "y" * 500})) for i in ids)
+            )
+            await asyncio.gather(*(store.append_events(i, [{"e": "z" * 40}] * 3) for i in ids))
+        assert wal.stat().st_size < cap
+        assert len(await store.events("s-7", limit=100)) == 60  # nothing lost on the way
+    with raw(path) as db:  # and every commit is in the database, for any reader
+        assert db.execute("SELECT count(*) FROM handrail_events").fetchone()[0] == 3000 + 6000
+
+
+async def test_a_wrapper_passing_attributes_through_keeps_its_own_lease_and_load(
+    tmp_path: Path,
+) -> None:
+    class Counting:  # a user's wrapper: its own load, the rest passed through
+        def __init__(self, inner: SqliteStore) -> None:
+            self.inner, self.loads = inner, 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def load(self, session_id: str) -> SessionRecord | None:
+            self.loads += 1
+            return await self.inner.load(session_id)
+
+    async with SqliteStore(tmp_path / "s.db") as inner:
+        await inner.save(SessionRecord(id="s-1", data={"n": 1}))
+        wrapper = Counting(inner)
+        held, record = await lease_and_load(wrapper, "s-1", "w1", ttl=30)  # type: ignore[arg-type]
+        assert held and record is not None and record.data == {"n": 1}
+        assert wrapper.loads == 1  # not the inner store's one trip, which would bypass it
+        assert await inner.lease_and_load("s-1", "w2", ttl=30) == (False, None)

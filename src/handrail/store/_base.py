@@ -464,3 +464,31 @@ class SessionStore(Protocol):
     async def close(self) -> None:
         """Release the store's connections and threads. Closing twice is harmless."""
         ...
+
+
+async def lease_and_load(
+    store: SessionStore, session_id: str, owner: str, ttl: float
+) -> tuple[bool, SessionRecord | None]:
+    """Take (or renew) the session's lease, then, if it was taken, load the session.
+
+    What a turn does first. A store may do both in one trip (its class defines a method
+    `lease_and_load` of the same signature: `SqliteStore` does them in one job of its thread,
+    in one transaction); otherwise they are `acquire_lease`, then `load`. The method is looked
+    up on the class, so a wrapper that passes attributes through (`__getattr__`) to a store
+    that has one still has its own `acquire_lease` and `load` called.
+
+    Returns:
+        Whether the lease is `owner`'s now (as `acquire_lease`), and the session as `load`
+        reads it (`None`: there is none, or the lease was not taken, so nothing was read).
+    """
+    fused = getattr(type(store), "lease_and_load", None)
+    if fused is not None:
+        held, record = await fused(store, session_id, owner, ttl)
+        return held, record
+    if not await store.acquire_lease(session_id, owner, ttl):
+        return False, None
+    try:
+        return True, await store.load(session_id)
+    except BaseException:  # as if it had not been taken: nobody holds it until it lapses
+        await store.release_lease(session_id, owner)
+        raise

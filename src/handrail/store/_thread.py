@@ -27,6 +27,9 @@ Outcome = tuple[Any, BaseException | None]
 Group = Callable[[C, list[Callable[[C], Any]]], list[Outcome]]
 """Runs write jobs together on the connection; each one's outcome, in order, once they are
 all durable (committed): no job's caller may hear of its result before."""
+Between = Callable[[C, bool], None]
+"""Upkeep run on the connection after each pass over the waiting jobs, once their callers
+have their outcomes; told whether more jobs wait already (busy). What it raises is dropped."""
 
 
 class ConnectionThread(Generic[C]):
@@ -38,6 +41,7 @@ class ConnectionThread(Generic[C]):
         close: closes the connection (in the thread) when the thread stops.
         name: the thread's name (shows in tracebacks and profilers).
         group: runs the write jobs waiting together (see `Group`); None: each alone.
+        between: upkeep between passes (see `Between`), e.g. a WAL checkpoint.
     """
 
     def __init__(
@@ -47,10 +51,12 @@ class ConnectionThread(Generic[C]):
         *,
         name: str,
         group: Group[C] | None = None,
+        between: Between[C] | None = None,
     ) -> None:
         self._connect = connect
         self._close = close
         self._group = group
+        self._between = between
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.ident: int | None = None
         """The thread's `threading.get_ident()`, once it runs."""
@@ -114,6 +120,9 @@ class ConnectionThread(Generic[C]):
                         _settle(loop, future, None, failure)
                 else:
                     self._run(connection, items)
+                    if self._between is not None and not stopping:
+                        with contextlib.suppress(Exception):  # upkeep: tried again next time
+                            self._between(connection, not self._jobs.empty())
                 if stopping:
                     break
         finally:

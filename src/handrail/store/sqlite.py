@@ -171,6 +171,11 @@ _LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (
     ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
     WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
+CHECKPOINT_AFTER = 1024
+"""Rows written since the last WAL checkpoint after which the store's thread, once it has no
+job waiting, copies the write-ahead log back into the database (see `_Checkpoints`)."""
+CHECKPOINT_BUSY_AFTER = 8192
+"""The same, when jobs wait: under a load that never lets up, the log is still bounded."""
 
 
 class SqliteStore:
@@ -261,6 +266,7 @@ class SqliteStore:
                     _close,
                     name=f"handrail-sqlite {self.path}",
                     group=_commit_together,
+                    between=_Checkpoints(),
                 )
                 try:
                     await thread.run(_nothing)  # raises what opening the database raised
@@ -288,6 +294,9 @@ class SqliteStore:
                     f"{mode!r}): put it on a local file system."
                 )
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            # No checkpoint inside a commit (SQLite's default, at 1000 pages of log): the
+            # thread checkpoints between jobs instead (`_Checkpoints`).
+            connection.execute("PRAGMA wal_autocheckpoint=0")
             self._retry_busy(lambda: migrate(connection, self.clock()))
         except BaseException as error:
             connection.close()
@@ -337,17 +346,7 @@ class SqliteStore:
 
         def load(db: sqlite3.Connection) -> SessionRecord | None:
             with _transaction(db, "BEGIN"):  # one snapshot for the document and the messages
-                row = db.execute(
-                    f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
-                    (session_id,),
-                ).fetchone()
-                if row is None:
-                    return None
-                record = record_from_row(row)
-                record.messages = [
-                    m for _, m in _read_messages(db, session_id, record.window, None, -1)
-                ]
-            return record
+                return _load(db, session_id)
 
         return await self._call(load, session_id)
 
@@ -756,6 +755,27 @@ class SqliteStore:
             await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id, write=True)
         )
 
+    async def lease_and_load(
+        self, session_id: str, owner: str, ttl: float
+    ) -> tuple[bool, SessionRecord | None]:
+        """`acquire_lease`, then (if taken) `load`, in one job of the store's thread.
+
+        A turn's start (see `handrail.store._base.lease_and_load`): one trip to the thread
+        instead of two, a write that joins the others waiting (`_commit_together`), so the
+        session is read in the transaction that takes its lease.
+        """
+        check_ttl(ttl)
+        now = self.clock()
+        params = (session_id, owner, now + ttl, now)
+
+        def lease_and_load(db: sqlite3.Connection) -> tuple[bool, SessionRecord | None]:
+            with _transaction(db):
+                if not db.execute(_LEASE, params).rowcount:
+                    return False, None
+                return True, _load(db, session_id)
+
+        return await self._call(lease_and_load, session_id, write=True)
+
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
         sql = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
@@ -994,6 +1014,27 @@ def _append(
     return outcomes
 
 
+class _Checkpoints:
+    """Checkpoints the write-ahead log, between jobs, once enough was written since the last.
+
+    SQLite checkpoints by default inside the commit that takes the log past 1000 pages, so
+    that commit's writers (a batch of a burst's events) wait for it. Here the thread does it
+    once its callers have their outcomes, and only when no job waits (or the log has grown
+    long anyway). A passive checkpoint: it never waits for readers (other processes); what
+    it cannot copy yet stays in the log for the next one. Durability is the same: the log
+    holds every commit until it is copied.
+    """
+
+    def __init__(self) -> None:
+        self.written = 0  # the connection's `total_changes` at the last checkpoint
+
+    def __call__(self, db: sqlite3.Connection, busy: bool) -> None:  # in the store's thread
+        written = db.total_changes
+        if written - self.written >= (CHECKPOINT_BUSY_AFTER if busy else CHECKPOINT_AFTER):
+            self.written = written
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+
 def _commit_together(
     db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]]
 ) -> list[Outcome]:
@@ -1090,6 +1131,19 @@ def _transaction(
             db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
+    """The session as last saved (inside a transaction: one snapshot), or None."""
+    row = db.execute(
+        f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    record = record_from_row(row)
+    record.messages = [m for _, m in _read_messages(db, session_id, record.window, None, -1)]
+    return record
 
 
 def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
