@@ -432,3 +432,47 @@ async def test_a_turn_whose_lease_another_worker_took_stops_at_its_renewal():
     with pytest.raises(SessionBusyError):
         await turn
     release.set()
+
+
+class _StallingStore(MemoryStore):
+    """A store whose next lease renewal, once armed, finishes its statement even when cancelled
+    (as a database driver does: it waits for the server's answer to its cancel)."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__(clock=clock)
+        self.calls = 0
+        self.stall: asyncio.Event | None = None
+        self.in_flight = asyncio.Event()
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        self.calls += 1
+        if self.stall is not None:
+            gate, self.stall = self.stall, None
+            self.in_flight.set()
+            while not gate.is_set():
+                try:
+                    await gate.wait()
+                except asyncio.CancelledError:
+                    pass  # the statement runs to its end
+        return await super().acquire_lease(session_id, owner, ttl)
+
+
+async def test_a_renewal_that_ends_after_its_turn_does_not_go_on_renewing():
+    # Seen on PostgreSQL under load: a renewal in flight when its turn ended finished anyway
+    # and set the next one, so a process that drove nothing kept the lease for ever.
+    clock, release = _Clock(), asyncio.Event()
+    store = _StallingStore(clock)
+    driving = _waiting_engine(store, release, ttl=0.03)
+    turn = asyncio.create_task(events_of(driving.submit("s1", "go")))
+    while not effects:  # noqa: ASYNC110 - polled: the turn is in its tool
+        await asyncio.sleep(0)
+    gate = store.stall = asyncio.Event()
+    await store.in_flight.wait()  # a renewal is in flight...
+    release.set()  # ...when the turn ends
+    await asyncio.sleep(0.02)
+    gate.set()
+    assert (await turn)[-1].type == "run-completed"
+    calls = store.calls
+    await asyncio.sleep(0.05)  # five renewal periods
+    assert store.calls == calls  # nothing renews a lease nobody holds
+    assert await store.acquire_lease("s1", "another", 0.03)  # it was given back

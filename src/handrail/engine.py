@@ -949,15 +949,18 @@ class Engine:
         loop = asyncio.get_running_loop()
         renewal: asyncio.Task[None] | None = None
         timer: asyncio.TimerHandle
+        holding = True  # False once the drive is over: no renewal may start or go on after
 
         def due() -> None:
             nonlocal renewal
-            renewal = loop.create_task(renew())
+            if holding:
+                renewal = loop.create_task(renew())
 
         async def renew() -> None:
             nonlocal timer
             if await store.acquire_lease(session_id, owner, ttl):
-                timer = loop.call_later(ttl / 3, due)
+                if holding:
+                    timer = loop.call_later(ttl / 3, due)
             else:
                 self._lose(session_id)
 
@@ -965,6 +968,7 @@ class Engine:
         try:
             yield loaded
         finally:
+            holding = False
             timer.cancel()
             if renewal is not None:
                 renewal.cancel()
