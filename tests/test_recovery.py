@@ -8,6 +8,7 @@ tool-call log). `tests/test_crash.py` kills real processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -450,10 +451,8 @@ class _StallingStore(MemoryStore):
             gate, self.stall = self.stall, None
             self.in_flight.set()
             while not gate.is_set():
-                try:
+                with contextlib.suppress(asyncio.CancelledError):  # it runs to its end
                     await gate.wait()
-                except asyncio.CancelledError:
-                    pass  # the statement runs to its end
         return await super().acquire_lease(session_id, owner, ttl)
 
 
