@@ -799,25 +799,8 @@ class Engine:
     ) -> PendingPage:
         """An inbox: the cards of `org_id`'s sessions that `decider` may decide.
 
-        The decider's own sessions count too. Sessions are read most recently updated first,
-        and a page of `limit` cards is filled from as many as it takes (at most 1,000 a page);
-        its `next` is the `cursor=` of the next page (see `Inbox.pending`).
-
-        Args:
-            org_id: the organisation (the decider's, when it has one). None reads every
-                session of the store: for a store without organisations only.
-            decider: who decides (`handrail.policy.Decider`).
-            tool: only cards of this tool.
-            kind: only cards of this kind (`"approval"`, `"batch"`, ...).
-            older_than: only cards raised at least this many seconds ago.
-            newer_than: only cards raised less than this many seconds ago.
-            session_id: only this session's cards.
-            limit: at most this many cards.
-            cursor: where to go on from: the `next` of the page before.
-
-        Raises:
-            UserError: `limit` is below 1, the cursor is not one `pending` gave, or the
-                decider belongs to another organisation.
+        The decider's own sessions count too. The arguments, paging and errors are
+        `Inbox.pending`'s (`handrail.inbox`), which this calls.
         """
         return await self.inbox.pending(
             org_id,
