@@ -14,6 +14,7 @@ import pytest
 
 from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
 from handrail.store import SqliteStore
+from handrail.store import sqlite as sqlite_store
 from handrail.store._base import lease_and_load
 from handrail.store.sqlite import MIGRATIONS, SCHEMA_VERSION
 
@@ -528,13 +529,14 @@ async def test_each_write_of_many_writers_is_committed_before_it_is_acknowledged
 
 
 async def test_the_write_ahead_log_stays_bounded_under_many_writes(tmp_path: Path) -> None:
-    # The store checkpoints between its jobs (not inside commits, where SQLite would): however
-    # many writes, one at a time or many at once, the log is copied back and starts over.
+    # The store checkpoints from a thread of its own (not inside commits, where SQLite would),
+    # and copies the log itself if that thread falls behind: however many writes, one at a time
+    # or many at once, the log is copied back and starts over.
     path = tmp_path / "s.db"
     wal = tmp_path / "s.db-wal"
-    cap = 8 * 1024 * 1024  # without checkpoints, these writes make a log of about 19 MB
+    cap = 20 * 1024 * 1024  # without checkpoints, the first loop makes a log of about 54 MB
     async with SqliteStore(path) as store:
-        for n in range(3000):
+        for n in range(8000):
             await store.append_events(f"s-{n % 50}", [{"type": "text-delta", "delta": "x" * 40}])
         assert wal.stat().st_size < cap
         for round in range(20):
@@ -544,9 +546,44 @@ async def test_the_write_ahead_log_stays_bounded_under_many_writes(tmp_path: Pat
             )
             await asyncio.gather(*(store.append_events(i, [{"e": "z" * 40}] * 3) for i in ids))
         assert wal.stat().st_size < cap
-        assert len(await store.events("s-7", limit=100)) == 60  # nothing lost on the way
+        assert len(await store.events("s-7", limit=1000)) == 160  # nothing lost on the way
     with raw(path) as db:  # and every commit is in the database, for any reader
-        assert db.execute("SELECT count(*) FROM handrail_events").fetchone()[0] == 3000 + 6000
+        assert db.execute("SELECT count(*) FROM handrail_events").fetchone()[0] == 8000 + 6000
+
+
+async def test_a_slow_checkpoint_holds_up_no_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkpoint syncs the database file (tens of milliseconds on a slow disk): it runs in a
+    # thread of its own, while the store's thread goes on with its jobs.
+    copying, done = threading.Event(), threading.Event()
+    where: list[int] = []
+    copy = sqlite_store._Checkpoints._copy
+
+    def slow(self: Any, connection: sqlite3.Connection) -> None:
+        where.append(threading.get_ident())
+        copying.set()
+        done.wait(10)  # as long as the test writes
+        copy(self, connection)
+
+    monkeypatch.setattr(sqlite_store._Checkpoints, "_copy", slow)
+    async with SqliteStore(tmp_path / "s.db") as store:
+        try:
+            n = 0
+            while not copying.is_set():  # write until the checkpointer is woken
+                assert n < 5 * sqlite_store.CHECKPOINT_AFTER, "no checkpoint began"
+                await store.append_events("s", [{"n": n}])
+                n += 1
+            for i in range(300):  # it is copying (slowly): every write goes on meanwhile
+                await store.append_events("s", [{"i": i}])
+                await store.save(SessionRecord(id=f"r-{i}", data={"i": i}))
+            assert not done.is_set() and store.thread_ident not in where
+        finally:
+            done.set()
+        assert len(await store.events("s", limit=10_000)) == n + 300
+    with raw(tmp_path / "s.db") as db:  # closed: the log is copied back, every row is there
+        assert db.execute("SELECT count(*) FROM handrail_events").fetchone()[0] == n + 300
+    assert not (tmp_path / "s.db-wal").exists()
 
 
 async def test_a_wrapper_passing_attributes_through_keeps_its_own_lease_and_load(

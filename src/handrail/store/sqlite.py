@@ -13,6 +13,7 @@ import builtins
 import collections
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
 import threading
@@ -57,6 +58,8 @@ from ._events import EventNotice, LocalFeed
 from ._thread import ConnectionThread, Outcome
 
 __all__ = ["SqliteStore"]
+
+_log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
@@ -172,10 +175,14 @@ _LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (
     WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
 CHECKPOINT_AFTER = 1024
-"""Rows written since the last WAL checkpoint after which the store's thread, once it has no
-job waiting, copies the write-ahead log back into the database (see `_Checkpoints`)."""
-CHECKPOINT_BUSY_AFTER = 8192
-"""The same, when jobs wait: under a load that never lets up, the log is still bounded."""
+"""Rows written since the last wake-up after which the checkpointer copies the write-ahead
+log back into the database (see `_Checkpoints`)."""
+CHECKPOINT_ROUNDS = 4
+"""Checkpoints the checkpointer makes at most per wake-up, each copying what was written
+during the one before."""
+WAL_FRAMES_MAX = 2048
+"""Pages in the write-ahead log (8 MB at SQLite's 4 KB pages) at which the store's thread
+copies it back itself, between jobs: under writes that never pause, the log is still bounded."""
 
 
 class SqliteStore:
@@ -261,12 +268,22 @@ class SqliteStore:
             if self._closed:
                 raise StoreError(f"This SqliteStore ({self.path}) is closed: make a new one.")
             if self._thread is None:
+                # (A database in memory has no write-ahead log to copy back.)
+                checkpoints = None
+                if self.path != ":memory:":
+                    checkpoints = _Checkpoints(self.path, self.synchronous)
+
+                def close(db: sqlite3.Connection) -> None:
+                    if checkpoints is not None:  # first: the last connection removes the log
+                        checkpoints.stop()
+                    db.close()
+
                 thread = ConnectionThread(
                     self._connect,
-                    _close,
+                    close,
                     name=f"handrail-sqlite {self.path}",
                     group=_commit_together,
-                    between=_Checkpoints(),
+                    between=checkpoints,
                 )
                 try:
                     await thread.run(_nothing)  # raises what opening the database raised
@@ -294,8 +311,8 @@ class SqliteStore:
                     f"{mode!r}): put it on a local file system."
                 )
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
-            # No checkpoint inside a commit (SQLite's default, at 1000 pages of log): the
-            # thread checkpoints between jobs instead (`_Checkpoints`).
+            # No checkpoint inside a commit (SQLite's default, at 1000 pages of log): a
+            # thread of the store's own checkpoints instead (`_Checkpoints`).
             connection.execute("PRAGMA wal_autocheckpoint=0")
             self._retry_busy(lambda: migrate(connection, self.clock()))
         except BaseException as error:
@@ -1015,24 +1032,102 @@ def _append(
 
 
 class _Checkpoints:
-    """Checkpoints the write-ahead log, between jobs, once enough was written since the last.
+    """Checkpoints the write-ahead log from a thread of its own, once enough was written.
 
     SQLite checkpoints by default inside the commit that takes the log past 1000 pages, so
-    that commit's writers (a batch of a burst's events) wait for it. Here the thread does it
-    once its callers have their outcomes, and only when no job waits (or the log has grown
-    long anyway). A passive checkpoint: it never waits for readers (other processes); what
-    it cannot copy yet stays in the log for the next one. Durability is the same: the log
-    holds every commit until it is copied.
+    that commit's writers (a batch of a burst's events) wait for it. Here the store's thread
+    only counts what it wrote, between its jobs, and wakes a checkpointer: a thread with a
+    connection of its own that copies the log back (PASSIVE: it never waits for readers or
+    the writer). WAL lets it run while the store's thread goes on writing, so a checkpoint
+    (tens of milliseconds on a slow disk: it syncs the database file) never holds up a job.
+    Durability is the same: the log holds every commit until it is copied.
+
+    The log starts over (from its beginning) at the first write after a checkpoint that
+    copied all of it; what was written during a checkpoint is copied by the next one, which
+    follows at once while there is such a rest (`CHECKPOINT_ROUNDS` at most). Under writes
+    that never pause, the checkpointer may not catch up: once the log holds `WAL_FRAMES_MAX`
+    pages, the store's thread copies it itself, between two jobs, while no write runs (so it
+    catches up, and the log stays bounded).
     """
 
-    def __init__(self) -> None:
-        self.written = 0  # the connection's `total_changes` at the last checkpoint
+    def __init__(self, path: str, synchronous: str) -> None:
+        self.path, self.synchronous = path, synchronous
+        self.requested = 0  # the connection's `total_changes` at the last wake-up
+        self.frames = 0  # pages in the log at the last checkpoint's end
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._due = False  # a wake-up the checkpointer has not taken yet
+        self._stopping = False
+        self._thread: threading.Thread | None = None
 
     def __call__(self, db: sqlite3.Connection, busy: bool) -> None:  # in the store's thread
+        if self.frames >= WAL_FRAMES_MAX:
+            # The checkpointer does not catch up: copy the log here, with no write meanwhile.
+            blocked, log, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.frames = 0 if not blocked and copied == log else max(log, 0)
+            return
         written = db.total_changes
-        if written - self.written >= (CHECKPOINT_BUSY_AFTER if busy else CHECKPOINT_AFTER):
-            self.written = written
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if written - self.requested < CHECKPOINT_AFTER:
+            return
+        self.requested = written
+        with self._lock:
+            self._due = True
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._main, name=f"handrail-sqlite-checkpoints {self.path}", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def _main(self) -> None:
+        connection: sqlite3.Connection | None = None
+        try:
+            while True:
+                with self._lock:
+                    while not self._due and not self._stopping:
+                        self._wake.wait()
+                    if self._stopping:
+                        return
+                    self._due = False
+                try:
+                    if connection is None:
+                        connection = sqlite3.connect(self.path, isolation_level=None)
+                        connection.execute(f"PRAGMA synchronous={self.synchronous}")
+                    self._copy(connection)
+                except sqlite3.Error:  # upkeep: tried again at the next wake-up
+                    _log.debug("WAL checkpoint of %r failed", self.path, exc_info=True)
+        finally:
+            if connection is not None:
+                connection.close()
+
+    def _copy(self, connection: sqlite3.Connection) -> None:
+        """Checkpoint until the log is all copied, or a round copies nothing new.
+
+        At most `CHECKPOINT_ROUNDS` rounds: under writes that never pause, the next wake-up
+        goes on.
+        """
+        before = -1
+        for _ in range(CHECKPOINT_ROUNDS):
+            if self._stopping:
+                return
+            blocked, log, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.frames = max(log, 0)
+            if blocked or copied == log or copied <= before:
+                return  # done, or held back by a reader (the next wake-up tries again)
+            before = copied
+
+    def stop(self) -> None:
+        """End the checkpointer.
+
+        Before the store's connection closes: the last one to close checkpoints and removes
+        the log.
+        """
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
 
 def _commit_together(
@@ -1183,7 +1278,3 @@ _END = 2**62  # past any position
 
 def _nothing(db: sqlite3.Connection) -> None:
     return None
-
-
-def _close(db: sqlite3.Connection) -> None:
-    db.close()
