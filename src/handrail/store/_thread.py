@@ -27,9 +27,9 @@ Outcome = tuple[Any, BaseException | None]
 Group = Callable[[C, list[Callable[[C], Any]]], list[Outcome]]
 """Runs write jobs together on the connection; each one's outcome, in order, once they are
 all durable (committed): no job's caller may hear of its result before."""
-Between = Callable[[C, bool], None]
+Between = Callable[[C], None]
 """Upkeep run on the connection after each pass over the waiting jobs, once their callers
-have their outcomes; told whether more jobs wait already (busy). What it raises is dropped."""
+have their outcomes. What it raises is dropped."""
 
 
 class ConnectionThread(Generic[C]):
@@ -122,7 +122,7 @@ class ConnectionThread(Generic[C]):
                     self._run(connection, items)
                     if self._between is not None and not stopping:
                         with contextlib.suppress(Exception):  # upkeep: tried again next time
-                            self._between(connection, not self._jobs.empty())
+                            self._between(connection)
                 if stopping:
                     break
         finally:

@@ -518,10 +518,7 @@ class SqliteStore:
 
         def export(db: sqlite3.Connection) -> str | None:
             with _transaction(db, "BEGIN"):  # one snapshot for the session and its logs
-                row = db.execute(
-                    f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
-                    (session_id,),
-                ).fetchone()
+                row = _session_row(db, session_id)
                 if row is None:
                     return None
                 return export_document(
@@ -1060,7 +1057,7 @@ class _Checkpoints:
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    def __call__(self, db: sqlite3.Connection, busy: bool) -> None:  # in the store's thread
+    def __call__(self, db: sqlite3.Connection) -> None:  # in the store's thread
         if self.frames >= WAL_FRAMES_MAX:
             # The checkpointer does not catch up: copy the log here, with no write meanwhile.
             blocked, log, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
@@ -1228,12 +1225,17 @@ def _transaction(
     db.execute("COMMIT")
 
 
-def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
-    """The session as last saved (inside a transaction: one snapshot), or None."""
-    row = db.execute(
+def _session_row(db: sqlite3.Connection, session_id: str) -> Any:
+    """The session's row as `record_from_row` reads it, or None."""
+    return db.execute(
         f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
         (session_id,),
     ).fetchone()
+
+
+def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
+    """The session as last saved (inside a transaction: one snapshot), or None."""
+    row = _session_row(db, session_id)
     if row is None:
         return None
     record = record_from_row(row)

@@ -141,9 +141,11 @@ def _check_options(where: str, given: Iterable[str], known: Iterable[str]) -> No
 
 
 def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
-    """`Tool.__init__`, refusing a misspelled option with a `ToolDefinitionError`.
+    """`Tool.__init__`, refusing a misspelled option and recording the declaration.
 
-    Python's own refusal is a bare `TypeError` that names no alternative.
+    A misspelled option is a `ToolDefinitionError` naming the close one (Python's own refusal
+    is a bare `TypeError` that names no alternative). The declaration (`Tool._declared`: the
+    function and options) is what `replace` makes a variant from.
     """
     known = [name for name in inspect.signature(init).parameters if name != "self"]
 
