@@ -31,13 +31,15 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
+from .exceptions import MissingExtraError
+
 try:
     import typer
     from rich.console import Console
     from rich.table import Table
 except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        'The handrail command needs typer and rich: pip install "handrail[server]"'
+    raise MissingExtraError(
+        "The handrail command", needs="typer and rich", extra="server"
     ) from error
 
 from ._loop import AgentRun

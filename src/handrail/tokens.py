@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 
-from .exceptions import ConfigError
+from .exceptions import ConfigError, MissingExtraError
 from .messages import Message
 from .models import Model, ToolDefinition
 from .models._anthropic_format import anthropic_messages, anthropic_tools
@@ -119,7 +119,7 @@ def count_tokens(
         tools: the tools the model is told about.
 
     Raises:
-        ImportError: the tokenizer is not installed (`pip install "handrail[tokens]"`).
+        MissingExtraError: the tokenizer is not installed (`pip install "handrail[tokens]"`).
     """
     provider, name = _split(model)
     names = request_tool_names(tools, messages)
@@ -247,8 +247,8 @@ def _encoding(name: str) -> tiktoken.Encoding:
     try:
         import tiktoken
     except ImportError as exc:
-        raise ImportError(
-            'count_tokens needs tiktoken and bpe-openai: pip install "handrail[tokens]"'
+        raise MissingExtraError(
+            "count_tokens", needs="tiktoken and bpe-openai", extra="tokens"
         ) from exc
     digest, pattern, special = _ENCODINGS[name]
     raw = gzip.decompress(_rank_file(name).read_bytes())
@@ -268,5 +268,5 @@ def _rank_file(name: str) -> Path:
     # Found without importing bpe_openai: only its data files are used, not its tokenizer.
     spec = importlib.util.find_spec("bpe_openai")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError('count_tokens needs bpe-openai: pip install "handrail[tokens]"')
+        raise MissingExtraError("count_tokens", needs="bpe-openai", extra="tokens")
     return Path(next(iter(spec.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic_core
 
+from .exceptions import MissingExtraError
 from .messages import Message, ReasoningPart, TextPart, ToolCallPart
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class Tracing:
             conventions ask, since they may hold personal data).
 
     Raises:
-        ImportError: OpenTelemetry is not installed (`pip install "handrail[otel]"`).
+        MissingExtraError: OpenTelemetry is not installed (`pip install "handrail[otel]"`).
     """
 
     __slots__ = ("_context", "_trace", "_tracer", "capture_content")
@@ -94,7 +95,7 @@ class Tracing:
         try:
             from opentelemetry import context, trace
         except ImportError as exc:  # pragma: no cover - the dev extra installs it
-            raise ImportError('Tracing needs OpenTelemetry: pip install "handrail[otel]"') from exc
+            raise MissingExtraError("Tracing", needs="OpenTelemetry", extra="otel") from exc
         self._tracer: Tracer = trace.get_tracer("handrail", tracer_provider=provider)
         self._trace = trace
         self._context = context

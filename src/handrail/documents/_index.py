@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from ..exceptions import ConfigError, DocumentIndexError, HandrailError
+from ..exceptions import ConfigError, DocumentIndexError, HandrailError, MissingExtraError
 from ._embed import Embedder, Vectors, normalize
 from ._types import Chunk
 
@@ -121,7 +121,6 @@ _DIMENSIONS = "handrail:dimensions"
 _SCHEMA_KEY = "handrail:schema"
 _VERSION = "handrail:version"
 _PAGE = 5000  # records fetched a request when reading the whole collection
-_EXTRA = 'pip install "handrail[documents]"'
 
 
 class ChromaIndex:
@@ -480,7 +479,7 @@ def _settings() -> Settings:
     try:
         from chromadb.config import Settings
     except ImportError as error:
-        raise ImportError(f"ChromaIndex needs chromadb: {_EXTRA}") from error
+        raise MissingExtraError("ChromaIndex", needs="chromadb", extra="documents") from error
     return Settings(anonymized_telemetry=False)
 
 

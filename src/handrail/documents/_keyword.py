@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..exceptions import MissingExtraError
 from ._types import Chunk
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def _bm25s() -> tuple[Any, Any]:
         import bm25s
         import Stemmer  # type: ignore[import-not-found]
     except ImportError as error:
-        raise ImportError(
-            'KeywordIndex needs bm25s and PyStemmer: pip install "handrail[documents]"'
+        raise MissingExtraError(
+            "KeywordIndex", needs="bm25s and PyStemmer", extra="documents"
         ) from error
     return bm25s, Stemmer

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TextIO
 
-from ..exceptions import AskPerson, ConfigError, ModelRetry, ToolDefinitionError
+from ..exceptions import AskPerson, ConfigError, MissingExtraError, ModelRetry, ToolDefinitionError
 from ..tools import Permission, Tool, ToolContext
 from ._elicitation import UnfitAnswer, form_content, question, url_question
 
@@ -24,7 +24,7 @@ try:
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(f'MCPToolset needs mcp: pip install "handrail[mcp]" ({exc})') from exc
+    raise MissingExtraError("MCPToolset", needs=f"mcp ({exc})", extra="mcp") from exc
 
 __all__ = ["MCPToolset", "hint_permission"]
 

@@ -35,7 +35,7 @@ from typing import Any, Literal, cast
 
 import pydantic_core
 
-from ..exceptions import ConfigError, ModelError
+from ..exceptions import ConfigError, MissingExtraError, ModelError
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import HostedTool
 from . import (
@@ -83,9 +83,7 @@ try:
     )
     from anthropic.types import Message as AnthropicMessage
 except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        'AnthropicModel needs anthropic: pip install "handrail[anthropic]"'
-    ) from _error
+    raise MissingExtraError("AnthropicModel", needs="anthropic", extra="anthropic") from _error
 
 __all__ = ["AnthropicModel"]
 

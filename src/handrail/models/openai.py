@@ -25,7 +25,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
-from ..exceptions import ModelError
+from ..exceptions import MissingExtraError, ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import check_hosted
 from . import (
@@ -49,7 +49,7 @@ try:
 
     from ._openai_client import OpenAIClientModel
 except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError('OpenAIModel needs openai: pip install "handrail[openai]"') from _error
+    raise MissingExtraError("OpenAIModel", needs="openai", extra="openai") from _error
 
 __all__ = ["OpenAIModel"]
 

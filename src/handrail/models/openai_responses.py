@@ -29,7 +29,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
-from ..exceptions import ModelError
+from ..exceptions import MissingExtraError, ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import HostedTool, check_hosted
 from . import (
@@ -77,9 +77,7 @@ try:
 
     from ._openai_client import OpenAIClientModel
 except ImportError as _error:  # pragma: no cover - exercised without the extra installed
-    raise ImportError(
-        'OpenAIResponsesModel needs openai: pip install "handrail[openai]"'
-    ) from _error
+    raise MissingExtraError("OpenAIResponsesModel", needs="openai", extra="openai") from _error
 
 __all__ = ["OpenAIResponsesModel"]
 

@@ -30,7 +30,7 @@ from ..events import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from ..exceptions import HandrailError
+from ..exceptions import HandrailError, MissingExtraError
 from ..messages import ApprovalCardPart
 from ..state import RunState
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject
@@ -53,9 +53,7 @@ from ._sse import EventStream
 try:
     from ag_ui import core as agui
 except ImportError as exc:  # pragma: no cover - the server extra brings it
-    raise ImportError(
-        'The AG-UI endpoint needs ag-ui-protocol: pip install "handrail[server]"'
-    ) from exc
+    raise MissingExtraError("The AG-UI endpoint", needs="ag-ui-protocol", extra="server") from exc
 
 if TYPE_CHECKING:
     from ._api import Api

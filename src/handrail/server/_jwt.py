@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, MissingExtraError
 from ._auth import Caller
 
 if TYPE_CHECKING:
@@ -49,7 +49,8 @@ class JwtAuthenticator:
         timeout: seconds a JWKS fetch may take.
 
     Raises:
-        ConfigError: PyJWT is missing (`pip install "handrail[server]"`), or an algorithm is
+        ConfigError: PyJWT is missing (`MissingExtraError`: `pip install "handrail[server]"`),
+            or an algorithm is
             not an asymmetric one.
     """
 
@@ -70,9 +71,7 @@ class JwtAuthenticator:
         try:
             import jwt
         except ImportError:  # pragma: no cover - exercised only without the extra
-            raise ConfigError(
-                'JwtAuthenticator needs PyJWT: pip install "handrail[server]"'
-            ) from None
+            raise MissingExtraError("JwtAuthenticator", needs="PyJWT", extra="server") from None
         refused = sorted(set(algorithms) - _ASYMMETRIC)
         if refused or not algorithms:
             raise ConfigError(
