@@ -12,12 +12,12 @@ It needs the `server` extra: `pip install "handrail[server]"`. See docs/server.m
 
 from __future__ import annotations
 
-from ..exceptions import MissingExtraError
-
 try:
     import starlette  # noqa: F401
     import uvicorn  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised only without the extra
+    from ..exceptions import MissingExtraError  # (here: not a member of this package)
+
     raise MissingExtraError(
         "handrail.server", needs="starlette and uvicorn", extra="server"
     ) from error
