@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ._agent_spec import AgentSpec
+from ._random import token_hex
 from .domain import Domain
 from .exceptions import ConfigError, ModelRetry
 from .models._infer import as_model
@@ -54,7 +54,7 @@ DEFAULT_WORKERS = WorkerThreads()
 
 def random_ids(prefix: str) -> str:
     """A random id with a prefix (the default id factory)."""
-    return f"{prefix}_{os.urandom(8).hex()}"
+    return f"{prefix}_{token_hex(8)}"
 
 
 def sequential_ids() -> IdFactory:

@@ -15,10 +15,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._random import token_hex
 
 __all__ = ["CSP", "SecurityHeaders", "request_id", "security_headers"]
 
@@ -65,7 +66,7 @@ class SecurityHeaders:
                 text = value.decode("latin-1")
                 rid = text if _GIVEN_ID.fullmatch(text) else ""
                 break
-        rid = rid or os.urandom(6).hex()
+        rid = rid or token_hex(6)
         scope.setdefault("state", {})["request_id"] = rid
         own = [(b"x-request-id", rid.encode())]
 

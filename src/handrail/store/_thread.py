@@ -116,8 +116,7 @@ class ConnectionThread(Generic[C]):
                     loop, future, _, _ = items.pop()
                     stopper = loop, future
                 if failure is not None:
-                    for loop, future, _, _ in items:
-                        _settle(loop, future, None, failure)
+                    _settle_all([(item, None, failure) for item in items])
                 else:
                     self._run(connection, items)
                     if self._between is not None and not stopping:
@@ -139,8 +138,11 @@ class ConnectionThread(Generic[C]):
         """Run `items` and settle each once its outcome is final.
 
         The writes run together (if there is a group and several writes), then the reads, one by
-        one; without a group, every job runs alone, in order.
+        one; without a group, every job runs alone, in order. Their callers hear of them all at
+        once, at the end (one wake-up of each event loop, not one a job: waking a loop is a
+        system call that gives the GIL away and waits to get it back).
         """
+        settled: list[tuple[_Job, Any, BaseException | None]] = []
         writes = [item for item in items if item[3]]
         reads = [item for item in items if not item[3]]
         if self._group is not None and len(writes) > 1:
@@ -148,21 +150,42 @@ class ConnectionThread(Generic[C]):
                 outcomes = self._group(connection, [job for _, _, job, _ in writes])
             except BaseException as failed:  # the group could not run at all
                 outcomes = [(None, failed)] * len(writes)
-            for (loop, future, _, _), (result, raised) in zip(writes, outcomes, strict=True):
-                _settle(loop, future, result, raised)
+            for item, (result, raised) in zip(writes, outcomes, strict=True):
+                settled.append((item, result, raised))
         else:
             reads = items  # one by one, in order
-        for loop, future, job, _ in reads:
+        for item in reads:
             try:
-                result = job(connection)
+                result = item[2](connection)
             except BaseException as error:
-                _settle(loop, future, None, error)
+                settled.append((item, None, error))
             else:
-                _settle(loop, future, result, None)
+                settled.append((item, result, None))
+        _settle_all(settled)
 
 
 def _stop(connection: Any) -> None:  # a marker: `_main` stops when it meets it
     raise AssertionError("never called")
+
+
+def _settle_all(settled: list[tuple[_Job, Any, BaseException | None]]) -> None:
+    """Hand each job's caller its outcome: one call into each event loop for them all."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, Any]]] = {}
+    for (loop, future, _, _), result, error in settled:
+        by_loop.setdefault(loop, []).append((future, result, error))
+    for loop, outcomes in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(_set_outcomes, outcomes)
+
+
+def _set_outcomes(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, error in outcomes:
+        if future.done():  # the caller was cancelled
+            continue
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
 
 
 def _settle(
@@ -171,13 +194,5 @@ def _settle(
     result: Any,
     error: BaseException | None,
 ) -> None:
-    def settle() -> None:
-        if future.done():  # the caller was cancelled
-            return
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-        loop.call_soon_threadsafe(settle)
+        loop.call_soon_threadsafe(_set_outcomes, [(future, result, error)])
