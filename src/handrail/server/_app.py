@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -132,7 +133,9 @@ def create_app(
         *ui_stream_operations(api),  # the AI SDK's useChat: docs/ai-sdk.md
     ]
     document = openapi(operations, title="handrail", version=_version())
-    routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in operations]
+    # Matched in order: the routes every turn takes come first.
+    hot = sorted(operations, key=lambda op: op.path.rsplit("/", 1)[-1] not in _HOT)
+    routes: list[BaseRoute] = [Route(op.path, op.handler, methods=[op.method]) for op in hot]
     routes.append(Route("/openapi.json", lambda _: JSONResponse(document), methods=["GET"]))
     if static_dir is not None and Path(static_dir).is_dir():
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
@@ -177,6 +180,9 @@ def create_app(
 
 
 _SESSION_ID_MAX = 256
+_HOT = frozenset({"turns", "events", "resolve"})
+"""The last step of the paths a turn takes: their routes are matched first."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _session_id(request: Request) -> str:
@@ -186,9 +192,7 @@ def _session_id(request: Request) -> str:
     log) and ids longer than 256 characters are never session ids.
     """
     session_id: str = request.path_params["session_id"]
-    if len(session_id) > _SESSION_ID_MAX or any(
-        ch < " " or "\x7f" <= ch <= "\x9f" for ch in session_id
-    ):
+    if len(session_id) > _SESSION_ID_MAX or _CONTROL.search(session_id):
         raise ApiError(
             422,
             "invalid_request",
@@ -587,8 +591,9 @@ class _Api(Api):
                 try:
                     async for batch in events:  # every event there is now, in few writes
                         for chunk in _writes(batch):
-                            async for keep_alive in self._within_bandwidth(caller):
-                                yield keep_alive
+                            if self.limits.stream_wait(caller):
+                                async for keep_alive in self._within_bandwidth(caller):
+                                    yield keep_alive
                             yield chunk
                             self.limits.sent(caller, len(chunk))
                 except Exception:

@@ -199,7 +199,8 @@ async def pump(
                     continue
                 cursor.last = event.type
                 chunk += await translate(event)
-            async for keep_alive in api._within_bandwidth(caller):
-                yield keep_alive
+            if api.limits.stream_wait(caller):
+                async for keep_alive in api._within_bandwidth(caller):
+                    yield keep_alive
             yield bytes(chunk)
             api.limits.sent(caller, len(chunk))

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -74,9 +75,21 @@ class EventStream(Response):
             (b"x-accel-buffering", b"no"),  # nginx and the like: do not buffer the stream
             *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items()),
         ]
+        # The write under way (since when, in which task) and the timer watching it.
+        self._since: float | None = None
+        self._writer: asyncio.Task[Any] | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self._late = False  # the watch cancelled the write
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response; return when `chunks` ends or the client goes away."""
+        try:
+            await self._respond(receive, send)
+        finally:
+            if self._watch is not None:
+                self._watch.cancel()
+
+    async def _respond(self, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         # What is there already goes out from this task, at once: a task started now would
         # only run once every turn in progress has had its next slice.
@@ -118,14 +131,42 @@ class EventStream(Response):
                     return  # a client that does not read: drop it; it can reconnect
 
     async def _send(self, send: Send, chunk: bytes) -> bool:
-        """Send `chunk`; False if the client did not take it within `send_timeout`."""
+        """Send `chunk`; False if the client did not take it within `send_timeout`.
+
+        A write hardly ever waits (the transport takes it at once), so it gets no timer of its
+        own (`asyncio.timeout` costs a timer and a cancelled one a write): one timer a stream
+        looks at the write under way when it fires, and cancels it if it is late.
+        """
         message = {"type": "http.response.body", "body": chunk, "more_body": True}
+        if self.send_timeout is None:
+            await send(message)
+            return True
+        loop = asyncio.get_running_loop()
+        self._since, self._writer = loop.time(), asyncio.current_task()
+        if self._watch is None:
+            self._watch = loop.call_at(self._since + self.send_timeout, self._check)
         try:
-            async with asyncio.timeout(self.send_timeout):
-                await send(message)
-        except TimeoutError:
-            return False
+            await send(message)
+        except asyncio.CancelledError:
+            if self._late and self._writer is not None and not self._writer.uncancel():
+                return False  # cancelled by the watch alone
+            raise
+        finally:
+            self._since = None
         return True
+
+    def _check(self) -> None:
+        """The watch: cancel a write that has waited `send_timeout`; else look again later."""
+        self._watch = None
+        if self._since is None or self._writer is None or self.send_timeout is None:
+            return  # no write under way: the next one sets the watch again
+        due = self._since + self.send_timeout
+        loop = asyncio.get_running_loop()
+        if loop.time() >= due:
+            self._late = True
+            self._writer.cancel()
+        else:
+            self._watch = loop.call_at(due, self._check)
 
 
 async def _disconnected(receive: Receive) -> None:
