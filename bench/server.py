@@ -20,6 +20,11 @@ turn's end.
   the same server stack, with the same client, in a `StreamingResponse` (stream) or in one
   response with its length (write): what the stack and the client cost before any of
   handrail's work.
+- Server CPU: the CPU time the server used from the burst's start until its last first event
+  went out, on its event loop's thread ("main thread") and on all its threads (SQLite's store
+  thread too), median of the rounds. A measure of the work a burst's starts cost, which moves
+  less with the machine's other load than a p99 does; printed round by round against the
+  floor's too.
 - Events/s: every event received in a round, over the round's wall time (first POST to the
   last stream's end).
 - Memory per open stream: `--streams` streams opened with `?follow=true` on idle sessions
@@ -124,6 +129,10 @@ def _with_probe(app: Any) -> Any:
     measured since the last probe) and `/_bench/trace` (start)."""
 
     firsts: list[float] = []  # ms from the app's call to the first event, turn by turn
+    # CPU seconds (this thread, the event loop's; and the process's) at `/_bench/mark`, and
+    # when the latest first event went out since.
+    marked = [0.0, 0.0]
+    last_first = [0.0, 0.0]
 
     async def probed(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -139,16 +148,25 @@ def _with_probe(app: Any) -> Any:
                     if called:
                         firsts.append((time.perf_counter() - called) * 1000)
                         called = 0.0
+                        last_first[:] = time.thread_time(), time.process_time()
                 await send(message)
 
             await app(scope, receive, timed)
             return
+        if path == "/_bench/mark":
+            marked[:] = last_first[:] = time.thread_time(), time.process_time()
         if path == "/_bench/trace":
             tracemalloc.start()
         traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
-        served = list(firsts)
-        firsts.clear()
-        body = json.dumps({"rss_kb": _rss_kb(), "traced": traced, "firsts": served}).encode()
+        served = []
+        if path in ("/_bench/memory", "/_bench/trace"):  # (mark and cpu: within a round)
+            served = list(firsts)
+            firsts.clear()
+        cpu = {"main_ms": (last_first[0] - marked[0]) * 1000}
+        cpu["all_ms"] = (last_first[1] - marked[1]) * 1000
+        body = json.dumps(
+            {"rss_kb": _rss_kb(), "traced": traced, "firsts": served, "cpu": cpu}
+        ).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -327,13 +345,16 @@ async def _burst(port: int, n: int) -> dict[str, Any]:
     go = asyncio.Event()
     tasks = [asyncio.create_task(_turn(port, i, go)) for i in ids]
     await asyncio.sleep(0.2)  # every connection is open
+    await _probe(port, "mark")
     began = time.perf_counter()
     go.set()
     results = await asyncio.gather(*tasks)
+    seconds = time.perf_counter() - began
     return {
         "ttfe_ms": [r[0] for r in results],
         "events": sum(r[1] for r in results),
-        "seconds": time.perf_counter() - began,
+        "seconds": seconds,
+        "cpu": (await _probe(port, "cpu"))["cpu"],
     }
 
 
@@ -407,6 +428,7 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "events_per_s": sum(r["events"] for r in rounds) / sum(r["seconds"] for r in rounds),
         "events_per_turn": sum(r["events"] for r in rounds) / len(ttfe),
         "round_p99s": [_percentile(r["ttfe_ms"], 99) for r in rounds],
+        "round_cpus": [r["cpu"] for r in rounds if "cpu" in r],
     }
 
 
@@ -558,6 +580,15 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
         for q in (50, 99):
             values = " ".join(f"{_percentile(r['served'], q):10.1f}" for r in columns)
             print(f"{f'  in the server alone p{q}, ms':34} {values}")
+    for label, key in (
+        ("  server CPU, main thread, ms", "main_ms"),
+        ("  all threads, ms", "all_ms"),
+    ):
+        cells = [
+            f"{statistics.median(c[key] for c in r['round_cpus']):10.1f}" if r["round_cpus"] else ""
+            for r in columns
+        ]
+        print(f"{label:34} {cells[0]:>10} {'':>10} {cells[2]:>10} {cells[3]:>10}")
     label, key, form = rows[3]
     print(f"{label:34} {form.format(burst[key]):>10} {form.format(steady[key]):>10}")
     print(f"{'KB per open stream, RSS':34} {result['rss_kb']:10.1f}")
@@ -576,6 +607,16 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
     spread = ", ".join(f"{r:.2f}" for r in ratios)
     print(
         f"round by round, burst p99 / floor p99: {spread} (median {statistics.median(ratios):.2f}x)"
+    )
+    # What moves less with the machine than a p99: the server's CPU until the last first event.
+    cpus = [
+        b["main_ms"] / f["main_ms"]
+        for b, f in zip(burst["round_cpus"], result["stream"]["round_cpus"], strict=True)
+    ]
+    spread = ", ".join(f"{r:.2f}" for r in cpus)
+    print(
+        f"round by round, server main-thread CPU to the last first event / floor's: {spread} "
+        f"(median {statistics.median(cpus):.2f}x)"
     )
     print(
         f"target, p99 to the first event at {n} concurrent streams ≤ {TARGET_RATIO:g}x the "
