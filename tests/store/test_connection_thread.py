@@ -28,7 +28,7 @@ def _group(connection: _Counted, jobs: list[Any]) -> list[tuple[Any, BaseExcepti
     return outcomes
 
 
-async def test_a_pass_over_many_jobs_wakes_the_loop_once() -> None:
+async def test_a_group_of_writes_wakes_the_loop_once() -> None:
     loop = asyncio.get_running_loop()
     wakeups = 0
     original = loop.call_soon_threadsafe
@@ -48,7 +48,7 @@ async def test_a_pass_over_many_jobs_wakes_the_loop_once() -> None:
         def boom(c: _Counted) -> None:
             raise ValueError("this job fails alone")
 
-        futures = [thread.submit(lambda c, i=i: i, write=i % 2 == 0) for i in range(50)]
+        futures = [thread.submit(lambda c, i=i: i, write=True) for i in range(50)]
         failing = thread.submit(boom, write=True)
         gate.set()
         assert await blocker is True
@@ -58,6 +58,33 @@ async def test_a_pass_over_many_jobs_wakes_the_loop_once() -> None:
         assert wakeups <= 2  # (the blocker may have had a pass of its own), not one a job
     finally:
         loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+        await thread.stop()
+
+
+async def test_a_read_is_answered_as_soon_as_it_has_run() -> None:
+    gate, slow_started = threading.Event(), threading.Event()
+    thread = ConnectionThread(_Counted, lambda c: None, name="test", group=_group)
+    try:
+        blocker = thread.submit(lambda c: gate.wait(5))
+        writes = [thread.submit(lambda c, i=i: i, write=True) for i in range(2)]
+        quick = thread.submit(lambda c: "quick")
+        release = threading.Event()
+
+        def slow(c: _Counted) -> str:
+            slow_started.set()
+            release.wait(5)
+            return "slow"
+
+        late = thread.submit(slow)
+        gate.set()
+        await blocker
+        # The group's writes and the quick read are answered while the slow read still runs.
+        assert await asyncio.wait_for(asyncio.gather(*writes), 2) == [0, 1]
+        assert await asyncio.wait_for(quick, 2) == "quick"
+        assert slow_started.is_set() and not late.done()
+        release.set()
+        assert await late == "slow"
+    finally:
         await thread.stop()
 
 

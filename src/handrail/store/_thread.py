@@ -138,11 +138,11 @@ class ConnectionThread(Generic[C]):
         """Run `items` and settle each once its outcome is final.
 
         The writes run together (if there is a group and several writes), then the reads, one by
-        one; without a group, every job runs alone, in order. Their callers hear of them all at
-        once, at the end (one wake-up of each event loop, not one a job: waking a loop is a
-        system call that gives the GIL away and waits to get it back).
+        one; without a group, every job runs alone, in order. A group's callers hear of their
+        writes all at once, once committed: one wake-up of the event loop for them all, not
+        one a job (waking a loop is a system call that gives the GIL away and waits to get it
+        back, and a burst's group holds hundreds). A read is settled as soon as it has run.
         """
-        settled: list[tuple[_Job, Any, BaseException | None]] = []
         writes = [item for item in items if item[3]]
         reads = [item for item in items if not item[3]]
         if self._group is not None and len(writes) > 1:
@@ -150,18 +150,16 @@ class ConnectionThread(Generic[C]):
                 outcomes = self._group(connection, [job for _, _, job, _ in writes])
             except BaseException as failed:  # the group could not run at all
                 outcomes = [(None, failed)] * len(writes)
-            for item, (result, raised) in zip(writes, outcomes, strict=True):
-                settled.append((item, result, raised))
+            _settle_all([(item, *outcome) for item, outcome in zip(writes, outcomes, strict=True)])
         else:
             reads = items  # one by one, in order
         for item in reads:
             try:
                 result = item[2](connection)
             except BaseException as error:
-                settled.append((item, None, error))
+                _settle_all([(item, None, error)])
             else:
-                settled.append((item, result, None))
-        _settle_all(settled)
+                _settle_all([(item, result, None)])
 
 
 def _stop(connection: Any) -> None:  # a marker: `_main` stops when it meets it
