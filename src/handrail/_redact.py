@@ -11,9 +11,10 @@ the detail goes to the `handrail.runs` log under that reference, with secrets sc
 from __future__ import annotations
 
 import logging
-import os
 import re
 from typing import Any
+
+from ._random import token_hex
 
 __all__ = ["public_event", "scrub"]
 
@@ -57,7 +58,7 @@ def public_event(session_id: str, event: dict[str, Any]) -> dict[str, Any]:
     detail = str(event.get("error") or "")
     match = _CLASS.match(detail)
     kind = match.group(1) if match else "Error"
-    reference = os.urandom(6).hex()
+    reference = token_hex(6)
     _log.error(
         "session %r: the turn failed (reference %s): %s", session_id, reference, scrub(detail)
     )

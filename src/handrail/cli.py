@@ -31,6 +31,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
+from ._random import token_hex
 from .exceptions import MissingExtraError
 
 try:
@@ -448,7 +449,7 @@ def chat(
     )
     chat_ = _Chat(
         engine,
-        session or f"chat-{os.urandom(4).hex()}",
+        session or f"chat-{token_hex(4)}",
         org_id=org,
         user_id=user,
         route=route,

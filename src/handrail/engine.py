@@ -36,6 +36,7 @@ from ._captured import (
     run_actions,
 )
 from ._loop import AgentResult, AgentRun
+from ._random import token_hex
 from ._redact import public_event
 from ._tool_result import ToolResult
 from ._turn import check_resumable, run_turn
@@ -144,9 +145,9 @@ class Engine:
         self._router = self.domain.router()
         self.store: SessionStore = store if store is not None else MemoryStore()
         self.worker_id = (
-            worker_id or os.environ.get("HANDRAIL_WORKER_ID") or f"worker-{os.urandom(6).hex()}"
+            worker_id or os.environ.get("HANDRAIL_WORKER_ID") or f"worker-{token_hex(6)}"
         )
-        self.lease_owner = f"{self.worker_id}#{os.urandom(6).hex()[: INCARNATION - 1]}"
+        self.lease_owner = f"{self.worker_id}#{token_hex(6)[: INCARNATION - 1]}"
         """This process's name on the leases it holds: its worker id and its incarnation."""
         self.lease_ttl = lease_ttl
         self._lost: set[str] = set()  # sessions whose lease another process took over

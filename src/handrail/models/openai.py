@@ -21,10 +21,10 @@ that lacks `[DONE]`, so the adapter checks); one cut after it has lost only the 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
+from .._random import token_hex
 from ..exceptions import MissingExtraError, ModelError
 from ..messages import ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import check_hosted
@@ -183,7 +183,7 @@ class OpenAIModel(OpenAIClientModel):
             parts.append(TextPart(text="".join(text)))
         parts.extend(
             ToolCallPart(
-                id=call.id or f"call_{os.urandom(6).hex()}",
+                id=call.id or f"call_{token_hex(6)}",
                 name=call.name,
                 raw_args="".join(call.args),
             )
