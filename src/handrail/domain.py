@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from ._agent_spec import AgentSpec
 from .exceptions import UserError
 from .policy import DecisionPolicy
-from .tools import Permission
+from .tools import Permission, Tool
 
 __all__ = ["Domain", "RouteDecision", "Router"]
 
@@ -125,6 +125,10 @@ class Domain:
         self.state_type: type[BaseModel] | None = (
             None if state is None else state if isinstance(state, type) else type(state)
         )
+
+    def tools(self) -> dict[str, Tool[Any]]:
+        """Every tool of the domain's agents, by name (what a batch card's actions may call)."""
+        return {name: t for agent in self.agents for name, t in agent.tools.items()}
 
     def route(self, name: str | None) -> list[AgentSpec[Any]]:
         """The agents of route `name` (the default route when None)."""

@@ -71,7 +71,6 @@ from .suspension import (
     decide,
     expire,
 )
-from .tools import Tool
 from .tools._dispatch import Dispatcher, completed_event
 
 __all__ = ["Domain", "Engine", "PendingCard", "PendingPage", "Resolution"]
@@ -480,7 +479,7 @@ class Engine:
 
         A turn recovered from a crash suspends this way: a client may never have seen its cards.
         """
-        tools = self._tools()
+        tools = self.domain.tools()
         events: list[Event] = [RunStarted(run_id=state.run_id, session_id=state.session_id)]
         events += [card_event(card, tools.get(card.tool_name)) for card in state.pending.values()]
         events.append(RunSuspended(pending=list(state.pending)))
@@ -491,7 +490,7 @@ class Engine:
         message = state.messages[-1]  # the turn's answer
         card = batch_card(
             actions,
-            self._tools(),
+            self.domain.tools(),
             card_id=self.runtime.ids("batch"),
             now=self.runtime.clock(),
             ttl=self.runtime.pending_ttl,
@@ -513,7 +512,7 @@ class Engine:
         state.progress.status = "running"  # a crash from here on is recovered from the log
         await self._save(record, state, "active")
         logged = {e.tool_call_id: e for e in await self.store.tool_log(record.id)}
-        tools = self._tools()
+        tools = self.domain.tools()
         dispatcher = Dispatcher(
             tools, state, self.runtime, "apply", journal=_SessionJournal(self, record, state)
         )
@@ -545,10 +544,6 @@ class Engine:
         await self._save(record, state, "completed" if report.ok else "failed")
         run._result = AgentResult(outcome="completed", state=state, output=summary)
         yield RunCompleted(output=summary)
-
-    def _tools(self) -> dict[str, Tool[Any]]:
-        """Every tool of the domain's agents, by name."""
-        return {name: t for agent in self.domain.agents for name, t in agent.tools.items()}
 
     async def _reconcile(
         self, session_id: str, state: RunState, agent: AgentSpec[Any]

@@ -100,7 +100,7 @@ def deciding_tools(domain: Domain, state: RunState) -> Mapping[str, Tool[Any]]:
     (`Engine.resolve`) and `Inbox.decidable` check against the same ones.
     """
     if any(c.kind == "batch" for c in state.pending.values()):
-        return {name: t for agent in domain.agents for name, t in agent.tools.items()}
+        return domain.tools()
     progress = state.progress
     agent = domain.by_name.get(progress.agent) if progress else None
     return agent.tools if agent is not None else {}

@@ -93,7 +93,7 @@ class ConnectionThread(Generic[C]):
         self.ident = threading.get_ident()
         connection: Any = None
         failure: BaseException | None = None
-        stopper: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None
+        stopper: _Job | None = None  # the `stop()` job, settled once all is closed
         try:
             connection = self._connect()
         except BaseException as error:  # handed to every job, so the caller sees it
@@ -113,10 +113,9 @@ class ConnectionThread(Generic[C]):
                     items.append(more)
                     stopping = more[2] is _stop
                 if stopping:
-                    loop, future, _, _ = items.pop()
-                    stopper = loop, future
+                    stopper = items.pop()
                 if failure is not None:
-                    _settle_all([(item, None, failure) for item in items])
+                    _settle([(item, None, failure) for item in items])
                 else:
                     self._run(connection, items)
                     if self._between is not None and not stopping:
@@ -132,7 +131,7 @@ class ConnectionThread(Generic[C]):
                 except BaseException as error:
                     closing_error = error
             if stopper is not None:  # settled last: `stop()` returns once all is closed
-                _settle(*stopper, None, closing_error)
+                _settle([(stopper, None, closing_error)])
 
     def _run(self, connection: Any, items: list[_Job]) -> None:
         """Run `items` and settle each once its outcome is final.
@@ -150,23 +149,23 @@ class ConnectionThread(Generic[C]):
                 outcomes = self._group(connection, [job for _, _, job, _ in writes])
             except BaseException as failed:  # the group could not run at all
                 outcomes = [(None, failed)] * len(writes)
-            _settle_all([(item, *outcome) for item, outcome in zip(writes, outcomes, strict=True)])
+            _settle([(item, *outcome) for item, outcome in zip(writes, outcomes, strict=True)])
         else:
             reads = items  # one by one, in order
         for item in reads:
             try:
                 result = item[2](connection)
             except BaseException as error:
-                _settle_all([(item, None, error)])
+                _settle([(item, None, error)])
             else:
-                _settle_all([(item, result, None)])
+                _settle([(item, result, None)])
 
 
 def _stop(connection: Any) -> None:  # a marker: `_main` stops when it meets it
     raise AssertionError("never called")
 
 
-def _settle_all(settled: list[tuple[_Job, Any, BaseException | None]]) -> None:
+def _settle(settled: list[tuple[_Job, Any, BaseException | None]]) -> None:
     """Hand each job's caller its outcome: one call into each event loop for them all."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, Any]]] = {}
     for (loop, future, _, _), result, error in settled:
@@ -184,13 +183,3 @@ def _set_outcomes(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException |
             future.set_result(result)
         else:
             future.set_exception(error)
-
-
-def _settle(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
-    result: Any,
-    error: BaseException | None,
-) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-        loop.call_soon_threadsafe(_set_outcomes, [(future, result, error)])
