@@ -209,6 +209,11 @@ class SessionNotFoundError(UserError):
         super().__init__(message)
         self.session_id = session_id
 
+    @classmethod
+    def for_caller(cls, session_id: str) -> SessionNotFoundError:
+        """No session `session_id` for the caller: the server's words (another's looks the same)."""
+        return cls(f"No session {session_id!r} for this caller.", session_id=session_id)
+
 
 class RunError(HandrailError):
     """A run failed.

@@ -318,16 +318,12 @@ class _Api(Api):
         session_id = _session_id(request)
         found = await self.store.summary(session_id)  # never the document: it may be unreadable
         if found is None or found.org_id != caller.org_id:
-            raise SessionNotFoundError(
-                f"No session {session_id!r} for this caller.", session_id=session_id
-            )
+            raise SessionNotFoundError.for_caller(session_id)
         if found.user_id == caller.user_id:
             return caller, session_id, None
         state = await self.engine.session(session_id, org_id=found.org_id, user_id=found.user_id)
         if not self.engine.decidable(state, caller.decider()):
-            raise SessionNotFoundError(
-                f"No session {session_id!r} for this caller.", session_id=session_id
-            )
+            raise SessionNotFoundError.for_caller(session_id)
         return caller, session_id, state
 
     async def _owned(self, request: Request) -> tuple[Caller, str]:
@@ -336,9 +332,7 @@ class _Api(Api):
         session_id = _session_id(request)
         found = await self.store.summary(session_id)  # never the document: it may be unreadable
         if found is None or (found.org_id, found.user_id) != caller.who:
-            raise SessionNotFoundError(
-                f"No session {session_id!r} for this caller.", session_id=session_id
-            )
+            raise SessionNotFoundError.for_caller(session_id)
         return caller, session_id
 
     @staticmethod

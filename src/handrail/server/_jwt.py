@@ -50,8 +50,7 @@ class JwtAuthenticator:
 
     Raises:
         ConfigError: PyJWT is missing (`MissingExtraError`: `pip install "handrail[server]"`),
-            or an algorithm is
-            not an asymmetric one.
+            or an algorithm is not an asymmetric one.
     """
 
     def __init__(

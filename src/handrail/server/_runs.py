@@ -143,9 +143,7 @@ class Runs:
         """
         if session_id in self._tasks:
             if self._callers[session_id].who != caller.who:  # another's is no session at all
-                raise SessionNotFoundError(
-                    f"No session {session_id!r} for this caller.", session_id=session_id
-                )
+                raise SessionNotFoundError.for_caller(session_id)
             raise TurnInProgressError(
                 f"A turn of session {session_id!r} is running: wait for it to end, or interrupt it."
             )
