@@ -494,13 +494,11 @@ def _refused(engine: Engine, turn: Turn, choice: _Choice, exc: DecisionNotAllowe
 
 def _policy_words(engine: Engine, tool_name: str) -> str:
     """` (roles: finance; four eyes)`: the tool's policy in words, or nothing if unknown."""
-    domain = engine.domain
-    for agent in [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]:
-        found = agent.tools.get(tool_name)
-        if found is not None:
-            policy = policy_for(found.decision_policy, found.permission, domain.policies)
-            return f" ({policy.describe()})" if policy is not None else ""
-    return ""
+    found = engine.domain.tools().get(tool_name)
+    if found is None:
+        return ""
+    policy = policy_for(found.decision_policy, found.permission, engine.domain.policies)
+    return f" ({policy.describe()})" if policy is not None else ""
 
 
 def _fate(

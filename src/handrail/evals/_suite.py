@@ -214,12 +214,6 @@ class DeciderSpec(_Strict):
     def _listed(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
-    @property
-    def label(self) -> str:
-        """The person in a message: `fiona`, `fiona (finance)`."""
-        roles = f" ({', '.join(self.roles)})" if self.roles else ""
-        return f"{self.user_id}{roles}"
-
 
 def _expected_refusal(value: Any) -> Any:
     if isinstance(value, str) and not value.strip():
