@@ -19,6 +19,31 @@ ANA = {"Authorization": "Bearer key-ana"}  # acme / ana
 BOB = {"Authorization": "Bearer key-bob"}  # globex / bob
 
 
+def http_scope(
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    raw_path: bytes | None = None,
+    query_string: bytes = b"",
+) -> dict[str, Any]:
+    """The ASGI scope of an HTTP request, as a server hands it to the app."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "headers": headers,
+        "scheme": "http",
+        "path": path,
+        "raw_path": raw_path if raw_path is not None else path.encode(),
+        "query_string": query_string,
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 50000),
+        "root_path": "",
+    }
+
+
 class StreamingTransport(httpx.AsyncBaseTransport):
     """Like `httpx.ASGITransport`, but it streams the response as the app sends it.
 
@@ -32,20 +57,13 @@ class StreamingTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = b"".join([chunk async for chunk in request.stream])  # type: ignore[union-attr]
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": request.method,
-            "headers": [(k.lower(), v) for k, v in request.headers.raw],
-            "scheme": "http",
-            "path": request.url.path,
-            "raw_path": request.url.raw_path.split(b"?")[0],
-            "query_string": request.url.query,
-            "server": ("testserver", 80),
-            "client": ("127.0.0.1", 50000),
-            "root_path": "",
-        }
+        scope = http_scope(
+            request.method,
+            request.url.path,
+            [(k.lower(), v) for k, v in request.headers.raw],
+            raw_path=request.url.raw_path.split(b"?")[0],
+            query_string=request.url.query,
+        )
         chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
         started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         gone = asyncio.Event()

@@ -11,7 +11,7 @@ from handrail.models import ModelRequest
 from handrail.server import create_app
 from handrail.testing import FunctionModel, Step
 
-from .conftest import ANA, authenticator
+from .conftest import ANA, authenticator, http_scope
 
 WORDS = 40
 
@@ -36,20 +36,7 @@ class _Paced:
 async def _call(app: Any, method: str, path: str, body: bytes, send: Any) -> None:
     headers = [(b"authorization", ANA["Authorization"].encode()), (b"host", b"test")]
     headers += [(b"accept", b"text/event-stream"), (b"content-type", b"application/json")]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-    }
+    scope = http_scope(method, path, headers)
     given = False
 
     async def receive() -> dict[str, Any]:
