@@ -601,28 +601,26 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
     # Round by round (each of handrail's rounds against the floor's next to it): on a shared
     # machine the floor alone moves by 2x from run to run, so the spread tells a change of the
     # code from the machine's weather. The verdict stays on the pooled p99s.
-    ratios = [
-        b / f for b, f in zip(burst["round_p99s"], result["stream"]["round_p99s"], strict=True)
-    ]
-    spread = ", ".join(f"{r:.2f}" for r in ratios)
-    print(
-        f"round by round, burst p99 / floor p99: {spread} (median {statistics.median(ratios):.2f}x)"
-    )
+    floors = result["stream"]
+    _by_round("burst p99 / floor p99", burst["round_p99s"], floors["round_p99s"])
     # What moves less with the machine than a p99: the server's CPU until the last first event.
-    cpus = [
-        b["main_ms"] / f["main_ms"]
-        for b, f in zip(burst["round_cpus"], result["stream"]["round_cpus"], strict=True)
-    ]
-    spread = ", ".join(f"{r:.2f}" for r in cpus)
-    print(
-        f"round by round, server main-thread CPU to the last first event / floor's: {spread} "
-        f"(median {statistics.median(cpus):.2f}x)"
+    _by_round(
+        "server main-thread CPU to the last first event / floor's",
+        [c["main_ms"] for c in burst["round_cpus"]],
+        [c["main_ms"] for c in floors["round_cpus"]],
     )
     print(
         f"target, p99 to the first event at {n} concurrent streams ≤ {TARGET_RATIO:g}x the "
         f"streamed floor's: burst {burst['p99']:.1f} ms / floor {floor:.1f} ms = "
         f"{ratio:.2f}x: {verdict} ({store} store)"
     )
+
+
+def _by_round(what: str, ours: list[float], floors: list[float]) -> None:
+    """Print handrail's rounds over the floor's rounds next to them, and their median."""
+    ratios = [b / f for b, f in zip(ours, floors, strict=True)]
+    spread = ", ".join(f"{r:.2f}" for r in ratios)
+    print(f"round by round, {what}: {spread} (median {statistics.median(ratios):.2f}x)")
 
 
 if __name__ == "__main__":
