@@ -314,6 +314,9 @@ class SqliteStore:
             # No checkpoint inside a commit (SQLite's default, at 1000 pages of log): a
             # thread of the store's own checkpoints instead (`_Checkpoints`).
             connection.execute("PRAGMA wal_autocheckpoint=0")
+            # Statement journals (and temporary tables) in memory, not in a temporary file: a
+            # save's journal in a file cost it about as much again as the save itself.
+            connection.execute("PRAGMA temp_store=MEMORY")
             self._retry_busy(lambda: migrate(connection, self.clock()))
         except BaseException as error:
             connection.close()
@@ -1128,20 +1131,26 @@ class _Checkpoints:
 
 
 def _commit_together(
-    db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]]
+    db: sqlite3.Connection,
+    jobs: list[Callable[[sqlite3.Connection], Any]],
+    *,
+    savepoints: bool = False,
 ) -> list[Outcome]:
     """Group commit: write jobs in one transaction; each one's outcome, once committed.
 
-    Each job runs in a savepoint of its own: one that fails is rolled back to it and fails
-    alone; the others commit. If SQLite rolls the whole transaction back (a full disk, an I/O
-    error), the failing job fails and the others run again without it. If the commit fails,
-    each job runs again alone, in a transaction of its own (as it would have without the
-    group). If the transaction cannot begin (another process held the lock past
-    `busy_timeout`), every job fails with that.
+    The jobs run one after the other in the transaction. If one fails, nothing of the pass is
+    kept: they all run again (`savepoints`), each in a savepoint of its own, so that the one
+    that fails is rolled back to it and fails alone, and the others commit. (A savepoint is
+    not free: SQLite first copies each page a job changes into its statement journal, and jobs
+    hardly ever fail.) If SQLite rolls the whole transaction back (a full disk, an I/O error),
+    the failing job fails and the others run again without it. If the commit fails, each job
+    runs again alone, in a transaction of its own (as it would have without the group). If the
+    transaction cannot begin (another process held the lock past `busy_timeout`), every job
+    fails with that.
     """
     db.execute("BEGIN IMMEDIATE")  # what it raises, every job of the group gets
     try:
-        return _run_together(db, jobs)
+        return _run_together(db, jobs, savepoints=savepoints)
     except BaseException:  # the group's own statements failed: nothing of it is kept
         if db.in_transaction:
             db.execute("ROLLBACK")
@@ -1149,13 +1158,14 @@ def _commit_together(
 
 
 def _run_together(
-    db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]]
+    db: sqlite3.Connection, jobs: list[Callable[[sqlite3.Connection], Any]], *, savepoints: bool
 ) -> list[Outcome]:
     """`_commit_together`, once its transaction has begun."""
     outcomes: list[Outcome | None] = [None] * len(jobs)
     for index, job in enumerate(jobs):
         try:
-            db.execute("SAVEPOINT handrail_job")
+            if savepoints:
+                db.execute("SAVEPOINT handrail_job")
             outcome: Outcome = (job(db), None)
         except BaseException as error:
             outcome = (None, error)
@@ -1171,8 +1181,12 @@ def _run_together(
                 outcomes[i] = outcome
             return [o for o in outcomes if o is not None]
         if outcome[1] is not None:
+            if not savepoints:  # what it wrote cannot be told apart: all again, with them
+                db.execute("ROLLBACK")
+                return _commit_together(db, jobs, savepoints=True)
             db.execute("ROLLBACK TO handrail_job")
-        db.execute("RELEASE handrail_job")
+        if savepoints:
+            db.execute("RELEASE handrail_job")
     try:
         db.execute("COMMIT")
     except sqlite3.Error:
