@@ -1209,8 +1209,8 @@ def _transaction(
 ) -> Iterator[None]:
     """One explicit transaction, rolled back if the block raises.
 
-    Within the transaction of a group (`_commit_together`), the job's savepoint is the
-    transaction: the block runs in it as it is, or (`nested`: a block whose failure the job
+    Within the transaction of a group (`_commit_together`), the block runs in it as it is
+    (if it fails, the group undoes the job), or (`nested`: a block whose failure the job
     itself handles) in a savepoint of its own, rolled back alone.
     `BEGIN IMMEDIATE` takes the write lock up front, so a read-then-write transaction never
     fails halfway to upgrade its lock (which WAL mode does not wait for).
