@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
 from handrail.store import SqliteStore
@@ -502,6 +505,99 @@ async def test_a_write_that_rolls_back_the_whole_group_fails_alone(tmp_path: Pat
             assert (loaded := await reopened.load(session_id)) and loaded.version == 1
         assert await reopened.events("ok-1") == [(1, {"n": 1})]
         assert await reopened.events("ok-2") == [(1, {"n": 1}), (2, {"n": 2})]
+
+
+_SESSIONS = ("s-a", "s-b")  # s-a starts at version 1 with one message; s-b does not exist
+_SAVE = st.tuples(
+    # From a version that may be stale, of messages from a position that may leave a gap.
+    st.just("save"),
+    st.sampled_from(_SESSIONS),
+    st.integers(0, 2),
+    st.integers(0, 2),
+)
+_WRITE = st.one_of(
+    _SAVE,
+    _SAVE,
+    _SAVE,
+    st.tuples(st.just("append"), st.sampled_from(_SESSIONS), st.integers(1, 3), st.just(0)),
+    st.tuples(st.just("started"), st.sampled_from(_SESSIONS), st.integers(0, 2), st.just(0)),
+    st.tuples(st.just("finished"), st.sampled_from(_SESSIONS), st.integers(0, 2), st.just(0)),
+    st.tuples(st.just("lease"), st.sampled_from(_SESSIONS), st.integers(0, 1), st.just(0)),
+)
+
+
+def _write(store: SqliteStore, n: int, op: tuple[str, str, int, int]) -> Any:
+    kind, session_id, a, b = op
+    if kind == "save":
+        record = SessionRecord(
+            id=session_id, version=a, data={"n": n}, messages=[{"n": n}], messages_from=b
+        )
+        return store.save(record)
+    if kind == "append":
+        return store.append_events(session_id, [{"n": n, "i": i} for i in range(a)])
+    if kind == "started":
+        return store.log_started(session_id, f"c-{a}", key=f"k-{n}", tool="t", args={"n": n})
+    if kind == "finished":
+        return store.log_finished(session_id, f"c-{a}", {"n": n})
+    return store.acquire_lease(session_id, f"w-{a}", 30.0)
+
+
+def _outcome(value: Any) -> Any:
+    """What a caller can tell of an outcome: a saved version, or the error's type and words."""
+    if isinstance(value, SessionRecord):
+        return ("saved", value.version)
+    if isinstance(value, BaseException):
+        return (type(value).__name__, str(value))
+    return value
+
+
+async def _stored(store: SqliteStore) -> Any:
+    stored = {}
+    for session_id in _SESSIONS:
+        record = await store.load(session_id)
+        stored[session_id] = (
+            None if record is None else (record.version, record.data, record.messages),
+            await store.events(session_id),
+            [(e.tool_call_id, e.status, e.result) for e in await store.tool_log(session_id)],
+        )
+    return stored
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(writes=st.lists(_WRITE, min_size=2, max_size=10))
+def test_writes_in_one_group_end_as_they_would_one_at_a_time(
+    writes: list[tuple[str, str, int, int]],
+) -> None:
+    """Whatever mix of writes waits together (some failing: a stale save, a save that would
+    leave a gap after its update ran, a result for an unknown call), each gets the outcome it
+    would have got alone, in the order they were made, and the file ends up the same."""
+
+    async def run(path: Path, together: bool) -> tuple[list[Any], Any]:
+        async with SqliteStore(path) as store:
+            await store.save(SessionRecord(id="s-a", data={"n": -1}, messages=[{"n": -1}]))
+            if together:  # queued behind another process's lock: one group, one commit
+                async with lock_held(path):
+                    outcomes = asyncio.gather(
+                        *(_write(store, n, op) for n, op in enumerate(writes)),
+                        return_exceptions=True,
+                    )
+                outcomes = await outcomes
+            else:
+                outcomes = []
+                for n, op in enumerate(writes):
+                    try:
+                        outcomes.append(await _write(store, n, op))
+                    except Exception as error:
+                        outcomes.append(error)
+            stored = await _stored(store)
+        async with SqliteStore(path) as reopened:  # what was acknowledged was committed
+            assert await _stored(reopened) == stored
+        return [_outcome(o) for o in outcomes], stored
+
+    with tempfile.TemporaryDirectory() as directory:
+        grouped = asyncio.run(run(Path(directory) / "grouped.db", together=True))
+        alone = asyncio.run(run(Path(directory) / "alone.db", together=False))
+    assert grouped == alone
 
 
 async def test_each_write_of_many_writers_is_committed_before_it_is_acknowledged(
