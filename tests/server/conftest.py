@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,21 @@ def http_scope(
     }
 
 
+def http_receive(body: bytes, gone: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """An ASGI `receive`: the request with `body`, then `http.disconnect` once `gone` is set."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 class StreamingTransport(httpx.AsyncBaseTransport):
     """Like `httpx.ASGITransport`, but it streams the response as the app sends it.
 
@@ -67,15 +82,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
         started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         gone = asyncio.Event()
-        request_sent = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal request_sent
-            if not request_sent:
-                request_sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await gone.wait()
-            return {"type": "http.disconnect"}
+        receive = http_receive(body, gone)
 
         async def send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":

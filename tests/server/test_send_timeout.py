@@ -11,7 +11,7 @@ from handrail.models import ModelRequest
 from handrail.server import create_app
 from handrail.testing import FunctionModel, Step
 
-from .conftest import ANA, authenticator, http_scope
+from .conftest import ANA, authenticator, http_receive, http_scope
 
 WORDS = 40
 
@@ -36,18 +36,8 @@ class _Paced:
 async def _call(app: Any, method: str, path: str, body: bytes, send: Any) -> None:
     headers = [(b"authorization", ANA["Authorization"].encode()), (b"host", b"test")]
     headers += [(b"accept", b"text/event-stream"), (b"content-type", b"application/json")]
-    scope = http_scope(method, path, headers)
-    given = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the client never leaves by itself
-        raise AssertionError("unreachable")
-
-    await app(scope, receive, send)
+    # The client never leaves by itself.
+    await app(http_scope(method, path, headers), http_receive(body, asyncio.Event()), send)
 
 
 async def _session(app: Any) -> str:
