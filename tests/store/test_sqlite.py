@@ -577,11 +577,11 @@ def test_writes_in_one_group_end_as_they_would_one_at_a_time(
             await store.save(SessionRecord(id="s-a", data={"n": -1}, messages=[{"n": -1}]))
             if together:  # queued behind another process's lock: one group, one commit
                 async with lock_held(path):
-                    outcomes = asyncio.gather(
+                    made = asyncio.gather(
                         *(_write(store, n, op) for n, op in enumerate(writes)),
                         return_exceptions=True,
                     )
-                outcomes = await outcomes
+                outcomes = await made
             else:
                 outcomes = []
                 for n, op in enumerate(writes):
