@@ -9,6 +9,7 @@ import pytest
 
 from handrail import (
     MESSAGES,
+    ArgumentsChangedError,
     Agent,
     ApprovalCardPart,
     Approve,
@@ -28,6 +29,7 @@ from handrail import (
     tool,
 )
 from handrail.audit import verify
+from handrail.suspension import approved_by, args_digest, current_args, current_digest
 from handrail.store import MemoryStore
 from handrail.testing import ScriptedModel, call, sequential_ids
 
@@ -129,7 +131,9 @@ async def test_two_approvals_from_two_people_run_the_call_once():
     with pytest.raises(DecisionNotAllowedError, match="bo already approved it \\(1 of 2\\)"):
         await engine.resolve("s1", "call_1", Approve(), decider=BO)
     card = await card_of(engine)
-    assert card.approvals == [CardApproval(by="bo", at=1_000.0)]  # `by` is the decider's
+    proposal = args_digest("laptops.wipe", {"laptop": "L-7", "reason": "lost"})
+    # `by` is the decider's; the approval is of the exact arguments proposed
+    assert card.approvals == [CardApproval(by="bo", at=1_000.0, args_digest=proposal)]
     second = await engine.resolve("s1", "call_1", Approve(), decider=CY)
     assert (second.decided, second.pending) == (["call_1"], [])
     assert wiped == []
@@ -152,19 +156,90 @@ async def test_a_rejection_by_an_allowed_decider_decides_a_call_that_needs_two_a
     assert wiped == []
 
 
-async def test_later_approvals_approve_the_first_ones_amendments_and_cannot_change_them():
+async def test_an_amendment_is_a_new_proposal_that_needs_its_own_approvals():
     engine = engine_for(call("laptops.wipe", laptop="L-7"))
     await suspend(engine)
-    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=BO)
-    with pytest.raises(InvalidDecisionError, match="approved by bo with other arguments"):
-        await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "broken"}), decider=CY)
-    same = Approve(amended_args={"reason": "stolen"})  # repeating them is agreeing
-    assert (await engine.resolve("s1", "call_1", same, decider=CY)).ready
+    await engine.resolve("s1", "call_1", Approve(), decider=BO)  # the proposal: reason lost
+    amended = Approve(amended_args={"reason": "stolen"})  # cy amends: a new proposal
+    assert not (await engine.resolve("s1", "call_1", amended, decider=CY)).ready
+    card = await card_of(engine)
+    assert current_args(card) == {"laptop": "L-7", "reason": "stolen"}
+    assert approved_by(card) == ["cy"]  # bo approved other arguments: his does not count
+    # bo may now approve the new arguments, naming them: then they run
+    same = Approve(digest=current_digest(card))
+    assert (await engine.resolve("s1", "call_1", same, decider=BO)).ready
+    [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    assert wiped == ["L-7"]
     state = await engine.session("s1", org_id="acme", user_id="ana")
     card = next(p for m in state.messages for p in m.parts if isinstance(p, ApprovalCardPart))
     assert card.amended_args == {"laptop": "L-7", "reason": "stolen"}
+    assert card.args_digest == args_digest("laptops.wipe", card.amended_args)
 
 
+async def test_an_approval_of_the_proposal_after_an_amendment_is_refused_as_stale():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    proposal = current_digest(await card_of(engine))
+    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=BO)
+    before = await engine.store.load("s1")
+    for stale in (Approve(), Approve(digest=proposal), Approve(digest="0" * 64)):
+        with pytest.raises(ArgumentsChangedError, match="was amended by bo") as refused:
+            await engine.resolve("s1", "call_1", stale, decider=CY)
+        assert refused.value.current_args == {"laptop": "L-7", "reason": "stolen"}
+        assert '"reason" ' not in str(refused.value) and 'reason: "lost" -> "stolen"' in str(
+            refused.value
+        )
+    assert await engine.store.load("s1") == before  # nothing recorded
+    # a rejection on what the decider saw is recorded all the same: it runs nothing
+    assert (await engine.resolve("s1", "call_1", Reject(digest=proposal), decider=CY)).ready
+    [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    assert wiped == []
+
+
+async def test_an_approval_whose_arguments_are_exactly_the_current_ones_counts():
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=BO)
+    with pytest.raises(ArgumentsChangedError):  # other arguments, on a stale view: refused
+        await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "x"}), decider=CY)
+    same = Approve(amended_args={"reason": "stolen"})  # the same change names the same args
+    assert (await engine.resolve("s1", "call_1", same, decider=CY)).ready
+    [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
+    assert wiped == ["L-7"]
+
+
+async def test_the_amounts_attack_never_runs_what_the_second_approver_did_not_see():
+    """Issue 31: bo amends 500 -> 999999; cy, who saw 500, approves: never 999999."""
+    store = MemoryStore()
+    pay_log: list[float] = []
+
+    @tool(name="pay", permission="destructive", amendable=["amount"])
+    def pay(to: str, amount: float) -> str:
+        """Pay someone."""
+        pay_log.append(amount)
+        return "paid"
+
+    engine = Engine(
+        Domain(agents=[Agent("desk", tools=[pay])], policies={"destructive": ADMINS}),
+        store=store,
+        runtime=Runtime(
+            model=ScriptedModel([[call("pay", to="x", amount=500)], "Done."]),
+            ids=sequential_ids(),
+            clock=lambda: 1_000.0,
+        ),
+    )
+    await suspend(engine)
+    seen = current_digest(await card_of(engine))  # cy's page, loaded now
+    await engine.resolve("s1", "call_1", Approve(amended_args={"amount": 999999}), decider=BO)
+    for decision in (Approve(), Approve(digest=seen), Approve(amended_args={"amount": 500})):
+        try:
+            resolution = await engine.resolve("s1", "call_1", decision, decider=CY)
+        except ArgumentsChangedError:
+            continue
+        assert not resolution.ready  # an approval of 500 is a new proposal, never 999999
+    card = await card_of(engine)
+    assert pay_log == [] and card.decision is None
+    assert (current_args(card)["amount"], approved_by(card)) == (999999, ["bo"])  # all refused
 async def test_a_tools_own_policy_wins_over_the_domains_default():
     engine = engine_for(call("laptops.lock", laptop="L-7"), policies={"write": ADMINS})
     await suspend(engine)
@@ -269,6 +344,8 @@ async def test_each_approval_of_a_two_approval_call_is_audited():
     await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=CY)
     [e async for e in engine.resume("s1", org_id="acme", user_id="ana")]
     entries = await engine.store.audit("acme")
+    stolen = args_digest("laptops.wipe", {"laptop": "L-7", "reason": "stolen"})
+    assert [e.args_digest for e in entries[:2]] == [stolen, stolen]  # what each approved
     assert [(e.kind, e.who, e.decision) for e in entries] == [
         ("decision", "bo", "approve"),
         ("decision", "cy", "approve"),

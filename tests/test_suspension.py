@@ -948,4 +948,5 @@ def test_a_decisions_first_field_is_positional_and_the_rest_are_keywords():
         "reason": "no",
         "by": None,
         "via": None,
+        "digest": None,
     }

@@ -44,6 +44,7 @@ from .events import (
     UsageEvent,
 )
 from .exceptions import (
+    ArgumentsChangedError,
     AskPerson,
     ConfigError,
     ConflictError,
@@ -120,6 +121,7 @@ __all__ = [
     "ApprovalCardPart",
     "ApprovalRequired",
     "Approve",
+    "ArgumentsChangedError",
     "AskPerson",
     "AuditEntry",
     "CapturedAction",

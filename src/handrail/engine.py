@@ -68,6 +68,7 @@ from .suspension import (
     approved_plan,
     args_digest,
     card_event,
+    current_digest,
     decide,
     expire,
 )
@@ -821,7 +822,7 @@ class Engine:
                 org_id=record.org_id,
                 session_id=record.id,
                 via=via,
-                args_digest=card.args_digest or args_digest(card.tool_name, card.args),
+                args_digest=_decided_digest(card),
             )
             for card, via in cards
         ]
@@ -1198,3 +1199,13 @@ def _report_text(report: ApplyReport) -> str:
             f"{len(report.not_run)} did not run"
         )
     return text + "."
+
+
+def _decided_digest(card: ApprovalCardPart) -> str:
+    """The digest of what the card's latest decision was made on, for its audit entry.
+
+    An approval that is not yet the last of those a call needs is the digest it approved.
+    """
+    if card.decision is None and card.approvals:
+        return card.approvals[-1].args_digest or current_digest(card)
+    return card.args_digest or current_digest(card)

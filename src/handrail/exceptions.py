@@ -46,6 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ArgumentsChangedError",
     "AskPerson",
     "ConfigError",
     "ConflictError",
@@ -313,6 +314,28 @@ class StaleResolutionError(RunError):
     def __init__(self, message: str, *, tool_call_id: str) -> None:
         super().__init__(message)
         self.tool_call_id = tool_call_id
+
+
+class ArgumentsChangedError(StaleResolutionError):
+    """A decision made on arguments that are no longer the call's current ones.
+
+    Another approver amended the call (a new proposal) after the decider looked at it, or the
+    decision named no digest and the arguments are no longer the model's proposal. Nothing
+    was recorded: look at the card again (its `args`, `changes` and `digest`) and decide on
+    what it shows now.
+
+    Attributes:
+        tool_call_id: the call the decision was for.
+        digest: the digest of the call's current arguments (name it to decide on them).
+        current_args: the call's current arguments.
+    """
+
+    def __init__(
+        self, message: str, *, tool_call_id: str, digest: str, current_args: dict[str, Any]
+    ) -> None:
+        super().__init__(message, tool_call_id=tool_call_id)
+        self.digest = digest
+        self.current_args = current_args
 
 
 class DecisionNotAllowedError(RunError):

@@ -151,7 +151,12 @@ class CardApproval:
     at: float
     """When (seconds since the epoch)."""
     amended_args: dict[str, Any] | None = None
-    """The arguments as this approval amended them (every approval approves the same ones)."""
+    """The arguments this approval approved, in full, when they differ from the model's
+    proposal (None: the proposal itself)."""
+    args_digest: str | None = None
+    """The digest of the exact arguments approved (`handrail.suspension.args_digest`). Only
+    the approvals of the card's current arguments count toward it; None on an approval
+    stored by an older handrail (its digest is then computed from `amended_args`)."""
 
 
 @dataclass(kw_only=True, slots=True)

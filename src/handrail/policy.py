@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from .exceptions import DecisionNotAllowedError, ToolDefinitionError
 
-__all__ = ["Decider", "DecisionPolicy", "check", "policy_for", "refusal"]
+Verdict: TypeAlias = Literal["approve", "reject", "answer", "client_result"]
+"""The decisions a person (or a client) makes on a card, as a policy judges them."""
+
+__all__ = ["Decider", "DecisionPolicy", "Verdict", "check", "policy_for", "refusal"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,11 +42,17 @@ class DecisionPolicy:
     """The roles that may decide (a decider needs one of them). Empty: any member of the
     session's organisation."""
     four_eyes: bool = False
-    """The person who requested the call may not approve it (they may still reject it:
-    withdraw their own request)."""
+    """The person who requested the call may not decide it in any way that lets it produce a
+    result: approve or amend it, answer it, or post its client result. They may still
+    withdraw it (reject it), as `withdraw` says."""
     approvals: int = 1
-    """How many different people must approve the call before it runs. A rejection by anyone
-    allowed to decide decides it at once."""
+    """How many different people must approve the call, with the same arguments, before it
+    runs. An amendment is a new proposal: the approvals of other arguments stop counting. A
+    rejection by anyone allowed to decide decides it at once; so does an answer or a client
+    result (each by one person, who must meet `roles` and `four_eyes`)."""
+    withdraw: bool = True
+    """The person who requested the call may reject it (withdraw their own request) without
+    holding one of `roles`. False: only someone the policy allows rejects it."""
 
     def __post_init__(self) -> None:
         roles: Any = self.roles
@@ -68,6 +77,8 @@ class DecisionPolicy:
             parts.append("four eyes")
         if self.approvals > 1:
             parts.append(f"{self.approvals} approvals")
+        if not self.withdraw:
+            parts.append("no withdrawing")
         return "; ".join(parts)
 
 
@@ -111,18 +122,22 @@ def refusal(
     decider: Decider | None,
     requester: str | None,
     *,
-    approving: bool,
+    decision: Verdict,
     approved_by: Sequence[str] = (),
 ) -> str | None:
     """Why `decider` may not make this decision, in words naming the rule; None if they may.
+
+    The policy governs every decision that lets a call produce a result (`approve`,
+    `answer`, `client_result`); a `reject` is the one the requester may make without the
+    policy's roles, to withdraw their own request (unless the policy says `withdraw=False`).
 
     Args:
         tool_name: the tool whose call is decided.
         policy: its policy (None: only the requester decides).
         decider: who decides (None: a trusted library call naming nobody).
         requester: who requested the call (the session's user).
-        approving: the decision approves the call (four eyes and the count concern approvals).
-        approved_by: who already approved it.
+        decision: the kind of decision (`approve`, `reject`, `answer`, `client_result`).
+        approved_by: who already approved the arguments this approval approves.
     """
     if decider is None:
         if policy is None:
@@ -140,25 +155,36 @@ def refusal(
             f"decides it; {who} may not. Give the tool a decision_policy= (or the domain "
             f"policies=) to let others decide."
         )
-    if not approving and who == requester:
-        return None  # the requester may always withdraw their own request
+    withdrawing = decision == "reject" and who == requester
+    if withdrawing and policy.withdraw:
+        return None  # the requester may withdraw their own request
     if policy.roles and not (decider.roles & policy.roles):
         held = ", ".join(sorted(decider.roles)) or "no role"
         return (
             f"{tool_name} needs the role {' or '.join(sorted(policy.roles))}; {who} has none "
-            f"of them ({held})."
+            f"of them ({held})"
+            + ("." if decision == "approve" else f" to {_VERB[decision]} its calls.")
         )
-    if approving and policy.four_eyes and who == requester:
+    if policy.four_eyes and who == requester and not withdrawing:
         return (
-            f"{tool_name} needs four eyes: {who} requested the call and may not approve it; "
-            f"someone else must."
+            f"{tool_name} needs four eyes: {who} requested the call and may not "
+            f"{_VERB[decision]} it; someone else must."
         )
-    if approving and who in approved_by:
+    if decision == "approve" and who in approved_by:
         return (
             f"{tool_name} needs {policy.approvals} approvals from different people; {who} "
-            f"already approved it ({len(approved_by)} of {policy.approvals})."
+            f"already approved it ({len(approved_by)} of {policy.approvals}), with these "
+            f"arguments."
         )
     return None
+
+
+_VERB: dict[Verdict, str] = {
+    "approve": "approve",
+    "reject": "reject",
+    "answer": "answer",
+    "client_result": "post the result of",
+}
 
 
 def check(
@@ -166,7 +192,7 @@ def check(
     decider: Decider | None,
     requester: str | None,
     *,
-    approving: bool,
+    decision: Verdict,
     approved_by: Sequence[str] = (),
 ) -> None:
     """Raise unless `decider` may make this decision under every one of `rules`.
@@ -175,15 +201,15 @@ def check(
         rules: (tool name, its policy) for each tool the decision concerns (one, or a batch's).
         decider: who decides.
         requester: who requested the call.
-        approving: whether the decision approves.
-        approved_by: who already approved it.
+        decision: the kind of decision.
+        approved_by: who already approved the arguments this approval approves.
 
     Raises:
         DecisionNotAllowedError: the first rule broken, named.
     """
     for tool_name, policy in rules:
         why = refusal(
-            tool_name, policy, decider, requester, approving=approving, approved_by=approved_by
+            tool_name, policy, decider, requester, decision=decision, approved_by=approved_by
         )
         if why is not None:
             raise DecisionNotAllowedError(why, tool_name=tool_name)

@@ -39,7 +39,12 @@ from pydantic import Field, TypeAdapter
 from ._captured import CapturedAction
 from ._tool_result import ToolResult
 from .events import ApprovalRequired, ClientExecRequired, Event, InputRequired
-from .exceptions import InvalidDecisionError, PathError, StaleResolutionError
+from .exceptions import (
+    ArgumentsChangedError,
+    InvalidDecisionError,
+    PathError,
+    StaleResolutionError,
+)
 from .messages import ApprovalCardPart, CardApproval, DecisionKind, ToolCallPart
 from .policy import Decider, DecisionPolicy, check, policy_for, refusal
 from .tools._arguments import ArgumentsError
@@ -99,6 +104,11 @@ class Approve:
     """Who decided (recorded on the card; with `resolve(decider=...)`, the decider)."""
     via: str | None = None
     """Through which API key or token the decision came (set by the server; audited)."""
+    digest: str | None = None
+    """The digest of the arguments this decision was made on: the card's `digest` as the
+    decider saw it (`PendingCard.digest`, the `digest` of an `approval-required` event).
+    A decision on arguments that are no longer the call's current ones is refused
+    (`ArgumentsChangedError`). None: the model's proposal, as first shown."""
     decision: Literal["approve"] = "approve"
 
 
@@ -113,6 +123,9 @@ class Reject:
     """Who decided (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
     """Through which API key or token the decision came (set by the server; audited)."""
+    digest: str | None = None
+    """The digest of the arguments the decider saw (`PendingCard.digest`). A rejection is
+    recorded whatever the arguments are now: it never lets anything run."""
     decision: Literal["reject"] = "reject"
 
 
@@ -135,6 +148,11 @@ class Answer:
     """Who answered (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
     """Through which API key or token the decision came (set by the server; audited)."""
+    digest: str | None = None
+    """The digest of the arguments this decision was made on: the card's `digest` as the
+    decider saw it (`PendingCard.digest`, the `digest` of an `approval-required` event).
+    A decision on arguments that are no longer the call's current ones is refused
+    (`ArgumentsChangedError`). None: the model's proposal, as first shown."""
     decision: Literal["answer"] = "answer"
 
 
@@ -151,6 +169,11 @@ class ClientResult:
     """Who (which client) posted it (with `resolve(decider=...)`, the decider)."""
     via: str | None = None
     """Through which API key or token the decision came (set by the server; audited)."""
+    digest: str | None = None
+    """The digest of the arguments this decision was made on: the card's `digest` as the
+    decider saw it (`PendingCard.digest`, the `digest` of an `approval-required` event).
+    A decision on arguments that are no longer the call's current ones is refused
+    (`ArgumentsChangedError`). None: the model's proposal, as first shown."""
     decision: Literal["client_result"] = "client_result"
 
 
@@ -294,17 +317,23 @@ def decide(
             f"card, which is one of {', '.join(_ACCEPTS[card.kind])}; got {kind!r}."
         )
     rules = _rules(card, tools, policies or {})
-    approving = isinstance(decision, Approve)
-    approved_by = [a.by or "" for a in card.approvals or ()]
-    check(rules, decider, state.user_id, approving=approving, approved_by=approved_by)
+    check(rules, decider, state.user_id, decision=kind)
+    stale = None if isinstance(decision, Reject) else _stale(card, decision.digest)
+    if stale is not None and (decision.digest is not None or not isinstance(decision, Approve)):
+        raise stale  # an approval naming no digest may still name exactly the current args
     needed = max((p.approvals for _, p in rules if p is not None), default=1)
     if card.kind == "batch":
-        amended_plan = decide_batch(state, tools, card, decision)
         if isinstance(decision, Approve) and needed > 1:
-            changes = bool(decision.actions)
-            if not _approval(card, decision, now, amended_plan, changes, needed):
+            base = card.args if decision.digest is None else current_args(card)
+            plan = base
+            if decision.actions:
+                plan = decide_batch(state, tools, card, decision, base) or base
+            if stale is not None and plan != current_args(card):
+                raise stale
+            if not _approval(card, decision, now, plan, rules, decider, state.user_id, needed):
                 return card
-            amended_plan = (card.approvals or [])[0].amended_args
+            return _record(state, card, decision, now, _unless_proposed(card, plan), None)
+        amended_plan = decide_batch(state, tools, card, decision)
         return _record(state, card, decision, now, amended_plan, None)
     if isinstance(decision, Approve) and decision.actions is not None:
         raise InvalidDecisionError(
@@ -321,12 +350,17 @@ def decide(
     output: Any = None
     if isinstance(decision, Approve):
         assert tool is not None
-        amended = _amend(state, tool, card, decision.amended_args)
+        base = card.args if decision.digest is None else current_args(card)
+        amended = _amend(state, tool, card, base, decision.amended_args)
+        approved = amended if amended is not None else base
+        if stale is not None and approved != current_args(card):
+            raise stale
         if needed > 1:
-            changes = bool(decision.amended_args)
-            if not _approval(card, decision, now, amended, changes, needed):
+            if not _approval(card, decision, now, approved, rules, decider, state.user_id, needed):
                 return card
-            amended = (card.approvals or [])[0].amended_args
+            amended = _unless_proposed(card, approved)
+        elif amended is None and approved != card.args:
+            amended = approved  # amended by an approver while its policy needed more
     elif isinstance(decision, Answer) and card.kind == "question":
         if not isinstance(decision.output, str) or not decision.output.strip():
             raise InvalidDecisionError(
@@ -343,6 +377,84 @@ def decide(
     return _record(state, card, decision, now, amended, output)
 
 
+def current_args(card: ApprovalCardPart) -> dict[str, Any]:
+    """The arguments the call runs with if it is approved now.
+
+    The model's proposal, or the latest amendment an approver made of it (a call that needs
+    several approvals), or, once decided, the arguments that were approved.
+    """
+    if card.decision is not None:
+        return card.amended_args if card.amended_args is not None else card.args
+    if card.approvals:
+        last = card.approvals[-1].amended_args
+        return last if last is not None else card.args
+    return card.args
+
+
+def current_digest(card: ApprovalCardPart) -> str:
+    """The digest of `current_args`: what a decision names to decide on them (`digest=`)."""
+    return args_digest(card.tool_name, current_args(card))
+
+
+def approved_by(card: ApprovalCardPart, digest: str | None = None) -> list[str]:
+    """Who approved the arguments whose digest is `digest` (default: the current ones).
+
+    Only these approvals count toward the call's policy: an approval of other arguments (an
+    earlier proposal) does not.
+    """
+    digest = digest or current_digest(card)
+    return [a.by or "" for a in card.approvals or () if _approval_digest(card, a) == digest]
+
+
+def changes(card: ApprovalCardPart) -> dict[str, tuple[Any, Any]]:
+    """What the current arguments change from the model's proposal: name -> (proposed, now)."""
+    now = current_args(card)
+    return {
+        name: (card.args.get(name), now.get(name))
+        for name in sorted(card.args.keys() | now.keys())
+        if card.args.get(name) != now.get(name)
+    }
+
+
+def _approval_digest(card: ApprovalCardPart, approval: CardApproval) -> str:
+    if approval.args_digest is not None:
+        return approval.args_digest
+    args = approval.amended_args if approval.amended_args is not None else card.args
+    return args_digest(card.tool_name, args)  # stored by a handrail before digests
+
+
+def _stale(card: ApprovalCardPart, seen: str | None) -> ArgumentsChangedError | None:
+    """The error for a decision made on arguments that are no longer the card's current ones.
+
+    `seen` is the digest the decision names; None stands for the model's proposal. An
+    approval whose arguments come out exactly as the current ones is not stale: it approves
+    what will run.
+    """
+    current = current_digest(card)
+    if seen == current or (seen is None and current_args(card) == card.args):
+        return None
+    label = f"Call {card.tool_call_id} ({card.tool_name})"
+    amenders = [a.by or "someone" for a in card.approvals or () if a.amended_args is not None]
+    by = f" by {amenders[-1]}" if amenders else ""
+    diff = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in changes(card).items())
+    since = "the arguments this decision names" if seen is not None else "the model's proposal"
+    so_far = ", ".join(approved_by(card, current)) or "nobody yet"
+    return ArgumentsChangedError(
+        f"{label} was amended{by}: its arguments are no longer {since}, and nothing was "
+        f"recorded. They are now {_short(current_args(card))} ({diff or 'as proposed'}; "
+        f"digest {current}, approved by {so_far}). Look at the card again and decide on what "
+        f"it shows now, naming its current digest.",
+        tool_call_id=card.tool_call_id,
+        digest=current,
+        current_args=current_args(card),
+    )
+
+
+def _short(value: Any) -> str:
+    text = pydantic_core.to_json(value).decode()
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def decidable(
     state: RunState,
     tools: Mapping[str, Tool[Any]],
@@ -354,7 +466,7 @@ def decidable(
         tool_call_id
         for tool_call_id, card in state.pending.items()
         if all(
-            refusal(name, policy, decider, state.user_id, approving=False) is None
+            refusal(name, policy, decider, state.user_id, decision="reject") is None
             for name, policy in _rules(card, tools, policies or {})
         )
     ]
@@ -365,7 +477,13 @@ def _rules(
 ) -> list[tuple[str, DecisionPolicy | None]]:
     """(tool name, its policy) for each tool the card's decision concerns."""
     if card.kind == "client_exec":
-        return [(card.tool_name, None)]  # the requester's own client answers it
+        # The requester's own client runs the call (already approved, if it is gated): only
+        # the tool's own policy's roles apply to who posts its result.
+        tool = tools.get(card.tool_name)
+        own = tool.decision_policy if tool is not None else None
+        if own is not None:
+            own = dataclasses.replace(own, four_eyes=False, approvals=1)
+        return [(card.tool_name, own)]
     names = [card.tool_name]
     if card.kind == "batch":
         names = sorted({str(a["tool"]) for a in card.args.get("actions", ())})
@@ -383,22 +501,30 @@ def _approval(
     card: ApprovalCardPart,
     decision: Approve,
     now: float,
-    amended: dict[str, Any] | None,
-    changes: bool,
+    approved: dict[str, Any],
+    rules: list[tuple[str, DecisionPolicy | None]],
+    decider: Decider | None,
+    requester: str | None,
     needed: int,
 ) -> bool:
-    """Add one approval of a call that needs `needed`; True once there are enough."""
-    approvals = card.approvals or []
-    if approvals and changes and amended != approvals[0].amended_args:
-        raise InvalidDecisionError(
-            f"Call {card.tool_call_id} ({card.tool_name}) was approved by {approvals[0].by} "
-            f"with other arguments ({approvals[0].amended_args or card.args}); every approval "
-            f"approves the same ones. Approve without amendments, or reject it."
-        )
-    if approvals:
-        amended = approvals[0].amended_args
-    card.approvals = [*approvals, CardApproval(by=decision.by, at=now, amended_args=amended)]
-    return len(card.approvals) >= needed
+    """Add one approval of `approved` (the exact arguments) to a call that needs `needed`.
+
+    An approval of other arguments than the current ones (an amendment) is a new proposal:
+    the approvals of the earlier ones stop counting. True once enough people approved the
+    current arguments.
+    """
+    digest = args_digest(card.tool_name, approved)
+    so_far = approved_by(card, digest)
+    check(rules, decider, requester, decision="approve", approved_by=so_far)
+    amended = _unless_proposed(card, approved)
+    approval = CardApproval(by=decision.by, at=now, amended_args=amended, args_digest=digest)
+    card.approvals = [*(card.approvals or []), approval]
+    return len(so_far) + 1 >= needed
+
+
+def _unless_proposed(card: ApprovalCardPart, args: dict[str, Any]) -> dict[str, Any] | None:
+    """`args`, or None when they are the model's proposal."""
+    return None if args == card.args else args
 
 
 def _record(
@@ -457,12 +583,16 @@ def _why_stale(state: RunState, tool_call_id: str) -> str:
 
 
 def _amend(
-    state: RunState, tool: Tool[Any], card: ApprovalCardPart, changes: dict[str, Any] | None
+    state: RunState,
+    tool: Tool[Any],
+    card: ApprovalCardPart,
+    base: dict[str, Any],
+    changes: dict[str, Any] | None,
 ) -> dict[str, Any] | None:
     if not changes:
         return None
     label = f"Call {card.tool_call_id} ({card.tool_name})"
-    return amend(state, tool, card.args, changes, card.amendable, label)
+    return amend(state, tool, base, changes, card.amendable, label)
 
 
 def amend(
@@ -574,11 +704,13 @@ def decide_batch(
     tools: Mapping[str, Tool[Any]],
     card: ApprovalCardPart,
     decision: Decision,
+    base: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Check a decision on a batch card; return the plan it approves (None: nothing runs).
 
-    The plan is the card's actions with per-action amendments made and rejections marked
-    `skipped`; its digest binds the approval, as for a single call.
+    The plan is the card's actions (or `base`, the plan an earlier approver amended) with
+    per-action amendments made and rejections marked `skipped`; its digest binds the
+    approval, as for a single call.
 
     Raises:
         InvalidDecisionError: an unknown action index, a change to a field its tool does
@@ -591,7 +723,8 @@ def decide_batch(
             f"Batch {card.tool_call_id} holds several actions: amend them one by one, in "
             f"actions (by each action's index), each with its own amended_args."
         )
-    actions = [CapturedAction.model_validate(a) for a in card.args["actions"]]
+    plan = base if base is not None else card.args
+    actions = [CapturedAction.model_validate(a) for a in plan["actions"]]
     choices = decision.actions or {}
     known = {a.local_index for a in actions}
     unknown = sorted(set(choices) - known)
