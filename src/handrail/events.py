@@ -183,6 +183,9 @@ class ApprovalRequired:
     """What the card asks: `approval` (run this call?), `recovery` (this call may have run
     before a crash: retry, skip, or say it ran), `batch` (apply a headless run's actions); a
     recovered turn may also announce `elicitation` and `client_exec` cards this way."""
+    digest: str | None = None
+    """The digest of `args`: an approval names it (`Approve(digest=...)`) to approve
+    exactly these arguments."""
     type: Literal["approval-required"] = "approval-required"
 
 

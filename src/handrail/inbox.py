@@ -19,7 +19,7 @@ from .messages import CardApproval, CardKind
 from .policy import Decider
 from .state import RunState
 from .store import SessionStore, SessionSummary
-from .suspension import decidable
+from .suspension import ArgChange, card_state, decidable
 from .tools import Tool
 
 __all__ = ["Inbox", "PendingCard", "PendingPage", "Waiting"]
@@ -40,7 +40,17 @@ class PendingCard:
     prompt: str | None
     """What to ask the decider."""
     args: dict[str, Any]
-    """The arguments as proposed (a batch card's: its actions)."""
+    """The arguments the call runs with if it is approved now: the model's proposal, as
+    approvers amended it so far (a batch card's: its actions)."""
+    digest: str
+    """The digest of `args`: a decision names it (`Approve(digest=...)`) to decide on exactly
+    these arguments; one made on others is refused (`ArgumentsChangedError`)."""
+    proposed_args: dict[str, Any]
+    """The arguments as the model proposed them."""
+    changes: dict[str, ArgChange]
+    """What `args` change from the proposal, by argument name (empty: nothing)."""
+    approved_by: list[str]
+    """Who approved exactly `args` so far (a call whose policy needs several approvals)."""
     amendable: list[str]
     """The arguments the decider may change."""
     created_at: float | None
@@ -50,7 +60,8 @@ class PendingCard:
     requester: str | None
     """The user whose session waits (who asked for the call)."""
     approvals: list[CardApproval]
-    """The approvals given so far, for a call whose policy needs several."""
+    """Every approval given so far, of these arguments or of earlier proposals (only
+    `approved_by` count), for a call whose policy needs several."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -325,6 +336,7 @@ def _cards(
             continue
         if newer_than is not None and (raised is None or raised <= now - newer_than):
             continue
+        stands = card_state(card)
         cards.append(
             PendingCard(
                 session_id=entry.summary.id,
@@ -332,7 +344,11 @@ def _cards(
                 tool=card.tool_name,
                 kind=card.kind,
                 prompt=card.prompt,
-                args=card.args,
+                args=stands.args,
+                digest=stands.digest,
+                proposed_args=card.args,
+                changes=stands.changes,
+                approved_by=stands.approved_by,
                 amendable=list(card.amendable),
                 created_at=card.created_at,
                 expires_at=card.expires_at,

@@ -58,12 +58,19 @@ __all__ = [
     "ActionChoice",
     "Answer",
     "Approve",
+    "ArgChange",
+    "CardState",
     "ClientResult",
     "Decision",
     "Reject",
+    "approved_by",
     "approved_plan",
     "args_digest",
     "card_event",
+    "card_state",
+    "changes",
+    "current_args",
+    "current_digest",
     "decidable",
     "decide",
     "decide_batch",
@@ -246,13 +253,15 @@ def card_event(card: ApprovalCardPart, tool: Tool[Any] | None) -> Event:
         return ClientExecRequired(
             tool_call_id=card.tool_call_id, name=card.tool_name, args=card.args
         )
+    now = current_args(card)
     return ApprovalRequired(
         tool_call_id=card.tool_call_id,
         name=card.tool_name,
-        args=card.args,
+        args=now,
         prompt=card.prompt,
         amendable=list(card.amendable),
         kind=card.kind,
+        digest=args_digest(card.tool_name, now),
     )
 
 
@@ -406,11 +415,46 @@ def approved_by(card: ApprovalCardPart, digest: str | None = None) -> list[str]:
     return [a.by or "" for a in card.approvals or () if _approval_digest(card, a) == digest]
 
 
-def changes(card: ApprovalCardPart) -> dict[str, tuple[Any, Any]]:
-    """What the current arguments change from the model's proposal: name -> (proposed, now)."""
+@dataclass(frozen=True, slots=True)
+class ArgChange:
+    """One argument an approver changed: the model's value and the one that will run."""
+
+    proposed: Any
+    """As the model proposed it (None: it had no such argument)."""
+    now: Any
+    """As it stands now."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CardState:
+    """Where a waiting card stands: what every surface shows a decider (`card_state`)."""
+
+    args: dict[str, Any]
+    """The arguments the call runs with if it is approved now."""
+    digest: str
+    """Their digest: a decision names it (`digest=`) to decide on exactly these."""
+    approved_by: list[str]
+    """Who approved exactly these arguments so far (a call that needs several approvals)."""
+    changes: dict[str, ArgChange]
+    """What they change from the model's proposal, by argument name."""
+
+
+def card_state(card: ApprovalCardPart) -> CardState:
+    """Where `card` stands: its current arguments, their digest, who approved, what changed."""
+    now = current_args(card)
+    return CardState(
+        args=now,
+        digest=args_digest(card.tool_name, now),
+        approved_by=approved_by(card),
+        changes=changes(card),
+    )
+
+
+def changes(card: ApprovalCardPart) -> dict[str, ArgChange]:
+    """What the current arguments change from the model's proposal, by argument name."""
     now = current_args(card)
     return {
-        name: (card.args.get(name), now.get(name))
+        name: ArgChange(card.args.get(name), now.get(name))
         for name in sorted(card.args.keys() | now.keys())
         if card.args.get(name) != now.get(name)
     }
@@ -436,7 +480,9 @@ def _stale(card: ApprovalCardPart, seen: str | None) -> ArgumentsChangedError | 
     label = f"Call {card.tool_call_id} ({card.tool_name})"
     amenders = [a.by or "someone" for a in card.approvals or () if a.amended_args is not None]
     by = f" by {amenders[-1]}" if amenders else ""
-    diff = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, (a, b) in changes(card).items())
+    diff = "; ".join(
+        f"{k}: {_short(c.proposed)} -> {_short(c.now)}" for k, c in changes(card).items()
+    )
     since = "the arguments this decision names" if seen is not None else "the model's proposal"
     so_far = ", ".join(approved_by(card, current)) or "nobody yet"
     return ArgumentsChangedError(

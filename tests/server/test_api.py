@@ -14,6 +14,7 @@ from dirty_equals import IsStr
 
 from handrail import ApprovalCardPart, StoreError
 from handrail.demo.support_desk import CUSTOMER_MESSAGE
+from handrail.suspension import args_digest
 
 from .conftest import ANA, BOB, Server, frames
 
@@ -122,6 +123,12 @@ async def test_the_pending_card_is_read_with_the_session(server: Server) -> None
         "created_at": None,
         "expires_at": None,
         "approvals": None,
+        "current_args": {"order_id": "A1042", "amount": 84.0, "reason": "damaged on arrival"},
+        "digest": args_digest(
+            "orders.refund", {"order_id": "A1042", "amount": 84.0, "reason": "damaged on arrival"}
+        ),
+        "approved_by": [],
+        "changes": {},
     }
 
 

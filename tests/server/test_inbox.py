@@ -29,6 +29,7 @@ from handrail import (
 from handrail.models import ModelRequest
 from handrail.server import ApiKeyAuthenticator, create_app
 from handrail.store import MemoryStore
+from handrail.suspension import args_digest
 from handrail.testing import FunctionModel, Step, call
 
 ANA, AL, BO, DI, EVE = (
@@ -133,6 +134,10 @@ async def test_each_caller_sees_the_cards_it_may_decide_and_no_other_organisatio
         "kind": "approval",
         "prompt": card["prompt"],
         "args": {"laptop": "L-1", "reason": "lost"},
+        "digest": args_digest("laptops.wipe", {"laptop": "L-1", "reason": "lost"}),
+        "proposed_args": {"laptop": "L-1", "reason": "lost"},
+        "changes": {},
+        "approved_by": [],
         "amendable": ["reason"],
         "created_at": None,
         "expires_at": None,

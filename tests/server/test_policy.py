@@ -181,7 +181,12 @@ async def test_two_approvers_racing_both_count_and_the_wipe_runs_once(api: Api) 
 
 async def test_the_domain_tells_a_ui_who_decides(api: Api) -> None:
     [body] = (await api.client.get("/domain", headers=DI)).json()["tools"]
-    assert body["decision_policy"] == {"roles": ["it-admin"], "four_eyes": True, "approvals": 2}
+    assert body["decision_policy"] == {
+        "roles": ["it-admin"],
+        "four_eyes": True,
+        "approvals": 2,
+        "withdraw": True,
+    }
 
 
 async def test_an_expired_key_authenticates_nobody(api: Api) -> None:

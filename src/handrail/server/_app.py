@@ -46,6 +46,7 @@ from ._bodies import (
     MessagesBody,
     MessagesQuery,
     PendingBody,
+    PendingCardPart,
     PendingQuery,
     ResolutionBody,
     ResolveBody,
@@ -235,7 +236,10 @@ def _policy_body(
     if policy is None or not (tool.gated or tool.executor == "human"):
         return None
     return DecisionPolicyBody(
-        roles=sorted(policy.roles), four_eyes=policy.four_eyes, approvals=policy.approvals
+        roles=sorted(policy.roles),
+        four_eyes=policy.four_eyes,
+        approvals=policy.approvals,
+        withdraw=policy.withdraw,
     )
 
 
@@ -352,7 +356,7 @@ class _Api(Api):
             **self._summary(record).model_dump(),
             messages=state.messages,
             first=state.base,
-            pending=list(state.pending.values()),
+            pending=[PendingCardPart.of(card) for card in state.pending.values()],
             scratch=state.scratch,
         )
 

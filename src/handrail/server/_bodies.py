@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
@@ -10,7 +11,7 @@ from ..audit import AuditEntry, AuditKind
 from ..engine import PendingCard
 from ..messages import ApprovalCardPart, CardKind, Message
 from ..store import SessionStatus
-from ..suspension import Decision
+from ..suspension import ArgChange, Decision, card_state
 
 __all__ = [
     "MAX_NUMBER",
@@ -194,6 +195,35 @@ class PendingBody(BaseModel):
     )
 
 
+@dataclass(kw_only=True, slots=True)
+class PendingCardPart(ApprovalCardPart):
+    """A waiting card as the API shows it: the stored card and where it stands now."""
+
+    current_args: dict[str, Any]
+    """The arguments the call runs with if it is approved now (`args` as approvers amended
+    them so far)."""
+    digest: str
+    """The digest of `current_args`: a decision names it (`digest`) to decide on exactly
+    these; one made on other arguments is refused (409 `arguments_changed`)."""
+    approved_by: list[str]
+    """Who approved exactly `current_args` so far."""
+    changes: dict[str, ArgChange]
+    """What `current_args` change from the model's proposal (`args`), by name."""
+
+    @classmethod
+    def of(cls, card: ApprovalCardPart) -> PendingCardPart:
+        """`card` with where it stands (`handrail.suspension.card_state`)."""
+        stands = card_state(card)
+        stored = {f.name: getattr(card, f.name) for f in fields(ApprovalCardPart)}
+        return cls(
+            **stored,
+            current_args=stands.args,
+            digest=stands.digest,
+            approved_by=stands.approved_by,
+            changes=stands.changes,
+        )
+
+
 class SessionBody(SessionSummaryBody):
     """A session: its conversation and the calls waiting for a decision."""
 
@@ -206,7 +236,11 @@ class SessionBody(SessionSummaryBody):
         description="The position in the history of `messages[0]`: earlier messages are read "
         "with `GET /sessions/{id}/messages?before=<first>`.",
     )
-    pending: list[ApprovalCardPart] = Field(description="The cards waiting for a decision.")
+    pending: list[PendingCardPart] = Field(
+        description="The cards waiting for a decision, each with where it stands: the "
+        "arguments that run if it is approved now (`current_args`), their `digest` (a "
+        "decision names it), who approved them so far, and what they change."
+    )
     scratch: dict[str, list[Message]] = Field(
         default_factory=dict,
         description="The turn in progress's messages kept out of the conversation, by agent "
@@ -230,8 +264,15 @@ class DecisionPolicyBody(BaseModel):
     """Who may decide a tool's calls (`handrail.policy.DecisionPolicy`)."""
 
     roles: list[str] = Field(description="A decider needs one of these (empty: anyone of the org).")
-    four_eyes: bool = Field(description="The requester may not approve their own call.")
-    approvals: int = Field(description="How many different people must approve a call.")
+    four_eyes: bool = Field(
+        description="The requester may not approve, answer or post the result of their own call."
+    )
+    approvals: int = Field(
+        description="How many different people must approve a call, with the same arguments."
+    )
+    withdraw: bool = Field(
+        True, description="The requester may reject (withdraw) their own call without a role."
+    )
 
 
 class ToolBody(BaseModel):

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..exceptions import (
+    ArgumentsChangedError,
     DecisionNotAllowedError,
     InvalidDecisionError,
     SessionBusyError,
@@ -71,6 +72,7 @@ def error_response(
 # first, as Starlette does.
 _STATUS: dict[type[Exception], tuple[int, str]] = {
     SessionNotFoundError: (404, "not_found"),
+    ArgumentsChangedError: (409, "arguments_changed"),
     StaleResolutionError: (409, "stale_resolution"),
     DecisionNotAllowedError: (403, "decision_not_allowed"),
     SessionBusyError: (409, "session_busy"),
@@ -125,7 +127,12 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _handrail_error(request: Request, exc: Exception) -> Response:
     status, kind = next(_STATUS[k] for k in type(exc).__mro__ if k in _STATUS)
-    return error_response(request, status, kind, http_message(exc))
+    details: list[dict[str, object]] | None = None
+    if isinstance(exc, ArgumentsChangedError):  # what to decide on now
+        details = [
+            {"tool_call_id": exc.tool_call_id, "digest": exc.digest, "args": exc.current_args}
+        ]
+    return error_response(request, status, kind, http_message(exc), details)
 
 
 async def _corrupt(request: Request, exc: Exception) -> Response:
