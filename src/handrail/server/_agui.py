@@ -33,12 +33,12 @@ from ..events import (
 from ..exceptions import HandrailError, MissingExtraError
 from ..messages import ApprovalCardPart
 from ..state import RunState
-from ..suspension import Answer, Approve, ClientResult, Decision, Reject
+from ..suspension import Answer, ClientResult, Decision, Reject, card_state
 from ._auth import Caller
 from ._chats import (
     ChatRefusal,
     Cursor,
-    amendment,
+    chat_approval,
     chat_session_id,
     chat_state,
     new_user_text,
@@ -228,10 +228,9 @@ def _decision(state: RunState, entry: agui.ResumeEntry, caller: Caller) -> Decis
         )
     if not approved:
         return Reject(reason=payload.get("reason"), by=by)
-    edited = payload.get("editedArgs")
-    if edited is None:
-        return Approve(by=by)
-    return Approve(amended_args=amendment(card, edited, field="editedArgs") or None, by=by)
+    return chat_approval(
+        card, payload.get("editedArgs"), payload.get("digest"), field="editedArgs", by=by
+    )
 
 
 def _encode(event: agui.BaseEvent) -> bytes:
@@ -339,6 +338,7 @@ class _Translator:
 
 
 def _interrupt(card: ApprovalCardPart, api: Api) -> agui.Interrupt:
+    stands = card_state(card)
     tool = next(
         (a.tools[card.tool_name] for a in api.engine.domain.agents if card.tool_name in a.tools),
         None,
@@ -365,9 +365,14 @@ def _interrupt(card: ApprovalCardPart, api: Api) -> agui.Interrupt:
                 "approved": {"type": "boolean"},
                 "editedArgs": {
                     "type": "object",
-                    "description": "The arguments in full (the proposed ones, in metadata); "
+                    "description": "The arguments in full (those that run now, in metadata); "
                     "only these fields may differ from them.",
                     "properties": edited,
+                },
+                "digest": {
+                    "type": "string",
+                    "description": "The digest in metadata: the arguments this decision is "
+                    "made on. A decision on arguments that changed since is refused.",
                 },
             },
             "required": ["approved"],
@@ -383,7 +388,14 @@ def _interrupt(card: ApprovalCardPart, api: Api) -> agui.Interrupt:
             "handrail": {
                 "kind": card.kind,
                 "tool": card.tool_name,
-                "args": card.args,
+                "args": stands.args,
+                "digest": stands.digest,
+                "proposedArgs": card.args,
+                "changes": {
+                    name: {"proposed": c.proposed, "now": c.now}
+                    for name, c in stands.changes.items()
+                },
+                "approvedBy": stands.approved_by,
                 "amendable": list(card.amendable),
             }
         },

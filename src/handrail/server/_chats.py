@@ -6,7 +6,8 @@ such endpoint does the same way, so that each protocol module only translates:
 
 - the session of a caller's chat (`chat_session_id`), made on first use;
 - the new user message, picked out of the client's whole history (`new_user_text`);
-- an amendment, diffed from the edited arguments in full (`amendment`);
+- an approval with an amendment, diffed from the edited arguments in full against the
+  arguments the client was shown (`approval`, `amendment`);
 - starting the turn a request asks for: a new message, or decisions (`start_turn`);
 - the turn's logged events, read back and counted against the caller's bandwidth (`pump`).
 
@@ -30,7 +31,7 @@ from ..events import EVENT, Event
 from ..exceptions import SessionNotFoundError
 from ..messages import ApprovalCardPart
 from ..state import RunState
-from ..suspension import Decision
+from ..suspension import Approve, Decision, current_args
 from ._auth import Caller
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __all__ = [
     "ChatRefusal",
     "Cursor",
     "amendment",
+    "chat_approval",
     "chat_session_id",
     "chat_state",
     "new_user_text",
@@ -103,23 +105,47 @@ def new_user_text(texts: Sequence[str], state: RunState | None) -> str:
     return text
 
 
-def amendment(card: ApprovalCardPart, edited: Any, *, field: str) -> dict[str, Any]:
-    """The fields of `edited` (the arguments in full) that differ from the proposed ones.
+def chat_approval(
+    card: ApprovalCardPart, edited: Any, digest: Any, *, field: str, by: str
+) -> Approve:
+    """The approval a chat client sends: the arguments in full (`edited`), and the digest.
 
-    A change to a field that is not amendable is refused, never dropped. `field` names where
-    the client sent `edited`, for the messages.
+    `digest` is the one the client was shown with the card (`digest`): the decision is
+    made on those arguments. Without it, the decision is made on the model's proposal,
+    unless `edited` names exactly the arguments that run now. Either way, an approval made
+    on arguments that are no longer the card's current ones is refused by `decide`
+    (`ArgumentsChangedError`), never read as "no change" to whatever they are now.
     """
+    if digest is not None and not isinstance(digest, str):
+        raise ChatRefusal("invalid_payload", f"{field}: the digest must be a string.")
+    if edited is None:
+        return Approve(by=by, digest=digest)
+    base = card.args if digest is None else current_args(card)
+    changes = amendment(card, edited, field=field, base=base)
+    return Approve(amended_args=changes or None, by=by, digest=digest)
+
+
+def amendment(
+    card: ApprovalCardPart, edited: Any, *, field: str, base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The fields of `edited` (the arguments in full) that differ from `base`.
+
+    `base` is the arguments the decider was shown (default: the model's proposal). A change
+    to a field that is not amendable is refused, never dropped. `field` names where the
+    client sent `edited`, for the messages.
+    """
+    base = card.args if base is None else base
     label = f"Tool call {card.tool_call_id} ({card.tool_name})"
     if not isinstance(edited, dict):
         raise ChatRefusal("invalid_payload", f"{label}: {field} must be an object.")
-    missing = sorted(set(card.args) - set(edited))
+    missing = sorted(set(base) - set(edited))
     if missing:
         raise ChatRefusal(
             "invalid_payload",
             f"{label}: {field} replaces the arguments in full, and lacks "
             f"{', '.join(missing)}; send every argument, changed or not.",
         )
-    changes = {k: v for k, v in edited.items() if k not in card.args or card.args[k] != v}
+    changes = {k: v for k, v in edited.items() if k not in base or base[k] != v}
     forbidden = sorted(set(changes) - set(card.amendable))
     if forbidden:
         allowed = ", ".join(card.amendable) or "none"

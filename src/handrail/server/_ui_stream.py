@@ -43,7 +43,7 @@ from ._auth import Caller
 from ._chats import (
     ChatRefusal,
     Cursor,
-    amendment,
+    chat_approval,
     chat_session_id,
     chat_state,
     new_user_text,
@@ -92,6 +92,11 @@ class HandrailExtension(BaseModel):
         default_factory=dict,
         description="Tool call id -> its arguments in full, as approved: the fields that "
         "differ from the proposed ones are the amendment (only `amendable` ones may).",
+    )
+    digests: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tool call id -> the digest of the arguments the approver was shown (the "
+        "card's `digest`): the decision is made on those, and refused if they changed since.",
     )
     client_tools: bool = Field(
         False,
@@ -275,7 +280,7 @@ class _Endpoint:
         client = body.handrail.client_tools
         last = body.messages[-1]
         if last.role == "assistant":
-            decisions = _decisions(state, last, body.handrail.edits, caller)
+            decisions = _decisions(state, last, body.handrail.edits, body.handrail.digests, caller)
             after = await start_turn(api, caller, session_id, decisions=decisions, client=client)
             return after, last.id, known
         if state is not None and state.pending:
@@ -315,6 +320,7 @@ def _decisions(
     state: RunState | None,
     message: UIMessageBody,
     edits: dict[str, dict[str, Any]],
+    digests: dict[str, str],
     caller: Caller,
 ) -> dict[str, Decision]:
     """The decisions the tool parts of the client's last assistant message carry."""
@@ -328,7 +334,8 @@ def _decisions(
             continue
         card = pending.get(call_id)
         if card is not None:
-            decisions[call_id] = _decision(card, part, edits.get(call_id), caller)
+            digest = digests.get(call_id)
+            decisions[call_id] = _decision(card, part, edits.get(call_id), digest, caller)
         elif status == "approval-responded" and not (pending and _recorded(state, part)):
             raise ChatRefusal(
                 "not_pending",
@@ -375,7 +382,7 @@ def _recorded(state: RunState | None, part: dict[str, Any]) -> bool:
 
 
 def _decision(
-    card: ApprovalCardPart, part: dict[str, Any], edited: Any, caller: Caller
+    card: ApprovalCardPart, part: dict[str, Any], edited: Any, digest: Any, caller: Caller
 ) -> Decision:
     """The handrail decision a tool part stands for, checked against the call's card."""
     by, status, call = caller.user_id, part.get("state"), card.tool_call_id
@@ -417,10 +424,7 @@ def _decision(
     if not approved:
         given = approval.get("reason")
         return Reject(reason=given if isinstance(given, str) else None, by=by)
-    if edited is None:
-        return Approve(by=by)
-    changes = amendment(card, edited, field=f"handrail.edits[{call!r}]")
-    return Approve(amended_args=changes or None, by=by)
+    return chat_approval(card, edited, digest, field=f"handrail.edits[{call!r}]", by=by)
 
 
 def _encode(chunk: dict[str, Any]) -> bytes:
@@ -561,6 +565,7 @@ class _Chunks:
                 "kind": event.kind,
                 "prompt": event.prompt,
                 "args": event.args,
+                "digest": event.digest,
                 "amendable": event.amendable,
             }
         elif isinstance(event, InputRequired):
