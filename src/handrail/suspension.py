@@ -523,13 +523,9 @@ def _rules(
 ) -> list[tuple[str, DecisionPolicy | None]]:
     """(tool name, its policy) for each tool the card's decision concerns."""
     if card.kind == "client_exec":
-        # The requester's own client runs the call (already approved, if it is gated): only
-        # the tool's own policy's roles apply to who posts its result.
-        tool = tools.get(card.tool_name)
-        own = tool.decision_policy if tool is not None else None
-        if own is not None:
-            own = dataclasses.replace(own, four_eyes=False, approvals=1)
-        return [(card.tool_name, own)]
+        # The call runs in the requester's own client, after the policy's approvers approved
+        # it (a gated client tool): its result comes from the requester alone.
+        return [(card.tool_name, None)]
     names = [card.tool_name]
     if card.kind == "batch":
         names = sorted({str(a["tool"]) for a in card.args.get("actions", ())})
