@@ -9,10 +9,10 @@ import pytest
 
 from handrail import (
     MESSAGES,
-    ArgumentsChangedError,
     Agent,
     ApprovalCardPart,
     Approve,
+    ArgumentsChangedError,
     CardApproval,
     ConflictError,
     Decider,
@@ -20,7 +20,6 @@ from handrail import (
     DecisionPolicy,
     Domain,
     Engine,
-    InvalidDecisionError,
     Reject,
     Runtime,
     SessionNotFoundError,
@@ -29,8 +28,8 @@ from handrail import (
     tool,
 )
 from handrail.audit import verify
-from handrail.suspension import approved_by, args_digest, current_args, current_digest
 from handrail.store import MemoryStore
+from handrail.suspension import approved_by, args_digest, current_args, current_digest
 from handrail.testing import ScriptedModel, call, sequential_ids
 
 wiped: list[str] = []
@@ -240,6 +239,8 @@ async def test_the_amounts_attack_never_runs_what_the_second_approver_did_not_se
     card = await card_of(engine)
     assert pay_log == [] and card.decision is None
     assert (current_args(card)["amount"], approved_by(card)) == (999999, ["bo"])  # all refused
+
+
 async def test_a_tools_own_policy_wins_over_the_domains_default():
     engine = engine_for(call("laptops.lock", laptop="L-7"), policies={"write": ADMINS})
     await suspend(engine)

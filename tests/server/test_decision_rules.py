@@ -159,7 +159,9 @@ async def test_a_second_approver_on_a_stale_card_is_refused_and_what_they_saw_ne
         assert refused.status_code == 409, refused.text
         error = refused.json()["error"]
         assert error["type"] == "arguments_changed"
-        assert "amended by bo" in error["message"] and "amount: 500.0 -> 999999.0" in error["message"]
+        assert (
+            "amended by bo" in error["message"] and "amount: 500.0 -> 999999.0" in error["message"]
+        )
         [details] = error["details"]
         assert details["args"]["amount"] == 999999
     assert paid == []
@@ -182,7 +184,7 @@ async def test_a_second_approver_on_a_stale_card_is_refused_and_what_they_saw_ne
 
 
 @steps(PAY_500)
-async def test_an_amendment_starts_the_approvals_again_and_every_approval_is_audited_with_its_digest(
+async def test_an_amendment_restarts_the_approvals_and_each_is_audited_with_its_digest(
     api: Api,
 ) -> None:
     session, call_id = await api.requested()
