@@ -38,6 +38,7 @@ KEYS = {
     "key-ana": Caller("acme", "ana"),
     "key-bob": Caller("globex", "bob"),
     "key-bo": Caller("acme", "bo", frozenset({"it-admin"})),
+    "key-cy": Caller("acme", "cy", frozenset({"it-admin"})),
 }
 
 try:

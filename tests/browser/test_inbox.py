@@ -98,6 +98,80 @@ def test_an_approver_decides_from_the_inbox_and_the_turn_resumes(
     expect(bob.locator("#inbox-list")).to_have_text("Nothing waits for you.")
 
 
+paid: list[float] = []
+
+
+@tool(
+    name="pay",
+    permission="destructive",
+    amendable=["amount"],
+    decision_policy=DecisionPolicy(roles={"it-admin"}, approvals=2),
+)
+def pay(to: str, amount: float) -> str:
+    """Pay a supplier."""
+    paid.append(amount)
+    return f"paid {amount}"
+
+
+def pay_script(request: ModelRequest) -> Step:
+    if request.messages[-1].role == "user":
+        return call("pay", to="acme-supplies", amount=500)
+    return "Paid."
+
+
+def test_a_second_approver_sees_the_amendment_and_never_approves_what_they_did_not_see(
+    serve: Serve, new_page: NewPage, shoot: Shoot
+) -> None:
+    paid.clear()
+    engine = Engine(
+        Domain(agents=[Agent("desk", tools=[pay])]),
+        store=MemoryStore(),
+        runtime=Runtime(model=FunctionModel(pay_script)),
+    )
+    served = serve(engine)
+    ana = signed_in(new_page, served, "key-ana")
+    ana.get_by_label("Message").fill("Pay the supplier")
+    ana.get_by_label("Message").press("Enter")
+    expect(ana.locator(".card.approval")).to_be_visible()
+
+    cy = signed_in(new_page, served, "key-cy")  # cy opens the card first: 500
+    cy.locator("#inbox-list .inbox-card").click()
+    stale = cy.locator(".card.approval")
+    expect(stale.locator(".args")).to_contain_text("500")
+    expect(stale.locator(".approvals")).to_have_text(
+        "0 of 2 approvals of these arguments: no approvals yet"
+    )
+
+    bo = signed_in(new_page, served, "key-bo")  # bo amends to 999999 and approves
+    bo.locator("#inbox-list .inbox-card").click()
+    card = bo.locator(".card.approval")
+    card.get_by_label("amount").fill("999999")
+    card.get_by_role("button", name="Approve").click()
+    expect(bo.locator(".card.approval .approvals")).to_have_text(
+        "1 of 2 approvals of these arguments: approved by bo"
+    )
+
+    stale.get_by_role("button", name="Approve").click()  # on the page that still says 500
+    expect(stale.locator(".error")).to_contain_text("arguments_changed")
+    expect(stale.locator(".error")).to_contain_text("amount: 500.0 -> 999999.0")
+    assert paid == []
+    stale.get_by_role("button", name="Show the session as it is now").click()
+    fresh = cy.locator(".card.approval")
+    expect(fresh.locator(".args")).to_contain_text("999999")
+    expect(fresh.locator(".changed")).to_have_text(
+        "Changed by bo from the agent's proposal: amount 500 → 999999"
+    )
+    expect(fresh.locator(".approvals")).to_have_text(
+        "1 of 2 approvals of these arguments: approved by bo"
+    )
+    shoot(cy, "card-amended-by-another")
+    fresh.get_by_role("button", name="Approve").click()  # she sees 999999 and approves it
+    expect(cy.locator("#status")).to_have_text("Decided; the turn resumes in the background.")
+    ana.reload()
+    expect(ana.locator(".bubble.assistant .text")).to_have_text("Paid.")
+    assert paid == [999999]
+
+
 @tool(
     name="orders.create",
     permission="write",

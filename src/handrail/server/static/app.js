@@ -608,7 +608,8 @@ function cardFor(card) {
     },
     el("h4", { id: `${id}-title`, text: titles[card.kind] || card.tool_name }),
     card.prompt ? el("p", { class: "prompt", text: card.prompt }) : null,
-    card.kind === "batch" ? null : argsList(card.args, id),
+    card.kind === "batch" ? null : argsList(now(card), id),
+    standing(card, id),
     form,
     el("p", { class: "error", role: "alert", id: `${id}-error` }),
   );
@@ -617,7 +618,7 @@ function cardFor(card) {
     const schema = (tool && tool.parameters) || {};
     const box = el("fieldset", {}, el("legend", { text: "Change before approving" }));
     for (const name of card.amendable) {
-      const field = schemaField(`${id}-amend-${name}`, name, propertySchema(schema, name), card.args[name]);
+      const field = schemaField(`${id}-amend-${name}`, name, propertySchema(schema, name), now(card)[name]);
       fields.push(field);
       box.append(field.node);
     }
@@ -661,7 +662,7 @@ function cardFor(card) {
   } else {
     form.append(el("p", { class: "hint", text: "The client app posts its result; you can only cancel the call here." }));
   }
-  const reject = el("button", { type: "button", class: "reject", text: rejectLabel, onclick: () => decide(card, node, { decision: "reject", reason: reason.value.trim() || null }) });
+  const reject = el("button", { type: "button", class: "reject", text: rejectLabel, onclick: () => decide(card, node, { decision: "reject", reason: reason.value.trim() || null, digest: card.digest }) });
   buttons.append(reject);
   reason.addEventListener("keydown", (e) => {
     // Enter in the reason means reject, never the form's approve.
@@ -683,12 +684,42 @@ function cardFor(card) {
   return node;
 }
 
+/** The arguments a card's call runs with if it is approved now (as approvers amended them). */
+function now(card) {
+  return card.current_args || card.args;
+}
+
+/**
+ * Where a card stands, in words: what approvers changed from the model's proposal (and who),
+ * and who approved these exact arguments so far, out of how many the policy needs.
+ */
+function standing(card, id) {
+  const lines = [];
+  const changes = Object.entries(card.changes || {});
+  if (changes.length && card.kind !== "batch") {
+    const amenders = (card.approvals || []).filter((a) => a.amended_args).map((a) => a.by);
+    const by = amenders.length ? ` by ${amenders[amenders.length - 1]}` : "";
+    const what = changes.map(([k, c]) => `${k} ${describe(c.proposed)} → ${describe(c.now)}`).join(", ");
+    lines.push(el("p", { class: "changed", id: `${id}-changed`, text: `Changed${by} from the agent's proposal: ${what}` }));
+  } else if (changes.length) {
+    lines.push(el("p", { class: "changed", id: `${id}-changed`, text: "An approver changed the agent's proposed actions (shown as they are now)." }));
+  }
+  const tool = page.domain && page.domain.tools[card.tool_name];
+  const needed = (tool && tool.decision_policy && tool.decision_policy.approvals) || 1;
+  const by = card.approved_by || [];
+  if (needed > 1 || by.length) {
+    const who = by.length ? `approved by ${by.join(", ")}` : "no approvals yet";
+    lines.push(el("p", { class: "approvals", id: `${id}-approvals`, text: `${by.length} of ${needed} approvals of these arguments: ${who}` }));
+  }
+  return lines.length ? el("div", { class: "standing" }, ...lines) : null;
+}
+
 /** A batch card's actions, a row each: the call, what it would make, approve / skip / amend. */
 function batchRows(card, id, node) {
-  const amendable = card.args.amendable || {};
+  const amendable = now(card).amendable || card.args.amendable || {};
   const list = el("ol", { class: "batch-actions", "aria-label": "Proposed actions" });
   node.rows = [];
-  for (const action of card.args.actions || []) {
+  for (const action of now(card).actions || []) {
     const index = action.local_index;
     const rowId = `${id}-action-${index}`;
     const tool = (page.domain && page.domain.tools[action.tool]) || null;
@@ -769,8 +800,17 @@ function argsList(args, id) {
   return list;
 }
 
-/** The decision the card's form says, or null when a field is invalid (it says why). */
+/**
+ * The decision the card's form says, or null when a field is invalid (it says why). It names
+ * the digest of the arguments the card showed: if another approver changed them meanwhile,
+ * the server refuses it (409 arguments_changed) rather than apply it to what nobody here saw.
+ */
 function decisionFrom(card, fields, node) {
+  const decision = formDecision(card, fields, node);
+  return decision && { ...decision, digest: card.digest };
+}
+
+function formDecision(card, fields, node) {
   if (card.kind === "batch") return batchDecision(node);
   const values = {};
   for (const field of fields) {
@@ -789,7 +829,7 @@ function decisionFrom(card, fields, node) {
   }
   const amended = {};
   for (const [name, value] of Object.entries(values)) {
-    if (JSON.stringify(value) !== JSON.stringify(card.args[name])) amended[name] = value;
+    if (JSON.stringify(value) !== JSON.stringify(now(card)[name])) amended[name] = value;
   }
   return Object.keys(amended).length ? { decision: "approve", amended_args: amended } : { decision: "approve" };
 }
@@ -824,7 +864,7 @@ async function resolve(items, errorBox, node) {
     }
   } catch (error) {
     errorBox.textContent = error.status ? `${error.message} (${error.status} ${error.type})` : error.message;
-    if (error.type === "stale_resolution" || error.type === "conflict") {
+    if (error.type === "stale_resolution" || error.type === "conflict" || error.type === "arguments_changed") {
       // Decided elsewhere (another tab, another person): offer the session as it is now.
       errorBox.append(
         " ",
@@ -1010,7 +1050,8 @@ async function loadInbox() {
           },
           el("span", { class: "inbox-tool", text: title }),
           el("span", { class: "inbox-who", text: `from ${c.requester || "?"}` }),
-          c.approvals.length ? el("span", { class: "badge", text: `${c.approvals.length} approved` }) : null,
+          Object.keys(c.changes || {}).length ? el("span", { class: "badge changed", text: "changed" }) : null,
+          (c.approved_by || []).length ? el("span", { class: "badge", text: `${c.approved_by.length} approved` }) : null,
           el("span", { class: "when", text: when }),
         ),
       );
