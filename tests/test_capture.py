@@ -437,3 +437,38 @@ async def test_a_batch_is_decided_under_the_policies_of_its_actions_tools() -> N
     assert resolution.ready
     report = await engine.apply("s1", org_id="acme", user_id="ana")
     assert report.ok and [name for name, _ in RAN] == ["orders.create", "orders.add_note"]
+
+
+async def test_an_amended_batch_is_a_new_plan_that_needs_its_own_approvals() -> None:
+    """A batch needing two approvals: an amendment restarts them; a stale approval is refused."""
+    from handrail import ArgumentsChangedError, Decider, DecisionPolicy, Domain, PendingCard
+    from handrail.suspension import ActionChoice
+
+    policy = DecisionPolicy(roles={"buyer"}, approvals=2)
+    agent = Agent("clerk", tools=TOOLS, model=chained_model())
+    engine = Engine(Domain(agents=[agent], policies={"write": policy}), store=MemoryStore())
+    result = await engine.run_headless("s1", "go", propose=True, org_id="acme", user_id="ana")
+    assert result.card is not None
+    RAN.clear()
+    bo, di, cy = (
+        Decider(user_id=who, roles=frozenset({"buyer"}), org_id="acme")
+        for who in ("bo", "di", "cy")
+    )
+
+    async def card() -> PendingCard:
+        [found] = (await engine.pending("acme", bo)).cards
+        return found
+
+    proposal = (await card()).digest
+    assert not (await engine.resolve("s1", result.card, Approve(), decider=bo)).ready
+    more = Approve(actions={0: ActionChoice(amended_args={"quantity": 3})}, digest=proposal)
+    assert not (await engine.resolve("s1", result.card, more, decider=di)).ready
+    amended = await card()
+    assert amended.approved_by == ["di"] and amended.digest != proposal  # bo's no longer counts
+    with pytest.raises(ArgumentsChangedError):
+        await engine.resolve("s1", result.card, Approve(digest=proposal), decider=cy)
+    assert (
+        await engine.resolve("s1", result.card, Approve(digest=amended.digest), decider=cy)
+    ).ready
+    report = await engine.apply("s1", org_id="acme", user_id="ana")
+    assert report.ok and RAN[0] == ("orders.create", {"item": "mug", "quantity": 3})

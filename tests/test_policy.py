@@ -353,3 +353,24 @@ async def test_each_approval_of_a_two_approval_call_is_audited():
         ("call", "ana", None),
     ]
     assert verify(entries) == []
+
+
+async def test_the_terminal_card_shows_the_arguments_that_run_and_decides_on_their_digest():
+    """`handrail chat` and the demo draw a card as it stands, and name its digest."""
+    from rich.console import Console
+
+    from handrail._cards import approval_card, ask_decision
+
+    engine = engine_for(call("laptops.wipe", laptop="L-7"))
+    await suspend(engine)
+    await engine.resolve("s1", "call_1", Approve(amended_args={"reason": "stolen"}), decider=BO)
+    card = await card_of(engine)
+    console = Console(width=100, record=True)
+    console.print(approval_card(card))
+    drawn = console.export_text()
+    assert "stolen" in drawn and "lost" in drawn  # the value that runs, and what it was
+    assert 'changed from the agent\'s proposal: reason "lost" → "stolen"' in drawn
+    assert "approved with these arguments by: bo" in drawn
+    decision = ask_decision(card, lambda _: "y", by="cy")
+    assert decision == Approve(by="cy", digest=current_digest(card))
+    assert (await engine.resolve("s1", "call_1", decision, decider=CY)).ready

@@ -475,3 +475,34 @@ async def test_a_renewal_that_ends_after_its_turn_does_not_go_on_renewing():
     await asyncio.sleep(0.05)  # five renewal periods
     assert store.calls == calls  # nothing renews a lease nobody holds
     assert await store.acquire_lease("s1", "another", 0.03)  # it was given back
+
+
+async def test_a_recovery_cards_answer_is_governed_by_the_calls_policy():
+    """Saying a cut-off call ran produces its result: the policy's roles and four eyes hold."""
+    from handrail import Decider, DecisionNotAllowedError, DecisionPolicy, Domain
+
+    policy = DecisionPolicy(roles={"finance"}, four_eyes=True)
+
+    def governed(store: MemoryStore, m: FunctionModel) -> Engine:
+        domain = Domain(agents=[Agent("a", tools=[charge, book])], policies={"write": policy})
+        return Engine(domain, store=store, runtime=Runtime(model=m, ids=sequential_ids()))
+
+    store = MemoryStore()
+    first = governed(store, model(call("charge", order="hang")))
+    await kill(first.submit("s1", "go", org_id="acme", user_id="ana"), lambda: bool(effects))
+    other = governed(store, model("unused", "Charged once."))
+    events = await events_of(other.recover("s1", org_id="acme", user_id="ana"))
+    card_id = events[1].tool_call_id
+    ana = Decider(user_id="ana", roles=frozenset({"finance"}), org_id="acme")  # the requester
+    di = Decider(user_id="di", roles=frozenset({"sales"}), org_id="acme")
+    said_it_ran = Answer("charged A1")
+    with pytest.raises(DecisionNotAllowedError, match="four eyes: ana requested the call"):
+        await other.resolve("s1", card_id, said_it_ran, decider=ana)
+    with pytest.raises(DecisionNotAllowedError, match="needs the role finance; di has none"):
+        await other.resolve("s1", card_id, said_it_ran, decider=di)
+    with pytest.raises(DecisionNotAllowedError, match="four eyes"):
+        await other.resolve("s1", card_id, Approve(), decider=ana)  # nor run it again
+    bo = Decider(user_id="bo", roles=frozenset({"finance"}), org_id="acme")
+    assert (await other.resolve("s1", card_id, said_it_ran, decider=bo)).ready
+    done = await events_of(other.resume("s1", org_id="acme", user_id="ana"))
+    assert done[-1].type == "run-completed" and len(effects) == 1

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .events import ApprovalRequired, InputRequired, ToolCallCompleted
 from .messages import ApprovalCardPart
-from .suspension import Answer, Approve, Decision, Reject
+from .suspension import Answer, Approve, Decision, Reject, card_state
 
 __all__ = ["Ask", "approval_card", "ask_answer", "ask_decision", "card_name", "outcome_line"]
 
@@ -44,6 +44,16 @@ def _amendable(card: Card) -> list[str]:
     return [] if isinstance(card, InputRequired) else list(card.amendable)
 
 
+def _now(card: Card) -> tuple[dict[str, Any], str | None]:
+    """The arguments the call runs with if approved now, and their digest (None: unknown)."""
+    if isinstance(card, ApprovalCardPart):
+        stands = card_state(card)
+        return stands.args, stands.digest
+    if isinstance(card, ApprovalRequired):
+        return card.args, card.digest
+    return card.args, None
+
+
 def approval_card(card: Card) -> Panel:
     """The card of a call that waits for a person: the tool, its arguments, what may change."""
     table = Table.grid(padding=(0, 2))
@@ -51,9 +61,21 @@ def approval_card(card: Card) -> Panel:
     table.add_column()
     table.add_column(style="yellow")
     amendable = _amendable(card)
-    for name, value in card.args.items():
+    args, _ = _now(card)
+    for name, value in args.items():
         shown = value if isinstance(value, str) else _json(value)
         table.add_row(name, shown, "✎ amendable" if name in amendable else "")
+    standing: list[Text] = []
+    if isinstance(card, ApprovalCardPart):
+        stands = card_state(card)
+        if stands.changes:
+            changed = ", ".join(
+                f"{k} {_json(c.proposed)} → {_json(c.now)}" for k, c in stands.changes.items()
+            )
+            standing.append(Text(f"changed from the agent's proposal: {changed}", "yellow"))
+        if card.approvals:
+            who = ", ".join(stands.approved_by) or "nobody yet"
+            standing.append(Text(f"approved with these arguments by: {who}", "dim"))
     asking = isinstance(card, InputRequired) or (
         isinstance(card, ApprovalCardPart) and card.kind == "elicitation"
     )
@@ -67,6 +89,7 @@ def approval_card(card: Card) -> Panel:
         Text(card.prompt or default, style="bold"),
         Text(),
         table,
+        *standing,
         Text(),
         Text(footer, style="dim"),
     )
@@ -92,6 +115,7 @@ def ask_decision(
         by: who decides (recorded with the decision).
     """
     amendable = _amendable(card)
+    args, digest = _now(card)  # every decision names the arguments it was made on
     if question is None:
         question = f"{card.prompt or f'Approve {card_name(card)}?'} [bold]y[/]es / [bold]n[/]o"
         if len(amendable) == 1:
@@ -105,33 +129,35 @@ def ask_decision(
         except EOFError:
             return None
         if answer.lower() in _YES:
-            return Approve(by=by)
+            return Approve(by=by, digest=digest)
         if answer.lower() in _NO:
             try:
                 reason = ask("Why (the agent is told)? ").strip()
             except EOFError:
                 reason = ""
-            return Reject(reason=reason or None, by=by)
+            return Reject(reason=reason or None, by=by, digest=digest)
         if answer.lower() in _AMEND and amendable:
-            amended = _amend(card, amendable, ask)
+            amended = _amend(args, amendable, ask)
             if amended is None:
                 return None
-            return Approve(amended_args=amended or None, by=by)
+            return Approve(amended_args=amended or None, by=by, digest=digest)
         if len(amendable) == 1:
             field = amendable[0]
             try:
                 return Approve(
-                    amended_args={field: _coerce(answer, current=card.args.get(field))}, by=by
+                    amended_args={field: _coerce(answer, current=args.get(field))},
+                    by=by,
+                    digest=digest,
                 )
             except ValueError:
                 continue
 
 
-def _amend(card: Card, fields: list[str], ask: Ask) -> dict[str, Any] | None:
-    """New values for `fields`, asked one by one (an empty answer keeps the value)."""
+def _amend(args: dict[str, Any], fields: list[str], ask: Ask) -> dict[str, Any] | None:
+    """New values for `fields` of `args`, asked one by one (an empty answer keeps the value)."""
     amended: dict[str, Any] = {}
     for field in fields:
-        current = card.args.get(field)
+        current = args.get(field)
         while True:
             try:
                 answer = ask(f"{field} [{_json(current)}]: ").strip()
