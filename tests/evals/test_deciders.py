@@ -41,6 +41,17 @@ def pay_out(claim: str) -> dict[str, Any]:
     raise AssertionError("mocked")
 
 
+@tool(
+    name="expenses.refund",
+    permission="destructive",
+    amendable=["amount"],
+    decision_policy=DecisionPolicy(roles={"finance"}, approvals=2),
+)
+def refund(claim: str, amount: int) -> dict[str, Any]:
+    """Refund part of a claim (two people of finance approve the same amount)."""
+    raise AssertionError("mocked")
+
+
 @tool(name="expenses.note", permission="write")
 def note(claim: str) -> str:
     """Add a note to a claim (no policy: the claimant decides)."""
@@ -53,6 +64,8 @@ def desk(request: ModelRequest) -> Step:
     if last.role == "user":
         if "pay" in last.text:
             return call("expenses.pay_out", claim="C1")
+        if "refund" in last.text:
+            return call("expenses.refund", claim="C1", amount=42)
         if "note" in last.text:
             return call("expenses.note", claim="C1")
         return call("expenses.approve", claim="C1", amount=42)
@@ -61,10 +74,11 @@ def desk(request: ModelRequest) -> Step:
     return f"done: {result.data}" if result.ok else f"not done: {result.error}"
 
 
-agent = Agent("expenses", tools=[approve, pay_out, note])
+agent = Agent("expenses", tools=[approve, pay_out, refund, note])
 MOCKS = {
     "expenses.approve": {"output": {"approved": "C1"}},
     "expenses.pay_out": {"output": {"paid": "C1"}},
+    "expenses.refund": {"output": {"refunded": "C1"}},
     "expenses.note": {"output": "noted"},
 }
 FIONA = {"user_id": "fiona", "roles": ["finance"]}
@@ -380,3 +394,38 @@ def test_every_problem_of_a_by_is_listed(tmp_path: Path) -> None:
         "  scenario 'alone': turns[1]: decisions[0]: expect_refused needs by: the person "
         "refused (on the decision, or on the turn)"
     )
+
+
+def test_an_amendment_by_the_first_approver_is_what_the_second_approves_and_what_runs() -> None:
+    """Each scripted person decides on the card as it stands when they decide."""
+    refund_turn = {"text": "Please refund C1", "user_id": "ed"}
+    for turns in (
+        [
+            {
+                "decisions": [
+                    {"approve": "expenses.refund", "by": FIONA, "amend": {"amount": 30}},
+                    {"approve": "expenses.refund", "by": GUS},
+                ]
+            }
+        ],
+        [
+            {"decide": "approve", "by": FIONA, "amend": {"amount": 30}},
+            {"decide": "approve", "by": GUS},
+        ],
+    ):
+        got = Scenario.model_validate(
+            {
+                "name": "amended-then-approved",
+                "turns": [refund_turn, *turns],
+                "mocks": MOCKS,
+                "model": {"function": desk},
+                "expect": {
+                    "outcome": "completed",
+                    "called": [{"tool": "expenses.refund", "args": {"amount": 30}}],
+                    "proposed": [{"tool": "expenses.refund", "decision": "amended"}],
+                },
+            }
+        )
+        suite = Suite(name="t", domain=agent, scenarios=[got])
+        (result,) = asyncio.run(run_suite(suite)).scenarios
+        assert [(f.assertion, f.reason) for f in result.failures] == []

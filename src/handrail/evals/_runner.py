@@ -35,8 +35,9 @@ from ..messages import ApprovalCardPart, ToolCallPart
 from ..models import Model
 from ..policy import Decider, policy_for
 from ..runtime import Runtime, sequential_ids
+from ..state import RunState
 from ..store import MemoryStore
-from ..suspension import Answer, Approve, ClientResult, Decision, Reject
+from ..suspension import Answer, Approve, ClientResult, Decision, Reject, current_digest
 from ._check import Call, Proposal, Transcript, TurnRecord, check
 from ._config import AgentConfig, configure
 from ._judge import judge
@@ -365,7 +366,10 @@ async def _decide(
             if lead.by is not None
             else None
         )
-        decisions = {c.card.tool_call_id: c.decision for c in group}
+        # Each person decides on the cards as they stand when they decide (an earlier
+        # person's amendment included): their decisions name those arguments' digests.
+        now = await engine.session(session, org_id=org_id, user_id=user_id)
+        decisions = {c.card.tool_call_id: _made_on(c.decision, now, c.card) for c in group}
         try:
             if decider is None:
                 resolution = await engine.resolve_many(
@@ -530,6 +534,14 @@ def _fate(
     amended.discard(call)
     if fate == "answered":
         made[call] = proposal
+
+
+def _made_on(decision: Decision, state: RunState, card: ApprovalCardPart) -> Decision:
+    """`decision`, naming the digest of its card's arguments as they stand in `state`."""
+    current = state.pending.get(card.tool_call_id)
+    if current is None:
+        return decision  # decided meanwhile: the engine says so
+    return dataclasses.replace(decision, digest=current_digest(current))
 
 
 def _decision(
