@@ -9,11 +9,16 @@ from typing import Any
 import pytest
 
 from fake_providers import (
+    AZURE_SAFE,
     Drop,
     FakeProviders,
     Hang,
     Json,
     Stream,
+    azure_annotation,
+    azure_chunk,
+    azure_prompt_filter,
+    azure_stream,
     openai_chunk,
     openai_completion,
     openai_error,
@@ -1047,3 +1052,202 @@ async def test_only_the_first_choice_is_the_answer_when_choices_interleave(
 
     assert out[-1].parts == [TextPart(text="Hello")]
     assert [c for c in out if isinstance(c, ToolCallChunk)] == []
+
+
+# -- Azure OpenAI's content filter: chunks without a delta ------------------------------------
+
+FLAGGED = {"custom_blocklists": [{"filtered": True, "id": "svir"}]}
+
+
+async def test_azure_filter_annotations_are_read_and_kept_on_the_response(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(role="assistant", content=""),
+                azure_chunk(content="Colour is", results=AZURE_SAFE),
+                azure_annotation(offsets=(44, 44, 198)),
+                azure_chunk(content=" light.", results=AZURE_SAFE),
+                azure_chunk(finish_reason="stop"),
+                azure_annotation({"hate": {"filtered": False, "severity": "low"}}),
+            ],
+            usage=openai_usage(12, 3),
+        )
+    )
+
+    out = await collect(openai_model)
+
+    assert out[:-1] == [TextChunk(text="Colour is"), TextChunk(text=" light.")]
+    assert out[-1] == ModelResponse(
+        parts=[TextPart(text="Colour is light.")],
+        usage=Usage(requests=1, input_tokens=12, output_tokens=3),
+        stop_reason="stop",
+        finish_reason="stop",
+        model_name="gpt-4o-2024-11-20",  # not the annotations' empty name
+        provider_details={
+            "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": AZURE_SAFE}],
+            "content_filter_results": [
+                AZURE_SAFE,
+                {"hate": {"filtered": False, "severity": "low"}},
+            ],
+        },
+    )
+
+
+async def test_an_agent_answers_through_an_azure_stream_with_annotations(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                azure_annotation(),
+                azure_chunk(tool_calls=[tool_call(0, args='{"city": "Oslo"}')]),
+                azure_chunk(finish_reason="tool_calls"),
+                azure_annotation(),
+            ],
+            usage=openai_usage(40, 10),
+        ),
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(content="Sunny."),
+                azure_chunk(finish_reason="stop"),
+            ]
+        ),
+    )
+    calls, get_weather = ran_tool()
+
+    result = await Agent("forecaster", tools=[get_weather]).run(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+
+    assert calls == ["Oslo"]
+    assert (result.outcome, result.output, result.finish_reason) == ("completed", "Sunny.", "stop")
+
+
+async def test_a_tool_call_azure_blocks_midway_is_never_run(fake: FakeProviders, openai_model):
+    # Azure's asynchronous filter blocks the answer: an annotation with the verdict and the
+    # `content_filter` finish, and no delta; `[DONE]` follows at once, with no usage chunk.
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                azure_chunk(tool_calls=[tool_call(0, args='{"city": "Oslo"}')]),
+                azure_annotation(FLAGGED, finish_reason="content_filter"),
+            ]
+        ),
+        azure_stream(
+            [azure_chunk(content="I cannot help with that."), azure_chunk(finish_reason="stop")]
+        ),
+    )
+    calls, get_weather = ran_tool()
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == []
+    assert [e.finish_reason for e in events if e.type == "usage"] == ["content_filter", "stop"]
+    assert "tool-call-started" not in [e.type for e in events]
+    sent = fake.requests[1].body["messages"]
+    assert sent[-1]["role"] == "tool"
+    assert sent[-1]["content"].startswith("Error: Not run: the provider's content filter stopped")
+
+
+async def test_a_text_answer_azure_blocks_ends_the_turn_marked_content_filter(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(content="Hey Jude, don't"),
+                azure_annotation(FLAGGED, finish_reason="content_filter"),
+            ]
+        )
+    )
+    run = Agent("helper").run_stream("Sing", runtime=Runtime(model=openai_model))
+    events = [e async for e in run]
+
+    assert (events[-1].type, events[-1].stop_reason, events[-1].finish_reason) == (
+        "run-completed",
+        "cut",
+        "content_filter",
+    )
+
+
+async def test_a_verdict_that_filters_after_the_models_stop_blocks_the_answer(
+    fake: FakeProviders, openai_model
+):
+    # Recorded from Azure's asynchronous filter: a block caught after `stop` comes with no
+    # finish reason; only the verdict says the answer was blocked.
+    fake.script(
+        azure_stream(
+            [
+                azure_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                azure_chunk(tool_calls=[tool_call(0, args='{"city": "Oslo"}')]),
+                azure_chunk(finish_reason="tool_calls"),
+                azure_annotation(FLAGGED),
+            ],
+            usage=openai_usage(40, 10),
+        ),
+        azure_stream([azure_chunk(content="Sorry."), azure_chunk(finish_reason="stop")]),
+    )
+    calls, get_weather = ran_tool()
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == []
+    assert [e.finish_reason for e in events if e.type == "usage"] == ["content_filter", "stop"]
+
+
+async def test_a_complete_azure_answer_keeps_its_filter_verdicts(
+    fake: FakeProviders, retry: RetryPolicy
+):
+    reply = openai_completion({"content": "Colour is light."}, model="gpt-4o-2024-11-20")
+    reply.body["prompt_filter_results"] = [
+        {"prompt_index": 0, "content_filter_results": AZURE_SAFE}
+    ]
+    reply.body["choices"][0]["content_filter_results"] = AZURE_SAFE
+    fake.script(reply)
+    model = OpenAIModel("gpt-4o", api_key="k", base_url=fake.openai_url, retry=retry, stream=False)
+    try:
+        out = await collect(model)
+    finally:
+        await model.aclose()
+
+    assert out[-1].provider_details == {
+        "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": AZURE_SAFE}],
+        "content_filter_results": [AZURE_SAFE],
+    }
+    assert out[-1].finish_reason == "stop"
+
+
+async def test_a_legacy_function_call_delta_is_a_tool_call(fake: FakeProviders, openai_model):
+    # An old server answers `tools` with the deprecated `function_call` (and its finish).
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(function_call={"name": "weather_today", "arguments": ""}),
+                openai_chunk(function_call={"arguments": '{"city": '}),
+                openai_chunk(function_call={"arguments": '"Oslo"}'}),
+            ],
+            finish_reason="function_call",
+        ),
+        openai_stream([openai_chunk(content="Sunny in Oslo.")]),
+    )
+    calls, get_weather = ran_tool()
+
+    result = await Agent("forecaster", tools=[get_weather]).run(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+
+    assert calls == ["Oslo"]
+    assert result.output == "Sunny in Oslo."
