@@ -24,6 +24,7 @@ from fake_providers import (
 )
 from handrail import (
     Agent,
+    IncompleteResponseError,
     Message,
     ModelError,
     ModelHTTPError,
@@ -36,7 +37,6 @@ from handrail import (
     Usage,
     tool,
 )
-from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,

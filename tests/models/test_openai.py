@@ -31,6 +31,7 @@ from fake_providers import (
 )
 from handrail import (
     Agent,
+    IncompleteResponseError,
     Message,
     ModelError,
     ModelHTTPError,
@@ -43,7 +44,6 @@ from handrail import (
     Usage,
     tool,
 )
-from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,

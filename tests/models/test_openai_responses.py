@@ -26,6 +26,7 @@ from fake_providers import (
 from handrail import (
     Agent,
     ConfigError,
+    IncompleteResponseError,
     Message,
     ModelError,
     ModelHTTPError,
@@ -38,7 +39,6 @@ from handrail import (
     Usage,
     tool,
 )
-from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,
