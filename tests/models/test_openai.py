@@ -1405,3 +1405,29 @@ def test_any_arguments_go_back_as_an_object_a_strict_server_accepts(
     if isinstance(value, dict):
         assert sent == raw  # the model's own object, byte for byte
     fake_server.reset()
+
+
+async def test_a_legacy_function_call_in_a_complete_answer_is_a_tool_call(
+    fake: FakeProviders, retry: RetryPolicy
+):
+    fake.script(
+        openai_completion(
+            {
+                "content": None,
+                "function_call": {"name": "weather_today", "arguments": '{"city": "Oslo"}'},
+            },
+            finish_reason="function_call",
+        ),
+        openai_completion({"content": "Sunny in Oslo."}),
+    )
+    calls, get_weather = ran_tool()
+    model = OpenAIModel("m", api_key="k", base_url=fake.openai_url, retry=retry, stream=False)
+    try:
+        result = await Agent("forecaster", tools=[get_weather]).run(
+            "Weather?", runtime=Runtime(model=model, ids=sequential_ids())
+        )
+    finally:
+        await model.aclose()
+
+    assert calls == ["Oslo"]
+    assert result.output == "Sunny in Oslo."

@@ -15,7 +15,10 @@ A streamed answer is whole once a chunk carried its `finish_reason`: a stream th
 without one, cleanly or cut, raises `IncompleteResponseError` (the SDK ends quietly on a body
 that lacks `[DONE]`, so the adapter checks); one cut after it has lost only the usage chunk and
 `[DONE]`, and is kept. Parallel calls are told apart by their `id` as well as their `index`
-(see `_Calls`).
+(see `_Calls`). Azure's content filter adds chunks with no choices, or whose choice has no
+delta, only a verdict: the verdicts are kept on `ModelResponse.provider_details`, and one that
+filtered the answer makes it `content_filter` (see `_Filters`). A legacy `function_call`
+(from servers older than `tools`) is read as one tool call.
 """
 
 from __future__ import annotations
