@@ -23,7 +23,10 @@ blocks as received, replayed unchanged (`_anthropic_format`); `pause_turn` is
 `finish_reason="pause"`; a content block handrail does not know refuses the response.
 
 A streamed answer is whole once `message_stop` came: a stream that ends without it, cleanly or
-cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early).
+cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early). Event
+and delta types handrail does not know are ignored, as Anthropic asks of clients; a tool input
+given whole in `content_block_start` (some gateways) is the input unless deltas bring text,
+as in the SDK's `MessageStream`.
 """
 
 from __future__ import annotations
