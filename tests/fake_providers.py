@@ -22,7 +22,14 @@ Replies: `Json` (any status, any headers), `Stream` (SSE frames, optionally cut 
 ended early inside a line or a character, cleanly or by closing the connection), `Hang` (no
 response until the client gives up) and `Drop` (the connection closes at once).
 The server checks what the real APIs check before anything else (the API key headers, and
-tool names against the pattern both APIs enforce), answering as they would.
+tool names against the pattern both APIs enforce), answering as they would. With
+`fake.strict_arguments = True` it also checks, as vLLM, SGLang and llama-server do, that every
+call in the history has arguments that are a JSON object (400 otherwise).
+
+Azure OpenAI's content filter adds chunks of its own to a Chat Completions stream, built by
+`azure_prompt_filter` (the first chunk, no choices), `azure_annotation` (a choice with no
+delta, with the verdict; `finish_reason="content_filter"` for a block) and `azure_chunk` (an
+ordinary chunk carrying its verdict), byte for byte as Azure sends them (compact JSON).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = [
+    "AZURE_SAFE",
     "RESPONSES_MODEL",
     "Drop",
     "FakeProviders",
@@ -49,6 +57,11 @@ __all__ = [
     "anthropic_error",
     "anthropic_message",
     "anthropic_stream",
+    "anthropic_tool_use_whole",
+    "azure_annotation",
+    "azure_chunk",
+    "azure_prompt_filter",
+    "azure_stream",
     "openai_chunk",
     "openai_completion",
     "openai_error",
@@ -64,6 +77,7 @@ __all__ = [
     "responses_usage",
     "responses_web_search",
     "sse",
+    "with_frame",
 ]
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -146,6 +160,8 @@ class FakeProviders:
     """The server: start once, `reset()` between tests, `close()` at the end."""
 
     def __init__(self) -> None:
+        self.strict_arguments = False
+        """Answer 400 to a history whose calls' arguments are not JSON objects (as vLLM)."""
         self.requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
@@ -187,6 +203,7 @@ class FakeProviders:
         with self._lock:
             self.requests.clear()
             self._replies.clear()
+            self.strict_arguments = False
 
     def close(self) -> None:
         """Stop the server (and release every hanging reply)."""
@@ -224,6 +241,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         fake = self.server_fake
         refusal = _refusal(self.path, headers, body)
+        if refusal is None and fake.strict_arguments:
+            refusal = _strict_arguments(self.path, body)
         if refusal is not None:
             fake._record(Recorded("POST", self.path, headers, body))
             self._json(refusal)
@@ -315,6 +334,32 @@ def _refusal(path: str, headers: dict[str, str], body: Any) -> Json | None:
             if kind is None:
                 return anthropic_error(400, "invalid_request_error", message)
             return openai_error(400, message, "invalid_request_error")
+    return None
+
+
+def _strict_arguments(path: str, body: Any) -> Json | None:
+    """vLLM's answer to a history whose call arguments are not a JSON object, if it has one.
+
+    vLLM parses the `arguments` of every call in the history (to render its chat template)
+    and answers 400 when they are not JSON; the template then needs an object. An empty string
+    is refused too, as llama-server and several gateways do.
+    """
+    if not isinstance(body, dict):
+        return None
+    found: list[Any] = []
+    if path.startswith("/v1/chat/completions"):
+        for message in body.get("messages", []):
+            for call in message.get("tool_calls") or ():
+                found.append(call.get("function", {}).get("arguments"))
+    elif path.startswith("/v1/responses") and isinstance(body.get("input"), list):
+        found = [i.get("arguments") for i in body["input"] if i.get("type") == "function_call"]
+    for arguments in found:
+        try:
+            value = json.loads(arguments)
+        except (TypeError, ValueError) as exc:
+            return openai_error(400, f"Invalid tool call arguments: {exc}", "BadRequestError")
+        if not isinstance(value, dict):
+            return openai_error(400, "Tool call arguments must be a JSON object", "BadRequestError")
     return None
 
 
@@ -436,6 +481,107 @@ def openai_error(
         status=status,
         headers={"x-request-id": f"req_{status}", **(headers or {})},
     )
+
+
+# -- Azure OpenAI's content filter (Chat Completions) -----------------------------------------
+
+AZURE_SAFE: dict[str, Any] = {
+    "hate": {"filtered": False, "severity": "safe"},
+    "self_harm": {"filtered": False, "severity": "safe"},
+    "sexual": {"filtered": False, "severity": "safe"},
+    "violence": {"filtered": False, "severity": "safe"},
+}
+"""A verdict that passes every category, as Azure writes it."""
+
+
+def _compact(data: Any) -> str:
+    """JSON as Azure writes it: no spaces (the frames below are byte for byte Azure's)."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def azure_prompt_filter(results: dict[str, Any] | None = None) -> str:
+    """The first chunk of an Azure stream: the prompt's verdict and no choices."""
+    return _compact(
+        {
+            "id": "",
+            "object": "",
+            "created": 0,
+            "model": "",
+            "prompt_filter_results": [
+                {"prompt_index": 0, "content_filter_results": results or AZURE_SAFE}
+            ],
+            "choices": [],
+            "usage": None,
+        }
+    )
+
+
+def azure_annotation(
+    results: dict[str, Any] | None = None,
+    *,
+    finish_reason: str | None = None,
+    offsets: tuple[int, int, int] = (44, 44, 198),
+) -> str:
+    """An annotation chunk: a choice with the verdict on text already sent, and no `delta`.
+
+    `finish_reason="content_filter"` with a `filtered: true` verdict is Azure's block of the
+    answer (its asynchronous filter); `[DONE]` follows at once.
+    """
+    check, start, end = offsets
+    return _compact(
+        {
+            "id": "",
+            "object": "",
+            "created": 0,
+            "model": "",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish_reason,
+                    "content_filter_results": results or AZURE_SAFE,
+                    "content_filter_offsets": {
+                        "check_offset": check,
+                        "start_offset": start,
+                        "end_offset": end,
+                    },
+                }
+            ],
+            "usage": None,
+        }
+    )
+
+
+def azure_chunk(
+    *,
+    content: str | None = None,
+    role: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    results: dict[str, Any] | None = None,
+) -> str:
+    """An ordinary chunk of an Azure stream, its choice carrying the verdict on its text."""
+    chunk = openai_chunk(
+        content=content,
+        role=role,
+        tool_calls=tool_calls,
+        finish_reason=finish_reason,
+        model="gpt-4o-2024-11-20",
+    )
+    chunk["choices"][0]["content_filter_results"] = {} if results is None else results
+    chunk["usage"] = None
+    return _compact(chunk)
+
+
+def azure_stream(chunks: Iterable[str], *, usage: dict[str, Any] | None = None) -> Stream:
+    """An Azure stream: the chunks as given (no finish is added), the usage chunk, `[DONE]`."""
+    frames = [sse(chunk) for chunk in chunks]
+    if usage is not None:
+        last = openai_chunk(model="gpt-4o-2024-11-20")
+        last["choices"] = []
+        last["usage"] = usage
+        frames.append(sse(_compact(last)))
+    frames.append(sse("[DONE]"))
+    return Stream(frames, headers={"apim-request-id": "req_fake"})
 
 
 # -- OpenAI Responses -----------------------------------------------------------------------
@@ -785,6 +931,25 @@ def anthropic_stream(
     if message_stop:
         frames.append(sse({"type": "message_stop"}, "message_stop"))
     return Stream(frames, cut_after=cut_after, headers={"request-id": "req_fake"})
+
+
+def anthropic_tool_use_whole(
+    id: str, name: str, input: dict[str, Any], *deltas: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A `tool_use` block whose input comes whole in `content_block_start`, as some gateways
+    (LiteLLM, Bedrock and Vertex proxies) stream it; `deltas`: `input_json_delta` pieces after
+    it all the same."""
+    return (
+        {"type": "tool_use", "id": id, "name": name, "input": input},
+        [{"type": "input_json_delta", "partial_json": piece} for piece in deltas],
+    )
+
+
+def with_frame(stream: Stream, at: int, frame: bytes) -> Stream:
+    """`stream` with one more frame inserted before its frame number `at`."""
+    frames = list(stream.frames)
+    frames.insert(at, frame)
+    return replace(stream, frames=frames)
 
 
 def anthropic_error(

@@ -18,10 +18,13 @@ from fake_providers import (
     anthropic_error,
     anthropic_message,
     anthropic_stream,
+    anthropic_tool_use_whole,
     sse,
+    with_frame,
 )
 from handrail import (
     Agent,
+    IncompleteResponseError,
     Message,
     ModelError,
     ModelHTTPError,
@@ -34,7 +37,6 @@ from handrail import (
     Usage,
     tool,
 )
-from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,
@@ -1023,3 +1025,135 @@ def test_thinking_stored_before_redaction_was_marked_is_sent_as_it_was(
     assert message.parts[0].redacted is None  # type: ignore[union-attr]
     _, out = anthropic_messages(None, [message], ToolNames([]))
     assert out[0]["content"][0] == sent
+
+
+# -- odd but legal streams ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("odd", ["event", "delta", "both"])
+async def test_event_and_delta_types_the_sdk_does_not_know_are_ignored(
+    fake: FakeProviders, anthropic_model, odd: str
+):
+    # Anthropic may add event types ("handle unknown event types gracefully"); the SDK builds
+    # an unknown event as a `RawMessageStartEvent` with no message, and an unknown delta as a
+    # `TextDelta` with no text.
+    stream = anthropic_stream(
+        [
+            text_block("Sunny"),
+            tool_block("toolu_1", "weather_today", '{"city": ', '"Oslo"}'),
+        ],
+        stop_reason="tool_use",
+    )
+    odd_delta = {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_progress_delta", "progress": 0.5},
+    }
+    if odd != "event":  # between the call's start and its first delta
+        stream = with_frame(stream, 6, sse(odd_delta, "content_block_delta"))
+    made_up = {"type": "message_annotation", "annotation": {"kind": "safety", "ok": True}}
+    if odd != "delta":
+        stream = with_frame(stream, 2, sse(made_up, "message_annotation"))
+    fake.script(stream, anthropic_stream([text_block("Sunny in Oslo.")]))
+    calls: list[str] = []
+
+    @tool(name="weather.today")
+    def get_weather(city: str) -> str:
+        """Today's weather in a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=anthropic_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == ["Oslo"]
+    assert events[-1].type == "run-completed"
+    assert run.result.output == "Sunny in Oslo."
+    sent = fake.requests[1].body["messages"]
+    assert sent[-2]["content"] == [
+        {"type": "text", "text": "Sunny"},
+        {"type": "tool_use", "id": "toolu_1", "name": "weather_today", "input": {"city": "Oslo"}},
+    ]
+
+
+async def test_a_tool_input_given_whole_in_content_block_start_is_used(
+    fake: FakeProviders, anthropic_model
+):
+    # Some gateways (LiteLLM, Bedrock and Vertex proxies) give the input whole when the block
+    # starts, and stream no `input_json_delta` after it.
+    fake.script(
+        anthropic_stream(
+            [anthropic_tool_use_whole("toolu_1", "weather_today", {"city": "Oslo"})],
+            stop_reason="tool_use",
+        ),
+        anthropic_stream([text_block("Sunny in Oslo.")]),
+    )
+    calls: list[str] = []
+
+    @tool(name="weather.today")
+    def get_weather(city: str) -> str:
+        """Today's weather in a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=anthropic_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == ["Oslo"]
+    deltas = [e for e in events if e.type == "tool-call-delta"]
+    assert "".join(e.args_delta for e in deltas) == '{"city":"Oslo"}'
+    sent = fake.requests[1].body["messages"]
+    assert sent[-2]["content"] == [
+        {"type": "tool_use", "id": "toolu_1", "name": "weather_today", "input": {"city": "Oslo"}}
+    ]
+
+
+async def test_deltas_after_an_input_given_whole_replace_it_as_the_sdk_does(
+    fake: FakeProviders, anthropic_model
+):
+    # The SDK's MessageStream starts from the block's input and replaces it with the deltas'
+    # JSON once a delta brings text; an empty delta changes nothing.
+    fake.script(
+        anthropic_stream(
+            [
+                anthropic_tool_use_whole(
+                    "toolu_1", "weather_today", {"city": "Bergen"}, '{"city": ', '"Oslo"}'
+                ),
+                anthropic_tool_use_whole("toolu_2", "weather_today", {"city": "Tromsø"}, ""),
+            ],
+            stop_reason="tool_use",
+        )
+    )
+
+    out = await collect(anthropic_model, ask(tools=[WEATHER]))
+
+    assert out[-1].parts == [
+        ToolCallPart(id="toolu_1", name="weather.today", raw_args='{"city": "Oslo"}'),
+        ToolCallPart(id="toolu_2", name="weather.today", raw_args='{"city":"Tromsø"}'),
+    ]
+    streamed = [c for c in out if isinstance(c, ToolCallChunk)]
+    assert [(c.index, c.args_delta) for c in streamed if c.args_delta] == [
+        (0, '{"city": '),
+        (0, '"Oslo"}'),
+        (1, '{"city":"Tromsø"}'),
+    ]
+
+
+async def test_a_structured_answer_given_whole_in_content_block_start_is_the_answer(
+    fake: FakeProviders, anthropic_model
+):
+    fake.script(
+        anthropic_stream(
+            [anthropic_tool_use_whole("toolu_9", "final_output", {"city": "Oslo", "degrees": 21})],
+            stop_reason="tool_use",
+        )
+    )
+
+    out = await collect(anthropic_model, ask(output_schema=Answer.model_json_schema()))
+
+    assert out[-1].parts == [TextPart(text='{"city":"Oslo","degrees":21}')]
+    assert out[:-1] == [TextChunk(text='{"city":"Oslo","degrees":21}')]

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fake_providers import (
+    AZURE_SAFE,
     Drop,
     FakeProviders,
     Hang,
     Json,
     Stream,
+    azure_annotation,
+    azure_chunk,
+    azure_prompt_filter,
+    azure_stream,
     openai_chunk,
     openai_completion,
     openai_error,
@@ -23,6 +31,7 @@ from fake_providers import (
 )
 from handrail import (
     Agent,
+    IncompleteResponseError,
     Message,
     ModelError,
     ModelHTTPError,
@@ -35,7 +44,6 @@ from handrail import (
     Usage,
     tool,
 )
-from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,
@@ -303,7 +311,9 @@ async def test_history_is_sent_with_each_result_after_its_call(fake: FakeProvide
                 {
                     "id": "c2",
                     "type": "function",
-                    "function": {"name": "orders_lookup", "arguments": "{oops"},
+                    # Not an object: it never ran (its result says why); strict servers
+                    # refuse any `arguments` but an object.
+                    "function": {"name": "orders_lookup", "arguments": "{}"},
                 },
             ],
         },
@@ -985,7 +995,8 @@ async def test_a_tool_call_cut_by_the_token_limit_is_never_run(fake: FakeProvide
     assert [e.finish_reason for e in events if e.type == "usage"] == ["length", "stop"]
     assert "tool-call-started" not in [e.type for e in events]
     sent = fake.requests[1].body["messages"]
-    assert sent[-2]["tool_calls"][0]["function"]["arguments"] == cut_args  # as the model sent it
+    # Never run, and not an object: `{}` (the result says why; strict servers refuse the rest).
+    assert sent[-2]["tool_calls"][0]["function"]["arguments"] == "{}"
     assert sent[-1]["role"] == "tool"
     assert sent[-1]["content"].startswith("Error: Not run: your response was cut off by the")
     assert run.result.output == "My answer was too long; sorry."
@@ -1047,3 +1058,376 @@ async def test_only_the_first_choice_is_the_answer_when_choices_interleave(
 
     assert out[-1].parts == [TextPart(text="Hello")]
     assert [c for c in out if isinstance(c, ToolCallChunk)] == []
+
+
+# -- Azure OpenAI's content filter: chunks without a delta ------------------------------------
+
+FLAGGED = {"custom_blocklists": [{"filtered": True, "id": "svir"}]}
+
+
+async def test_azure_filter_annotations_are_read_and_kept_on_the_response(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(role="assistant", content=""),
+                azure_chunk(content="Colour is", results=AZURE_SAFE),
+                azure_annotation(offsets=(44, 44, 198)),
+                azure_chunk(content=" light.", results=AZURE_SAFE),
+                azure_chunk(finish_reason="stop"),
+                azure_annotation({"hate": {"filtered": False, "severity": "low"}}),
+            ],
+            usage=openai_usage(12, 3),
+        )
+    )
+
+    out = await collect(openai_model)
+
+    assert out[:-1] == [TextChunk(text="Colour is"), TextChunk(text=" light.")]
+    assert out[-1] == ModelResponse(
+        parts=[TextPart(text="Colour is light.")],
+        usage=Usage(requests=1, input_tokens=12, output_tokens=3),
+        stop_reason="stop",
+        finish_reason="stop",
+        model_name="gpt-4o-2024-11-20",  # not the annotations' empty name
+        provider_details={
+            "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": AZURE_SAFE}],
+            "content_filter_results": [
+                AZURE_SAFE,
+                {"hate": {"filtered": False, "severity": "low"}},
+            ],
+        },
+    )
+
+
+async def test_an_agent_answers_through_an_azure_stream_with_annotations(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                azure_annotation(),
+                azure_chunk(tool_calls=[tool_call(0, args='{"city": "Oslo"}')]),
+                azure_chunk(finish_reason="tool_calls"),
+                azure_annotation(),
+            ],
+            usage=openai_usage(40, 10),
+        ),
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(content="Sunny."),
+                azure_chunk(finish_reason="stop"),
+            ]
+        ),
+    )
+    calls, get_weather = ran_tool()
+
+    result = await Agent("forecaster", tools=[get_weather]).run(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+
+    assert calls == ["Oslo"]
+    assert (result.outcome, result.output, result.finish_reason) == ("completed", "Sunny.", "stop")
+
+
+async def test_a_tool_call_azure_blocks_midway_is_never_run(fake: FakeProviders, openai_model):
+    # Azure's asynchronous filter blocks the answer: an annotation with the verdict and the
+    # `content_filter` finish, and no delta; `[DONE]` follows at once, with no usage chunk.
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                azure_chunk(tool_calls=[tool_call(0, args='{"city": "Oslo"}')]),
+                azure_annotation(FLAGGED, finish_reason="content_filter"),
+            ]
+        ),
+        azure_stream(
+            [azure_chunk(content="I cannot help with that."), azure_chunk(finish_reason="stop")]
+        ),
+    )
+    calls, get_weather = ran_tool()
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == []
+    assert [e.finish_reason for e in events if e.type == "usage"] == ["content_filter", "stop"]
+    assert "tool-call-started" not in [e.type for e in events]
+    sent = fake.requests[1].body["messages"]
+    assert sent[-1]["role"] == "tool"
+    assert sent[-1]["content"].startswith("Error: Not run: the provider's content filter stopped")
+
+
+async def test_a_text_answer_azure_blocks_ends_the_turn_marked_content_filter(
+    fake: FakeProviders, openai_model
+):
+    fake.script(
+        azure_stream(
+            [
+                azure_prompt_filter(),
+                azure_chunk(content="Hey Jude, don't"),
+                azure_annotation(FLAGGED, finish_reason="content_filter"),
+            ]
+        )
+    )
+    run = Agent("helper").run_stream("Sing", runtime=Runtime(model=openai_model))
+    events = [e async for e in run]
+
+    assert (events[-1].type, events[-1].stop_reason, events[-1].finish_reason) == (
+        "run-completed",
+        "cut",
+        "content_filter",
+    )
+
+
+async def test_a_verdict_that_filters_after_the_models_stop_blocks_the_answer(
+    fake: FakeProviders, openai_model
+):
+    # Recorded from Azure's asynchronous filter: a block caught after `stop` comes with no
+    # finish reason; only the verdict says the answer was blocked.
+    fake.script(
+        azure_stream(
+            [
+                azure_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                azure_chunk(tool_calls=[tool_call(0, args='{"city": "Oslo"}')]),
+                azure_chunk(finish_reason="tool_calls"),
+                azure_annotation(FLAGGED),
+            ],
+            usage=openai_usage(40, 10),
+        ),
+        azure_stream([azure_chunk(content="Sorry."), azure_chunk(finish_reason="stop")]),
+    )
+    calls, get_weather = ran_tool()
+    run = Agent("forecaster", tools=[get_weather]).run_stream(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert calls == []
+    assert [e.finish_reason for e in events if e.type == "usage"] == ["content_filter", "stop"]
+
+
+async def test_a_complete_azure_answer_keeps_its_filter_verdicts(
+    fake: FakeProviders, retry: RetryPolicy
+):
+    reply = openai_completion({"content": "Colour is light."}, model="gpt-4o-2024-11-20")
+    reply.body["prompt_filter_results"] = [
+        {"prompt_index": 0, "content_filter_results": AZURE_SAFE}
+    ]
+    reply.body["choices"][0]["content_filter_results"] = AZURE_SAFE
+    fake.script(reply)
+    model = OpenAIModel("gpt-4o", api_key="k", base_url=fake.openai_url, retry=retry, stream=False)
+    try:
+        out = await collect(model)
+    finally:
+        await model.aclose()
+
+    assert out[-1].provider_details == {
+        "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": AZURE_SAFE}],
+        "content_filter_results": [AZURE_SAFE],
+    }
+    assert out[-1].finish_reason == "stop"
+
+
+async def test_a_legacy_function_call_delta_is_a_tool_call(fake: FakeProviders, openai_model):
+    # An old server answers `tools` with the deprecated `function_call` (and its finish).
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(function_call={"name": "weather_today", "arguments": ""}),
+                openai_chunk(function_call={"arguments": '{"city": '}),
+                openai_chunk(function_call={"arguments": '"Oslo"}'}),
+            ],
+            finish_reason="function_call",
+        ),
+        openai_stream([openai_chunk(content="Sunny in Oslo.")]),
+    )
+    calls, get_weather = ran_tool()
+
+    result = await Agent("forecaster", tools=[get_weather]).run(
+        "Weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+
+    assert calls == ["Oslo"]
+    assert result.output == "Sunny in Oslo."
+
+
+# -- arguments that are not a JSON object, back to a strict server ------------------------------
+
+
+async def test_calls_whose_arguments_are_not_an_object_go_back_as_objects(
+    fake: FakeProviders, openai_model
+):
+    # vLLM, SGLang and llama-server answer 400 to any history whose call arguments are not a
+    # JSON object: once such a call is in the session, every later request would fail.
+    fake.strict_arguments = True
+    ran: list[str] = []
+
+    @tool(name="clock.now")
+    def now() -> str:
+        """The time."""
+        ran.append("now")
+        return "12:00"
+
+    @tool(name="weather.today")
+    def get_weather(city: str) -> str:
+        """Today's weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}"
+
+    given = {
+        "call_1": "",  # no arguments, as some models say it: ran
+        "call_2": '{"city":  "Oslo" }',  # an object: ran, and goes back byte for byte
+        "call_3": "[1]",  # not an object: never ran
+        "call_4": "{'city': 'Bergen',}",  # near-JSON: repaired, ran
+        "call_5": '{"city": Tromsø',  # not JSON: never ran
+    }
+    chunks = []
+    for index, (id, args) in enumerate(given.items()):
+        name = "clock_now" if id == "call_1" else "weather_today"
+        chunks.append(openai_chunk(tool_calls=[tool_call(index, id=id, name=name)]))
+        if args:
+            chunks.append(openai_chunk(tool_calls=[tool_call(index, args=args)]))
+    fake.script(
+        openai_stream(chunks, finish_reason="tool_calls"),
+        openai_stream([openai_chunk(content="Noon; sunny in Oslo and Bergen.")]),
+    )
+
+    run = Agent("forecaster", tools=[now, get_weather]).run_stream(
+        "Time and weather?", runtime=Runtime(model=openai_model, ids=sequential_ids())
+    )
+    events = [e async for e in run]
+
+    assert events[-1].type == "run-completed"
+    assert run.result.output == "Noon; sunny in Oslo and Bergen."
+    assert ran == ["now", "Oslo", "Bergen"]
+    (assistant,) = [m for m in fake.requests[1].body["messages"] if m.get("tool_calls")]
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [
+        "{}",
+        '{"city":  "Oslo" }',
+        "{}",
+        '{"city":"Bergen"}',
+        "{}",
+    ]
+    # What the session stores is still what the model sent.
+    calls = run.result.state.messages[1].tool_calls
+    assert [c.raw_args for c in calls] == list(given.values())
+
+
+async def test_a_call_cut_by_the_token_limit_does_not_poison_a_strict_session(
+    fake: FakeProviders, openai_model
+):
+    fake.strict_arguments = True
+    fake.script(
+        openai_stream(
+            [
+                openai_chunk(tool_calls=[tool_call(0, id="call_1", name="weather_today")]),
+                openai_chunk(tool_calls=[tool_call(0, args='{"city": "Zü')]),
+            ],
+            finish_reason="length",
+        ),
+        openai_stream([openai_chunk(content="Sorry, shorter now.")]),
+        openai_stream([openai_chunk(content="Still here.")]),
+    )
+    calls, get_weather = ran_tool()
+    agent = Agent("forecaster", tools=[get_weather])
+    runtime = Runtime(model=openai_model, ids=sequential_ids())
+
+    first = await agent.run("Weather?", runtime=runtime)
+    second = await agent.run("And now?", runtime=runtime, state=first.state)
+
+    assert calls == []
+    assert (first.output, second.output) == ("Sorry, shorter now.", "Still here.")
+    sent = [
+        [c["function"]["arguments"] for m in r.body["messages"] for c in m.get("tool_calls", ())]
+        for r in fake.requests[1:]
+    ]
+    assert sent == [["{}"], ["{}"]]
+
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=5)  # no lone surrogates
+_OBJECTS = st.dictionaries(_TEXT, st.one_of(st.integers(), _TEXT, st.none()), max_size=3)
+_ARGUMENTS = st.one_of(
+    _OBJECTS.map(json.dumps),  # an object, spaced as json.dumps spaces it
+    _OBJECTS.map(lambda v: json.dumps(v, indent=1)),
+    st.builds(lambda v, n: json.dumps(v)[:n], _OBJECTS, st.integers(0, 40)),  # cut anywhere
+    st.lists(st.integers(), max_size=3).map(json.dumps),
+    st.text(max_size=20),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(raw=_ARGUMENTS)
+def test_any_arguments_go_back_as_an_object_a_strict_server_accepts(
+    fake_server: FakeProviders, retry: RetryPolicy, raw: str
+):
+    call = ToolCallPart(
+        id="c1",
+        name="weather.today",
+        raw_args=raw,
+        status="completed",
+        result=ToolResult(data="Sunny"),
+    )
+    history = [
+        Message(id="m1", role="user", parts=[TextPart(text="Weather?")]),
+        Message(id="m2", role="assistant", parts=[call]),
+    ]
+    fake_server.reset()
+    fake_server.strict_arguments = True
+    fake_server.script(openai_stream([openai_chunk(content="ok")]))
+
+    async def send() -> list[ModelChunk]:
+        model = OpenAIModel("m", api_key="k", base_url=fake_server.openai_url, retry=retry)
+        try:
+            return await collect(
+                model, ModelRequest(agent="a", instructions=None, messages=history)
+            )
+        finally:
+            await model.aclose()
+
+    out = asyncio.run(send())
+
+    assert out[-1].parts == [TextPart(text="ok")]  # the strict server took the history
+    sent = fake_server.requests[0].body["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        assert sent == raw  # the model's own object, byte for byte
+    fake_server.reset()
+
+
+async def test_a_legacy_function_call_in_a_complete_answer_is_a_tool_call(
+    fake: FakeProviders, retry: RetryPolicy
+):
+    fake.script(
+        openai_completion(
+            {
+                "content": None,
+                "function_call": {"name": "weather_today", "arguments": '{"city": "Oslo"}'},
+            },
+            finish_reason="function_call",
+        ),
+        openai_completion({"content": "Sunny in Oslo."}),
+    )
+    calls, get_weather = ran_tool()
+    model = OpenAIModel("m", api_key="k", base_url=fake.openai_url, retry=retry, stream=False)
+    try:
+        result = await Agent("forecaster", tools=[get_weather]).run(
+            "Weather?", runtime=Runtime(model=model, ids=sequential_ids())
+        )
+    finally:
+        await model.aclose()
+
+    assert calls == ["Oslo"]
+    assert result.output == "Sunny in Oslo."

@@ -26,6 +26,7 @@ from fake_providers import (
 from handrail import (
     Agent,
     ConfigError,
+    IncompleteResponseError,
     Message,
     ModelError,
     ModelHTTPError,
@@ -38,7 +39,6 @@ from handrail import (
     Usage,
     tool,
 )
-from handrail.exceptions import IncompleteResponseError
 from handrail.models import (
     ModelChunk,
     ModelRequest,
@@ -398,7 +398,8 @@ async def test_history_is_sent_as_items_with_each_output_after_its_call(
             "name": "orders_lookup",
             "arguments": '{"id":"A1"}',
         },
-        {"type": "function_call", "call_id": "c2", "name": "orders_lookup", "arguments": "{oops"},
+        # Not an object: it never ran (its result says why); strict servers refuse the rest.
+        {"type": "function_call", "call_id": "c2", "name": "orders_lookup", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": '{"total":5}'},
         {"type": "function_call_output", "call_id": "c2", "output": "Error: not JSON"},
         {"role": "user", "content": "Use your tools."},
@@ -926,7 +927,7 @@ async def test_a_call_of_an_incomplete_response_is_never_run(fake: FakeProviders
         "type": "function_call",
         "call_id": "call_1",
         "name": "weather_today",
-        "arguments": cut_args,  # as the model sent it
+        "arguments": "{}",  # never run, and not an object: its result says why
     }
     assert sent[-1]["type"] == "function_call_output"
     assert sent[-1]["output"].startswith("Error: Not run: your response was cut off by the")
@@ -952,3 +953,38 @@ async def test_a_call_whose_stream_has_no_end_is_never_run(fake: FakeProviders, 
     for message in run.result.state.messages:
         for part in message.tool_calls:
             assert part.result is not None
+
+
+async def test_calls_that_never_ran_go_back_to_a_strict_server_as_objects(
+    fake: FakeProviders, responses_model
+):
+    # vLLM's Responses API renders the history through the chat template too: arguments that
+    # are not a JSON object fail every later request of the session with a 400.
+    fake.strict_arguments = True
+    fake.script(
+        responses_stream(
+            [
+                responses_call("call_1", "weather_today", "[1]"),
+                responses_call("call_2", "weather_today", '{"city": ', '"Oslo"}'),
+            ]
+        ),
+        responses_stream(
+            [responses_call("call_3", "weather_today", '{"city": "Zü', status="incomplete")],
+            incomplete_reason="max_output_tokens",
+        ),
+        responses_stream([responses_message("Sunny in Oslo.")]),
+    )
+    calls, get_weather = ran_tool()
+
+    result = await Agent("forecaster", tools=[get_weather]).run(
+        "Weather?", runtime=Runtime(model=responses_model, ids=sequential_ids())
+    )
+
+    assert (result.outcome, result.output) == ("completed", "Sunny in Oslo.")
+    assert calls == ["Oslo"]
+    sent = [i for i in fake.requests[2].body["input"] if i.get("type") == "function_call"]
+    assert [(i["call_id"], i["arguments"]) for i in sent] == [
+        ("call_1", "{}"),
+        ("call_2", '{"city": "Oslo"}'),
+        ("call_3", "{}"),
+    ]

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handrail import ConfigError, ModelHTTPError
-from handrail.exceptions import IncompleteResponseError
+from handrail import ConfigError, IncompleteResponseError, ModelHTTPError
 from handrail.models.retry import Failure, RetryPolicy, is_retryable_status, parse_retry_after
 
 

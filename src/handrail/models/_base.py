@@ -130,6 +130,10 @@ class ModelResponse:
     `content_filter` or for an `other` reason is never acted on."""
     model_name: str | None = None
     """The model that answered."""
+    provider_details: dict[str, Any] | None = None
+    """What else the provider said of the response, as it said it, when it said something:
+    Azure OpenAI's content-filter verdicts (`prompt_filter_results`, and the answer's
+    `content_filter_results` in the order they came)."""
 
 
 ModelChunk: TypeAlias = TextChunk | ReasoningChunk | ToolCallChunk | ModelResponse

@@ -2,6 +2,8 @@
 
 - The instructions become the first `system` message; a stored `system` message stays one.
 - User text (the engine's `synthetic` nudges included) is plain `user` content.
+- A call's arguments go back as the model wrote them when they are a JSON object, else as an
+  object (`object_arguments`): strict servers refuse any other `arguments` in the history.
 - An assistant message becomes one `assistant` message (its text, its `tool_calls`), followed
   by one `tool` message per call, in the calls' order: a call and its result are one part in
   handrail, two messages here. A call still waiting for a decision reads `AWAITING_DECISION`.
@@ -20,12 +22,14 @@ from typing import Any
 import pydantic_core
 
 from ..messages import Message, TextPart, ToolCallPart
+from ..tools._arguments import ArgumentsError, parse_arguments
 from ..tools._hosted import hosted_note
 from . import ModelRequest, ToolDefinition
 from ._wire import ToolNames, result_text
 
 __all__ = [
     "OUTPUT_NAME",
+    "object_arguments",
     "openai_messages",
     "openai_request",
     "openai_tools",
@@ -51,6 +55,32 @@ def tool_arguments(part: ToolCallPart) -> str:
     if part.raw_args is not None:
         return part.raw_args
     return pydantic_core.to_json(part.args).decode()
+
+
+def object_arguments(part: ToolCallPart) -> str:
+    """The arguments of a call as the model sent them, as the APIs take them back: an object.
+
+    Byte for byte the model's text when that is a JSON object. Other text goes back as the
+    object the pipeline read from it (`""` for no arguments is `{}`; near-JSON it repaired is
+    that object, compact), and text that is no object at all (not JSON, cut off by the token
+    limit, a JSON array) as `{}`: that call never ran, and its result says why. Servers that
+    render the history through a chat template (vLLM, SGLang, llama-server, several gateways)
+    answer 400 to every later request of the session when a call's arguments are not an
+    object.
+    """
+    raw = part.raw_args
+    if raw is None:
+        return pydantic_core.to_json(part.args).decode()
+    try:
+        value = pydantic_core.from_json(raw)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return raw
+    try:
+        return pydantic_core.to_json(parse_arguments(raw)).decode()
+    except ArgumentsError:
+        return "{}"
 
 
 def openai_messages(
@@ -83,7 +113,10 @@ def openai_messages(
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": names.wire(call.name), "arguments": tool_arguments(call)},
+                    "function": {
+                        "name": names.wire(call.name),
+                        "arguments": object_arguments(call),
+                    },
                 }
                 for call in calls
             ]

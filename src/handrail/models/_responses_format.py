@@ -48,7 +48,7 @@ from ..exceptions import HostedToolError, ModelError
 from ..messages import Message, ReasoningPart, TextPart, ToolCallPart
 from ..tools._hosted import hosted_call, hosted_note, one_of_each_kind
 from . import ModelRequest, ToolDefinition
-from ._openai_format import output_format, tool_arguments
+from ._openai_format import object_arguments, output_format
 from ._wire import ToolNames, result_text
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def responses_input(
                         "type": "function_call",
                         "call_id": part.id,
                         "name": names.wire(part.name),
-                        "arguments": tool_arguments(part),
+                        "arguments": object_arguments(part),
                     }
                 )
                 text, _ = result_text(part)

@@ -23,7 +23,10 @@ blocks as received, replayed unchanged (`_anthropic_format`); `pause_turn` is
 `finish_reason="pause"`; a content block handrail does not know refuses the response.
 
 A streamed answer is whole once `message_stop` came: a stream that ends without it, cleanly or
-cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early).
+cut, raises `IncompleteResponseError` (the SDK ends quietly on a body that ends early). Event
+and delta types handrail does not know are ignored, as Anthropic asks of clients; a tool input
+given whole in `content_block_start` (some gateways) is the input unless deltas bring text,
+as in the SDK's `MessageStream`.
 """
 
 from __future__ import annotations
@@ -202,9 +205,15 @@ class AnthropicModel(SDKModel):
             async with stream:
                 event: RawMessageStreamEvent
                 async for event in stream:
+                    if event.type not in _EVENTS:
+                        # Anthropic may add event types, and clients must ignore those they
+                        # do not know; the SDK builds one as the first type of its union.
+                        continue
                     if isinstance(event, RawContentBlockDeltaEvent):
                         block = _open_block(blocks, event.index)
                         delta = event.delta
+                        if delta.type not in _DELTAS:  # a new kind of delta: ignored, as above
+                            continue
                         _check_delta(block, delta, event.index)
                         if block.kind == "server":  # a hosted call's input: not handrail's call
                             if isinstance(delta, InputJSONDelta):
@@ -249,11 +258,15 @@ class AnthropicModel(SDKModel):
                         elif isinstance(content, RedactedThinkingBlock):
                             blocks[event.index] = _Block("redacted", content.data)
                         elif isinstance(content, ToolUseBlock) and content.name == output.name:
-                            blocks[event.index] = _Block("output")
+                            blocks[event.index] = _Block("output", whole=_whole(content.input))
                         elif isinstance(content, ToolUseBlock):
                             name = names.handrail(content.name)
                             blocks[event.index] = _Block(
-                                "call", id=content.id, name=name, call=calls
+                                "call",
+                                id=content.id,
+                                name=name,
+                                call=calls,
+                                whole=_whole(content.input),
                             )
                             yield ToolCallChunk(index=calls, id=content.id, name=name)
                             calls += 1
@@ -261,6 +274,11 @@ class AnthropicModel(SDKModel):
                             blocks[event.index] = _Block("server", raw=_server_block(content))
                     elif isinstance(event, RawContentBlockStopEvent):
                         block = _open_block(blocks, event.index)
+                        whole = block.adopt_whole()
+                        if whole and block.kind == "call":
+                            yield ToolCallChunk(index=block.call, args_delta=whole)
+                        elif whole and block.kind == "output" and not output.wrapped:
+                            yield TextChunk(text=whole)
                         if block.kind == "output" and output.wrapped:
                             yield TextChunk(text=output.text(block.text))
                     elif isinstance(event, RawMessageStartEvent):
@@ -283,6 +301,7 @@ class AnthropicModel(SDKModel):
             raise incomplete(PROVIDER, "message_stop", "the body ended with no error")
         parts: list[TextPart | ReasoningPart | ToolCallPart | dict[str, Any]] = []
         for index, block in sorted(blocks.items()):
+            block.adopt_whole()  # a block whose content_block_stop never came
             if block.kind == "server":
                 parts.append(_server_input(block, index))
             elif block.kind == "text":
@@ -366,15 +385,28 @@ class AnthropicModel(SDKModel):
         )
 
 
-_DELTAS: dict[type[Any], tuple[str, ...]] = {
-    TextDelta: ("text",),
-    InputJSONDelta: ("call", "output", "server"),
-    ThinkingDelta: ("thinking",),
-    SignatureDelta: ("thinking",),
-    CitationsDelta: ("text",),
+_EVENTS = frozenset(
+    {
+        "message_start",
+        "message_delta",
+        "message_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    }
+)
+"""The stream events handrail reads (`ping` and `error` the SDK handles); others are ignored."""
+
+_DELTAS: dict[str, tuple[str, ...]] = {
+    "text_delta": ("text",),
+    "input_json_delta": ("call", "output", "server"),
+    "thinking_delta": ("thinking",),
+    "signature_delta": ("thinking",),
+    "citations_delta": ("text",),
 }
-"""Which blocks each kind of delta may extend (a hosted call's input streams as JSON; its
-result block comes whole; a delta type not listed is ignored)."""
+"""Which blocks each type of delta may extend (a hosted call's input streams as JSON; its
+result block comes whole); a delta type not listed is ignored (the SDK builds one as a
+`TextDelta`, so the type, not the class, says what it is)."""
 
 
 def _citations(block: TextBlock) -> list[dict[str, Any]]:
@@ -438,7 +470,7 @@ def _open_block(blocks: dict[int, _Block], index: int) -> _Block:
 
 def _check_delta(block: _Block, delta: Any, index: int) -> None:
     """Refuse a delta that does not belong to its block (text into a call's input, say)."""
-    kinds = _DELTAS.get(type(delta))
+    kinds = _DELTAS.get(delta.type)
     if kinds is not None and block.kind not in kinds:
         raise _stream_error(
             f"{getattr(delta, 'type', type(delta).__name__)} for content block {index}, which "
@@ -446,10 +478,35 @@ def _check_delta(block: _Block, delta: Any, index: int) -> None:
         )
 
 
-class _Block:
-    """A content block being streamed."""
+def _whole(value: object) -> str:
+    """A tool's input as `content_block_start` gave it: JSON text, or "" when it is empty.
 
-    __slots__ = ("call", "citations", "id", "kind", "name", "pieces", "raw", "signature")
+    Anthropic starts a `tool_use` block with `input: {}` and streams the input after it; some
+    gateways (LiteLLM, Bedrock and Vertex proxies) give it whole here instead.
+    """
+    return pydantic_core.to_json(value).decode() if value else ""
+
+
+class _Block:
+    """A content block being streamed.
+
+    A tool's input is what its `input_json_delta` pieces say, and when they say nothing, the
+    input its `content_block_start` gave whole (`whole`): the SDK's `MessageStream` does the
+    same (it starts from the block's input and replaces it with the deltas' JSON once a delta
+    brings any text).
+    """
+
+    __slots__ = (
+        "call",
+        "citations",
+        "id",
+        "kind",
+        "name",
+        "pieces",
+        "raw",
+        "signature",
+        "whole",
+    )
 
     def __init__(
         self,
@@ -460,8 +517,10 @@ class _Block:
         name: str = "",
         call: int = 0,
         raw: dict[str, Any] | None = None,
+        whole: str = "",
     ) -> None:
         self.raw = raw
+        self.whole = whole
         self.citations: list[dict[str, Any]] = []
         self.kind = kind
         self.signature = signature
@@ -473,6 +532,14 @@ class _Block:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    def adopt_whole(self) -> str:
+        """Take the input given whole when no delta brought any text; what was taken, or ""."""
+        whole, self.whole = self.whole, ""
+        if not whole or any(self.pieces):
+            return ""
+        self.pieces = [whole]
+        return whole
 
 
 class _Hosted:

@@ -15,7 +15,10 @@ A streamed answer is whole once a chunk carried its `finish_reason`: a stream th
 without one, cleanly or cut, raises `IncompleteResponseError` (the SDK ends quietly on a body
 that lacks `[DONE]`, so the adapter checks); one cut after it has lost only the usage chunk and
 `[DONE]`, and is kept. Parallel calls are told apart by their `id` as well as their `index`
-(see `_Calls`).
+(see `_Calls`). Azure's content filter adds chunks with no choices, or whose choice has no
+delta, only a verdict: the verdicts are kept on `ModelResponse.provider_details`, and one that
+filtered the answer makes it `content_filter` (see `_Filters`). A legacy `function_call`
+(from servers older than `tools`) is read as one tool call.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from ._wire import ToolNames
 try:
     import openai
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat.chat_completion_chunk import ChoiceDelta
     from openai.types.completion_usage import CompletionUsage
 
     from ._openai_client import OpenAIClientModel
@@ -129,6 +133,7 @@ class OpenAIModel(OpenAIClientModel):
         text: list[str] = []
         reasoning: list[str] = []
         calls = _Calls(self.provider, names)
+        filters = _Filters()
         usage: CompletionUsage | None = None
         stop: str | None = None
         model_name: str | None = None
@@ -138,12 +143,21 @@ class OpenAIModel(OpenAIClientModel):
                 async for chunk in stream:
                     if chunk.usage is not None:
                         usage = chunk.usage
+                    filters.prompt(chunk.model_extra)
                     # The answer is choice 0 (a request with `n` > 1 interleaves the others).
                     choice = next((c for c in chunk.choices if c.index == 0), None)
                     if choice is None:
                         continue
-                    model_name = chunk.model
-                    delta = choice.delta
+                    if chunk.model:  # Azure's filter annotations name no model
+                        model_name = chunk.model
+                    filters.answer(choice.model_extra)
+                    if choice.finish_reason:
+                        stop = choice.finish_reason
+                    # A choice may come without a delta: Azure's content-filter annotations
+                    # (and its blocked-content finish) carry only the filter's verdict.
+                    delta: ChoiceDelta | None = getattr(choice, "delta", None)
+                    if delta is None:
+                        continue
                     extra = delta.model_extra
                     if extra:
                         thought = extra.get("reasoning_content") or extra.get("reasoning")
@@ -164,8 +178,11 @@ class OpenAIModel(OpenAIClientModel):
                         )
                         if out is not None:
                             yield out
-                    if choice.finish_reason:
-                        stop = choice.finish_reason
+                    legacy = delta.function_call  # the deprecated single call, from old servers
+                    if legacy is not None:
+                        out = calls.add(0, None, legacy.name, legacy.arguments or "")
+                        if out is not None:
+                            yield out
         except Exception as exc:
             why = body_broken(exc, connection_error=openai.APIConnectionError)
             if why is None:
@@ -193,8 +210,9 @@ class OpenAIModel(OpenAIClientModel):
             parts=parts,
             usage=_usage(usage),
             stop_reason=stop,
-            finish_reason=finish_reason(stop),
+            finish_reason=filters.finish(stop),
             model_name=model_name,
+            provider_details=filters.details(),
         )
 
     async def _complete(
@@ -377,9 +395,12 @@ def _response(completion: ChatCompletion, names: ToolNames, provider: str) -> Mo
     """A complete (non-streamed) answer as a `ModelResponse`."""
     parts: list[TextPart | ReasoningPart | ToolCallPart] = []
     stop: str | None = None
+    filters = _Filters()
+    filters.prompt(completion.model_extra)
     if completion.choices:
         choice = completion.choices[0]
         stop = choice.finish_reason
+        filters.answer(choice.model_extra)
         message = choice.message
         extra = message.model_extra or {}
         thought = extra.get("reasoning_content") or extra.get("reasoning")
@@ -397,13 +418,80 @@ def _response(completion: ChatCompletion, names: ToolNames, provider: str) -> Mo
                     id=call.id, name=names.handrail(function.name), raw_args=function.arguments
                 )
             )
+        legacy = message.function_call  # the deprecated single call, from old servers
+        if legacy is not None and not message.tool_calls:
+            parts.append(
+                ToolCallPart(
+                    id=f"call_{token_hex(6)}",
+                    name=names.handrail(legacy.name),
+                    raw_args=legacy.arguments,
+                )
+            )
     return ModelResponse(
         parts=parts,
         usage=_usage(completion.usage),
         stop_reason=stop,
-        finish_reason=finish_reason(stop),
+        finish_reason=filters.finish(stop),
         model_name=completion.model,
+        provider_details=filters.details(),
     )
+
+
+class _Filters:
+    """Azure OpenAI's content-filter verdicts on a response, as received.
+
+    Azure reports on the prompt (`prompt_filter_results`, once `prompt_annotations`, in a first
+    chunk with no choices) and on the answer (`content_filter_results` on its choices, and in
+    annotation chunks whose choice has no delta). A verdict that filtered the answer makes it
+    `content_filter` even when it came after the model's own `stop`, as Azure's asynchronous
+    filter does: the answer was blocked, so nothing of it is acted on.
+    """
+
+    __slots__ = ("_answer", "_blocked", "_prompt")
+
+    def __init__(self) -> None:
+        self._prompt: list[Any] = []
+        self._answer: list[Any] = []
+        self._blocked = False
+
+    def prompt(self, extra: dict[str, Any] | None) -> None:
+        """Read a chunk's (or a completion's) extra fields."""
+        if not extra:
+            return
+        results = extra.get("prompt_filter_results") or extra.get("prompt_annotations")
+        if isinstance(results, list):
+            self._prompt.extend(results)
+
+    def answer(self, extra: dict[str, Any] | None) -> None:
+        """Read a choice's extra fields."""
+        results = (extra or {}).get("content_filter_results")
+        # Every chunk of a vetted segment repeats its verdict: it is kept once.
+        if not results or (self._answer and self._answer[-1] == results):
+            return
+        self._answer.append(results)
+        self._blocked = self._blocked or _filtered(results)
+
+    def finish(self, stop: str | None) -> FinishReason:
+        """The response's finish reason, a filtered answer's being `content_filter`."""
+        return "content_filter" if self._blocked and stop is not None else finish_reason(stop)
+
+    def details(self) -> dict[str, Any] | None:
+        """The verdicts for `ModelResponse.provider_details`, if any came."""
+        details: dict[str, Any] = {}
+        if self._prompt:
+            details["prompt_filter_results"] = self._prompt
+        if self._answer:
+            details["content_filter_results"] = self._answer
+        return details or None
+
+
+def _filtered(value: Any) -> bool:
+    """Whether a verdict (nested categories, blocklists) says `filtered: true` anywhere."""
+    if isinstance(value, dict):
+        return value.get("filtered") is True or any(_filtered(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_filtered(v) for v in value)
+    return False
 
 
 def _usage(usage: CompletionUsage | None) -> Usage:
