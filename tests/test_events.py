@@ -169,6 +169,7 @@ def test_an_event_is_flat_json_with_its_type():
         "prompt": None,
         "amendable": [],
         "kind": "approval",
+        "digest": None,
     }
 
 
