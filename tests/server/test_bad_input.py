@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+from handrail import Agent, Engine, Runtime, tool
 from handrail.demo.support_desk import build_scenario
+from handrail.messages import ToolCallPart
 from handrail.server import create_app
-from handrail.store import SessionStore, SqliteStore
+from handrail.store import MemoryStore, SessionStore, SqliteStore
+from handrail.testing import ScriptedModel, sequential_ids
 
-from .conftest import ANA, authenticator
+from .conftest import ANA, Server, StreamingTransport, authenticator
 from .test_processes import PG_DSN, _postgres_unavailable
 
 FILTERS = [
@@ -156,3 +162,105 @@ async def test_an_event_row_that_is_not_utf8_is_sent_as_unreadable(tmp_path: Pat
         assert answer.status_code == 200
         first = next(line for line in answer.text.splitlines() if line.startswith("data:"))
         assert '"type":"event-unreadable"' in first.replace(" ", "")
+
+
+# -- numbers that are not finite ----------------------------------------------------------------
+
+NOT_FINITE = ["inf", "-inf", "Infinity", "-Infinity", "nan", "NaN", "1e999", "-1e999"]
+
+
+@pytest.fixture
+async def desk() -> AsyncIterator[Server]:
+    scenario = build_scenario()
+    app = create_app(scenario.engine, authenticator=authenticator())
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client,
+        httpx.AsyncClient(transport=StreamingTransport(app), base_url="http://test") as streaming,
+    ):
+        yield Server(app=app, scenario=scenario, client=client, streaming=streaming)
+
+
+@pytest.mark.parametrize("amount", NOT_FINITE)
+async def test_an_amendment_with_a_number_that_is_not_finite_as_a_string_is_422_naming_it(
+    desk: Server, amount: str
+) -> None:
+    session_id = await desk.new_session()
+    await desk.submit(session_id)
+    await desk.join(session_id)
+    (card,) = await desk.pending(session_id)
+    call_id = card["tool_call_id"]
+    decision = {"decision": "approve", "amended_args": {"amount": amount}}
+    answer = await desk.client.post(
+        f"/sessions/{session_id}/resolve",
+        json={"tool_call_id": call_id, "decision": decision},
+        headers=ANA,
+    )
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_decision"
+    assert "- amount: Input should be a finite number" in error["message"]
+    assert [c["tool_call_id"] for c in await desk.pending(session_id)] == [call_id]  # intact
+    decision["amended_args"] = {"amount": 40.0}
+    answer = await desk.client.post(
+        f"/sessions/{session_id}/resolve",
+        json={"tool_call_id": call_id, "decision": decision},
+        headers=ANA,
+    )
+    assert answer.status_code == 200, answer.text
+    await desk.join(session_id)
+    assert desk.scenario.desk.refunds[0]["amount"] == "€40.00"
+
+
+class Parcel(BaseModel):
+    weight: float
+
+
+ran: list[Any] = []
+
+
+@tool(name="ship")
+def ship(count: float, parcel: Parcel | None = None, extra: Any = None) -> str:
+    """Ship a parcel."""
+    ran.append((count, parcel, extra))
+    return "shipped"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        *[(f'{{"count": "{text}"}}', "count") for text in NOT_FINITE],
+        *[(f'{{"count": {text}}}', "count") for text in ("Infinity", "-Infinity", "NaN", "1e999")],
+        ('{"count": 1, "parcel": {"weight": "nan"}}', "parcel.weight"),
+        ('{"count": 1, "parcel": {"weight": -Infinity}}', "parcel.weight"),
+        ('{"count": 1, "extra": {"list": [1, NaN]}}', "extra.list.1"),
+    ],
+)
+async def test_a_model_sending_a_number_that_is_not_finite_reads_an_error_naming_it(
+    raw: str, field: str
+) -> None:
+    model = ScriptedModel([[ToolCallPart(id="c-1", name="ship", raw_args=raw)], "Sorry."])
+    runtime = Runtime(model=model, ids=sequential_ids())
+    engine = Engine(Agent("shop", tools=[ship]), store=MemoryStore(), runtime=runtime)
+    app = create_app(engine, authenticator=authenticator())
+    ran.clear()
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client,
+    ):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        turn = await client.post(f"/sessions/{session}/turns", json={"text": "go"}, headers=ANA)
+        assert turn.status_code == 202
+        await app.state.runs.join(session)
+        view = (await client.get(f"/sessions/{session}", headers=ANA)).json()
+        audit = await client.get("/audit", headers=ANA)
+    assert ran == []  # the tool never ran
+    assert view["status"] != "failed", view
+    (result,) = [
+        part
+        for message in view["messages"]
+        for part in message.get("parts", [])
+        if part.get("type") == "tool-call" and part.get("id") == "c-1"
+    ]
+    assert f"- {field}: Input should be a finite number" in json.dumps(result)
+    assert audit.status_code == 200, audit.text

@@ -49,9 +49,11 @@ _EXECUTORS = ("server", "human", "client", "provider")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 # No `str_strip_whitespace`, nor any other rewriting: a value that validates reaches the tool
 # exactly as the model sent it (code, e-mail bodies and YAML live in their whitespace).
-_INPUT_CONFIG = ConfigDict(extra="forbid")
+# No NaN or Infinity either (`"inf"` as a string is a float to pydantic): no tool can use one,
+# and stored arguments and the audit trail cannot hold it.
+_INPUT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 # A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
-_RAW_INPUT_CONFIG = ConfigDict(extra="allow")
+_RAW_INPUT_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 _log = logging.getLogger("handrail.tools")
 
 
