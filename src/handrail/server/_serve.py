@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import multiprocessing
@@ -22,6 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from ._auth import reload_key_files
 from ._connections import guarded_protocol
 from ._gc import tune_gc
 
@@ -142,6 +144,18 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.app, self.grace = app, grace
 
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # SIGHUP reads the API keys files again (its default action would end the process).
+        hangup = getattr(signal, "SIGHUP", None)
+        loop = asyncio.get_running_loop()
+        if hangup is not None:
+            loop.add_signal_handler(hangup, _reload_keys)
+        try:
+            await super().serve(sockets)
+        finally:
+            if hangup is not None:
+                loop.remove_signal_handler(hangup)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections meanwhile
@@ -226,6 +240,11 @@ def serve(
     _Server(config, app, shutdown_grace).run()
 
 
+def _reload_keys() -> None:
+    _log.info("SIGHUP: reading the API keys files again")
+    reload_key_files()
+
+
 AppFactory = Callable[[int], Starlette]
 """Makes the app of worker process number `index` (0, 1, ...), in that process."""
 
@@ -280,8 +299,17 @@ def serve_workers(
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    processes: list[multiprocessing.process.BaseProcess] = []
+
+    def hang_up(*_: Any) -> None:  # each worker reads its API keys files again
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGHUP)
+
+    if hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
     try:
-        processes = [start(index) for index in range(workers)]
+        processes += [start(index) for index in range(workers)]
         _log.info("%d worker processes on %s:%d", workers, host, port)
         while not stop.wait(0.5):
             for index, process in enumerate(processes):
