@@ -14,7 +14,9 @@ protocol (httptools) close them:
 - past `max_connections` open connections, a new one is answered 503 with `Retry-After` and
   closed at once, before it can take a slot.
 
-A stream whose client stopped reading is the app's to end (`EventStream`'s send timeout).
+A stream whose client stopped reading is the app's to end (`EventStream`'s send timeout);
+each request's scope carries the means to close its connection at once (`_sse.ABORT`), which
+a close by uvicorn would not: it waits for the unsent bytes to go.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ._sse import ABORT
 
 __all__ = ["guarded_protocol"]
 
@@ -98,6 +102,9 @@ def guarded_protocol(
         def on_headers_complete(self) -> None:
             self._heading = self._partial = False
             self._arm(body_timeout, self._body_late)
+            # Before the request's task first runs (uvicorn starts it below, to run later).
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[ABORT] = self.transport.abort
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
