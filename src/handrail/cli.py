@@ -231,6 +231,15 @@ def serve(
     max_connections: Annotated[
         int, typer.Option(help="Open connections past which new ones get 503 (0: no cap).", min=0)
     ] = 1_000,
+    max_client_connections: Annotated[
+        int,
+        typer.Option(
+            help="Connections of one client address that have not sent a valid key yet, past "
+            "which its new ones get 503 (0: no cap; behind a proxy, every connection is the "
+            "proxy's). A fifth of --max-connections is kept for connections that did.",
+            min=0,
+        ),
+    ] = 250,
     poll_interval: Annotated[
         float | None,
         typer.Option(
@@ -292,6 +301,7 @@ def serve(
         "body_timeout": body_timeout,
         "idle_timeout": idle_timeout,
         "max_connections": max_connections or None,
+        "max_client_connections": max_client_connections or None,
     }
     if workers > 1:
         serve_workers(functools.partial(_worker_app, options), workers, **settings)

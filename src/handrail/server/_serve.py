@@ -173,6 +173,8 @@ def server_config(
     body_timeout: float = 30.0,
     idle_timeout: float = 5.0,
     max_connections: int | None = 1_000,
+    max_client_connections: int | None = 250,
+    reserved_connections: int | None = None,
     **uvicorn_options: Any,
 ) -> uvicorn.Config:
     """The `uvicorn.Config` of `app` as `serve` runs it (its arguments are `serve`'s)."""
@@ -184,6 +186,8 @@ def server_config(
             header_timeout=header_timeout,
             body_timeout=body_timeout,
             max_connections=max_connections,
+            max_client_connections=max_client_connections,
+            reserved_connections=reserved_connections,
         ),
         timeout_keep_alive=idle_timeout,  # type: ignore[arg-type]  # uvicorn takes a float
         timeout_graceful_shutdown=math.ceil(shutdown_grace),  # uvicorn takes whole seconds
@@ -201,6 +205,8 @@ def serve(
     body_timeout: float = 30.0,
     idle_timeout: float = 5.0,
     max_connections: int | None = 1_000,
+    max_client_connections: int | None = 250,
+    reserved_connections: int | None = None,
     **uvicorn_options: Any,
 ) -> None:
     """Serve `app` (from `create_app`) with uvicorn until Ctrl-C or SIGTERM.
@@ -221,6 +227,12 @@ def serve(
         idle_timeout: seconds a kept-alive connection may stay idle between requests.
         max_connections: open connections past which a new one is answered 503 and closed
             (None: no cap; the process's file-descriptor limit still applies).
+        max_client_connections: connections of one client address that have not shown a
+            valid credential yet, past which its new ones are answered 503 (None: no cap).
+            Behind a proxy every connection is the proxy's: raise it, or None.
+        reserved_connections: of `max_connections`, how many only connections that showed a
+            valid credential may hold (None: a fifth): past the rest, a new connection
+            closes the oldest idle one that never did.
         uvicorn_options: more of `uvicorn.Config`'s options (`log_level`, ...).
     """
     config = server_config(
@@ -232,6 +244,8 @@ def serve(
         body_timeout=body_timeout,
         idle_timeout=idle_timeout,
         max_connections=max_connections,
+        max_client_connections=max_client_connections,
+        reserved_connections=reserved_connections,
         **uvicorn_options,
     )
     tune_gc()
