@@ -21,7 +21,7 @@ from handrail.demo.support_desk import build_scenario
 from handrail.messages import ToolCallPart
 from handrail.server import create_app
 from handrail.store import MemoryStore, SessionStore, SqliteStore
-from handrail.testing import ScriptedModel, sequential_ids
+from handrail.testing import ScriptedModel, call, sequential_ids
 
 from .conftest import ANA, Server, StreamingTransport, authenticator
 from .test_processes import PG_DSN, _postgres_unavailable
@@ -264,3 +264,42 @@ async def test_a_model_sending_a_number_that_is_not_finite_reads_an_error_naming
     ]
     assert f"- {field}: Input should be a finite number" in json.dumps(result)
     assert audit.status_code == 200, audit.text
+
+
+class Weight(BaseModel):
+    kg: float
+
+
+@tool(name="ask.weight", executor="human", prompt="How heavy is it?")
+def ask_weight(question: str) -> Weight:
+    """Ask the customer for the parcel's weight."""
+    raise AssertionError("a person answers it")
+
+
+@pytest.mark.parametrize("kg", ["inf", "-Infinity", "nan", "1e999"])
+async def test_an_answer_with_a_number_that_is_not_finite_is_422_naming_it(kg: str) -> None:
+    model = ScriptedModel([[call("ask.weight", question="How heavy?")], "Thanks."])
+    runtime = Runtime(model=model, ids=sequential_ids())
+    engine = Engine(Agent("shop", tools=[ask_weight]), store=MemoryStore(), runtime=runtime)
+    app = create_app(engine, authenticator=authenticator())
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client,
+    ):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        await client.post(f"/sessions/{session}/turns", json={"text": "go"}, headers=ANA)
+        await app.state.runs.join(session)
+        (card,) = (await client.get(f"/sessions/{session}", headers=ANA)).json()["pending"]
+
+        async def answer(value: Any) -> httpx.Response:
+            decision = {"decision": "answer", "output": {"kg": value}}
+            body = {"tool_call_id": card["tool_call_id"], "decision": decision}
+            return await client.post(f"/sessions/{session}/resolve", json=body, headers=ANA)
+
+        refused = await answer(kg)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["type"] == "invalid_decision"
+        assert "kg: Input should be a finite number" in refused.json()["error"]["message"]
+        still = (await client.get(f"/sessions/{session}", headers=ANA)).json()["pending"]
+        assert [c["tool_call_id"] for c in still] == [card["tool_call_id"]]
+        assert (await answer(2.5)).status_code == 200

@@ -22,7 +22,14 @@ from typing import Any
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["ArgumentsError", "parse_arguments", "repair_json", "validate_arguments"]
+__all__ = [
+    "NOT_FINITE",
+    "ArgumentsError",
+    "not_finite",
+    "parse_arguments",
+    "repair_json",
+    "validate_arguments",
+]
 
 _CONTAINER_TYPES = frozenset(
     {"list_type", "dict_type", "model_type", "model_attributes_type", "tuple_type", "set_type"}
@@ -176,13 +183,18 @@ def _check_finite(validated: BaseModel) -> None:
     JSON `Infinity`: such a value means nothing to a tool, and stored arguments and the audit
     trail cannot hold it.
     """
-    where = _not_finite(validated.model_dump(warnings=False), ())
-    if where is not None:
-        path = ".".join(str(p) for p in where)
-        raise ArgumentsError(
-            f"invalid arguments:\n- {path}: Input should be a finite number (not NaN, not "
-            f"Infinity, not past ±1.8e308)"
-        )
+    path = not_finite(validated.model_dump(warnings=False))
+    if path is not None:
+        raise ArgumentsError(f"invalid arguments:\n- {path}: {NOT_FINITE}")
+
+
+NOT_FINITE = "Input should be a finite number (not NaN, not Infinity, not past ±1.8e308)"
+
+
+def not_finite(value: Any) -> str | None:
+    """The dotted path to a number in `value` that is not finite, or None if there is none."""
+    where = _not_finite(value, ())
+    return None if where is None else ".".join(str(p) for p in where) or "(the value)"
 
 
 def _not_finite(value: Any, where: tuple[Any, ...]) -> tuple[Any, ...] | None:

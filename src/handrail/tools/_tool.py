@@ -34,7 +34,7 @@ from ..context import ContextStore, check_path
 from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
 from ..policy import DecisionPolicy
-from ._arguments import validate_arguments
+from ._arguments import NOT_FINITE, not_finite, validate_arguments
 from ._definition import HostedTool, ToolDefinition
 
 __all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolDecorator", "ToolOptions", "tool"]
@@ -464,14 +464,20 @@ class Tool(Generic[DepsT]):
         if adapter is None:
             return ToolResult(data=jsonable(output))
         try:
-            return ToolResult(
-                data=adapter.dump_python(adapter.validate_python(output), mode="json")
-            )
+            validated = adapter.validate_python(output)
         except ValidationError as exc:
             return ToolResult.failure(
                 f"Tool {self.name!r} returned output that does not match its output type: "
                 f"{exc.error_count()} error(s): {exc.errors(include_url=False)[0]['msg']}"
             )
+        # `"inf"` is a float to pydantic: no reader of the result (nor JSON) can hold one.
+        where = not_finite(adapter.dump_python(validated, warnings=False))
+        if where is not None:
+            return ToolResult.failure(
+                f"Tool {self.name!r} returned output that does not match its output type: "
+                f"{where}: {NOT_FINITE}"
+            )
+        return ToolResult(data=adapter.dump_python(validated, mode="json"))
 
     def mocked(self, mock: Any) -> Tool[DepsT]:
         """A copy of this tool whose implementation is `mock`.
