@@ -230,7 +230,8 @@ class ApiKeyFileAuthenticator(ApiKeyAuthenticator):
     SIGHUP) reads it at once. A file that cannot be read or holds an invalid spec at a reload
     keeps the keys in use, and says so in the log as an error until it is fixed: it never
     falls open, nor silently drops to no key. Write the file whole and rename it over the old
-    one (`mv`), so that a reload never reads half of it.
+    one (`mv`), so that a reload never reads half of it. Keys given with `add` are dropped at
+    the next reload: give them as `specs`.
 
     Args:
         path: the file; blank lines and lines starting with `#` are skipped.
