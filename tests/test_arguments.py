@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pydantic_core
@@ -12,7 +13,12 @@ from hypothesis import strategies as st
 
 from handrail import Agent, Runtime, ToolCallPart, tool
 from handrail.testing import ScriptedModel, call_raw
-from handrail.tools._arguments import ArgumentsError, parse_arguments, repair_json
+from handrail.tools._arguments import (
+    ArgumentsError,
+    parse_arguments,
+    repair_json,
+    validate_arguments,
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -125,3 +131,60 @@ async def test_repaired_calls_run_and_broken_ones_are_counted_as_invalid():
     assert result.state.usage.invalid_tool_calls == 1
     assert result.state.usage.tool_calls == 1
     assert isinstance(good, ToolCallPart)
+
+
+finite_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@tool
+def record(amount: float, extra: Any = None) -> str:
+    """Record anything."""
+    return "ok"
+
+
+def _paths(value: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in `value` a leaf could be put: containers' members, and `value` itself."""
+    found = [where]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*where, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _paths(item, (*where, index))
+    return found
+
+
+def _put(value: Any, where: tuple[Any, ...], leaf: Any) -> Any:
+    if not where:
+        return leaf
+    head, *rest = where
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[head] = _put(copy[head], tuple(rest), leaf)
+    return copy
+
+
+@given(
+    finite_values,
+    st.data(),
+    st.sampled_from([float("inf"), float("-inf"), float("nan"), "inf", "NaN", "1e999"]),
+)
+def test_a_number_that_is_not_finite_anywhere_in_the_arguments_is_named(
+    extra: Any, data: st.DataObject, bad: Any
+) -> None:
+    model = record.input_model
+    validated = validate_arguments(model, {"amount": 1.5, "extra": extra})
+    assert validated.model_dump()["extra"] == extra
+    with pytest.raises(ArgumentsError, match=r"- amount: Input should be a finite number"):
+        validate_arguments(model, {"amount": bad, "extra": extra})
+    if isinstance(bad, float):  # a string is a string where any value goes
+        where = data.draw(st.sampled_from(_paths(extra)))
+        path = ".".join(str(p) for p in ("extra", *where))
+        message = rf"- {re.escape(path)}: Input should be a finite number"
+        with pytest.raises(ArgumentsError, match=message):
+            validate_arguments(model, {"amount": 1.5, "extra": _put(extra, where, bad)})

@@ -172,7 +172,8 @@ def serve(
         Path | None,
         typer.Option(
             help="A file of API keys, one a line (ORG:USER:KEY, or id=ID,org=ORG,user=USER,"
-            "roles=R1+R2,expires=2027-01-31,key=KEY; blank lines and # comments skipped). "
+            "roles=R1+R2,expires=2027-01-31,key=KEY; blank lines and # comments skipped), read "
+            "again when it changes and on SIGHUP (an invalid one keeps the keys in use). "
             "Or set HANDRAIL_API_KEYS (space-separated). Keys are never taken from the "
             "command line, where every user of the machine reads them (ps, /proc). Without "
             "any key, one is made for this run and printed."
@@ -230,6 +231,15 @@ def serve(
     max_connections: Annotated[
         int, typer.Option(help="Open connections past which new ones get 503 (0: no cap).", min=0)
     ] = 1_000,
+    max_client_connections: Annotated[
+        int,
+        typer.Option(
+            help="Connections of one client address that have not sent a valid key yet, past "
+            "which its new ones get 503 (0: no cap; behind a proxy, every connection is the "
+            "proxy's). A fifth of --max-connections is kept for connections that did.",
+            min=0,
+        ),
+    ] = 250,
     poll_interval: Annotated[
         float | None,
         typer.Option(
@@ -257,12 +267,8 @@ def serve(
     if workers > 1:
         _check_shared(engine, workers)
     specs = os.environ.get("HANDRAIL_API_KEYS", "").split()
-    if api_keys_file is not None:
-        lines = api_keys_file.read_text().splitlines()
-        specs += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    for spec in specs:
-        _key_spec(spec)
-    if not specs:
+    # Read once here: a malformed spec, or a key given twice, stops the server before it starts.
+    if not len(authenticator_from(specs, api_keys_file)):
         from .server import ApiKeyAuthenticator
 
         key = ApiKeyAuthenticator.generate_key()
@@ -278,6 +284,7 @@ def serve(
     options = _AppOptions(
         target=target,
         specs=specs,
+        keys_file=api_keys_file,
         max_body_size=max_body_size,
         shutdown_grace=shutdown_grace,
         sweep_interval=sweep_interval,
@@ -294,11 +301,12 @@ def serve(
         "body_timeout": body_timeout,
         "idle_timeout": idle_timeout,
         "max_connections": max_connections or None,
+        "max_client_connections": max_client_connections or None,
     }
     if workers > 1:
         serve_workers(functools.partial(_worker_app, options), workers, **settings)
         return
-    serve_app(_make_app(engine, options, authenticator_from(specs)), **settings)
+    serve_app(_make_app(engine, options, authenticator_from(specs, api_keys_file)), **settings)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -307,6 +315,7 @@ class _AppOptions:
 
     target: str
     specs: list[str]
+    keys_file: Path | None
     max_body_size: int
     shutdown_grace: float
     sweep_interval: float
@@ -344,7 +353,7 @@ def _worker_app(options: _AppOptions, index: int) -> Any:
     engine = load_engine(options.target)
     base = os.environ.get("HANDRAIL_WORKER_ID") or socket.gethostname()
     name_worker(engine, f"{base}-{index}")
-    return _make_app(engine, options, authenticator_from(options.specs))
+    return _make_app(engine, options, authenticator_from(options.specs, options.keys_file))
 
 
 def _check_shared(engine: Engine, workers: int) -> None:
@@ -374,15 +383,6 @@ def load_engine(target: str) -> Engine:
     from .server import load_engine as load
 
     return load(target)
-
-
-def _key_spec(spec: str) -> None:
-    from .server import ApiKeySpec
-
-    try:
-        ApiKeySpec.parse(spec)
-    except ValueError as error:
-        raise CliError(str(error)) from None
 
 
 # -- chat -----------------------------------------------------------------------------------

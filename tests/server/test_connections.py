@@ -89,9 +89,23 @@ async def test_a_body_sent_a_byte_at_a_time_is_cut_off() -> None:
         writer.close()
 
 
+async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One answer on a kept-alive connection: its status line and its body."""
+    status = await reader.readline()
+    length = 0
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
+
+
 async def test_past_the_connection_cap_a_new_connection_gets_503_and_the_rest_go_on() -> None:
-    async with serving(max_connections=2, header_timeout=30.0) as port:
+    async with serving(max_connections=2, header_timeout=30.0, idle_timeout=30.0) as port:
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        for reader, writer in held:  # both authenticate: no idle stranger to close for a third
+            writer.write(REQUEST)
+            assert (await read_answer(reader))[0].startswith(b"HTTP/1.1 200")
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         answer = await closed(reader)
         assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
@@ -144,3 +158,61 @@ async def test_a_stream_lasts_past_every_timeout(seconds: float) -> None:
             # Still open after three times every timeout: only the client ends it.
             assert asyncio.get_running_loop().time() - started >= seconds
             assert not response.is_closed
+
+
+async def idle_from(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection from `address` (127.0.0.x: each is loopback, a client of its own)."""
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=(address, 0))
+
+
+async def test_one_address_holding_idle_connections_is_capped_and_another_is_served() -> None:
+    options = {"max_connections": 100, "max_client_connections": 5}
+    async with serving(**options, header_timeout=30.0, idle_timeout=30.0) as port:
+        hog = [await idle_from("127.0.0.2", port) for _ in range(5)]
+        reader, writer = await idle_from("127.0.0.2", port)  # its sixth
+        answer = await closed(reader)
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+        assert b"retry-after: 1\r\n" in answer
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body["error"]["type"] == "too_many_connections"
+        assert "from your address" in body["error"]["message"]
+        writer.close()
+        # Another client is served, on new connections as on kept-alive ones.
+        for _ in range(10):
+            reader, writer = await idle_from("127.0.0.3", port)
+            writer.write(REQUEST)
+            assert (await read_answer(reader))[0].startswith(b"HTTP/1.1 200")
+            writer.close()
+        # A connection of the hog that authenticates counts no more: it may open another.
+        reader, writer = hog[0]
+        writer.write(REQUEST)
+        assert (await read_answer(reader))[0].startswith(b"HTTP/1.1 200")
+        extra = await idle_from("127.0.0.2", port)
+        extra[1].write(REQUEST)
+        assert (await read_answer(extra[0]))[0].startswith(b"HTTP/1.1 200")
+        for _, w in [*hog, extra]:
+            w.close()
+
+
+async def test_idle_connections_from_many_addresses_leave_room_for_callers() -> None:
+    # 10 connections, 2 of them kept for connections that authenticated; 3 per address.
+    options = {"max_connections": 10, "max_client_connections": 3}
+    async with serving(**options, header_timeout=30.0, idle_timeout=30.0) as port:
+        tenant = await idle_from("127.0.0.9", port)
+        tenant[1].write(REQUEST)
+        assert (await read_answer(tenant[0]))[0].startswith(b"HTTP/1.1 200")
+        # Idle sockets from three addresses, more than the eight slots strangers may use.
+        hogs = [await idle_from(f"127.0.0.{2 + i // 3}", port) for i in range(9)]
+        assert await closed(hogs[0][0]) == b""  # the oldest idle one made room for the ninth
+        # The caller's kept-alive connection goes on, and new connections get in (an idle
+        # stranger's slot each), though the server holds 10 connections.
+        tenant[1].write(REQUEST)
+        assert (await read_answer(tenant[0]))[0].startswith(b"HTTP/1.1 200")
+        for address in ("127.0.0.9", "127.0.0.10", "127.0.0.10"):
+            reader, writer = await idle_from(address, port)
+            writer.write(REQUEST)
+            assert (await read_answer(reader))[0].startswith(b"HTTP/1.1 200")
+            writer.close()
+        assert await closed(hogs[1][0]) == b""
+        for _, w in [tenant, *hogs]:
+            w.close()

@@ -137,3 +137,42 @@ async def test_an_organisation_past_its_stream_bandwidth_waits_and_opens_no_new_
             async for line in lines:
                 if line.startswith("data: ") and '"type":"run-completed"' in line:
                     break  # the resumed turn's events came, to its end
+
+
+def _agui_input(thread: str) -> dict[str, Any]:
+    message = {"id": "m-1", "role": "user", "content": CUSTOMER_MESSAGE}
+    return {
+        "threadId": thread,
+        "runId": "r-1",
+        "state": None,
+        "messages": [message],
+        "tools": [],
+        "context": [],
+        "forwardedProps": None,
+    }
+
+
+def _chat_input(chat: str) -> dict[str, Any]:
+    message = {"id": "m-1", "role": "user", "parts": [{"type": "text", "text": CUSTOMER_MESSAGE}]}
+    return {"id": chat, "messages": [message]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/agui", _agui_input), ("/chat", _chat_input)], ids=["agui", "chat"]
+)
+@pytest.mark.parametrize("latency", [0.2])
+async def test_a_chat_protocol_past_the_running_turns_is_429_before_its_stream(
+    path: str, body: Any, latency: float
+):
+    async for client in client_for(Limits(turns=1), latency=latency):
+        session = (await client.post("/sessions", headers=ANA)).json()["id"]
+        turn = {"text": CUSTOMER_MESSAGE}
+        running = await client.post(f"/sessions/{session}/turns", json=turn, headers=ANA)
+        assert running.status_code == 202
+        refused = await client.post(path, json=body("t-1"), headers=ANA)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "too_many_requests"
+        async with client.stream("POST", path, json=body("t-2"), headers=BOB) as theirs:
+            assert theirs.status_code == 200  # another organisation's turn starts
+            assert b"failed" not in await theirs.aread()

@@ -23,7 +23,14 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._app import create_app
-from ._auth import ApiKeyAuthenticator, ApiKeySpec, Authenticator, Caller
+from ._auth import (
+    ApiKeyAuthenticator,
+    ApiKeyFileAuthenticator,
+    ApiKeySpec,
+    Authenticator,
+    Caller,
+    reload_key_files,
+)
 from ._factory import app_from_env, authenticator_from, load_engine, name_worker
 from ._jwt import JwtAuthenticator
 from ._limits import Limits
@@ -31,6 +38,7 @@ from ._serve import AppFactory, escape_logs, serve, serve_workers, server_config
 
 __all__ = [
     "ApiKeyAuthenticator",
+    "ApiKeyFileAuthenticator",
     "ApiKeySpec",
     "AppFactory",
     "Authenticator",
@@ -43,6 +51,7 @@ __all__ = [
     "escape_logs",
     "load_engine",
     "name_worker",
+    "reload_key_files",
     "serve",
     "serve_workers",
     "server_config",

@@ -93,6 +93,8 @@ class _Endpoint:
         body = await api._body(request, agui.RunAgentInput)
         session_id = thread_session_id(caller, body.thread_id)
         api.limits.check_stream(caller)
+        if not body.resume:  # a new message starts a turn: refused here, before the 200
+            api.limits.turn(caller, api.runs.running_for(caller.org_id))
         return EventStream(
             self._frames(caller, session_id, body),
             ping=api.ping_interval,

@@ -23,7 +23,12 @@ from ._errors import ApiError
 from ._limits import Limits
 from ._runs import Runs
 
-__all__ = ["Api"]
+__all__ = ["AUTHENTICATED", "Api"]
+
+AUTHENTICATED = "handrail.authenticated"
+"""The scope extension (`scope["extensions"][AUTHENTICATED]`, a callable) the app calls once a
+request of the connection showed a valid credential: `serve`'s protocol (`_connections`) then
+counts the connection among those that may use the slots kept for callers."""
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -61,6 +66,9 @@ class Api:
                 "Send an API key: `Authorization: Bearer <key>`.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        authenticated = request.scope.get("extensions", {}).get(AUTHENTICATED)
+        if authenticated is not None:
+            authenticated()
         self.limits.request(caller)
         request.state.caller = caller
         return caller

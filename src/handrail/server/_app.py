@@ -343,6 +343,14 @@ class _Api(Api):
     def _query(request: Request, model: type[M]) -> M:
         if not request.scope["query_string"]:
             return model()  # the defaults (every query parameter is optional)
+        for name, value in request.query_params.multi_items():
+            if "\x00" in name or "\x00" in value:
+                # PostgreSQL cannot hold a NUL in text: refused here, not a store failure.
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    f"{name[:40]!r}: a query parameter cannot hold a NUL character (%00).",
+                )
         return model.model_validate(dict(request.query_params))
 
     def _events_url(self, session_id: str, after: int) -> str:

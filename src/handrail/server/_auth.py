@@ -10,17 +10,31 @@ from __future__ import annotations
 
 import datetime
 import hmac
+import logging
+import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from starlette.requests import Request
 
+from ..exceptions import ConfigError
 from ..policy import Decider
 
-__all__ = ["ApiKeyAuthenticator", "ApiKeySpec", "Authenticator", "Caller"]
+__all__ = [
+    "ApiKeyAuthenticator",
+    "ApiKeyFileAuthenticator",
+    "ApiKeySpec",
+    "Authenticator",
+    "Caller",
+    "reload_key_files",
+]
+
+_log = logging.getLogger("handrail.server")
 
 
 class Caller(NamedTuple):
@@ -143,6 +157,52 @@ class ApiKeyAuthenticator:
             expires_at=parsed.expires_at,
         )
 
+    def add_specs(self, specs: Iterable[tuple[str, str]]) -> None:
+        """Accept the keys of specs, each with where it was written, all or none.
+
+        Args:
+            specs: (where, spec) pairs: where names the spec in an error (`keys line 3`).
+
+        Raises:
+            ConfigError: a spec is malformed, or one key is given twice (both places named,
+                never the key): the last would silently win.
+        """
+        self._callers = {**self._callers, **self._read_specs(specs)}
+
+    def __len__(self) -> int:
+        """How many keys it accepts."""
+        return len(self._callers)
+
+    def _read_specs(
+        self, specs: Iterable[tuple[str, str]]
+    ) -> dict[str, tuple[Caller, float | None]]:
+        """The callers of `specs`, by digest, as `add_specs` takes them (nothing is added)."""
+        scratch = ApiKeyAuthenticator(salt=self.salt, clock=self.clock)
+        seen: dict[str, str] = {}
+        for where, spec in specs:
+            try:
+                parsed = ApiKeySpec.parse(spec)
+            except ValueError as error:
+                raise ConfigError(f"{where}: {error}") from None
+            digest = self.digest(parsed.key)
+            if digest in seen or digest in self._callers:
+                first = seen.get(digest, "a key added before")
+                caller, _ = scratch._callers.get(digest) or self._callers[digest]
+                raise ConfigError(
+                    f"{first} and {where} give the same API key (to {caller.org_id}/"
+                    f"{caller.user_id} and to {parsed.org_id}/{parsed.user_id}): a key "
+                    f"authenticates one caller. Remove one, or give each caller a key of its "
+                    f"own (`ApiKeyAuthenticator.generate_key()`)."
+                )
+            seen[digest] = where
+            scratch.add(
+                parsed.key,
+                Caller(parsed.org_id, parsed.user_id, parsed.roles),
+                key_id=parsed.key_id,
+                expires_at=parsed.expires_at,
+            )
+        return scratch._callers
+
     async def authenticate(self, request: Request) -> Caller | None:
         """The caller of a valid, unexpired bearer key, or `None`."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
@@ -156,6 +216,113 @@ class ApiKeyAuthenticator:
         if expires_at is not None and self.clock() >= expires_at:
             return None
         return caller
+
+
+_files: weakref.WeakSet[ApiKeyFileAuthenticator] = weakref.WeakSet()
+
+
+class ApiKeyFileAuthenticator(ApiKeyAuthenticator):
+    """API keys of a file, one spec a line (`ApiKeySpec`), read again when the file changes.
+
+    Before each request the file's status is looked at (one `stat`, no read): once it changed
+    (written, replaced, touched), the file is read again, so a key removed from it answers
+    401 from the next request on, with no restart. `reload_key_files` (what `serve` does on
+    SIGHUP) reads it at once. A file that cannot be read or holds an invalid spec at a reload
+    keeps the keys in use, and says so in the log as an error until it is fixed: it never
+    falls open, nor silently drops to no key. Write the file whole and rename it over the old
+    one (`mv`), so that a reload never reads half of it. Keys given with `add` are dropped at
+    the next reload: give them as `specs`.
+
+    Args:
+        path: the file; blank lines and lines starting with `#` are skipped.
+        specs: more specs, fixed (`HANDRAIL_API_KEYS`'s), as (where, spec) pairs.
+        salt: as `ApiKeyAuthenticator`'s.
+        clock: as `ApiKeyAuthenticator`'s.
+
+    Raises:
+        ConfigError: the file cannot be read, a spec is malformed, or one key is given twice
+            (both lines named).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        specs: Iterable[tuple[str, str]] = (),
+        *,
+        salt: bytes | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(salt=salt, clock=clock)
+        self.path = Path(path)
+        self.specs = list(specs)
+        self._stamp, self._callers = self._read()
+        _files.add(self)
+
+    def reload(self) -> bool:
+        """Read the file again now; True if its keys are in use, False if the old ones stay."""
+        try:
+            stamp, callers = self._read()
+        except ConfigError as error:
+            self._stamp = _stamp(self.path)  # the same broken file: not read again
+            _log.error(
+                "handrail: the API keys file %s was NOT reloaded, the %d keys read before stay "
+                "in use until it is fixed: %s",
+                self.path,
+                len(self._callers),
+                error,
+            )
+            return False
+        added, removed = callers.keys() - self._callers.keys(), self._callers.keys() - callers
+        self._stamp, self._callers = stamp, callers
+        _log.warning(
+            "handrail: reloaded the API keys file %s: %d keys (%d added, %d removed)",
+            self.path,
+            len(callers),
+            len(added),
+            len(removed),
+        )
+        if not callers:
+            _log.warning("handrail: no API key is configured any more: every request gets 401")
+        return True
+
+    def _read(self) -> tuple[object, dict[str, tuple[Caller, float | None]]]:
+        stamp = _stamp(self.path)  # before the read: a change while reading is read again
+        try:
+            lines = self.path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"The API keys file {self.path} cannot be read: {error}.") from None
+        specs = [
+            (f"{self.path} line {number}", line.strip())
+            for number, line in enumerate(lines, 1)
+            if line.strip() and not line.strip().startswith("#")
+        ]
+        # Read as a whole into a new map, swapped in at once: a request never sees half.
+        return stamp, ApiKeyAuthenticator(salt=self.salt)._read_specs([*self.specs, *specs])
+
+    async def authenticate(self, request: Request) -> Caller | None:
+        """As `ApiKeyAuthenticator.authenticate`, with the file read again if it changed."""
+        # One stat a request (a microsecond or two): a revoked key stops at the next request.
+        if _stamp(self.path) != self._stamp:
+            self.reload()
+        return await super().authenticate(request)
+
+
+def _stamp(path: Path) -> object:
+    """What changes when the file is written, replaced or removed."""
+    try:
+        status = path.stat()
+    except OSError as error:
+        return type(error).__name__
+    return (status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
+def reload_key_files() -> int:
+    """Read every `ApiKeyFileAuthenticator`'s file again now (`serve` does on SIGHUP).
+
+    Returns:
+        How many files were read without error (their keys are in use now).
+    """
+    return sum(keys.reload() for keys in list(_files))
 
 
 _FIELDS = ("id", "org", "user", "roles", "expires", "key")

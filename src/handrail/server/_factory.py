@@ -21,7 +21,7 @@ from ..engine import Engine
 from ..exceptions import UserError
 from ..store import MemoryStore
 from ._app import create_app
-from ._auth import ApiKeyAuthenticator
+from ._auth import ApiKeyAuthenticator, ApiKeyFileAuthenticator
 
 __all__ = ["app_from_env", "authenticator_from", "load_engine", "name_worker"]
 
@@ -57,26 +57,19 @@ def authenticator_from(specs: Iterable[str], file: Path | None = None) -> ApiKey
     """An `ApiKeyAuthenticator` of key specs, and of a file of them (one a line).
 
     A spec is `ORG:USER:KEY`, or `id=ID,org=ORG,user=USER,roles=R1+R2,expires=DATE,key=KEY`
-    (`ApiKeySpec`).
+    (`ApiKeySpec`). With a file, it is an `ApiKeyFileAuthenticator`: the file is read again
+    whenever it changes (and on SIGHUP under `serve`).
 
     Raises:
-        UserError: a spec is malformed.
+        ConfigError: a spec is malformed, the file cannot be read, or one key is given twice
+            (both places named).
     """
-    authenticator = ApiKeyAuthenticator()
-    for spec in _specs(specs, file):
-        try:
-            authenticator.add_spec(spec)
-        except ValueError as error:
-            raise UserError(str(error)) from None
-    return authenticator
-
-
-def _specs(specs: Iterable[str], file: Path | None) -> list[str]:
-    found = list(specs)
+    named = [(f"HANDRAIL_API_KEYS item {n}", spec) for n, spec in enumerate(specs, 1)]
     if file is not None:
-        lines = file.read_text().splitlines()
-        found += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    return found
+        return ApiKeyFileAuthenticator(file, named)
+    authenticator = ApiKeyAuthenticator()
+    authenticator.add_specs(named)
+    return authenticator
 
 
 def name_worker(engine: Engine, worker_id: str) -> None:
@@ -115,9 +108,8 @@ def app_from_env() -> Starlette:
         raise UserError("Set HANDRAIL_ENGINE to the engine to serve, as module:attribute.")
     keys_file = os.environ.get("HANDRAIL_API_KEYS_FILE")
     file = Path(keys_file) if keys_file else None
-    specs = _specs(os.environ.get("HANDRAIL_API_KEYS", "").split(), file)
-    authenticator = authenticator_from(specs)
-    if not specs:
+    authenticator = authenticator_from(os.environ.get("HANDRAIL_API_KEYS", "").split(), file)
+    if not len(authenticator):
         raise UserError(
             "Set HANDRAIL_API_KEYS (space-separated key specs, ORG:USER:KEY) or "
             "HANDRAIL_API_KEYS_FILE: "

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import multiprocessing
@@ -22,6 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from ._auth import reload_key_files
 from ._connections import guarded_protocol
 from ._gc import tune_gc
 
@@ -142,6 +144,18 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.app, self.grace = app, grace
 
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # SIGHUP reads the API keys files again (its default action would end the process).
+        hangup = getattr(signal, "SIGHUP", None)
+        loop = asyncio.get_running_loop()
+        if hangup is not None:
+            loop.add_signal_handler(hangup, _reload_keys)
+        try:
+            await super().serve(sockets)
+        finally:
+            if hangup is not None:
+                loop.remove_signal_handler(hangup)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections meanwhile
@@ -159,6 +173,8 @@ def server_config(
     body_timeout: float = 30.0,
     idle_timeout: float = 5.0,
     max_connections: int | None = 1_000,
+    max_client_connections: int | None = 250,
+    reserved_connections: int | None = None,
     **uvicorn_options: Any,
 ) -> uvicorn.Config:
     """The `uvicorn.Config` of `app` as `serve` runs it (its arguments are `serve`'s)."""
@@ -170,6 +186,8 @@ def server_config(
             header_timeout=header_timeout,
             body_timeout=body_timeout,
             max_connections=max_connections,
+            max_client_connections=max_client_connections,
+            reserved_connections=reserved_connections,
         ),
         timeout_keep_alive=idle_timeout,  # type: ignore[arg-type]  # uvicorn takes a float
         timeout_graceful_shutdown=math.ceil(shutdown_grace),  # uvicorn takes whole seconds
@@ -187,6 +205,8 @@ def serve(
     body_timeout: float = 30.0,
     idle_timeout: float = 5.0,
     max_connections: int | None = 1_000,
+    max_client_connections: int | None = 250,
+    reserved_connections: int | None = None,
     **uvicorn_options: Any,
 ) -> None:
     """Serve `app` (from `create_app`) with uvicorn until Ctrl-C or SIGTERM.
@@ -207,6 +227,12 @@ def serve(
         idle_timeout: seconds a kept-alive connection may stay idle between requests.
         max_connections: open connections past which a new one is answered 503 and closed
             (None: no cap; the process's file-descriptor limit still applies).
+        max_client_connections: connections of one client address that have not shown a
+            valid credential yet, past which its new ones are answered 503 (None: no cap).
+            Behind a proxy every connection is the proxy's: raise it, or None.
+        reserved_connections: of `max_connections`, how many only connections that showed a
+            valid credential may hold (None: a fifth): past the rest, a new connection
+            closes the oldest idle one that never did.
         uvicorn_options: more of `uvicorn.Config`'s options (`log_level`, ...).
     """
     config = server_config(
@@ -218,12 +244,19 @@ def serve(
         body_timeout=body_timeout,
         idle_timeout=idle_timeout,
         max_connections=max_connections,
+        max_client_connections=max_client_connections,
+        reserved_connections=reserved_connections,
         **uvicorn_options,
     )
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
     _Server(config, app, shutdown_grace).run()
+
+
+def _reload_keys() -> None:
+    _log.info("SIGHUP: reading the API keys files again")
+    reload_key_files()
 
 
 AppFactory = Callable[[int], Starlette]
@@ -280,8 +313,17 @@ def serve_workers(
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    processes: list[multiprocessing.process.BaseProcess] = []
+
+    def hang_up(*_: Any) -> None:  # each worker reads its API keys files again
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGHUP)
+
+    if hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hang_up)
     try:
-        processes = [start(index) for index in range(workers)]
+        processes += [start(index) for index in range(workers)]
         _log.info("%d worker processes on %s:%d", workers, host, port)
         while not stop.wait(0.5):
             for index, process in enumerate(processes):

@@ -3,16 +3,18 @@
 A stream sends every event that is waiting in one write, a comment line as a keep-alive when
 it has been quiet for `ping` seconds, and stops when the client disconnects or does not read
 for `send_timeout` seconds (its turn goes on: the events stay in the session's log, and a
-client that reconnects with `Last-Event-ID` gets them). It costs one task besides the
-request's: sse-starlette's response spent about a third of the server's CPU per event (a
-cancel scope and a task group per send, a write per event), which kept 200 concurrent streams
-far from the time-to-first-event target.
+client that reconnects with `Last-Event-ID` gets them). A client dropped so gets no last
+write, which would wait as long again: its connection is closed at once (`ABORT`). It costs
+one task besides the request's: sse-starlette's response spent about a third of the server's
+CPU per event (a cancel scope and a task group per send, a write per event), which kept 200
+concurrent streams far from the time-to-first-event target.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -20,9 +22,15 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["EventStream", "error_frame", "frame"]
+__all__ = ["ABORT", "EventStream", "error_frame", "frame"]
 
 _PING = b": ping\n\n"
+_log = logging.getLogger("handrail.server")
+
+ABORT = "handrail.abort"
+"""The scope extension (`scope["extensions"][ABORT]`, a callable) that closes the connection
+at once, unsent bytes and all: `serve`'s protocol gives it (`_connections`). A stream whose
+client stopped reading calls it: the server's own close would wait for those bytes to go."""
 
 
 def frame(seq: int, data: bytes) -> bytes:
@@ -80,6 +88,7 @@ class EventStream(Response):
         self._writer: asyncio.Task[Any] | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._late = False  # the watch cancelled the write
+        self._stalled = False  # ... and the stream gave up on its client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response; return when `chunks` ends or the client goes away."""
@@ -88,6 +97,18 @@ class EventStream(Response):
         finally:
             if self._watch is not None:
                 self._watch.cancel()
+        if self._stalled:
+            # No last write (it would wait as long again): the connection is closed instead,
+            # at once where the server lets the app (`ABORT`), else by the server as the
+            # response ends unfinished.
+            abort = scope.get("extensions", {}).get(ABORT)
+            _log.warning(
+                "Dropped an event stream whose client took no write for %g s%s",
+                self.send_timeout,
+                " (connection closed)" if abort is not None else "",
+            )
+            if abort is not None:
+                abort()
 
     async def _respond(self, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -96,6 +117,7 @@ class EventStream(Response):
         try:
             first = await anext(self.chunks, b"")
             if first and not await self._send(send, first):
+                self._stalled = True
                 await self.chunks.aclose()
                 return
         except BaseException:
@@ -114,6 +136,8 @@ class EventStream(Response):
         error = None if pump.cancelled() else pump.exception()
         if error is not None:
             raise error
+        if self._stalled:
+            return
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -128,6 +152,7 @@ class EventStream(Response):
                     chunk = _PING
                 quiet_since = now
                 if not await self._send(send, chunk):
+                    self._stalled = True
                     return  # a client that does not read: drop it; it can reconnect
 
     async def _send(self, send: Send, chunk: bytes) -> bool:

@@ -163,6 +163,9 @@ class _Endpoint:
         body = await api._body(request, ChatRequest)
         session_id = chat_session(caller, body.id)
         api.limits.check_stream(caller)
+        if body.messages and body.messages[-1].role != "assistant":
+            # A new message starts a turn: refused here, before the 200.
+            api.limits.turn(caller, api.runs.running_for(caller.org_id))
         return EventStream(
             self._frames(caller, session_id, body),
             ping=api.ping_interval,

@@ -160,6 +160,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
 _LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
+# JSON columns are read as bytes and decoded by `_codec`: text that is not UTF-8 (written
+# around handrail) is then a `SessionCorruptError` naming the session, not sqlite3's
+# "Could not decode to UTF-8" store failure.
+_LOG_BYTES = _LOG.replace("args", "CAST(args AS BLOB)").replace("result", "CAST(result AS BLOB)")
 _INSERT = f"""INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start)
     VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO NOTHING"""
@@ -1242,7 +1246,7 @@ def _transaction(
 def _session_row(db: sqlite3.Connection, session_id: str) -> Any:
     """The session's row as `record_from_row` reads it, or None."""
     return db.execute(
-        f"SELECT {_SUMMARY}, data, window_start FROM handrail_sessions WHERE id = ?",
+        f"SELECT {_SUMMARY}, CAST(data AS BLOB), window_start FROM handrail_sessions WHERE id = ?",
         (session_id,),
     ).fetchone()
 
@@ -1259,7 +1263,8 @@ def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
 
 def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
     rows = db.execute(
-        f"SELECT {_LOG} FROM handrail_tool_log WHERE session_id = ? ORDER BY seq", (session_id,)
+        f"SELECT {_LOG_BYTES} FROM handrail_tool_log WHERE session_id = ? ORDER BY seq",
+        (session_id,),
     ).fetchall()
     return [log_entry_from_row(session_id, row) for row in rows]
 
@@ -1269,7 +1274,7 @@ def _read_events(
 ) -> LoggedEvents:
     """Events above `after`; `limit=-1` reads them all (SQLite's "no limit")."""
     rows = db.execute(
-        "SELECT seq, event FROM handrail_events WHERE session_id = ? AND seq > ? "
+        "SELECT seq, CAST(event AS BLOB) FROM handrail_events WHERE session_id = ? AND seq > ? "
         "ORDER BY seq LIMIT ?",
         (session_id, after, limit),
     ).fetchall()
@@ -1281,8 +1286,8 @@ def _read_messages(
 ) -> list[tuple[int, dict[str, Any]]]:
     """Stored messages at `start` or after and before `before`: the last `limit` (-1: all)."""
     rows = db.execute(
-        "SELECT position, message FROM handrail_messages WHERE session_id = ? AND position >= ? "
-        "AND position < ? ORDER BY position DESC LIMIT ?",
+        "SELECT position, CAST(message AS BLOB) FROM handrail_messages WHERE session_id = ? "
+        "AND position >= ? AND position < ? ORDER BY position DESC LIMIT ?",
         (session_id, start, _END if before is None else before, limit),
     ).fetchall()
     rows.reverse()

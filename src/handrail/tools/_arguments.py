@@ -14,13 +14,22 @@ bad field), written so the model can send the call again correctly.
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 from typing import Any
 
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["ArgumentsError", "parse_arguments", "repair_json", "validate_arguments"]
+__all__ = [
+    "NOT_FINITE",
+    "ArgumentsError",
+    "not_finite",
+    "parse_arguments",
+    "repair_json",
+    "validate_arguments",
+]
 
 _CONTAINER_TYPES = frozenset(
     {"list_type", "dict_type", "model_type", "model_attributes_type", "tuple_type", "set_type"}
@@ -153,15 +162,58 @@ def validate_arguments(model: type[BaseModel], args: dict[str, Any]) -> BaseMode
         ArgumentsError: listing every field that is still wrong after repair.
     """
     try:
-        return model.__pydantic_validator__.validate_python(args)  # type: ignore[no-any-return]
+        validated: BaseModel = model.__pydantic_validator__.validate_python(args)
     except ValidationError as first:
         repaired = _repair(model, args, first)
-        if repaired is not None:
-            try:
-                return model.model_validate(repaired)
-            except ValidationError as second:
-                raise ArgumentsError(_describe(second)) from None
-        raise ArgumentsError(_describe(first)) from None
+        if repaired is None:
+            raise ArgumentsError(_describe(first)) from None
+        try:
+            validated = model.model_validate(repaired)
+        except ValidationError as second:
+            raise ArgumentsError(_describe(second)) from None
+    _check_finite(validated)
+    return validated
+
+
+def _check_finite(validated: BaseModel) -> None:
+    """Refuse a number that is not finite anywhere in validated arguments.
+
+    The tools' input models refuse one in their own fields (`allow_inf_nan=False`), but a
+    nested model of the tool's author, or an `Any`, takes `"inf"`, `"nan"`, `"1e999"` or a
+    JSON `Infinity`: such a value means nothing to a tool, and stored arguments and the audit
+    trail cannot hold it.
+    """
+    path = not_finite(validated.model_dump(warnings=False))
+    if path is not None:
+        raise ArgumentsError(f"invalid arguments:\n- {path}: {NOT_FINITE}")
+
+
+NOT_FINITE = "Input should be a finite number (not NaN, not Infinity, not past ±1.8e308)"
+
+
+def not_finite(value: Any) -> str | None:
+    """The dotted path to a number in `value` that is not finite, or None if there is none."""
+    where = _not_finite(value, ())
+    return None if where is None else ".".join(str(p) for p in where) or "(the value)"
+
+
+def _not_finite(value: Any, where: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The path to a number in `value` that is not finite, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    if isinstance(value, Decimal):
+        return None if value.is_finite() else where
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _not_finite(item, (*where, key))
+        if found is not None:
+            return found
+    return None
 
 
 def _repair(

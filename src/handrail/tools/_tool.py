@@ -34,7 +34,7 @@ from ..context import ContextStore, check_path
 from ..exceptions import PathError, ToolDefinitionError
 from ..messages import Executor
 from ..policy import DecisionPolicy
-from ._arguments import validate_arguments
+from ._arguments import NOT_FINITE, not_finite, validate_arguments
 from ._definition import HostedTool, ToolDefinition
 
 __all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolDecorator", "ToolOptions", "tool"]
@@ -49,9 +49,11 @@ _EXECUTORS = ("server", "human", "client", "provider")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 # No `str_strip_whitespace`, nor any other rewriting: a value that validates reaches the tool
 # exactly as the model sent it (code, e-mail bodies and YAML live in their whitespace).
-_INPUT_CONFIG = ConfigDict(extra="forbid")
+# No NaN or Infinity either (`"inf"` as a string is a float to pydantic): no tool can use one,
+# and stored arguments and the audit trail cannot hold it.
+_INPUT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 # A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
-_RAW_INPUT_CONFIG = ConfigDict(extra="allow")
+_RAW_INPUT_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 _log = logging.getLogger("handrail.tools")
 
 
@@ -462,14 +464,20 @@ class Tool(Generic[DepsT]):
         if adapter is None:
             return ToolResult(data=jsonable(output))
         try:
-            return ToolResult(
-                data=adapter.dump_python(adapter.validate_python(output), mode="json")
-            )
+            validated = adapter.validate_python(output)
         except ValidationError as exc:
             return ToolResult.failure(
                 f"Tool {self.name!r} returned output that does not match its output type: "
                 f"{exc.error_count()} error(s): {exc.errors(include_url=False)[0]['msg']}"
             )
+        # `"inf"` is a float to pydantic: no reader of the result (nor JSON) can hold one.
+        where = not_finite(adapter.dump_python(validated, warnings=False))
+        if where is not None:
+            return ToolResult.failure(
+                f"Tool {self.name!r} returned output that does not match its output type: "
+                f"{where}: {NOT_FINITE}"
+            )
+        return ToolResult(data=adapter.dump_python(validated, mode="json"))
 
     def mocked(self, mock: Any) -> Tool[DepsT]:
         """A copy of this tool whose implementation is `mock`.
