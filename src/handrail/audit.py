@@ -191,6 +191,7 @@ AUDIT_OLD_KEYS_ENV: Final = "HANDRAIL_AUDIT_OLD_KEYS"
 """The environment variable of earlier keys, kept to verify the entries made with them:
 `ID:SECRET` specs, space-separated."""
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _MIN_SECRET = 32
 """Bytes a key's secret has at least: as many as the HMAC's SHA-256 output (RFC 2104)."""
 
@@ -439,7 +440,7 @@ class AuditAnchor:
             ValueError: not `SEQ:HASH` with a number and 64 hex digits.
         """
         seq, colon, digest = text.strip().partition(":")
-        if not (colon and seq.isdigit() and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        if not (colon and seq.isascii() and seq.isdigit() and _HEX64.fullmatch(digest)):
             raise ValueError(
                 f"An audit anchor is SEQ:HASH (an entry's number, a colon and its 64 hex "
                 f"digits, as `handrail audit anchor` prints it), not {text[:80]!r}."
