@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from handrail import (
@@ -448,3 +448,16 @@ async def test_a_decision_and_its_audit_entry_are_one_save() -> None:
     assert saves == [1]  # one write: the decision with its entry
     (entry,) = await store.audit("acme")
     assert (entry.tool_call_id, entry.decision, entry.who) == (call_id, "reject", "ana")
+
+
+@given(st.text(st.characters(exclude_categories=()), max_size=120))
+@example("k1:" + "\udcff" * 32)  # a variable that is not UTF-8, as os.environ gives it
+def test_an_audit_key_spec_is_id_and_secret_or_refused(text: str) -> None:
+    try:
+        key = AuditKey.parse(text)
+    except ConfigError as error:
+        secret = text.partition(":")[2].strip()
+        assert len(secret) < 8 or secret not in str(error)  # the message never shows it
+    else:
+        assert AuditKey.parse(key.spec()) == key
+        assert key.spec() == text.strip()

@@ -246,7 +246,8 @@ class AuditKey:
                 f"`handrail audit keygen --id ID`."
             )
         try:
-            return cls(key_id, secret.encode())
+            # surrogateescape: the bytes of a variable that is not UTF-8, as given
+            return cls(key_id, secret.encode(errors="surrogateescape"))
         except ConfigError as error:
             raise ConfigError(f"{where}: {error}") from None
 
@@ -257,7 +258,7 @@ class AuditKey:
 
     def spec(self) -> str:
         """The key as `ID:SECRET` (what `HANDRAIL_AUDIT_KEY` holds): the secret in clear."""
-        return f"{self.id}:{self.secret.decode(errors='backslashreplace')}"
+        return f"{self.id}:{self.secret.decode(errors='surrogateescape')}"
 
 
 class _FromEnvironment:
@@ -338,10 +339,10 @@ def _keyring(keys: Keyring) -> dict[str, bytes]:
 def warn_unkeyed(store: str) -> None:
     """Say loudly that a store chains its audit trail without a key (once a store)."""
     _log.warning(
-        "%s chains the audit trail WITHOUT A KEY (%s is not set): anyone who can write the "
-        "database can rewrite the trail undetected, and `handrail audit verify` reports it "
-        "as unkeyed. Set %s=ID:SECRET (make one with `handrail audit keygen`) wherever the "
-        "store is used, or pass audit_key=AuditKey(...). See docs/audit.md.",
+        "%s chains the audit trail WITHOUT A KEY (no audit_key, and %s unset): anyone who "
+        "can write the database can rewrite the trail undetected, and `handrail audit verify` "
+        "reports it as unkeyed. Set %s=ID:SECRET (make one with `handrail audit keygen`) "
+        "wherever the store is used, or pass audit_key=AuditKey(...). See docs/audit.md.",
         store,
         AUDIT_KEY_ENV,
         AUDIT_KEY_ENV,

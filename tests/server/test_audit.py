@@ -433,3 +433,11 @@ async def test_anchor_of_an_empty_trail_and_refusal_of_a_forged_last_entry(
     refused = await asyncio.to_thread(audit_cli, "anchor", "--org", "acme", "--db", path)
     assert refused.exit_code == 1
     assert "The last entry of 'acme' (5) does not authenticate" in refused.output
+
+
+async def test_a_server_on_a_store_without_a_key_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    authenticate = authenticator()
+    create_app(build_scenario(store=MemoryStore(audit_key=KEY)).engine, authenticator=authenticate)
+    assert "WITHOUT A KEY" not in caplog.text
+    create_app(build_scenario(store=MemoryStore(audit_key=None)).engine, authenticator=authenticate)
+    assert "The engine's store chains the audit trail WITHOUT A KEY" in caplog.text
