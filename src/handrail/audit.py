@@ -579,8 +579,8 @@ class AuditVerifier:
         for key_id, (first, last, position) in self._unknown.items():
             which = f"entry {first} was" if first == last else f"entries {first} to {last} were"
             fix = (
-                f"no keyring was given (pass keys=, or set {AUDIT_KEY_ENV})"
-                if self.keys is None
+                f"no key was given (set {AUDIT_KEY_ENV}, or pass keys=)"
+                if not self.keys
                 else f"it is not in the keyring (add it to {AUDIT_OLD_KEYS_ENV}, or keys=)"
             )
             found.append(
