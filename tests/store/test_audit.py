@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -339,3 +340,16 @@ async def test_rows_from_before_keys_still_read_and_the_keyed_chain_goes_on(
     assert [(p.seq, p.kind) for p in verify(trail)] == [(3, "unknown_key")]  # no keyring
     (note,) = verify(trail, keys=[K1])
     assert (note.seq, note.kind, note.severity) == (1, "unkeyed", "warning")
+
+
+async def test_a_store_unkeyed_for_want_of_a_key_says_so_once(
+    make_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await make_store()  # HANDRAIL_AUDIT_KEY is not set
+    assert store.audit_key is None  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="handrail.audit"):
+        await store.append_audit(call("acme"))
+        await store.save(SessionRecord(id="s-1", org_id="acme", audit=[decision("acme")]))
+    (record,) = caplog.records
+    assert "chains the audit trail WITHOUT A KEY" in record.getMessage()
+    assert [e.key_id for e in await store.audit("acme")] == [None, None]

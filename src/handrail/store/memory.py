@@ -81,8 +81,8 @@ class MemoryStore:
         clock: wall time in epoch seconds, for `created_at`/`updated_at`, the tool-call log
             and lease expiry; inject one to test expiry without waiting.
         audit_key: the key the audit trail's hashes are made with (`handrail.audit`); by
-            default the one in `HANDRAIL_AUDIT_KEY`; None: unkeyed (a warning at the first
-            append).
+            default the one in `HANDRAIL_AUDIT_KEY` (unset: unkeyed, and a warning at the first
+            append); None: unkeyed, deliberately.
 
     Raises:
         ConfigError: `HANDRAIL_AUDIT_KEY` is malformed, or `audit_key` is not a key.
@@ -97,7 +97,8 @@ class MemoryStore:
         self.clock = clock
         self.audit_key = signing_key(audit_key)
         """The key the audit trail's hashes are made with (None: unkeyed)."""
-        self._warned_unkeyed = False
+        # Unkeyed for want of HANDRAIL_AUDIT_KEY is said at the first append; None is a choice.
+        self._warn_unkeyed = audit_key is FROM_ENVIRONMENT and self.audit_key is None
         self._sessions: dict[str, _Session] = {}
         self._logs: dict[str, dict[str, _Logged]] = {}
         self._events: dict[str, builtins.list[tuple[int, str]]] = {}  # events as JSON text
@@ -400,8 +401,8 @@ class MemoryStore:
         """`entries` chained at the ends of their organisations' trails, not yet appended."""
         tails: dict[str, tuple[int, str] | None] = {}
         chained: builtins.list[tuple[str, _Audited, AuditEntry]] = []
-        if entries and self.audit_key is None and not self._warned_unkeyed:
-            self._warned_unkeyed = True
+        if entries and self._warn_unkeyed:
+            self._warn_unkeyed = False
             warn_unkeyed("This MemoryStore")
         for entry in entries:
             org = entry.org_id or ""

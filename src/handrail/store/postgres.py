@@ -192,8 +192,9 @@ class PostgresStore:
         connect_timeout: seconds to wait for the server when opening, and for a free
             connection from the pool.
         audit_key: the key the audit trail's hashes are made with (`handrail.audit`); by
-            default the one in `HANDRAIL_AUDIT_KEY`; None: unkeyed (a warning at the first
-            append). Held by this process only, never sent to the database.
+            default the one in `HANDRAIL_AUDIT_KEY` (unset: unkeyed, and a warning at the first
+            append); None: unkeyed, deliberately. Held by this process only, never sent to the
+            database.
 
     Raises:
         ConfigError: `HANDRAIL_AUDIT_KEY` is malformed, or `audit_key` is not a key.
@@ -212,7 +213,8 @@ class PostgresStore:
         _require_psycopg()
         self.audit_key = signing_key(audit_key)
         """The key the audit trail's hashes are made with (None: unkeyed)."""
-        self._warned_unkeyed = False
+        # Unkeyed for want of HANDRAIL_AUDIT_KEY is said at the first append; None is a choice.
+        self._warn_unkeyed = audit_key is FROM_ENVIRONMENT and self.audit_key is None
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(
                 f"schema must be a plain identifier (letters, digits, _; at most 54 "
@@ -952,8 +954,8 @@ class PostgresStore:
         self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
     ) -> AuditEntry:
         """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
-        if self.audit_key is None and not self._warned_unkeyed:
-            self._warned_unkeyed = True
+        if self._warn_unkeyed:
+            self._warn_unkeyed = False
             warn_unkeyed(f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})")
         org = entry.org_id or ""
         lock = int.from_bytes(

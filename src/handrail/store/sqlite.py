@@ -212,8 +212,9 @@ class SqliteStore:
         poll_interval: how often (seconds) `listen()` looks for other processes' wake-ups
             (wake-ups from this store arrive at once).
         audit_key: the key the audit trail's hashes are made with (`handrail.audit`); by
-            default the one in `HANDRAIL_AUDIT_KEY`; None: unkeyed (a warning at the first
-            append). Held by this process only, never written to the file.
+            default the one in `HANDRAIL_AUDIT_KEY` (unset: unkeyed, and a warning at the first
+            append); None: unkeyed, deliberately. Held by this process only, never written to
+            the file.
 
     Raises:
         ConfigError: `HANDRAIL_AUDIT_KEY` is malformed, or `audit_key` is not a key.
@@ -236,6 +237,8 @@ class SqliteStore:
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
         self.audit_key = signing_key(audit_key)
         """The key the audit trail's hashes are made with (None: unkeyed)."""
+        # Unkeyed for want of HANDRAIL_AUDIT_KEY is said at the first append; None is a choice.
+        self._warn_unkeyed = audit_key is FROM_ENVIRONMENT and self.audit_key is None
         self.path = os.fspath(path)
         self.clock = clock
         self.synchronous = synchronous
@@ -316,7 +319,8 @@ class SqliteStore:
             connection = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, factory=_Connection
             )
-            connection.audit_key, connection.store = self.audit_key, f"SqliteStore({self.path!r})"
+            connection.audit_key, connection.warn_unkeyed = self.audit_key, self._warn_unkeyed
+            connection.store = f"SqliteStore({self.path!r})"
         except sqlite3.Error as error:
             raise self._error(error, None) from error
         try:
@@ -941,8 +945,8 @@ class _Connection(sqlite3.Connection):
     """The store's connection, which carries the key its audit appends are made with."""
 
     audit_key: AuditKey | None = None
+    warn_unkeyed = False  # at its first append: the store is unkeyed for want of a key
     store = "A SqliteStore"
-    warned_unkeyed = False
 
 
 def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
@@ -951,8 +955,8 @@ def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
     The key comes with the connection (`_Connection`): a job needs nothing else to append.
     """
     key = db.audit_key if isinstance(db, _Connection) else None
-    if key is None and isinstance(db, _Connection) and not db.warned_unkeyed:
-        db.warned_unkeyed = True
+    if isinstance(db, _Connection) and db.warn_unkeyed:
+        db.warn_unkeyed = False
         warn_unkeyed(db.store)
     org = entry.org_id or ""
     tail = db.execute(
