@@ -572,3 +572,38 @@ def test_chat_on_a_turn_cut_off_says_what_recovers_it_in_one_line(
         "a worker that stopped). `handrail serve` recovers it by itself (as does any Worker on "
         "the same store); then chat again."
     )
+
+
+def test_serve_lets_only_the_audit_roles_read_the_trail(
+    app_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.testclient import TestClient
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr("handrail.server.serve", lambda app, **options: served.update(app=app))
+
+    def statuses(*keys: str) -> list[int]:
+        client = TestClient(served["app"])
+        return [
+            client.get("/audit", headers={"Authorization": f"Bearer {k}"}).status_code for k in keys
+        ]
+
+    monkeypatch.delenv("HANDRAIL_API_KEYS", raising=False)
+    made = run("serve", f"{app_module}:engine")
+    assert made.exit_code == 0, made.output
+    assert "(org 'local', user 'local', roles auditor)" in made.output
+    key = made.output.split("Bearer ", 1)[1].split("`", 1)[0]
+    assert statuses(key) == [200]  # the run's own key is its operator's: an auditor
+
+    keys = (
+        "id=a,org=acme,user=ana,roles=auditor,key=ka id=c,org=acme,user=cy,roles=compliance,key=kc"
+    )
+    monkeypatch.setenv("HANDRAIL_API_KEYS", f"{keys} acme:bo:kb")
+    assert run("serve", f"{app_module}:engine").exit_code == 0
+    assert statuses("ka", "kc", "kb") == [200, 403, 403]  # auditors, by default
+    assert run("serve", f"{app_module}:engine", "--audit-roles", "compliance,legal").exit_code == 0
+    assert statuses("ka", "kc", "kb") == [403, 200, 403]
+    assert run("serve", f"{app_module}:engine", "--audit-roles", "*").exit_code == 0
+    assert statuses("ka", "kc", "kb") == [200, 200, 200]
+    refused = run("serve", f"{app_module}:engine", "--audit-roles", " , ")
+    assert refused.exit_code == 1 and "--audit-roles needs a role" in refused.output

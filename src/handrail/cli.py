@@ -7,7 +7,7 @@ handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
 handrail sessions import session.json --overwrite
 handrail sessions delete SESSION_ID --yes
-handrail audit verify --org acme
+handrail audit verify --org acme --anchor 41:9f2c...
 ```
 
 It needs the `server` extra (`pip install "handrail[server]"`). An error prints one line and
@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -44,7 +44,17 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._loop import AgentRun
-from .audit import AuditEntry, AuditKind, verify
+from .audit import (
+    AUDIT_KEY_ENV,
+    AUDIT_OLD_KEYS_ENV,
+    AuditAnchor,
+    AuditEntry,
+    AuditKey,
+    AuditKind,
+    AuditVerifier,
+    entry_hash,
+    keyring_from_env,
+)
 from .documents._cli import docs_app
 from .engine import Engine
 from .evals._cli import eval_command
@@ -89,7 +99,7 @@ sessions = typer.Typer(
     help="List, show, export, import and delete stored sessions.", no_args_is_help=True
 )
 audit = typer.Typer(
-    help="List, export (JSON lines) and verify an organisation's audit trail.",
+    help="List, export (JSON lines), anchor and verify an organisation's audit trail.",
     no_args_is_help=True,
 )
 app.add_typer(sessions, name="sessions")
@@ -249,6 +259,13 @@ def serve(
             min=0.01,
         ),
     ] = None,
+    audit_roles: Annotated[
+        str,
+        typer.Option(
+            help="The roles that may read the audit trail over HTTP (GET /audit), "
+            "comma-separated: a caller needs one; '*': every member of the organisation."
+        ),
+    ] = "auditor",
     workers: Annotated[
         int,
         typer.Option(
@@ -267,16 +284,19 @@ def serve(
     if workers > 1:
         _check_shared(engine, workers)
     specs = os.environ.get("HANDRAIL_API_KEYS", "").split()
+    readers = None if audit_roles.strip() == "*" else _roles(audit_roles)
     # Read once here: a malformed spec, or a key given twice, stops the server before it starts.
     if not len(authenticator_from(specs, api_keys_file)):
         from .server import ApiKeyAuthenticator
 
         key = ApiKeyAuthenticator.generate_key()
-        specs.append(f"local:local:{key}")
+        # The run's own key is its operator's: it may read the audit trail too.
+        roles = "+".join(sorted(readers or ()))
+        specs.append(f"id=local,org=local,user=local,roles={roles},key={key}")
         typer.echo(
             f"No API key configured (HANDRAIL_API_KEYS, --api-keys-file): this run accepts "
             f"`Authorization: Bearer {key}` "
-            f"(org 'local', user 'local').",
+            f"(org 'local', user 'local'{f', roles {roles}' if roles else ''}).",
             err=True,
         )
         where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
@@ -291,6 +311,7 @@ def serve(
         retention=retention_days * 86_400 if retention_days else None,
         poll_interval=poll_interval,
         limits=(rate or None, burst, streams or None, turns or None, stream_bytes or None),
+        audit_roles=readers,
     )
     settings: dict[str, Any] = {
         "host": host,
@@ -322,6 +343,15 @@ class _AppOptions:
     retention: float | None
     poll_interval: float | None
     limits: tuple[float | None, int, int | None, int | None, float | None]
+    audit_roles: frozenset[str] | None
+
+
+def _roles(text: str) -> frozenset[str]:
+    """`--audit-roles`: comma-separated role names."""
+    roles = frozenset(r.strip() for r in text.split(",") if r.strip())
+    if not roles:
+        raise CliError("--audit-roles needs a role (auditor,compliance), or '*' for everyone.")
+    return roles
 
 
 def _make_app(engine: Engine, options: _AppOptions, authenticator: Any) -> Any:
@@ -339,6 +369,7 @@ def _make_app(engine: Engine, options: _AppOptions, authenticator: Any) -> Any:
         limits=Limits(
             rate=rate, burst=burst, streams=streams, turns=turns, stream_bytes=stream_bytes
         ),
+        audit_roles=options.audit_roles,
     )
 
 
@@ -720,6 +751,17 @@ Org = Annotated[
 _PAGE = 1000
 
 
+async def _audit_pages(
+    store: SessionStore, org_id: str | None, *, after: int = 0, **filters: Any
+) -> AsyncIterator[list[AuditEntry]]:
+    """The organisation's entries after `after`, a page at a time (one page in memory)."""
+    while page := await store.audit(org_id, after=after, limit=_PAGE, **filters):
+        yield page
+        if len(page) < _PAGE:
+            return
+        after = page[-1].seq
+
+
 async def _audit_all(
     store: SessionStore,
     org_id: str | None,
@@ -738,6 +780,35 @@ async def _audit_all(
             break
         after = page[-1].seq
     return found
+
+
+async def _last_entry(store: SessionStore, org_id: str | None) -> AuditEntry | None:
+    """The trail's last entry, found in a few reads (doubling, then halving `after`)."""
+    if not await store.audit(org_id, limit=1):
+        return None
+    low, high = 0, 1  # an entry lies after `low`; find a `high` with none after it
+    while await store.audit(org_id, after=high, limit=1):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if await store.audit(org_id, after=middle, limit=1):
+            low = middle
+        else:
+            high = middle
+    (last,) = await store.audit(org_id, after=low, limit=1)
+    return last
+
+
+def _keyring() -> dict[str, bytes]:
+    """The keyring of HANDRAIL_AUDIT_KEY and HANDRAIL_AUDIT_OLD_KEYS (never the command line)."""
+    keys = keyring_from_env()
+    if not keys:
+        typer.echo(
+            f"Note: {AUDIT_KEY_ENV} is not set: keyed entries cannot be checked, and an unkeyed "
+            f"trail proves nothing against someone who can write the store (docs/audit.md).",
+            err=True,
+        )
+    return keys
 
 
 @audit.command("list")
@@ -787,10 +858,56 @@ def export_audit(
     schema: Schema = "public",
     after: Annotated[int, typer.Option(min=0, help="Only entries after this one.")] = 0,
 ) -> None:
-    """An organisation's whole audit trail as JSON lines (one entry a line), oldest first."""
-    found = _with_store(db, dsn, schema, lambda store: _audit_all(store, org or None, after=after))
-    for entry in found:
-        typer.echo(json.dumps(entry.to_json(), ensure_ascii=False))
+    """An organisation's whole audit trail as JSON lines (one entry a line), oldest first.
+
+    Written a page at a time as it is read: a trail of any length in the memory of a page.
+    """
+
+    async def export(store: SessionStore) -> None:
+        out = sys.stdout
+        async for page in _audit_pages(store, org or None, after=after):
+            out.write("".join(json.dumps(e.to_json(), ensure_ascii=False) + "\n" for e in page))
+        out.flush()
+
+    _run(_opened(db, dsn, schema, export))
+
+
+@audit.command("anchor")
+@_one_line_errors
+def anchor_audit(
+    org: Org,
+    db: Db = Path("handrail.db"),
+    dsn: Dsn = None,
+    schema: Schema = "public",
+) -> None:
+    """Print the trail's last entry as SEQ:HASH: an anchor, to keep away from the store.
+
+    `handrail audit verify --anchor SEQ:HASH` then finds the entries up to it deleted or
+    rewritten. With the entry's key in HANDRAIL_AUDIT_KEY (or _OLD_KEYS), the entry is
+    checked first: a forged last entry is never anchored.
+    """
+    last = _with_store(db, dsn, schema, lambda store: _last_entry(store, org or None))
+    if last is not None:
+        keys = keyring_from_env()
+        secret = keys.get(last.key_id) if last.key_id is not None else None
+        if last.key_id is None:
+            typer.echo(
+                f"Note: entry {last.seq} is unkeyed: its anchor finds deleted entries, but not "
+                f"a trail rewritten by someone who can write the store ({AUDIT_KEY_ENV}).",
+                err=True,
+            )
+        elif secret is None:
+            typer.echo(
+                f"Note: entry {last.seq} was made with key {last.key_id!r}, which is not in "
+                f"{AUDIT_KEY_ENV} or {AUDIT_OLD_KEYS_ENV}: it was not checked.",
+                err=True,
+            )
+        elif entry_hash(last, secret) != last.hash:
+            raise CliError(
+                f"The last entry of {org!r} ({last.seq}) does not authenticate under key "
+                f"{last.key_id!r}: it is not anchored. Run `handrail audit verify --org {org}`."
+            )
+    typer.echo(str(AuditAnchor.of(last)))
 
 
 @audit.command("verify")
@@ -800,19 +917,59 @@ def verify_audit(
     db: Db = Path("handrail.db"),
     dsn: Dsn = None,
     schema: Schema = "public",
+    anchor: Annotated[
+        str | None,
+        typer.Option(
+            help="SEQ:HASH from `handrail audit anchor`, kept away from the store: the entries "
+            "up to it must be there, unchanged (finds a deleted tail)."
+        ),
+    ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option("--strict", help="Fail on unkeyed entries too (a trail keyed throughout)."),
+    ] = False,
 ) -> None:
-    """Check the organisation's trail: exit 1 naming the first broken entry, if any."""
-    found = _with_store(db, dsn, schema, lambda store: _audit_all(store, org or None))
-    problems = verify(found)
-    if problems:
-        for problem in problems:
-            typer.echo(f"entry {problem.seq}: {problem.kind}: {problem.message}", err=True)
+    """Check the organisation's trail: exit 1 naming the first broken entry, if any.
+
+    The keys come from HANDRAIL_AUDIT_KEY and HANDRAIL_AUDIT_OLD_KEYS (never the command
+    line). Unkeyed entries (written before the store had a key) are reported, and pass
+    unless --strict.
+    """
+    pinned = AuditAnchor.parse(anchor) if anchor is not None else None
+    verifier = AuditVerifier(keys=_keyring(), anchor=pinned)
+
+    async def check(store: SessionStore) -> None:
+        async for page in _audit_pages(store, org or None):
+            verifier.feed(page)
+
+    _with_store(db, dsn, schema, check)
+    problems = verifier.problems()
+    errors = [p for p in problems if strict or p.severity == "error"]
+    for problem in problems:
+        label = problem.kind if problem in errors else f"{problem.kind} (warning)"
+        typer.echo(f"entry {problem.seq}: {label}: {problem.message}", err=True)
+    if errors:
         raise CliError(
-            f"The audit trail of {org!r} is broken at entry {problems[0].seq} "
-            f"({problems[0].kind}); {len(problems)} problem(s)."
+            f"The audit trail of {org!r} is broken at entry {errors[0].seq} "
+            f"({errors[0].kind}); {len(errors)} problem(s)."
         )
-    last = found[-1].hash if found else "none"
-    typer.echo(f"{len(found)} entries verified; the last hash is {last}.")
+    unkeyed = verifier.count - verifier.keyed
+    typer.echo(
+        f"{verifier.count} entries verified ({verifier.keyed} keyed, {unkeyed} unkeyed)"
+        f"{f', up to the anchor {pinned.seq}' if pinned is not None and pinned.seq else ''}; "
+        f"the last is {verifier.last} (an anchor: keep it away from the store)."
+    )
+
+
+@audit.command("keygen")
+@_one_line_errors
+def keygen_audit(
+    key_id: Annotated[
+        str, typer.Option("--id", help="The key's id, recorded in every entry (2026-11, say).")
+    ],
+) -> None:
+    """Print a new audit key as ID:SECRET, for HANDRAIL_AUDIT_KEY (keep it secret)."""
+    typer.echo(AuditKey.generate(key_id).spec())
 
 
 # -- sessions -------------------------------------------------------------------------------
@@ -842,6 +999,17 @@ def _with_store(
 
     with _err.status("Working on the store…"):
         return _run(run())
+
+
+async def _opened(
+    db: Path, dsn: str | None, schema: str, work: Callable[[SessionStore], Awaitable[T]]
+) -> T:
+    """`work` on the store, closed after (no spinner: for a command that writes as it reads)."""
+    store = _store(db, dsn, schema)
+    try:
+        return await work(store)
+    finally:
+        await store.close()
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:

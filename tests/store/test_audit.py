@@ -1,17 +1,35 @@
-"""The audit trail in every store: numbered and chained per organisation, never forked,
-paged and filtered, and kept when sessions go."""
+"""The audit trail in every store: numbered and chained per organisation under the store's
+key, never forked, paged and filtered, kept when sessions go; and what `verify` finds when the
+table is written behind the store's back (a deleted tail, an entry edited and the chain
+recomputed, a forged entry appended, rows from before keys)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from handrail import AuditEntry, ConflictError, SessionRecord, StoreError
-from handrail.audit import GENESIS, entry_hash, verify
-from handrail.store import SessionStore
+from handrail.audit import GENESIS, AuditAnchor, AuditKey, chain, entry_hash, verify
+from handrail.store import MemoryStore, SessionStore, SqliteStore
 
-from .conftest import StoreFactory
+from .conftest import PG_DSN, StoreFactory
+
+K1 = AuditKey("k1", b"1" * 32)
+K2 = AuditKey("k2", b"2" * 32)
+MALLORY = AuditKey("k1", b"m" * 32)  # an intruder's guess at k1
+
+
+@pytest.fixture(autouse=True)
+def no_key_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The stores here are keyed only by what a test gives them."""
+    monkeypatch.delenv("HANDRAIL_AUDIT_KEY", raising=False)
+    yield
 
 
 def decision(org: str | None, session: str = "s-1", **fields: object) -> AuditEntry:
@@ -155,3 +173,183 @@ async def test_a_save_appends_its_audit_entries_in_its_own_transaction(
     loaded = await store.load("s-1")
     assert loaded is not None and (loaded.version, loaded.data) == (1, {"n": 1})
     assert await store.audit("acme") == acme
+
+
+class Table:
+    """A store's audit table, written behind the store's back: by an intruder who can write
+    the database (not the key), or by a handrail from before keys."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    async def put(self, entry: AuditEntry) -> None:
+        """Write `entry` as the row of its (org, seq), replacing what is there."""
+        org, text = entry.org_id or "", json.dumps(entry.to_json())
+        row = (org, entry.seq, entry.kind, entry.session_id, entry.tool, entry.hash, text)
+        if isinstance(self.store, MemoryStore):
+            from handrail.store.memory import _Audited
+
+            trail = self.store._audit.setdefault(org, [])
+            trail[:] = [r for r in trail if r.seq != entry.seq]
+            trail.append(_Audited(*row[1:]))
+            trail.sort(key=lambda r: r.seq)
+        elif isinstance(self.store, SqliteStore):
+            with sqlite3.connect(self.store.path) as db:
+                db.execute(
+                    "INSERT OR REPLACE INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)", row
+                )
+        else:
+            await self._postgres(
+                'INSERT INTO "{s}".handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s) '
+                "ON CONFLICT (org_id, seq) DO UPDATE SET hash = excluded.hash, "
+                "entry = excluded.entry",
+                row,
+            )
+
+    async def delete_after(self, org: str, seq: int) -> None:
+        """Delete the organisation's entries after `seq`."""
+        if isinstance(self.store, MemoryStore):
+            self.store._audit[org] = [r for r in self.store._audit[org] if r.seq <= seq]
+        elif isinstance(self.store, SqliteStore):
+            with sqlite3.connect(self.store.path) as db:
+                db.execute("DELETE FROM handrail_audit WHERE org_id = ? AND seq > ?", (org, seq))
+        else:
+            await self._postgres(
+                'DELETE FROM "{s}".handrail_audit WHERE org_id = %s AND seq > %s', (org, seq)
+            )
+
+    async def _postgres(self, sql: str, params: tuple[object, ...]) -> None:
+        import psycopg
+
+        schema = self.store.schema  # type: ignore[attr-defined]
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as db:
+            await db.execute(sql.format(s=schema), params)  # type: ignore[arg-type]
+
+
+async def keyed_trail(
+    make_store: StoreFactory, n: int = 5
+) -> tuple[SessionStore, list[AuditEntry]]:
+    store = await make_store(audit_key=K1)
+    for _ in range(n):
+        await store.append_audit(call("acme"))
+    return store, await store.audit("acme")
+
+
+async def test_entries_are_hashed_under_the_store_key_which_is_stored_nowhere(
+    make_store: StoreFactory,
+) -> None:
+    store, entries = await keyed_trail(make_store, 3)
+    assert [e.key_id for e in entries] == ["k1"] * 3
+    assert entries[0].hash == entry_hash(entries[0], K1.secret)
+    assert verify(entries, keys=[K1]) == []
+    assert all(K1.secret.decode() not in json.dumps(e.to_json()) for e in entries)
+    if isinstance(store, SqliteStore):
+        await store.close()
+        assert K1.secret not in Path(store.path).read_bytes()  # noqa: ASYNC240
+    # A save's entries, and a result's, are keyed too.
+    other = await make_store(audit_key=K1)
+    await other.save(SessionRecord(id="s-1", org_id="acme", audit=[decision("acme")]))
+    await other.log_started("s-1", "c-1", key="k", tool="orders.refund", args={})
+    await other.log_finished("s-1", "c-1", {"ok": True}, audit=call("acme"))
+    trail = await other.audit("acme")
+    assert [e.key_id for e in trail] == ["k1"] * 5
+    assert verify(trail, keys=[K1]) == []
+
+
+async def test_a_deleted_tail_is_found_with_the_anchor(make_store: StoreFactory) -> None:
+    store, entries = await keyed_trail(make_store)
+    anchor = AuditAnchor.of(entries[-1])
+    await Table(store).delete_after("acme", 3)
+    left = await store.audit("acme")
+    assert verify(left, keys=[K1]) == []  # the trail alone cannot show it
+    (problem,) = verify(left, keys=[K1], anchor=anchor)
+    assert (problem.seq, problem.kind) == (5, "truncated")
+
+
+@pytest.mark.parametrize("rechain", [None, MALLORY], ids=["sha256", "guessed-key"])
+async def test_an_entry_edited_with_every_later_hash_recomputed_is_found(
+    make_store: StoreFactory, rechain: AuditKey | None
+) -> None:
+    store, entries = await keyed_trail(make_store)
+    anchor = AuditAnchor.of(entries[-1])
+    prev = entries[1].hash
+    for entry in entries[2:]:  # entry 3 edited, 3 to 5 chained again without the key
+        if entry.seq == 3:
+            entry.outcome = "error: declined"
+        chain(entry, seq=entry.seq, prev_hash=prev, key=rechain)
+        entry.key_id = "k1"
+        entry.hash = entry_hash(entry, None if rechain is None else rechain.secret)
+        prev = entry.hash
+        await Table(store).put(entry)
+    stored = await store.audit("acme")
+    assert stored[2].outcome == "error: declined"
+    assert [e.prev_hash for e in stored[1:]] == [e.hash for e in stored[:-1]]  # it chains
+    (problem,) = verify(stored, keys=[K1])
+    assert (problem.seq, problem.kind) == (3, "edited")
+    assert [p.kind for p in verify(stored, keys=[K1], anchor=anchor)] == ["edited", "rewritten"]
+
+
+async def test_a_forged_entry_appended_in_chain_is_found(make_store: StoreFactory) -> None:
+    store, entries = await keyed_trail(make_store, 3)
+    forged = chain(call("acme"), seq=4, prev_hash=entries[-1].hash, key=MALLORY)
+    await Table(store).put(forged)
+    stored = await store.audit("acme")
+    assert stored[-1] == forged
+    (problem,) = verify(stored, keys=[K1])
+    assert (problem.seq, problem.kind) == (4, "edited")
+    # Unkeyed, it is a downgrade; and the store chains on from it, so a later entry is no
+    # proof of what came before it: verify names the forged one.
+    await Table(store).put(chain(call("acme"), seq=4, prev_hash=entries[-1].hash))
+    await store.append_audit(call("acme"))
+    problems = verify(await store.audit("acme"), keys=[K1])
+    assert [(p.seq, p.kind) for p in problems] == [(4, "downgraded")]
+
+
+async def test_the_wrong_key_fails_and_rotation_keeps_both_keys(make_store: StoreFactory) -> None:
+    old = await make_store(audit_key=K1)
+    for _ in range(2):
+        await old.append_audit(call("acme"))
+    new = await make_store(audit_key=K2)  # rotated: the same trail, a new key
+    if isinstance(new, MemoryStore):  # one store in memory: rotated in place
+        new.audit_key = K2
+    for _ in range(2):
+        await new.append_audit(call("acme"))
+    trail = await new.audit("acme")
+    assert [e.key_id for e in trail] == ["k1", "k1", "k2", "k2"]
+    assert verify(trail, keys=[K1, K2]) == []
+    assert [(p.seq, p.kind) for p in verify(trail, keys=[K2])] == [(1, "unknown_key")]
+    wrong = verify(trail, keys=[MALLORY, K2])
+    assert [(p.seq, p.kind) for p in wrong] == [(1, "edited")]
+    assert wrong[0].message.startswith("entries 1 to 2 do not authenticate under key 'k1'")
+
+
+async def test_rows_from_before_keys_still_read_and_the_keyed_chain_goes_on(
+    make_store: StoreFactory,
+) -> None:
+    from tests.test_audit import legacy
+
+    store = await make_store(audit_key=K1)
+    assert await store.audit("acme") == []  # (the table made)
+    old = legacy()
+    for entry in old:
+        await Table(store).put(entry)
+    assert await store.audit("acme") == old  # read as written, with no key id
+    appended = await store.append_audit(call("acme"))
+    assert (appended.seq, appended.prev_hash, appended.key_id) == (3, old[-1].hash, "k1")
+    trail = await store.audit("acme")
+    assert [(p.seq, p.kind) for p in verify(trail)] == [(3, "unknown_key")]  # no keyring
+    (note,) = verify(trail, keys=[K1])
+    assert (note.seq, note.kind, note.severity) == (1, "unkeyed", "warning")
+
+
+async def test_a_store_unkeyed_for_want_of_a_key_says_so_once(
+    make_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await make_store()  # HANDRAIL_AUDIT_KEY is not set
+    assert store.audit_key is None  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="handrail.audit"):
+        await store.append_audit(call("acme"))
+        await store.save(SessionRecord(id="s-1", org_id="acme", audit=[decision("acme")]))
+    (record,) = caplog.records
+    assert "chains the audit trail WITHOUT A KEY" in record.getMessage()
+    assert [e.key_id for e in await store.audit("acme")] == [None, None]

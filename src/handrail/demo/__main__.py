@@ -51,7 +51,7 @@ from handrail._cards import Ask, approval_card, ask_decision, outcome_line
 from handrail.demo.policy_desk import POLICY_QUESTIONS, PRICE_MATCH_ANSWER, build_policy_desk
 from handrail.demo.support_desk import Scenario, build_scenario
 from handrail.models import Model, as_model, infer
-from handrail.store import SqliteStore
+from handrail.store import MemoryStore, SqliteStore
 
 NO_MODEL = (
     "--model {spec}: {error}\n"
@@ -106,7 +106,8 @@ async def _run(
     model: Model | None,
     answer: AnswerQuestion,
 ) -> int:
-    store = SqliteStore(args.db)
+    # A throwaway demo: its audit trail is unkeyed, deliberately (docs/audit.md).
+    store = SqliteStore(args.db, audit_key=None)
     try:
         scenario = build_scenario(
             latency=0.6 if args.slow else 0.0,
@@ -279,7 +280,7 @@ async def play_policies(console: Console, answer: AnswerQuestion, *, pace: float
 
     console.print(Text("\nPolicy questions, answered from the shop's documents", style="bold"))
     with tempfile.TemporaryDirectory(prefix="handrail-demo-") as index:
-        desk = await build_policy_desk(index)
+        desk = await build_policy_desk(index, store=MemoryStore(audit_key=None))
         try:
             count = await desk.library.index.count()
             console.print(

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..audit import AuditEntry
 from ..engine import Engine
 from ..exceptions import SessionCorruptError, SessionNotFoundError
 from ..messages import MESSAGES
@@ -73,6 +74,8 @@ STATIC = Path(__file__).parent / "static"
 """The web page's files, served at `/` when the directory exists."""
 
 M = TypeVar("M", bound=BaseModel)
+AUDIT_ROLES: frozenset[str] = frozenset({"auditor"})
+"""The roles that may read the audit trail by default (`create_app(audit_roles=...)`)."""
 _WRITE = 65_536
 """Bytes of events a stream writes at once, at most (plus one event): a client that does not
 read holds up the next write, so the server buffers about this much for it."""
@@ -92,6 +95,7 @@ def create_app(
     sweep_concurrency: int = 4,
     retention: float | None = None,
     limits: Limits | None = None,
+    audit_roles: Collection[str] | None = AUDIT_ROLES,
 ) -> Starlette:
     """The HTTP API of `engine`, as an ASGI app (run it with uvicorn: `handrail serve`).
 
@@ -124,10 +128,21 @@ def create_app(
             deleted (None: kept).
         limits: what one caller or organisation may use: requests a second, open streams,
             running turns (`Limits()` by default); past them, 429 with `Retry-After`.
+        audit_roles: the roles that may read the organisation's audit trail (`GET /audit`,
+            its export): a caller needs one of them (`auditor` by default), or gets 403. None:
+            every member of the organisation may (its decisions' reasons and amended values
+            included).
     """
     runs = Runs(engine, poll_interval=poll_interval, tick=ping_interval)
     limits = limits if limits is not None else Limits()
     api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
+    api.audit_roles = None if audit_roles is None else frozenset(audit_roles)
+    if getattr(engine.store, "audit_key", True) is None:  # a handrail store without a key
+        _log.warning(
+            "The engine's store chains the audit trail WITHOUT A KEY: anyone who can write "
+            "its database can rewrite the trail undetected. Set HANDRAIL_AUDIT_KEY=ID:SECRET "
+            "(`handrail audit keygen`) for every process using the store; docs/audit.md."
+        )
     operations = [
         *api.operations(),
         agui_operation(api),  # AG-UI clients: docs/agui.md
@@ -181,6 +196,8 @@ def create_app(
 
 
 _SESSION_ID_MAX = 256
+_AUDIT_PAGE = 1000
+"""Audit entries an export reads (and writes) at once."""
 _HOT = frozenset({"turns", "events", "resolve"})
 """The last step of the paths a turn takes: their routes are matched first."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -250,6 +267,9 @@ def _json(body: BaseModel, status: int = 200) -> Response:
 class _Api(Api):
     """The endpoints: each authenticates, validates, and leaves scope to the engine."""
 
+    audit_roles: frozenset[str] | None = AUDIT_ROLES
+    """The roles that may read the audit trail, one of them (None: every member)."""
+
     def operations(self) -> list[Operation]:
         """Every endpoint, with what OpenAPI says about it."""
         session = "/sessions/{session_id}"
@@ -287,10 +307,10 @@ class _Api(Api):
                       errors=(404, 409)),
             Operation("GET", "/audit", self.read_audit,
                       "Read the caller's organisation's audit trail (decisions and "
-                      "side-effecting calls, hash-chained)", query=AuditQuery,
-                      response=AuditBody,
+                      "side-effecting calls, hash-chained); needs an audit role (`auditor`)",
+                      query=AuditQuery, response=AuditBody, errors=(403,),
                       ndjson="with `Accept: application/x-ndjson`, every entry after `after` "
-                      "as JSON lines (an export)"),
+                      "as JSON lines (an export, streamed a page at a time)"),
             Operation("GET", "/pending", self.list_pending,
                       "The inbox: the cards of the caller's organisation that it may decide "
                       "(its own sessions' too), with filters; deciding one is a resolve",
@@ -471,6 +491,20 @@ class _Api(Api):
     async def read_audit(self, request: Request) -> Response:
         """`GET /audit`: the caller's organisation's trail, a page (or every entry, as lines)."""
         caller = await self._caller(request)
+        roles = self.audit_roles
+        if roles is not None and not roles & caller.roles:
+            needed = " or ".join(repr(r) for r in sorted(roles))
+            has = ", ".join(sorted(caller.roles)) or "none"
+            raise ApiError(
+                403,
+                "audit_role_required",
+                f"Reading the audit trail needs the role {needed}; this caller's roles: {has}. "
+                f"Give its key the role (roles={min(roles)} in its API key spec, or in the "
+                f"token's roles claim)."
+                if roles
+                else "Reading the audit trail over HTTP is turned off on this server (no "
+                "role may: audit_roles is empty); use `handrail audit` on the store.",
+            )
         query = self._query(request, AuditQuery)
         filters: dict[str, Any] = {
             "session_id": query.session_id,
@@ -479,18 +513,32 @@ class _Api(Api):
         }
         accept = request.headers.get("accept", "")
         if "application/x-ndjson" in accept and "application/json" not in accept:
-            # Read before the 200 is sent, in pages: an unreadable trail answers an error.
-            lines: list[bytes] = []
-            after = query.after
-            while page := await self.store.audit(caller.org_id, after=after, limit=1000, **filters):
-                lines += [pydantic_core.to_json(e.to_json()) + b"\n" for e in page]
-                after = page[-1].seq
-            return StreamingResponse(iter(lines), media_type="application/x-ndjson")
+            # The first page is read before the 200: a trail that cannot be read answers an
+            # error. Then a page at a time, so an export holds one page, not the trail.
+            first = await self.store.audit(
+                caller.org_id, after=query.after, limit=_AUDIT_PAGE, **filters
+            )
+            lines = self._audit_lines(caller.org_id, first, filters)
+            return StreamingResponse(lines, media_type="application/x-ndjson")
         found = await self.store.audit(
             caller.org_id, after=query.after, limit=query.limit, **filters
         )
         last = found[-1].seq if len(found) == query.limit else None
         return _json(AuditBody(entries=found, after=last))
+
+    async def _audit_lines(
+        self, org_id: str, page: list[AuditEntry], filters: dict[str, Any]
+    ) -> AsyncIterator[bytes]:
+        """The trail from `page` on as JSON lines, one write a page, read as they are sent.
+
+        A page that cannot be read midway ends the body without its last chunk (the error is
+        logged): the client sees a broken transfer, never a short export that looks whole.
+        """
+        while page:
+            yield b"".join(pydantic_core.to_json(e.to_json()) + b"\n" for e in page)
+            if len(page) < _AUDIT_PAGE:
+                return
+            page = await self.store.audit(org_id, after=page[-1].seq, limit=_AUDIT_PAGE, **filters)
 
     async def describe_domain(self, request: Request) -> Response:
         """`GET /domain`: the agents (which keep to scratch) and the tools, with their schemas."""

@@ -99,6 +99,8 @@ def app_from_env() -> Starlette:
         HANDRAIL_WORKER_ID: a name for this deployment's workers; each process is named
             `<it>-<pid>` (default: the host name), since processes must not share one.
         HANDRAIL_SWEEP_INTERVAL: seconds between sweeps (default 1; 0: none).
+        HANDRAIL_AUDIT_ROLES: the roles that may read the audit trail, comma-separated
+            (default `auditor`; `*`: every member of the organisation).
 
     Raises:
         UserError: HANDRAIL_ENGINE or every API key is missing, or one is malformed.
@@ -124,4 +126,8 @@ def app_from_env() -> Starlette:
             "run one process, or give the engine a PostgresStore."
         )
     sweep = float(os.environ.get("HANDRAIL_SWEEP_INTERVAL", "1") or 0)
-    return create_app(engine, authenticator=authenticator, sweep_interval=sweep or None)
+    readers = os.environ.get("HANDRAIL_AUDIT_ROLES", "auditor").strip() or "auditor"
+    roles = None if readers == "*" else {r.strip() for r in readers.split(",") if r.strip()}
+    return create_app(
+        engine, authenticator=authenticator, sweep_interval=sweep or None, audit_roles=roles
+    )

@@ -20,8 +20,9 @@ __all__ = ["Operation", "openapi"]
 _REF = "#/components/schemas/{model}"
 _ERRORS = {
     401: "No valid API key",
-    403: "The call's decision policy does not let the caller make this decision (the message "
-    "names the rule); nothing was recorded",
+    403: "The caller may not do this, and the message names the rule: the call's decision "
+    "policy does not let it make this decision (nothing was recorded), or reading the audit "
+    "trail needs a role it lacks",
     404: "No such session for this caller (another tenant's included)",
     409: "The session is not in a state for this (the message says why)",
     413: "The body is too large",

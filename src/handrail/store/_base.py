@@ -395,11 +395,14 @@ class SessionStore(Protocol):
 
         The entry's `seq` is one past the organisation's last and its `prev_hash` that
         entry's hash (`GENESIS` for the first); both are assigned with the append, in one
-        transaction, so appends from several tasks or processes never fork the chain. The
-        trail is kept apart from sessions: `delete` never touches it.
+        transaction, so appends from several tasks or processes never fork the chain. Its
+        `hash` is an HMAC under the store's `audit_key` (its id in `key_id`), a key the
+        process holds and never writes to the database; a store without one chains unkeyed
+        (plain SHA-256) and says so in a warning (`handrail.audit`). The trail is kept apart
+        from sessions: `delete` never touches it.
 
         Returns:
-            `entry`, with `seq`, `prev_hash` and `hash` set.
+            `entry`, with `seq`, `prev_hash`, `key_id` and `hash` set.
 
         Raises:
             StoreError: the entry holds a value JSON cannot carry, or the store failed.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..audit import AUDIT_KINDS, GENESIS, AuditEntry, chain
+from ..audit import AUDIT_KINDS, GENESIS, AuditEntry, AuditKey, chain
 from ..exceptions import SessionCorruptError, StoreError
 from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
 
@@ -412,15 +412,22 @@ def log_entry_from_row(session_id: str, row: Sequence[Any]) -> ToolLogEntry:
     )
 
 
-def chain_audit(entry: AuditEntry, tail: tuple[int, str] | None) -> tuple[AuditEntry, str]:
+def chain_audit(
+    entry: AuditEntry, tail: tuple[int, str] | None, key: AuditKey | None = None
+) -> tuple[AuditEntry, str]:
     """`entry` chained after the trail's `tail` (its last seq and hash), and its JSON text.
+
+    Args:
+        entry: the entry to append (numbered and hashed in place).
+        tail: the seq and hash of the trail's last entry; None: the trail is empty.
+        key: the store's audit key, the entry's hash an HMAC under it; None: unkeyed.
 
     Raises:
         StoreError: the entry holds a value JSON cannot carry.
     """
     seq, prev = tail if tail is not None else (0, GENESIS)
     try:
-        chain(entry, seq=seq + 1, prev_hash=prev)
+        chain(entry, seq=seq + 1, prev_hash=prev, key=key)
         text = json.dumps(entry.to_json(), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise StoreError(

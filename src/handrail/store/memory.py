@@ -15,7 +15,14 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from ..audit import AuditEntry, AuditKind
+from ..audit import (
+    FROM_ENVIRONMENT,
+    AuditEntry,
+    AuditKeyOption,
+    AuditKind,
+    signing_key,
+    warn_unkeyed,
+)
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
@@ -73,13 +80,25 @@ class MemoryStore:
     Args:
         clock: wall time in epoch seconds, for `created_at`/`updated_at`, the tool-call log
             and lease expiry; inject one to test expiry without waiting.
+        audit_key: the key the audit trail's hashes are made with (`handrail.audit`); by
+            default the one in `HANDRAIL_AUDIT_KEY` (unset: unkeyed, and a warning at the first
+            append); None: unkeyed, deliberately.
+
+    Raises:
+        ConfigError: `HANDRAIL_AUDIT_KEY` is malformed, or `audit_key` is not a key.
     """
 
     cross_process_events = False
     """Whether `listen_events` announces the appends of other processes: no."""
 
-    def __init__(self, *, clock: Clock = wall_clock) -> None:
+    def __init__(
+        self, *, clock: Clock = wall_clock, audit_key: AuditKeyOption = FROM_ENVIRONMENT
+    ) -> None:
         self.clock = clock
+        self.audit_key = signing_key(audit_key)
+        """The key the audit trail's hashes are made with (None: unkeyed)."""
+        # Unkeyed for want of HANDRAIL_AUDIT_KEY is said at the first append; None is a choice.
+        self._warn_unkeyed = audit_key is FROM_ENVIRONMENT and self.audit_key is None
         self._sessions: dict[str, _Session] = {}
         self._logs: dict[str, dict[str, _Logged]] = {}
         self._events: dict[str, builtins.list[tuple[int, str]]] = {}  # events as JSON text
@@ -382,12 +401,15 @@ class MemoryStore:
         """`entries` chained at the ends of their organisations' trails, not yet appended."""
         tails: dict[str, tuple[int, str] | None] = {}
         chained: builtins.list[tuple[str, _Audited, AuditEntry]] = []
+        if entries and self._warn_unkeyed:
+            self._warn_unkeyed = False
+            warn_unkeyed("This MemoryStore")
         for entry in entries:
             org = entry.org_id or ""
             if org not in tails:
                 trail = self._audit.get(org)
                 tails[org] = (trail[-1].seq, trail[-1].hash) if trail else None
-            done, text = chain_audit(entry, tails[org])
+            done, text = chain_audit(entry, tails[org], self.audit_key)
             tails[org] = (done.seq, done.hash)
             row = _Audited(done.seq, done.session_id, done.tool, done.kind, done.hash, text)
             chained.append((org, row, done))

@@ -19,7 +19,14 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from ..audit import AuditEntry, AuditKind
+from ..audit import (
+    FROM_ENVIRONMENT,
+    AuditEntry,
+    AuditKeyOption,
+    AuditKind,
+    signing_key,
+    warn_unkeyed,
+)
 from ..exceptions import ConflictError, MissingExtraError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
 from ._codec import (
@@ -184,6 +191,13 @@ class PostgresStore:
             agree on when a lease expires.
         connect_timeout: seconds to wait for the server when opening, and for a free
             connection from the pool.
+        audit_key: the key the audit trail's hashes are made with (`handrail.audit`); by
+            default the one in `HANDRAIL_AUDIT_KEY` (unset: unkeyed, and a warning at the first
+            append); None: unkeyed, deliberately. Held by this process only, never sent to the
+            database.
+
+    Raises:
+        ConfigError: `HANDRAIL_AUDIT_KEY` is malformed, or `audit_key` is not a key.
     """
 
     def __init__(
@@ -194,8 +208,13 @@ class PostgresStore:
         pool_size: int = 10,
         clock: Clock | None = None,
         connect_timeout: float = 10.0,
+        audit_key: AuditKeyOption = FROM_ENVIRONMENT,
     ) -> None:
         _require_psycopg()
+        self.audit_key = signing_key(audit_key)
+        """The key the audit trail's hashes are made with (None: unkeyed)."""
+        # Unkeyed for want of HANDRAIL_AUDIT_KEY is said at the first append; None is a choice.
+        self._warn_unkeyed = audit_key is FROM_ENVIRONMENT and self.audit_key is None
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(
                 f"schema must be a plain identifier (letters, digits, _; at most 54 "
@@ -935,6 +954,9 @@ class PostgresStore:
         self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
     ) -> AuditEntry:
         """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
+        if self._warn_unkeyed:
+            self._warn_unkeyed = False
+            warn_unkeyed(f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})")
         org = entry.org_id or ""
         lock = int.from_bytes(
             hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
@@ -948,7 +970,9 @@ class PostgresStore:
             (org,),
         )
         tail = await cursor.fetchone()
-        chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
+        chained, text = chain_audit(
+            entry, None if tail is None else (tail[0], tail[1]), self.audit_key
+        )
         await connection.execute(
             f"INSERT INTO {self._s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
             (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash,

@@ -24,7 +24,15 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from ..audit import AuditEntry, AuditKind
+from ..audit import (
+    FROM_ENVIRONMENT,
+    AuditEntry,
+    AuditKey,
+    AuditKeyOption,
+    AuditKind,
+    signing_key,
+    warn_unkeyed,
+)
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
@@ -207,6 +215,13 @@ class SqliteStore:
             fails with a `StoreError`.
         poll_interval: how often (seconds) `listen()` looks for other processes' wake-ups
             (wake-ups from this store arrive at once).
+        audit_key: the key the audit trail's hashes are made with (`handrail.audit`); by
+            default the one in `HANDRAIL_AUDIT_KEY` (unset: unkeyed, and a warning at the first
+            append); None: unkeyed, deliberately. Held by this process only, never written to
+            the file.
+
+    Raises:
+        ConfigError: `HANDRAIL_AUDIT_KEY` is malformed, or `audit_key` is not a key.
     """
 
     cross_process_events = False
@@ -220,9 +235,14 @@ class SqliteStore:
         synchronous: Literal["FULL", "NORMAL"] = "NORMAL",
         busy_timeout: float = 5.0,
         poll_interval: float = 0.1,
+        audit_key: AuditKeyOption = FROM_ENVIRONMENT,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
+        self.audit_key = signing_key(audit_key)
+        """The key the audit trail's hashes are made with (None: unkeyed)."""
+        # Unkeyed for want of HANDRAIL_AUDIT_KEY is said at the first append; None is a choice.
+        self._warn_unkeyed = audit_key is FROM_ENVIRONMENT and self.audit_key is None
         self.path = os.fspath(path)
         self.clock = clock
         self.synchronous = synchronous
@@ -300,7 +320,11 @@ class SqliteStore:
     def _connect(self) -> sqlite3.Connection:  # in the store's thread
         try:
             # isolation_level=None: no implicit BEGIN; transactions below are explicit.
-            connection = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            connection = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None, factory=_Connection
+            )
+            connection.audit_key, connection.warn_unkeyed = self.audit_key, self._warn_unkeyed
+            connection.store = f"SqliteStore({self.path!r})"
         except sqlite3.Error as error:
             raise self._error(error, None) from error
         try:
@@ -921,13 +945,28 @@ class _Subscription:
         return self._pending.popleft()
 
 
+class _Connection(sqlite3.Connection):
+    """The store's connection, which carries the key its audit appends are made with."""
+
+    audit_key: AuditKey | None = None
+    warn_unkeyed = False  # at its first append: the store is unkeyed for want of a key
+    store = "A SqliteStore"
+
+
 def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
-    """Chain `entry` after its organisation's last and insert it (inside a write transaction)."""
+    """Chain `entry` after its organisation's last and insert it (inside a write transaction).
+
+    The key comes with the connection (`_Connection`): a job needs nothing else to append.
+    """
+    key = db.audit_key if isinstance(db, _Connection) else None
+    if isinstance(db, _Connection) and db.warn_unkeyed:
+        db.warn_unkeyed = False
+        warn_unkeyed(db.store)
     org = entry.org_id or ""
     tail = db.execute(
         "SELECT seq, hash FROM handrail_audit WHERE org_id = ? ORDER BY seq DESC LIMIT 1", (org,)
     ).fetchone()
-    chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]))
+    chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]), key)
     db.execute(
         "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
         (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash, text),
