@@ -60,7 +60,10 @@ async def client(
 
         schema = request.getfixturevalue("pg_schema")
         store = await PostgresStore.connect(PG_DSN, schema=schema, pool_size=2)
-    app = create_app(build_scenario(store=store).engine, authenticator=authenticator())
+    # every member reads the trail here: these tests are about the filters, not the role
+    app = create_app(
+        build_scenario(store=store).engine, authenticator=authenticator(), audit_roles=None
+    )
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client,
@@ -95,7 +98,7 @@ async def test_any_filter_value_holding_a_nul_is_refused(
     before: str, after: str, filter: tuple[str, str]
 ) -> None:
     path, name = filter
-    app = create_app(build_scenario().engine, authenticator=authenticator())
+    app = create_app(build_scenario().engine, authenticator=authenticator(), audit_roles=None)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app), base_url="http://test"
     ) as client:
@@ -242,7 +245,7 @@ async def test_a_model_sending_a_number_that_is_not_finite_reads_an_error_naming
     model = ScriptedModel([[ToolCallPart(id="c-1", name="ship", raw_args=raw)], "Sorry."])
     runtime = Runtime(model=model, ids=sequential_ids())
     engine = Engine(Agent("shop", tools=[ship]), store=MemoryStore(), runtime=runtime)
-    app = create_app(engine, authenticator=authenticator())
+    app = create_app(engine, authenticator=authenticator(), audit_roles=None)
     ran.clear()
     async with (
         app.router.lifespan_context(app),

@@ -31,7 +31,7 @@ from .test_uvicorn import serving
 ANA, BO, CY, DI = ({"Authorization": f"Bearer key-{n}"} for n in ("ana", "bo", "cy", "di"))
 SPECS = [
     "acme:ana:key-ana",
-    "id=bo-1,org=acme,user=bo,roles=finance+manager,key=key-bo",
+    "id=bo-1,org=acme,user=bo,roles=finance+manager+auditor,key=key-bo",
     "id=cy-1,org=acme,user=cy,roles=finance,key=key-cy",
     "id=di-1,org=acme,user=di,roles=kiosk,key=key-di",
 ]
