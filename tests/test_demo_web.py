@@ -46,6 +46,7 @@ def test_serve_prints_the_page_url_with_the_key_it_made(
         "body_timeout": 30.0,
         "idle_timeout": 5.0,
         "max_connections": 1000,
+        "max_client_connections": 250,
     }
 
 
