@@ -66,9 +66,11 @@ from .exceptions import (
     SessionNotFoundError,
     StaleResolutionError,
     StoreError,
+    StoreUnavailableError,
     ToolDefinitionError,
     TurnCutOffError,
     TurnSuspendedError,
+    UnsettledSaveError,
     UserError,
 )
 from .messages import (
@@ -183,6 +185,7 @@ __all__ = [
     "SqliteStore",
     "StaleResolutionError",
     "StoreError",
+    "StoreUnavailableError",
     "TextDelta",
     "TextPart",
     "Tool",
@@ -197,6 +200,7 @@ __all__ = [
     "ToolResult",
     "TurnCutOffError",
     "TurnSuspendedError",
+    "UnsettledSaveError",
     "Usage",
     "UsageEvent",
     "UserError",
