@@ -531,3 +531,114 @@ def teardown_module() -> None:
             f"\nfault matrix {store_kind:8} {scenario:18}: {len(once)} cells once: all "
             f"straight; {len(a_while)} cells for a while: {dict(left)}"
         )
+
+
+# -- real faults ----------------------------------------------------------------------------
+
+
+async def test_the_events_of_an_advance_the_store_cannot_log_are_retried_then_reported():
+    inner, ledger = MemoryStore(), Ledger()
+    calls = SCENARIOS["ungated-sequential"]
+    flaky = FlakyStore(inner, fail={"log_finished": [1]}, down_for=ATTEMPTS)
+    engine = engine_for(flaky, calls, ledger)
+    with pytest.raises(StoreUnavailableError):
+        await drain(engine.submit("s1", "go"))
+
+    flaky.fail, flaky.down_for = {"append_events": [1]}, 1  # once: retried
+    result = await engine.advance("s1")
+    assert result is not None and result.outcome == "suspended"  # on the charge's card
+    assert [e["type"] for _, e in await inner.events("s1")][-1] == "run-suspended"
+
+    state = await engine.session("s1")
+    await engine.resolve_many("s1", dict.fromkeys(state.pending, Answer("done")))
+    flaky.fail, flaky.calls["append_events"] = {"append_events": [1]}, 0
+    flaky.down_for = ATTEMPTS  # for a while: the turn goes on, its events are not logged
+    with pytest.raises(StoreUnavailableError, match="its events are not in the event log"):
+        await engine.advance("s1")
+    await check_settled(engine_for(inner, [], ledger), "s1", ledger)
+
+
+async def test_a_sqlite_database_another_process_locks_is_waited_for_then_written(
+    tmp_path: Path,
+):
+    import sqlite3
+
+    from handrail.store import SqliteStore
+
+    path, ledger = tmp_path / "locked.db", Ledger()
+    store = SqliteStore(path, busy_timeout=0.05)
+    await store.summary("s0")  # the database exists, with its tables
+    other = sqlite3.connect(path, isolation_level=None)  # another process's connection
+    other.execute("BEGIN IMMEDIATE")  # it holds the write lock
+    try:
+        with pytest.raises(StoreUnavailableError, match="locked"):
+            await store.acquire_lease("s0", "someone", 30.0)
+        waits: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            if len(waits) == 2:
+                other.execute("COMMIT")  # that process is done: the next try goes through
+
+        engine = Engine(
+            Agent("a", tools=tools()),
+            store=store,
+            runtime=Runtime(model=model(SCENARIOS["ungated-parallel"]), deps=ledger),
+            store_retry=StoreRetry(attempts=4, delay=0.01, sleep=sleep),
+        )
+        events = await drain(engine.submit("s1", "go"))
+        assert events[-1].type == "run-completed" and len(waits) == 2
+        await check_settled(engine_for(store, [], ledger), "s1", ledger)
+    finally:
+        other.close()
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_connections_terminated_mid_turn_are_replaced_and_the_turn_goes_on(
+    tmp_path: Path,
+):
+    skip_without_postgres()
+    import psycopg
+
+    from handrail.store import PostgresStore
+
+    name = f"handrail_faults_{tmp_path.name}"[:60]  # this test's connections, and no others
+    ledger, terminated = Ledger(), []
+    store = await PostgresStore.connect(
+        f"{PG_DSN}?application_name={name}", schema=name, pool_size=2
+    )
+
+    @tool(permission="write", approval="auto")
+    async def charge(ctx: ToolContext[Ledger], order: str) -> str:
+        """Charge, and lose every connection of the store right after the effect."""
+        ledger.effect(ctx)
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as db:
+            cursor = await db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            terminated.extend(await cursor.fetchall())
+        return f"charged {order}"
+
+    def answer(request: ModelRequest) -> Any:
+        if request.messages[-1].role == "user":
+            return [call("charge", order="A1"), call("charge", order="A2")]
+        return "Done."
+
+    engine = Engine(
+        Agent("a", tools=[charge]),
+        store=store,
+        runtime=Runtime(model=FunctionModel(answer), deps=ledger),
+        store_retry=StoreRetry(attempts=6, delay=0.05),
+    )
+    try:
+        events = await drain(engine.submit("s1", "go"))
+        assert terminated  # the store's connections were cut, twice, mid-turn
+        assert events[-1].type == "run-completed"
+        await check_settled(engine_for(store, [], ledger), "s1", ledger)
+    finally:
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as db:
+            await db.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await store.close()
