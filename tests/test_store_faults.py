@@ -642,3 +642,49 @@ async def test_postgres_connections_terminated_mid_turn_are_replaced_and_the_tur
         async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as db:
             await db.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         await store.close()
+
+
+async def test_a_worker_whose_wake_ups_are_lost_subscribes_again_and_goes_on():
+    # Before, the lost subscription (a PostgreSQL restart) raised out of the worker's task
+    # group: it cancelled the turns the worker drove, and the worker stopped.
+    from handrail import Worker
+
+    inner, ledger = MemoryStore(), Ledger()
+    lost = asyncio.Event()
+
+    class Dropping(FlakyStore):
+        subscriptions = 0
+
+        def listen(self) -> Any:
+            Dropping.subscriptions += 1
+            if Dropping.subscriptions > 1:
+                return inner.listen()
+
+            @contextlib.asynccontextmanager
+            async def dropped() -> AsyncIterator[Any]:
+                async def wakeups() -> AsyncIterator[str]:
+                    await lost.wait()
+                    raise StoreUnavailableError("injected: the listening connection dropped")
+                    yield ""  # pragma: no cover - an async generator
+
+                yield wakeups()
+
+            return dropped()
+
+    store = Dropping(inner)
+    calls = SCENARIOS["gated-parallel"]
+    worker_engine, api = engine_for(store, calls, ledger), engine_for(inner, calls, ledger)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(Worker(worker_engine, poll_interval=0.05).run(stop))
+    lost.set()
+    events = await drain(api.submit("s1", "go"))
+    while Dropping.subscriptions < 2:
+        assert not worker.done(), worker
+        await asyncio.sleep(0.01)
+    await api.resolve("s1", events[-1].pending[0], Approve())
+    async with asyncio.timeout(5):
+        while (await inner.summary("s1")).status != "completed":  # type: ignore[union-attr]  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    stop.set()
+    await worker
+    await check_settled(api, "s1", ledger)

@@ -1135,7 +1135,7 @@ class _Subscription(Generic[T]):
                 self._queue.put_nowait(self._parse(notification.payload))
         except psycopg.Error as error:
             self._queue.put_nowait(
-                StoreError(
+                StoreUnavailableError(
                     f"Lost the PostgreSQL connection listening for wake-ups "
                     f"({self._store.masked_dsn}): {error}. Subscribe again."
                 )
