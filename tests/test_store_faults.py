@@ -486,13 +486,19 @@ async def dry_run(inner: SessionStore, calls: list[tuple[str, str]]) -> collecti
 
 
 async def run_cells(
-    inner: SessionStore, scenario: str, method: str, nths: Iterable[int], *, down_for: int
+    inner: SessionStore,
+    scenario: str,
+    method: str,
+    nths: Iterable[int],
+    *,
+    down_for: int,
+    lost_reply: bool = False,
 ) -> list[tuple[str, tuple[str, ...]]]:
     calls = SCENARIOS[scenario]
     outcomes = []
     for nth in nths:
-        session, ledger = f"{scenario}-{method}-{nth}-{down_for}", Ledger()
-        flaky = FlakyStore(inner, fail={method: [nth]}, down_for=down_for)
+        session, ledger = f"{scenario}-{method}-{nth}-{down_for}-{lost_reply:d}", Ledger()
+        flaky = FlakyStore(inner, fail={method: [nth]}, down_for=down_for, lost_reply=lost_reply)
         engine, inspect = engine_for(flaky, calls, ledger), engine_for(inner, calls, ledger)
         story = await finish(engine, inspect, session, ledger)
         await check_settled(inspect, session, ledger)
@@ -503,8 +509,8 @@ async def run_cells(
 @pytest.mark.parametrize("store_kind", STORES)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 async def test_fault_matrix(store_kind: str, scenario: str, tmp_path: Path):
-    """Each call of each method the turn makes fails once, then for a while: every effect
-    happens once and every call ends settled."""
+    """Each call of each method the turn makes fails once (before the store, or after it with
+    the answer lost), then for a while: every effect happens once, every call ends settled."""
     async with open_store(store_kind, tmp_path) as inner:
         counts = await dry_run(inner, SCENARIOS[scenario])
         once: list[tuple[str, tuple[str, ...]]] = []
@@ -512,6 +518,8 @@ async def test_fault_matrix(store_kind: str, scenario: str, tmp_path: Path):
         for method in TURN_METHODS:
             nths = range(1, counts[method] + 1)
             once += await run_cells(inner, scenario, method, nths, down_for=1)
+            # The write made, its answer lost (a connection dropped after the commit).
+            once += await run_cells(inner, scenario, method, nths, down_for=1, lost_reply=True)
             a_while += await run_cells(inner, scenario, method, nths, down_for=A_WHILE)
     MATRIX[store_kind, scenario] = (once, a_while)
     # A fault that passes is never seen: the turn went straight through, with no recovery.
@@ -528,8 +536,9 @@ def teardown_module() -> None:
     for (store_kind, scenario), (once, a_while) in sorted(MATRIX.items()):
         left = collections.Counter(" ".join(story) or "straight" for _, story in a_while)
         print(
-            f"\nfault matrix {store_kind:8} {scenario:18}: {len(once)} cells once: all "
-            f"straight; {len(a_while)} cells for a while: {dict(left)}"
+            f"\nfault matrix {store_kind:8} {scenario:18}: {len(once)} cells once (half of "
+            f"them with the reply lost): all straight; {len(a_while)} cells for a while: "
+            f"{dict(left)}"
         )
 
 

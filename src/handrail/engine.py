@@ -89,7 +89,7 @@ _log = logging.getLogger("handrail.engine")
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
 """What a worker passes over: another worker got to the session first, or it went."""
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 _LEFT = (
     "The turn is left as a crash at this point leaves it: nothing stored is lost, and "
@@ -1208,12 +1208,12 @@ class Engine:
 
     async def _retrying(
         self,
-        call: Callable[[], Awaitable[T]],
+        call: Callable[[], Awaitable[_T]],
         session_id: str,
         what: str,
         *,
         left: str = _LEFT,
-    ) -> T:
+    ) -> _T:
         """Make a store call, again after a back-off while it fails for a moment (`transient`).
 
         Raises:
