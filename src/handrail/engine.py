@@ -999,12 +999,16 @@ class Engine:
         trip to the store with the lease where the store can (`lease_and_load`).
         """
         store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
-        held, loaded = await self._retrying(
-            lambda: lease_and_load(store, session_id, owner, ttl),
-            session_id,
-            "take the session's lease and load it",
-            left="Nothing was done: try again once the store answers.",
-        )
+        try:
+            held, loaded = await lease_and_load(store, session_id, owner, ttl)
+        except Exception as error:
+            held, loaded = await self._retry(
+                error,
+                lambda: lease_and_load(store, session_id, owner, ttl),
+                session_id,
+                "take the session's lease and load it",
+                left="Nothing was done: try again once the store answers.",
+            )
         if not held:
             raise SessionBusyError(
                 f"Session {session_id!r} is being driven by another worker right now; wait "
@@ -1055,9 +1059,11 @@ class Engine:
                 renewal.cancel()
                 await asyncio.wait([renewal])
             try:
-                await self._retrying(
-                    lambda: store.release_lease(session_id, owner), session_id, "release the lease"
-                )
+                try:
+                    await store.release_lease(session_id, owner)
+                except Exception as error:
+                    release = lambda: store.release_lease(session_id, owner)  # noqa: E731
+                    await self._retry(error, release, session_id, "release the lease")
             except Exception as error:  # it lapses after `lease_ttl`, as a dead worker's does
                 _log.warning(
                     "handrail engine %s: could not release the lease on session %r (%s); it "
@@ -1084,11 +1090,19 @@ class Engine:
 
     async def _check_lease(self, session_id: str) -> None:
         """Refuse to act for a session whose lease this process no longer holds."""
-        if session_id in self._lost or not await self._retrying(
-            lambda: self.store.acquire_lease(session_id, self.lease_owner, self.lease_ttl),
-            session_id,
-            "check the lease before a side effect",
-        ):
+        if session_id in self._lost:
+            raise self._lost_lease(session_id)
+        store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
+        try:
+            held = await store.acquire_lease(session_id, owner, ttl)
+        except Exception as error:
+            held = await self._retry(
+                error,
+                lambda: store.acquire_lease(session_id, owner, ttl),
+                session_id,
+                "check the lease before a side effect",
+            )
+        if not held:
             self._lost.add(session_id)
             raise self._lost_lease(session_id)
 
@@ -1181,30 +1195,32 @@ class Engine:
         record.window = state.window if self.runtime.compaction is not None else 0
         record.status = status
         record.expires_at = self._needs_worker(state)
-        store = self.store
-        lost = False  # a try failed: it may have been written all the same (a lost reply)
-
-        async def save() -> SessionRecord:
-            nonlocal lost
-            try:
-                return await store.save(record)
-            except ConflictError:
-                if lost:  # our own write, whose answer was lost? then it is saved
-                    stored = await store.load(record.id)
-                    if stored is not None and _same_save(stored, record):
-                        return stored
-                raise
-            except Exception as error:
-                lost = lost or transient(error)
-                raise
-
         try:
-            saved = await self._retrying(save, record.id, "save the session")
+            try:
+                saved = await self.store.save(record)
+            except Exception as error:
+                again = lambda: self._save_again(record)  # noqa: E731
+                saved = await self._retry(error, again, record.id, "save the session")
         finally:
             record.messages = []
         record.version = saved.version
         state.mark_saved()
         return saved
+
+    async def _save_again(self, record: SessionRecord) -> SessionRecord:
+        """`store.save(record)` once more, after a try that failed for a moment.
+
+        That try may have been written all the same, its answer lost on the way (a connection
+        that dropped after the commit): a conflict with a write that is exactly this one (the
+        version one past, the same status and document) is this save, made.
+        """
+        try:
+            return await self.store.save(record)
+        except ConflictError:
+            stored = await self.store.load(record.id)
+            if stored is not None and _same_save(stored, record):
+                return stored
+            raise
 
     async def _retrying(
         self,
@@ -1221,36 +1237,54 @@ class Engine:
                 names the session, what was being done and what was left.
             StoreError: it failed in a way that trying again cannot mend (not retried).
         """
+        try:  # the way nearly every call goes: once, at once
+            return await call()
+        except Exception as error:
+            return await self._retry(error, call, session_id, what, left=left)
+
+    async def _retry(
+        self,
+        failed: Exception,
+        call: Callable[[], Awaitable[_T]],
+        session_id: str,
+        what: str,
+        *,
+        left: str = _LEFT,
+    ) -> _T:
+        """`_retrying` once `call` failed with `failed`: raise it, or try again after a wait.
+
+        The hot paths make their store call themselves and come here only when it failed,
+        so a call that goes through costs nothing more.
+        """
+        if not transient(failed):
+            raise failed
         retry = self.store_retry
-        waits = retry.delays()
-        for attempt in range(retry.attempts):
+        for attempt, wait in enumerate(retry.delays(), 1):
+            _log.warning(
+                "handrail engine %s: session %r: the store failed to %s (%s: %s); "
+                "trying again in %g s (%d/%d)",
+                self.lease_owner,
+                session_id,
+                what,
+                type(failed).__name__,
+                failed,
+                wait,
+                attempt,
+                retry.attempts,
+            )
+            await retry.sleep(wait)
             try:
                 return await call()
             except Exception as error:
                 if not transient(error):
                     raise
-                if attempt == len(waits):
-                    raise StoreUnavailableError(
-                        f"Session {session_id!r}: the session store did not answer (to "
-                        f"{what}) after {retry.attempts} attempt(s); last: "
-                        f"{type(error).__name__}: {error}. {left}",
-                        session_id=session_id,
-                        attempts=retry.attempts,
-                    ) from error
-                _log.warning(
-                    "handrail engine %s: session %r: the store failed to %s (%s: %s); "
-                    "trying again in %g s (%d/%d)",
-                    self.lease_owner,
-                    session_id,
-                    what,
-                    type(error).__name__,
-                    error,
-                    waits[attempt],
-                    attempt + 1,
-                    retry.attempts,
-                )
-                await retry.sleep(waits[attempt])
-        raise AssertionError("unreachable")  # pragma: no cover
+                failed = error
+        raise StoreUnavailableError(
+            f"Session {session_id!r}: the session store did not answer (to {what}) after "
+            f"{retry.attempts} attempt(s); last: {type(failed).__name__}: {failed}. {left}",
+            session_id=session_id,
+            attempts=retry.attempts,
+        ) from failed
 
 
 def _not_found(
@@ -1323,14 +1357,17 @@ class _SessionJournal:
         # a process that lost it to another never starts one.
         engine, session_id = self.engine, self.record.id
         await engine._check_lease(session_id)
-        # Made again after a lost reply, it finds its entry and keeps it (returns False).
-        await engine._retrying(
-            lambda: engine.store.log_started(
-                session_id, log_id, key=key, tool=part.name, args=part.args
-            ),
-            session_id,
-            f"log the start of call {log_id!r}",
-        )
+        store, name, args = engine.store, part.name, part.args
+        try:
+            await store.log_started(session_id, log_id, key=key, tool=name, args=args)
+        except Exception as error:
+            # Made again after a lost reply, it finds its entry and keeps it (returns False).
+            await engine._retry(
+                error,
+                lambda: store.log_started(session_id, log_id, key=key, tool=name, args=args),
+                session_id,
+                f"log the start of call {log_id!r}",
+            )
         self.started_at[log_id] = engine.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
@@ -1345,11 +1382,15 @@ class _SessionJournal:
         # The audit entry goes with the result, in its transaction (a repeated result: neither),
         # so made again after a lost reply, it writes nothing twice.
         store, logged = self.engine.store, result_record(result)
-        await self.engine._retrying(
-            lambda: store.log_finished(record.id, log_id, logged, audit=entry),
-            record.id,
-            f"log the result of call {log_id!r}",
-        )
+        try:
+            await store.log_finished(record.id, log_id, logged, audit=entry)
+        except Exception as error:
+            await self.engine._retry(
+                error,
+                lambda: store.log_finished(record.id, log_id, logged, audit=entry),
+                record.id,
+                f"log the result of call {log_id!r}",
+            )
 
 
 _STATUS: dict[str, SessionStatus] = {
