@@ -6,6 +6,9 @@ any method) until `down_for` calls have failed in all: an outage that starts at 
 `down_for=1` is a blip (a dropped connection the next call does not see); a `down_for`
 longer than the engine's retries is a store that stays away.
 
+With `only_method=True` the outage fails the calls of that method alone (the others go
+through), for a fault of one kind of call.
+
 With `lost_reply=True` the first failing call reaches the store first (its write is made)
 and only its answer is lost: the error comes after the effect, as when a connection drops
 between the commit and the reply.
@@ -71,6 +74,7 @@ class FlakyStore:
         down_for: int = 1,
         error: Callable[[str], Exception] = unavailable,
         lost_reply: bool = False,
+        only_method: bool = False,
     ) -> None:
         unknown = set(fail or {}) - METHODS
         if unknown:
@@ -80,6 +84,8 @@ class FlakyStore:
         self.down_for = down_for
         self.error = error
         self.lost_reply = lost_reply
+        self.only_method = only_method
+        self._failing: str | None = None  # the method whose call started the outage
         self.calls: collections.Counter[str] = collections.Counter()
         self.failed: list[str] = []
         self._down = 0  # calls still to fail in the outage under way
@@ -93,8 +99,8 @@ class FlakyStore:
             self.calls[name] += 1
             first = False
             if not self._down and self.calls[name] in self.fail.get(name, ()):
-                self._down, first = self.down_for, True
-            if not self._down:
+                self._down, first, self._failing = self.down_for, True, name
+            if not self._down or (self.only_method and name != self._failing):
                 return await attribute(*args, **kwargs)
             self._down -= 1
             self.failed.append(name)

@@ -282,7 +282,12 @@ async def test_a_result_the_store_could_not_log_leaves_the_turn_for_recovery_not
     state = await inspect.session("s1")
     assert state.progress is not None and state.progress.status == "running"
     assert [c.kind for c in state.pending.values()] == ["approval"]  # the refund still waits
-    assert sum(ledger.effects.values()) == 2  # charge and ship ran, once each
+    # The charge ran (its result could not be logged); the ship, whose start could not be
+    # logged in the same outage, never ran.
+    assert sum(ledger.effects.values()) == 1
+    assert {entry.tool: entry.status for entry in await inner.tool_log("s1")} == {
+        "charge": "started"
+    }
 
     # What a worker does: the turn is recovered, and suspends on the refund (and on the
     # charge, whose result was not logged: a person says whether it ran).
@@ -363,7 +368,7 @@ async def test_a_sibling_finishes_its_side_effect_when_another_call_cannot_log_i
             return [call("quick", order="A1"), call("slow", order="A2")]
         return "Done."
 
-    flaky = FlakyStore(inner, fail={"log_finished": [1]}, down_for=ATTEMPTS)
+    flaky = FlakyStore(inner, fail={"log_finished": [1]}, down_for=ATTEMPTS, only_method=True)
     engine = Engine(
         Agent("a", tools=[quick, slow]),
         store=flaky,

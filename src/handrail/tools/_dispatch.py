@@ -362,14 +362,9 @@ class Dispatcher:
 
     async def _execute_all(self, ready: list[_Ready], *, checkpoint: bool) -> AsyncIterator[Event]:
         journal = self.journal
-        if journal is not None:
-            effects = [r for r in ready if r.tool.permission != "read"]
-            if effects and checkpoint:  # the calls on record before any of them may happen
-                await journal.checkpoint()
-            for item in effects:
-                await journal.started(
-                    item.log_id, item.part, idempotency_key(self.state, item.part)
-                )
+        effects = any(r.tool.permission != "read" for r in ready)
+        if journal is not None and checkpoint and effects:
+            await journal.checkpoint()  # the calls on record before any of them may happen
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
@@ -710,6 +705,16 @@ class Dispatcher:
 
     async def _execute_untraced(self, ready: _Ready, emit: Emit) -> None:
         part, tool = ready.part, ready.tool
+        journal = self.journal
+        if journal is not None and tool.permission != "read":
+            # Logged `started` right before it runs: a call the store's absence (or a lost
+            # lease) stops here never ran, and the log says so (no entry), so recovery runs
+            # it rather than asking whether it did.
+            try:
+                await journal.started(ready.log_id, part, idempotency_key(self.state, part))
+            except Exception as fault:  # raised by `_execute_all` once the siblings are done
+                ready.fault = fault
+                return
         begun = time.perf_counter()
         try:
             output = await self._invoke(ready, emit)
