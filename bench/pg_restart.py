@@ -35,6 +35,7 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import logging
 import os
 import random
 import secrets
@@ -130,6 +131,9 @@ async def open_store(schema: str) -> Any:
 async def role_worker(schema: str, ledger: str, worker_id: str) -> None:
     from handrail import Worker
 
+    log = Path(ledger).with_name(f"{worker_id}.log")
+    logging.basicConfig(filename=log, level=logging.WARNING, format="%(name)s %(message)s")
+
     store = await open_store(schema)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -203,6 +207,30 @@ def start_worker(schema: str, ledger: str, worker_id: str) -> subprocess.Popen[s
     )
 
 
+SIGNS = {
+    "store call retried": "trying again in",
+    "recovering a cut-off turn": "recovering session",
+    "wake-ups lost, subscribed again": "lost the store's wake-ups",
+    "sweep failed": "a sweep failed",
+}
+"""What the engines' and workers' log lines say, by kind (the parked sessions apart)."""
+
+
+def logged(workdir: Path) -> collections.Counter[str]:
+    """What the processes' logs say happened, counted by kind."""
+    found: collections.Counter[str] = collections.Counter()
+    for path in workdir.glob("*.log"):
+        for line in path.read_text().splitlines():
+            if line.startswith("handrail.worker") and "time(s) in a row" in line:
+                found["session parked (back-off)"] += 1
+                continue
+            for kind, sign in SIGNS.items():
+                if line.startswith("handrail.") and sign in line:
+                    found[kind] += 1
+                    break
+    return found
+
+
 def restart(cluster: list[str]) -> float:
     began = time.monotonic()
     subprocess.run(
@@ -221,6 +249,9 @@ async def main(args: argparse.Namespace) -> int:
     ledger = str(workdir / "effects.txt")
     sessions = [f"S{i:03}" for i in range(args.sessions)]
     counts = Counts()
+    logging.basicConfig(
+        filename=workdir / "api.log", level=logging.WARNING, format="%(name)s %(message)s"
+    )
     store = await open_store(schema)  # creates the schema before the workers start
     engine = build(store, ledger, "api")
     workers = [start_worker(schema, ledger, f"w{i}") for i in range(args.workers)]
@@ -277,6 +308,7 @@ async def main(args: argparse.Namespace) -> int:
         print(f"statuses: {dict(statuses)}")
         print(f"effects: {sum(effects.values())} lines for {3 * len(sessions)} calls")
         print(f"this process: {dict(counts)}")
+        print(f"logged by the workers and this process: {dict(logged(workdir))}")
         print(f"violations: {len(failures)}")
         for failure in failures[:20]:
             print(f"  {failure}")

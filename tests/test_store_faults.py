@@ -323,6 +323,23 @@ async def test_a_fault_once_is_retried_and_the_turn_goes_on_as_if_nothing_happen
     await check_settled(engine_for(inner, [], ledger), "s1", ledger)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionResetError("reset by peer"), TimeoutError("the store took too long")],
+    ids=["connection-reset", "timeout"],
+)
+async def test_a_store_of_ones_own_that_loses_its_connection_is_retried_too(error: Exception):
+    inner, ledger = MemoryStore(), Ledger()
+    flaky = FlakyStore(inner, fail={"log_finished": [1], "save": [3]}, error=lambda _: error)
+    engine = engine_for(flaky, SCENARIOS["ungated-sequential"], ledger)
+
+    events = await drain(engine.submit("s1", "go"))
+
+    assert events[-1].type == "run-completed"
+    assert flaky.failed == ["log_finished", "save"]
+    await check_settled(engine_for(inner, [], ledger), "s1", ledger)
+
+
 @pytest.mark.parametrize("method", ["save", "log_started", "log_finished"])
 async def test_a_write_made_whose_answer_was_lost_is_not_made_twice(method: str):
     # The connection dropped between the commit and the reply: the retry finds the write
