@@ -589,6 +589,18 @@ async def test_the_events_of_an_advance_the_store_cannot_log_are_retried_then_re
     await check_settled(engine_for(inner, [], ledger), "s1", ledger)
 
 
+async def test_a_drained_turn_whose_events_the_store_fails_once_logs_them_all():
+    inner, ledger = MemoryStore(), Ledger()
+    flaky = FlakyStore(inner, fail={"append_events": [1]})
+    engine = engine_for(flaky, SCENARIOS["ungated-parallel"], ledger)
+
+    result = await engine.drain("s1", engine.submit("s1", "go"))
+
+    assert result.outcome == "completed" and flaky.failed == ["append_events"]
+    logged = [event["type"] for _, event in await inner.events("s1")]
+    assert logged[0] == "run-started" and logged[-1] == "run-completed"
+
+
 async def test_a_sqlite_database_another_process_locks_is_waited_for_then_written(
     tmp_path: Path,
 ):

@@ -333,12 +333,7 @@ class Engine:
         )
         events = [EVENT.dump_python(event, mode="json") async for event in run]
         if events:
-            await self._retrying(
-                lambda: self.log_events(session_id, events),
-                session_id,
-                "log the turn's events",
-                left="The turn went as far as it could; its events are not in the event log.",
-            )
+            await self._log_turn(session_id, events)
         return run._result
 
     async def run_headless(
@@ -646,10 +641,19 @@ class Engine:
         can still read or stream them (`GET /sessions/{id}/events`). `Worker` and
         `recover_stale` drive turns this way.
         """
-        await self.log_events(
+        await self._log_turn(
             session_id, [EVENT.dump_python(event, mode="json") async for event in run]
         )
         return run.result
+
+    async def _log_turn(self, session_id: str, events: list[dict[str, Any]]) -> None:
+        """Log a turn's events once it has run, again while the store fails for a moment."""
+        await self._retrying(
+            lambda: self.log_events(session_id, events),
+            session_id,
+            "log the turn's events",
+            left="The turn went as far as it could; its events are not in the event log.",
+        )
 
     async def log_events(
         self, session_id: str, events: list[dict[str, Any]]
