@@ -154,7 +154,9 @@ class Worker:
                 for summary in await self._claim(min(free, self.batch)) if free > 0 else ():
                     self._start(summary.id, group)
                 await self._prune()
-            except Exception:  # the store is away for a moment: the next sweep tries again
+            except StoreUnavailableError as error:  # away for a moment: the next sweep tries
+                _log.warning("handrail worker %s: a sweep failed: %s", self.engine.worker_id, error)
+            except Exception:
                 _log.exception("handrail worker %s: a sweep failed", self.engine.worker_id)
             await asyncio.sleep(self.poll_interval)
 
