@@ -30,8 +30,10 @@ The pipeline never raises for a
 tool's failure: an exception becomes `ToolResult(ok=False)` and the loop goes on. Independent
 calls run in parallel in one `TaskGroup`; `sequential` tools run alone, in the model's order;
 one failure or timeout never sinks the others; results stay in the model's call order. A
-journal that cannot log a call's result (the store stayed away) does not sink the others
-either: the calls of the batch all finish and log theirs, then the batch raises its error.
+side-effecting call is logged `started` right before it runs; a journal that cannot log a
+call's start (it then does not run) or its result (the store stayed away) does not sink the
+others either: the calls of the batch all finish and log theirs, then the batch raises the
+journal's error.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class _Ready:
         self.log_id = part.id  # the attempt's id in the tool-call log (a retry has its own)
         self.answer: ApprovalCardPart | None = None  # the answered question, on a rerun
         self.asked: str | None = None  # the question it raised (`AskPerson`) as it ran
-        self.fault: Exception | None = None  # the journal could not log its result
+        self.fault: Exception | None = None  # the journal could not log its start or result
 
 
 class Dispatcher:
