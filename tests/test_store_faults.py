@@ -245,7 +245,7 @@ async def open_store(kind: str, tmp_path: Path) -> AsyncIterator[SessionStore]:
         from handrail.store import PostgresStore
 
         schema = "handrail_faults"
-        store = await PostgresStore.connect(PG_DSN, schema=f"{schema}_{tmp_path.name}"[:60])
+        store = await PostgresStore.connect(PG_DSN, schema=f"{schema}_{tmp_path.name}"[:54])
         await empty_pg_schema(store.schema)
     try:
         yield store
@@ -646,7 +646,7 @@ async def test_postgres_connections_terminated_mid_turn_are_replaced_and_the_tur
 
     from handrail.store import PostgresStore
 
-    name = f"handrail_faults_{tmp_path.name}"[:60]  # this test's connections, and no others
+    name = f"handrail_faults_{tmp_path.name}"[:54]  # this test's connections, and no others
     ledger, terminated = Ledger(), []
     store = await PostgresStore.connect(
         f"{PG_DSN}?application_name={name}", schema=name, pool_size=2
