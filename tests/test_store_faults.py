@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -244,8 +245,8 @@ async def open_store(kind: str, tmp_path: Path) -> AsyncIterator[SessionStore]:
         skip_without_postgres()
         from handrail.store import PostgresStore
 
-        schema = "handrail_faults"
-        store = await PostgresStore.connect(PG_DSN, schema=f"{schema}_{tmp_path.name}"[:54])
+        schema = f"faults_{secrets.token_hex(4)}_{tmp_path.name}"[:54]  # its own, always
+        store = await PostgresStore.connect(PG_DSN, schema=schema)
         await empty_pg_schema(store.schema)
     try:
         yield store
@@ -646,7 +647,7 @@ async def test_postgres_connections_terminated_mid_turn_are_replaced_and_the_tur
 
     from handrail.store import PostgresStore
 
-    name = f"handrail_faults_{tmp_path.name}"[:54]  # this test's connections, and no others
+    name = f"faults_{secrets.token_hex(4)}_{tmp_path.name}"[:54]  # its connections, no others
     ledger, terminated = Ledger(), []
     store = await PostgresStore.connect(
         f"{PG_DSN}?application_name={name}", schema=name, pool_size=2
