@@ -68,9 +68,11 @@ from .exceptions import (
     SessionNotFoundError,
     StaleResolutionError,
     StoreError,
+    StoreUnavailableError,
     ToolDefinitionError,
     TurnCutOffError,
     TurnSuspendedError,
+    UnsettledSaveError,
     UserError,
 )
 from .messages import (
@@ -187,6 +189,7 @@ __all__ = [
     "SqliteStore",
     "StaleResolutionError",
     "StoreError",
+    "StoreUnavailableError",
     "TextDelta",
     "TextPart",
     "Tool",
@@ -201,6 +204,7 @@ __all__ = [
     "ToolResult",
     "TurnCutOffError",
     "TurnSuspendedError",
+    "UnsettledSaveError",
     "Usage",
     "UsageEvent",
     "UserError",

@@ -31,7 +31,7 @@ from ._loop import (
 )
 from .domain import RouteDecision, Router
 from .events import AgentCompleted, Event, RunCompleted, RunFailed, RunStarted, RunSuspended
-from .exceptions import ModelError, TurnCutOffError, TurnSuspendedError, UserError
+from .exceptions import ModelError, StoreError, TurnCutOffError, TurnSuspendedError, UserError
 from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Model
 from .recovery import Journal
@@ -265,9 +265,18 @@ async def _steps(
             if result.outcome != "completed":
                 break
     except Exception as exc:
+        error = _leaf(exc)
+        if journal is not None and isinstance(error, StoreError):
+            # The journal could not record a step (after its retries): the turn stops here as
+            # a crash here would stop it. Nothing more is written (a `failed` save would
+            # strand the calls in flight and the cards that wait); the stored turn is
+            # recovered later, and the caller is told why.
+            if error is exc:
+                raise
+            raise error from exc
         state.end_turn()  # it failed
         run._result = AgentResult(
-            outcome="failed", state=state, error=f"{type(exc).__name__}: {exc}"
+            outcome="failed", state=state, error=f"{type(error).__name__}: {error}"
         )
         yield RunFailed(reason="error", error=run._result.error)
         return
@@ -290,6 +299,13 @@ async def _steps(
         yield RunFailed(reason="max-iterations", error=result.error)
     else:  # the loop itself only ends completed, suspended or interrupted; errors raise
         yield RunFailed(reason="interrupted", error="the run was interrupted")
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The error that happened, not a group wrapping it (a task group's): its first."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
 
 
 def _start(

@@ -20,9 +20,9 @@ import dataclasses
 import logging
 import os
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from pydantic import ValidationError
 
@@ -49,6 +49,7 @@ from .exceptions import (
     SessionCorruptError,
     SessionNotFoundError,
     StoreError,
+    StoreUnavailableError,
     UserError,
 )
 from .inbox import Inbox, PendingCard, PendingPage, deciding_tools
@@ -74,13 +75,81 @@ from .suspension import (
 )
 from .tools._dispatch import Dispatcher, completed_event
 
-__all__ = ["Domain", "Engine", "PendingCard", "PendingPage", "Resolution"]
+__all__ = [
+    "Domain",
+    "Engine",
+    "PendingCard",
+    "PendingPage",
+    "Resolution",
+    "StoreRetry",
+    "transient",
+]
 
 _log = logging.getLogger("handrail.engine")
 
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
 """What a worker passes over: another worker got to the session first, or it went."""
+_T = TypeVar("_T")
+
+_LEFT = (
+    "The turn is left as a crash at this point leaves it: nothing stored is lost, and "
+    "engine.advance(session_id) (or a Worker, by itself) finishes it once the store answers "
+    "again."
+)
+"""What a `StoreUnavailableError` from a turn says was left."""
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a store call that raised `error` may go through if made again.
+
+    A `StoreUnavailableError` (what the stores raise for a lost or refused connection, a
+    pool with no connection to give, a SQLite database locked past `busy_timeout`), and a
+    `ConnectionError` or `TimeoutError` from a store of one's own. Never a `ConflictError`, a
+    refused save or an unreadable row: the same call would fail the same way.
+    """
+    if isinstance(error, StoreUnavailableError):
+        return True
+    return isinstance(error, ConnectionError | TimeoutError) and not isinstance(error, StoreError)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreRetry:
+    """How an engine retries a store call that failed for a moment (see `transient`).
+
+    A call is made up to `attempts` times in all, waiting `delay` seconds after the first
+    failure and twice as long after each next one, at most `max_delay`: by default 6 attempts
+    over about 3 s, enough for a dropped connection, a busy database, or a PostgreSQL
+    restart. When the store stays away, the turn is left as a crash at that point leaves it,
+    for `Engine.advance` or a `Worker` to finish (durability.md, "What a store fault does").
+
+    Args:
+        attempts: tries in all, the first one included (1: never retry).
+        delay: seconds to wait after the first failure.
+        max_delay: the longest wait between two tries.
+        sleep: how to wait (`asyncio.sleep`; a test passes one that returns at once).
+    """
+
+    attempts: int = 6
+    delay: float = 0.1
+    max_delay: float = 2.0
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or not self.delay >= 0 or not self.max_delay >= self.delay:
+            raise UserError(
+                f"StoreRetry(attempts={self.attempts!r}, delay={self.delay!r}, "
+                f"max_delay={self.max_delay!r}): attempts must be at least 1, and "
+                f"0 <= delay <= max_delay."
+            )
+
+    def delays(self) -> list[float]:
+        """The waits between the tries, in order (one fewer than `attempts`)."""
+        waits, delay = [], self.delay
+        for _ in range(self.attempts - 1):
+            waits.append(delay)
+            delay = min(delay * 2, self.max_delay)
+        return waits
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,6 +188,8 @@ class Engine:
         mode: `live`, or `mock` for evals and tests (see `build_runtime`).
         model: the default model for agents that name none (over `runtime.model`).
         wrap_tools: replaces tools with mocks or wrappers (see `build_runtime`).
+        store_retry: how a store call that failed for a moment is retried (`StoreRetry`);
+            when the store stays away, the turn is left for recovery, as a crash leaves it.
     """
 
     def __init__(
@@ -132,6 +203,7 @@ class Engine:
         mode: Mode = "live",
         model: Model | str | None = None,
         wrap_tools: WrapTools | None = None,
+        store_retry: StoreRetry | None = None,
     ) -> None:
         if not lease_ttl > 0:
             raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
@@ -150,6 +222,7 @@ class Engine:
         self.lease_owner = f"{self.worker_id}#{token_hex(6)[: INCARNATION - 1]}"
         """This process's name on the leases it holds: its worker id and its incarnation."""
         self.lease_ttl = lease_ttl
+        self.store_retry = store_retry if store_retry is not None else StoreRetry()
         self._lost: set[str] = set()  # sessions whose lease another process took over
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
@@ -261,7 +334,7 @@ class Engine:
         )
         events = [EVENT.dump_python(event, mode="json") async for event in run]
         if events:
-            await self.log_events(session_id, events)
+            await self._log_turn(session_id, events)
         return run._result
 
     async def run_headless(
@@ -512,7 +585,10 @@ class Engine:
         yield RunStarted(run_id=state.run_id, session_id=state.session_id)
         state.progress.status = "running"  # a crash from here on is recovered from the log
         await self._save(record, state, "active")
-        logged = {e.tool_call_id: e for e in await self.store.tool_log(record.id)}
+        entries = await self._retrying(
+            lambda: self.store.tool_log(record.id), record.id, "read the tool-call log"
+        )
+        logged = {e.tool_call_id: e for e in entries}
         tools = self.domain.tools()
         dispatcher = Dispatcher(
             tools, state, self.runtime, "apply", journal=_SessionJournal(self, record, state)
@@ -554,7 +630,9 @@ class Engine:
         if not progress.message_id:
             return []  # cut off before any call was dispatched: nothing ran
         message = state.find_message(progress.message_id)  # a scratch agent's, maybe
-        log = await self.store.tool_log(session_id)
+        log = await self._retrying(
+            lambda: self.store.tool_log(session_id), session_id, "read the tool-call log"
+        )
         return reconcile(state, message, log, agent.tools, now=self.runtime.clock())
 
     async def drain(self, session_id: str, run: AgentRun[Any]) -> AgentResult[Any]:
@@ -564,10 +642,19 @@ class Engine:
         can still read or stream them (`GET /sessions/{id}/events`). `Worker` and
         `recover_stale` drive turns this way.
         """
-        await self.log_events(
+        await self._log_turn(
             session_id, [EVENT.dump_python(event, mode="json") async for event in run]
         )
         return run.result
+
+    async def _log_turn(self, session_id: str, events: list[dict[str, Any]]) -> None:
+        """Log a turn's events once it has run, again while the store fails for a moment."""
+        await self._retrying(
+            lambda: self.log_events(session_id, events),
+            session_id,
+            "log the turn's events",
+            left="The turn went as far as it could; its events are not in the event log.",
+        )
 
     async def log_events(
         self, session_id: str, events: list[dict[str, Any]]
@@ -917,7 +1004,16 @@ class Engine:
         trip to the store with the lease where the store can (`lease_and_load`).
         """
         store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
-        held, loaded = await lease_and_load(store, session_id, owner, ttl)
+        try:
+            held, loaded = await lease_and_load(store, session_id, owner, ttl)
+        except Exception as error:
+            held, loaded = await self._retry(
+                error,
+                lambda: lease_and_load(store, session_id, owner, ttl),
+                session_id,
+                "take the session's lease and load it",
+                left="Nothing was done: try again once the store answers.",
+            )
         if not held:
             raise SessionBusyError(
                 f"Session {session_id!r} is being driven by another worker right now; wait "
@@ -938,7 +1034,21 @@ class Engine:
 
         async def renew() -> None:
             nonlocal timer
-            if await store.acquire_lease(session_id, owner, ttl):
+            try:
+                renewed = await store.acquire_lease(session_id, owner, ttl)
+            except Exception as error:  # the store is away: try again soon, the lease holds
+                _log.warning(
+                    "handrail engine %s: renewing the lease on session %r failed (%s: %s); "
+                    "trying again",
+                    owner,
+                    session_id,
+                    type(error).__name__,
+                    error,
+                )
+                if holding:
+                    timer = loop.call_later(ttl / 10, due)
+                return
+            if renewed:
                 if holding:
                     timer = loop.call_later(ttl / 3, due)
             else:
@@ -953,7 +1063,21 @@ class Engine:
             if renewal is not None:
                 renewal.cancel()
                 await asyncio.wait([renewal])
-            await store.release_lease(session_id, owner)
+            try:
+                try:
+                    await store.release_lease(session_id, owner)
+                except Exception as error:
+                    release = lambda: store.release_lease(session_id, owner)  # noqa: E731
+                    await self._retry(error, release, session_id, "release the lease")
+            except Exception as error:  # it lapses after `lease_ttl`, as a dead worker's does
+                _log.warning(
+                    "handrail engine %s: could not release the lease on session %r (%s); it "
+                    "lapses in %g s",
+                    owner,
+                    session_id,
+                    error,
+                    ttl,
+                )
 
     def _lose(self, session_id: str) -> None:
         """Another process took this session's lease (`reclaim`): stop, and write nothing more.
@@ -971,9 +1095,19 @@ class Engine:
 
     async def _check_lease(self, session_id: str) -> None:
         """Refuse to act for a session whose lease this process no longer holds."""
-        if session_id in self._lost or not await self.store.acquire_lease(
-            session_id, self.lease_owner, self.lease_ttl
-        ):
+        if session_id in self._lost:
+            raise self._lost_lease(session_id)
+        store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
+        try:
+            held = await store.acquire_lease(session_id, owner, ttl)
+        except Exception as error:
+            held = await self._retry(
+                error,
+                lambda: store.acquire_lease(session_id, owner, ttl),
+                session_id,
+                "check the lease before a side effect",
+            )
+        if not held:
             self._lost.add(session_id)
             raise self._lost_lease(session_id)
 
@@ -1067,12 +1201,95 @@ class Engine:
         record.status = status
         record.expires_at = self._needs_worker(state)
         try:
-            saved = await self.store.save(record)
+            try:
+                saved = await self.store.save(record)
+            except Exception as error:
+                again = lambda: self._save_again(record)  # noqa: E731
+                saved = await self._retry(error, again, record.id, "save the session")
         finally:
             record.messages = []
         record.version = saved.version
         state.mark_saved()
         return saved
+
+    async def _save_again(self, record: SessionRecord) -> SessionRecord:
+        """`store.save(record)` once more, after a try that failed for a moment.
+
+        That try may have been written all the same, its answer lost on the way (a connection
+        that dropped after the commit): a conflict with a write that is exactly this one (the
+        version one past, the same status and document) is this save, made.
+        """
+        try:
+            return await self.store.save(record)
+        except ConflictError:
+            stored = await self.store.load(record.id)
+            if stored is not None and _same_save(stored, record):
+                return stored
+            raise
+
+    async def _retrying(
+        self,
+        call: Callable[[], Awaitable[_T]],
+        session_id: str,
+        what: str,
+        *,
+        left: str = _LEFT,
+    ) -> _T:
+        """Make a store call, again after a back-off while it fails for a moment (`transient`).
+
+        Raises:
+            StoreUnavailableError: it failed every time (`store_retry.attempts`): the message
+                names the session, what was being done and what was left.
+            StoreError: it failed in a way that trying again cannot mend (not retried).
+        """
+        try:  # the way nearly every call goes: once, at once
+            return await call()
+        except Exception as error:
+            return await self._retry(error, call, session_id, what, left=left)
+
+    async def _retry(
+        self,
+        failed: Exception,
+        call: Callable[[], Awaitable[_T]],
+        session_id: str,
+        what: str,
+        *,
+        left: str = _LEFT,
+    ) -> _T:
+        """`_retrying` once `call` failed with `failed`: raise it, or try again after a wait.
+
+        The hot paths make their store call themselves and come here only when it failed,
+        so a call that goes through costs nothing more.
+        """
+        if not transient(failed):
+            raise failed
+        retry = self.store_retry
+        for attempt, wait in enumerate(retry.delays(), 1):
+            _log.warning(
+                "handrail engine %s: session %r: the store failed to %s (%s: %s); "
+                "trying again in %g s (%d/%d)",
+                self.lease_owner,
+                session_id,
+                what,
+                type(failed).__name__,
+                failed,
+                wait,
+                attempt,
+                retry.attempts,
+            )
+            await retry.sleep(wait)
+            try:
+                return await call()
+            except Exception as error:
+                if not transient(error):
+                    raise
+                failed = error
+        raise StoreUnavailableError(
+            f"Session {session_id!r}: the session store did not answer (to {what}) after "
+            f"{retry.attempts} attempt(s); last: {type(failed).__name__}: {failed}. {left}",
+            session_id=session_id,
+            attempts=retry.attempts,
+        ) from failed
 
 
 def _not_found(
@@ -1096,6 +1313,12 @@ def _not_found(
         f"same ones to submit, resolve, resume and session.",
         session_id=session_id,
     )
+
+
+def _same_save(stored: SessionRecord, record: SessionRecord) -> bool:
+    """Whether `stored` is `record`'s save (made, though its answer was lost)."""
+    same = stored.version == record.version + 1 and stored.status == record.status
+    return same and stored.data == record.data
 
 
 def _decode(record: SessionRecord) -> RunState:
@@ -1137,11 +1360,20 @@ class _SessionJournal:
     async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
         # The lease is checked (and renewed) at the store right before each side effect:
         # a process that lost it to another never starts one.
-        await self.engine._check_lease(self.record.id)
-        await self.engine.store.log_started(
-            self.record.id, log_id, key=key, tool=part.name, args=part.args
-        )
-        self.started_at[log_id] = self.engine.runtime.clock()
+        engine, session_id = self.engine, self.record.id
+        await engine._check_lease(session_id)
+        store, name, args = engine.store, part.name, part.args
+        try:
+            await store.log_started(session_id, log_id, key=key, tool=name, args=args)
+        except Exception as error:
+            # Made again after a lost reply, it finds its entry and keeps it (returns False).
+            await engine._retry(
+                error,
+                lambda: store.log_started(session_id, log_id, key=key, tool=name, args=args),
+                session_id,
+                f"log the start of call {log_id!r}",
+            )
+        self.started_at[log_id] = engine.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
         record, now = self.record, self.engine.runtime.clock()
@@ -1152,8 +1384,18 @@ class _SessionJournal:
             args_digest=args_digest(part.name, part.args),
             latency_ms=None if started is None else round((now - started) * 1000, 3),
         )  # fmt: skip
-        # The audit entry goes with the result, in its transaction (a repeated result: neither).
-        await self.engine.store.log_finished(record.id, log_id, result_record(result), audit=entry)
+        # The audit entry goes with the result, in its transaction (a repeated result: neither),
+        # so made again after a lost reply, it writes nothing twice.
+        store, logged = self.engine.store, result_record(result)
+        try:
+            await store.log_finished(record.id, log_id, logged, audit=entry)
+        except Exception as error:
+            await self.engine._retry(
+                error,
+                lambda: store.log_finished(record.id, log_id, logged, audit=entry),
+                record.id,
+                f"log the result of call {log_id!r}",
+            )
 
 
 _STATUS: dict[str, SessionStatus] = {

@@ -23,7 +23,9 @@ HandrailError
 │   ├── MaxIterationsError     (reserved) an iteration cap was hit where no message can say so
 │   └── StoreError             a session store failed, or holds something it cannot read
 │       ├── ConflictError      a stale save: someone else saved the session first
-│       └── SessionCorruptError  a stored session that cannot be read (left as it is)
+│       ├── SessionCorruptError  a stored session that cannot be read (left as it is)
+│       ├── StoreUnavailableError  the store could not be reached, or was busy: worth retrying
+│       └── UnsettledSaveError   a save that would end a session while calls still wait
 └── DocumentError              handrail.documents could not ingest, embed or index
     ├── DocumentLoadError      a file that is unsupported or unreadable (names the file)
     └── DocumentIndexError     the embedder or the index failed, or holds what it cannot use
@@ -71,9 +73,11 @@ __all__ = [
     "SessionNotFoundError",
     "StaleResolutionError",
     "StoreError",
+    "StoreUnavailableError",
     "ToolDefinitionError",
     "TurnCutOffError",
     "TurnSuspendedError",
+    "UnsettledSaveError",
     "UserError",
 ]
 
@@ -383,6 +387,62 @@ class SessionCorruptError(StoreError):
     The row is left as it is. The message names the session and the fix: restore it from a
     backup or an export, or delete it (deleting never needs to read it).
     """
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached, or was too busy to answer: the same call may work later.
+
+    A dropped or refused connection (PostgreSQL's `OperationalError`: a restart, a network
+    cut, a terminated backend, an exhausted pool), or a SQLite database locked by another
+    process past `busy_timeout`. The stores raise it for exactly these (a refused save, a
+    `ConflictError`, an unreadable row are other `StoreError`s, never retried).
+
+    An `Engine` retries it with a back-off (`Engine(store_retry=...)`); when the store stays
+    away, the turn is left as a crash at that point leaves it, and this error (naming the
+    session) reaches the caller: `engine.advance` (or a `Worker`) finishes the turn once the
+    store answers again (see durability.md, "What a store fault does").
+
+    Attributes:
+        session_id: the session concerned, when there is one.
+        attempts: how many times the engine tried before giving up (1: not retried).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        attempts: int = 1,
+        state: Any = None,
+    ) -> None:
+        super().__init__(message, session_id=session_id, state=state)
+        self.attempts = attempts
+
+
+class UnsettledSaveError(StoreError):
+    """A save refused: it would mark a session `completed` or `failed` while calls still wait.
+
+    A session's undecided cards (approvals, answers, client calls, recovery cards) are calls
+    somebody must still settle; a finished session is never driven again, so they would be
+    stranded. Nothing was written. It is an engine's bug (or a hand-made record): save the
+    session `suspended` (or `active`, for a turn left for recovery) until its cards are
+    decided.
+
+    Attributes:
+        session_id: the session that was saved.
+        status: the status the save asked for.
+        pending: the tool call ids of the undecided cards.
+    """
+
+    def __init__(self, session_id: str, *, status: str, pending: tuple[str, ...]) -> None:
+        super().__init__(
+            f"Session {session_id!r} cannot be saved {status!r}: call(s) {', '.join(pending)} "
+            f"still wait for a decision (undecided cards), and a {status} session is never "
+            f"driven again. Nothing was written: save it 'suspended' until they are decided.",
+            session_id=session_id,
+        )
+        self.status = status
+        self.pending = pending
 
 
 class ConflictError(StoreError):

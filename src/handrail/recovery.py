@@ -47,6 +47,10 @@ class Journal(Protocol):
     """Where a run records what it is about to do, so that a crash loses nothing.
 
     The engine provides one per run; a run without one (a bare `Agent.run`) keeps no journal.
+    A journal that cannot record (its store stayed away, past its retries) raises a
+    `StoreError`: the run then stops right there, as a crash there would stop it, and is
+    recovered from what was recorded. The calls of a parallel batch finish first, each
+    logging its own result: one call's failed record never cuts another call short.
     """
 
     async def checkpoint(self) -> None:

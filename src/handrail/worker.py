@@ -24,11 +24,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import sys
 import time
 from typing import Any
 
-from .engine import SKIPPED, Engine
-from .exceptions import UserError
+from .engine import SKIPPED, Engine, transient
+from .exceptions import StoreUnavailableError, UserError
 
 __all__ = ["Worker"]
 
@@ -153,7 +154,9 @@ class Worker:
                 for summary in await self._claim(min(free, self.batch)) if free > 0 else ():
                     self._start(summary.id, group)
                 await self._prune()
-            except Exception:  # the store is away for a moment: the next sweep tries again
+            except StoreUnavailableError as error:  # away for a moment: the next sweep tries
+                _log.warning("handrail worker %s: a sweep failed: %s", self.engine.worker_id, error)
+            except Exception:
                 _log.exception("handrail worker %s: a sweep failed", self.engine.worker_id)
             await asyncio.sleep(self.poll_interval)
 
@@ -170,8 +173,45 @@ class Worker:
             )
 
     async def _listen(self, wakeups: Any, group: asyncio.TaskGroup) -> None:
-        async for session_id in wakeups:
-            self._start(session_id, group)
+        """Drive the sessions wake-ups name; subscribe again when the store drops them.
+
+        A lost subscription (a PostgreSQL restart) must not stop the worker, nor the turns it
+        drives: the sweeps go on meanwhile, and a new subscription is tried after a back-off.
+        Iteration that ends (the store was closed) ends the worker.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            while True:
+                try:
+                    async for session_id in wakeups:
+                        self._start(session_id, group)
+                    return
+                except Exception as error:
+                    if not transient(error):
+                        raise
+                    _log.warning(
+                        "handrail worker %s: lost the store's wake-ups (%s); sweeping meanwhile",
+                        self.engine.worker_id,
+                        error,
+                    )
+                wakeups = await self._subscribe_again(stack)
+
+    async def _subscribe_again(self, stack: contextlib.AsyncExitStack) -> Any:
+        """A new subscription to the store's wake-ups, tried with a back-off until it works."""
+        wait = self.poll_interval
+        while True:
+            await asyncio.sleep(wait)
+            try:
+                return await stack.enter_async_context(self.engine.store.listen())
+            except Exception as error:
+                if not transient(error):
+                    raise
+                wait = min(self.max_backoff, wait * 2)
+                _log.warning(
+                    "handrail worker %s: cannot subscribe to wake-ups yet (%s); again in %g s",
+                    self.engine.worker_id,
+                    error,
+                    wait,
+                )
 
     async def _claim(self, limit: int) -> list[Any]:
         """Claim up to `limit` due sessions (their leases are then this worker's)."""
@@ -211,11 +251,15 @@ class Worker:
         """Log a session that failed, and keep every worker off it for a while."""
         failures = self._failures[session_id] = self._failures.get(session_id, 0) + 1
         wait = min(self.max_backoff, self.poll_interval * 2 ** (failures - 1))
-        _log.exception(
-            "handrail worker %s: session %r failed (%d time(s) in a row); trying again in %g s",
+        unavailable = isinstance(sys.exception(), StoreUnavailableError)
+        # The store away is no bug of the session's: the turn was left for recovery, and is
+        # taken up again after the wait (no traceback for what the message says in full).
+        (_log.warning if unavailable else _log.exception)(
+            "handrail worker %s: session %r failed (%d time(s) in a row)%s; trying again in %g s",
             self.engine.worker_id,
             session_id,
             failures,
+            f": {sys.exception()}" if unavailable else "",
             wait,
         )
         engine = self.engine

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..audit import AUDIT_KINDS, GENESIS, AuditEntry, AuditKey, chain
-from ..exceptions import SessionCorruptError, StoreError
+from ..exceptions import SessionCorruptError, StoreError, UnsettledSaveError
 from ._base import SESSION_STATUSES, SessionRecord, SessionSummary, ToolLogEntry
 
 EXPORT_SCHEMA_VERSION = 3
@@ -127,6 +127,47 @@ def check_record(record: SessionRecord) -> None:
     if record.expires_at is not None and not math.isfinite(record.expires_at):
         raise ValueError(f"Session {record.id!r}: expires_at must be a finite number or None")
     check_messages(record)
+
+
+def check_save(record: SessionRecord) -> None:
+    """Refuse, before touching the store, a record that no store keeps: every save's checks.
+
+    Besides `check_record`'s: a session saved `completed` or `failed` while one of its cards
+    is undecided would strand that call (a finished session is never driven again), so the
+    save is refused with an `UnsettledSaveError` naming the session and the calls.
+
+    The cards are looked for where a save writes them: the messages it writes (an engine
+    writes every message that holds a waiting card, `RunState.changed_from`) and the scratch
+    in its document.
+    """
+    check_record(record)
+    if record.status in ("completed", "failed"):
+        pending = _undecided(record)
+        if pending:
+            raise UnsettledSaveError(record.id, status=record.status, pending=tuple(pending))
+
+
+def _undecided(record: SessionRecord) -> list[str]:
+    """The tool call ids of the undecided cards among what `record` writes (as `RunState`)."""
+    messages: list[Any] = list(record.messages)
+    data = record.data
+    if isinstance(data, dict):
+        if isinstance(data.get("messages"), list):  # a state that keeps them inline
+            messages += data["messages"]
+        scratch = data.get("scratch")
+        if isinstance(scratch, dict):
+            messages += [m for kept in scratch.values() if isinstance(kept, list) for m in kept]
+    pending: dict[str, None] = {}
+    for message in messages:
+        parts = message.get("parts") if isinstance(message, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if isinstance(part, dict) and part.get("type") == "approval":
+                call = str(part.get("tool_call_id"))
+                if part.get("decision") is None:
+                    pending[call] = None
+                else:
+                    pending.pop(call, None)
+    return list(pending)
 
 
 def check_messages(record: SessionRecord, stored: int | None = None) -> None:

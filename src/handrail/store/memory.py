@@ -33,7 +33,7 @@ from ._codec import (
     check_messages,
     check_messages_page,
     check_page,
-    check_record,
+    check_save,
     check_status,
     check_ttl,
     decode,
@@ -158,7 +158,7 @@ class MemoryStore:
     async def save(self, record: SessionRecord) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
         self._check_open()
-        check_record(record)
+        check_save(record)
         text = encode(record.id, record.data)
         texts = encode_messages(record.id, record.messages)
         stored = self._sessions.get(record.id)

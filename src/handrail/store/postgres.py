@@ -27,7 +27,13 @@ from ..audit import (
     signing_key,
     warn_unkeyed,
 )
-from ..exceptions import ConflictError, MissingExtraError, SessionNotFoundError, StoreError
+from ..exceptions import (
+    ConflictError,
+    MissingExtraError,
+    SessionNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
 from ._codec import (
     INCARNATION,
@@ -38,7 +44,7 @@ from ._codec import (
     check_messages,
     check_messages_page,
     check_page,
-    check_record,
+    check_save,
     check_status,
     check_ttl,
     decode_audit,
@@ -242,6 +248,7 @@ class PostgresStore:
         self._subscriptions: set[_Subscription[Any]] = set()
         self._unannounced: dict[str, int] = {}  # appends whose notice is not sent yet
         self._announcing: asyncio.Task[None] | None = None
+        self._checking = False  # the pool's idle connections are being checked
 
     cross_process_events = True
     """Whether `listen_events` announces the appends of other processes: yes (NOTIFY)."""
@@ -378,6 +385,17 @@ class PostgresStore:
             async with pool.connection() as connection:
                 yield connection
         except psycopg.Error as error:
+            if isinstance(error, psycopg.OperationalError) and not self._checking:
+                # A connection found dead (a restart, a terminated backend) says its idle
+                # siblings may be dead too: the pool replaces those now, so that the caller's
+                # retry gets a live one instead of the next dead one.
+                self._checking = True
+                try:
+                    await pool.check()
+                except Exception:  # the server is still away: the retry finds out
+                    pass
+                finally:
+                    self._checking = False
             raise self._error(error, session_id) from error
 
     async def _fetch(
@@ -395,7 +413,10 @@ class PostgresStore:
         where = f"session {session_id!r} in " if session_id else ""
         message = f"PostgreSQL store failed on {where}{self.masked_dsn} (schema {self.schema!r})"
         if isinstance(error, psycopg.OperationalError):
-            return StoreError(
+            # The connection went (a restart, a network cut, a terminated backend), the pool
+            # had none to give in time, or a transaction lost a serialization race: the same
+            # call may go through on a fresh connection.
+            return StoreUnavailableError(
                 f"{message}: {error}. Check that the server is running and reachable, and the "
                 f"connection string (dsn=...).",
                 session_id=session_id,
@@ -466,7 +487,7 @@ class PostgresStore:
         one version, the second waits for the first's row lock, then finds the version moved
         and changes nothing.
         """
-        check_record(record)
+        check_save(record)
         params = {
             "id": record.id,
             "org_id": record.org_id,
@@ -1138,7 +1159,7 @@ class _Subscription(Generic[T]):
                 self._queue.put_nowait(self._parse(notification.payload))
         except psycopg.Error as error:
             self._queue.put_nowait(
-                StoreError(
+                StoreUnavailableError(
                     f"Lost the PostgreSQL connection listening for wake-ups "
                     f"({self._store.masked_dsn}): {error}. Subscribe again."
                 )

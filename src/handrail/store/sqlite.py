@@ -33,7 +33,7 @@ from ..audit import (
     signing_key,
     warn_unkeyed,
 )
-from ..exceptions import ConflictError, SessionNotFoundError, StoreError
+from ..exceptions import ConflictError, SessionNotFoundError, StoreError, StoreUnavailableError
 from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
 from ._codec import (
     INCARNATION,
@@ -44,7 +44,7 @@ from ._codec import (
     check_messages,
     check_messages_page,
     check_page,
-    check_record,
+    check_save,
     check_status,
     check_ttl,
     decode_audit,
@@ -359,8 +359,7 @@ class SqliteStore:
             try:
                 return step()
             except sqlite3.OperationalError as error:
-                busy = error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-                if not busy or time.monotonic() >= deadline:
+                if not _busy(error) or time.monotonic() >= deadline:
                     raise
             time.sleep(0.005)
 
@@ -377,9 +376,10 @@ class SqliteStore:
             )
         elif "not a database" in str(error):
             hint = " The file is not a SQLite database: pass another path=."
-        return StoreError(
-            f"SQLite store failed on {where}{self.path!r}: {error}.{hint}", session_id=session_id
-        )
+        message = f"SQLite store failed on {where}{self.path!r}: {error}.{hint}"
+        if _busy(error):  # another process holds the lock: the same write may go through later
+            return StoreUnavailableError(message, session_id=session_id)
+        return StoreError(message, session_id=session_id)
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -409,7 +409,7 @@ class SqliteStore:
 
     async def save(self, record: SessionRecord) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
-        check_record(record)
+        check_save(record)
         # Read everything from `record` here, on the loop: the caller may change it meanwhile.
         session_id, expected = record.id, record.version
         text = encode(session_id, record.data)
@@ -1338,3 +1338,11 @@ _END = 2**62  # past any position
 
 def _nothing(db: sqlite3.Connection) -> None:
     return None
+
+
+def _busy(error: sqlite3.Error) -> bool:
+    """Whether SQLite refused for a lock another connection holds (`SQLITE_BUSY`, `_LOCKED`)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(error, sqlite3.OperationalError) and code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return False

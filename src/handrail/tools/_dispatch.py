@@ -29,7 +29,11 @@ that no longer resolves refuses the call) and checking them against the approved
 The pipeline never raises for a
 tool's failure: an exception becomes `ToolResult(ok=False)` and the loop goes on. Independent
 calls run in parallel in one `TaskGroup`; `sequential` tools run alone, in the model's order;
-one failure or timeout never sinks the others; results stay in the model's call order.
+one failure or timeout never sinks the others; results stay in the model's call order. A
+side-effecting call is logged `started` right before it runs; a journal that cannot log a
+call's start (it then does not run) or its result (the store stayed away) does not sink the
+others either: the calls of the batch all finish and log theirs, then the batch raises the
+journal's error.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ class _Copy:
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("answer", "asked", "key", "kwargs", "log_id", "part", "tool")
+    __slots__ = ("answer", "asked", "fault", "key", "kwargs", "log_id", "part", "tool")
 
     def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
         self.part = part
@@ -113,6 +117,7 @@ class _Ready:
         self.log_id = part.id  # the attempt's id in the tool-call log (a retry has its own)
         self.answer: ApprovalCardPart | None = None  # the answered question, on a rerun
         self.asked: str | None = None  # the question it raised (`AskPerson`) as it ran
+        self.fault: Exception | None = None  # the journal could not log its start or result
 
 
 class Dispatcher:
@@ -359,14 +364,9 @@ class Dispatcher:
 
     async def _execute_all(self, ready: list[_Ready], *, checkpoint: bool) -> AsyncIterator[Event]:
         journal = self.journal
-        if journal is not None:
-            effects = [r for r in ready if r.tool.permission != "read"]
-            if effects and checkpoint:  # the calls on record before any of them may happen
-                await journal.checkpoint()
-            for item in effects:
-                await journal.started(
-                    item.log_id, item.part, idempotency_key(self.state, item.part)
-                )
+        effects = any(r.tool.permission != "read" for r in ready)
+        if journal is not None and checkpoint and effects:
+            await journal.checkpoint()  # the calls on record before any of them may happen
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
@@ -375,6 +375,12 @@ class Dispatcher:
         elif ready:
             async for event in self._execute_many(ready):
                 yield event
+        # A result the journal could not log (the store stayed away) stops the run only now,
+        # once every sibling has finished and logged its own: a call is never cancelled in
+        # the middle of its side effect for another's sake.
+        faults = [item.fault for item in ready if item.fault is not None]
+        if faults:
+            raise faults[0]
 
     # -- steps 1 to 6 ---------------------------------------------------------------------
 
@@ -638,6 +644,8 @@ class Dispatcher:
                             for member in group:
                                 tasks.create_task(self._execute(member, emit))
                         group = []
+                    if any(r.fault is not None for r in ready):
+                        return  # the store is away: start nothing more (as a crash would)
                     if item is not None:
                         await self._execute(item, emit)
             finally:
@@ -699,6 +707,16 @@ class Dispatcher:
 
     async def _execute_untraced(self, ready: _Ready, emit: Emit) -> None:
         part, tool = ready.part, ready.tool
+        journal = self.journal
+        if journal is not None and tool.permission != "read":
+            # Logged `started` right before it runs: a call the store's absence (or a lost
+            # lease) stops here never ran, and the log says so (no entry), so recovery runs
+            # it rather than asking whether it did.
+            try:
+                await journal.started(ready.log_id, part, idempotency_key(self.state, part))
+            except Exception as fault:  # raised by `_execute_all` once the siblings are done
+                ready.fault = fault
+                return
         begun = time.perf_counter()
         try:
             output = await self._invoke(ready, emit)
@@ -721,7 +739,11 @@ class Dispatcher:
         await self._finish(part, tool, result, ready.key)
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
         if self.journal is not None and tool.permission != "read":
-            await self.journal.finished(ready.log_id, part, part.result or result)
+            try:
+                await self.journal.finished(ready.log_id, part, part.result or result)
+            except Exception as fault:  # raised by `_execute_all` once the siblings are done
+                ready.fault = fault
+                return  # not completed on record: the turn's recovery settles it from the log
         emit(completed_event(part))
 
     async def _finish(
