@@ -17,10 +17,13 @@ result that says so. The run suspends. Then, for each pending call, somebody dec
 (`handrail.policy`: roles, four eyes, how many approvals), and records it on the card (who,
 when, the original and the amended arguments, and the digest of the exact arguments approved)
 before anything runs. A call whose policy needs several approvals collects them on its card
-(`approvals`) and stays pending until there are enough; every approval approves the same
-arguments (the first one's amendments, which a later one may repeat but not change). An
-unknown, already decided or expired call raises `StaleResolutionError` and changes nothing, so
-no decision can make a tool run twice. Once nothing is pending, the run resumes: the dispatcher
+(`approvals`) and stays pending until enough people approved the same arguments: every
+approval is of one exact set of arguments (its digest), an amendment is a new proposal whose
+approvals start again, and a decision made on arguments that are no longer the current ones
+(`digest=`, or the proposal when it names none) raises `ArgumentsChangedError`
+(`card_state` says where a card stands, for every surface to show). An unknown, already
+decided or expired call raises `StaleResolutionError` and changes nothing, so no decision can
+make a tool run twice. Once nothing is pending, the run resumes: the dispatcher
 settles the decided calls (an approved call runs only if its arguments still hash to the
 approved digest) and the agent's loop goes on.
 """
@@ -304,7 +307,9 @@ def decide(
         StaleResolutionError: the call is unknown, already decided, or expired.
         InvalidDecisionError: the decision does not fit the card (a kind it does not accept,
             an argument that is not amendable, amended arguments or an answer that do not
-            validate, amendments that differ from an earlier approval's).
+            validate).
+        ArgumentsChangedError: the decision was made on arguments that are no longer the
+            call's current ones (another approver amended them since).
         DecisionNotAllowedError: the policy does not let `decider` make this decision.
     """
     if decider is not None:
@@ -331,9 +336,11 @@ def decide(
     if stale is not None and (decision.digest is not None or not isinstance(decision, Approve)):
         raise stale  # an approval naming no digest may still name exactly the current args
     needed = max((p.approvals for _, p in rules if p is not None), default=1)
+    # What an approval amends: the arguments its digest names (they are the current ones), or
+    # the model's proposal when it names none.
+    base = card.args if decision.digest is None else current_args(card)
     if card.kind == "batch":
         if isinstance(decision, Approve) and needed > 1:
-            base = card.args if decision.digest is None else current_args(card)
             plan = base
             if decision.actions:
                 plan = decide_batch(state, tools, card, decision, base) or base
@@ -359,7 +366,6 @@ def decide(
     output: Any = None
     if isinstance(decision, Approve):
         assert tool is not None
-        base = card.args if decision.digest is None else current_args(card)
         amended = _amend(state, tool, card, base, decision.amended_args)
         approved = amended if amended is not None else base
         if stale is not None and approved != current_args(card):
