@@ -278,10 +278,12 @@ class RunCompleted:
 class RunFailed:
     """The run ended without finishing."""
 
-    reason: Literal["interrupted", "error", "max-iterations"]
-    """Why: `interrupted`, `error` (the model, a store or a hook failed; `error` says how) or
+    reason: Literal["interrupted", "error", "max-iterations", "cut-off"]
+    """Why: `interrupted`, `error` (the model or a hook failed; `error` says how),
     `max-iterations` (an iteration cap was reached before the agents finished: the turn's
-    last message says so to the user)."""
+    last message says so to the user) or `cut-off` (the store stopped answering mid-turn: the
+    turn is left where it was, as a crash leaves it, and a worker finishes it once the store
+    is back; nothing is lost)."""
     error: str | None = None
     """What went wrong, for a person."""
     type: Literal["run-failed"] = "run-failed"

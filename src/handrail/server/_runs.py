@@ -29,7 +29,12 @@ from typing import Any
 from .._loop import AgentRun
 from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
-from ..exceptions import SessionBusyError, SessionNotFoundError, UserError
+from ..exceptions import (
+    SessionBusyError,
+    SessionNotFoundError,
+    StoreUnavailableError,
+    UserError,
+)
 from ..suspension import Decision
 from . import _gc
 from ._auth import Caller
@@ -45,6 +50,12 @@ _SHARE = 8
 _READERS = 2
 """How many streams may read a page of the event log at once."""
 _log = logging.getLogger("handrail.server")
+
+_CUT_OFF = (
+    "The store stopped answering in the middle of this turn. The turn is left where it was, "
+    "as a crash leaves it (nothing that happened is lost), and is finished by a worker once "
+    "the store is back (its events are then logged to this session's event log)."
+)
 
 Logged = tuple[int, dict[str, Any]]
 _WAKE: Logged = (0, {})
@@ -188,8 +199,14 @@ class Runs:
                 return
             # The engine ends a turn with an event; an exception means a store or a bug
             # failed it midway. Say so in the log, so that its streams end.
-            _log.exception("The turn of session %r failed", session_id)
-            failed = RunFailed(reason="error", error="The server failed while running this turn.")
+            if isinstance(error, StoreUnavailableError):  # left for recovery, not failed
+                _log.warning("The turn of session %r was cut off: %s", session_id, error)
+                failed = RunFailed(reason="cut-off", error=_CUT_OFF)
+            else:
+                _log.exception("The turn of session %r failed", session_id)
+                failed = RunFailed(
+                    reason="error", error="The server failed while running this turn."
+                )
             try:
                 await self._append(session_id, EVENT.dump_python(failed, mode="json"))
             except Exception:
