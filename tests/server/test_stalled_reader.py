@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from handrail import Agent, Engine, MemoryStore, Runtime
 from handrail.server import create_app, server_config
@@ -19,6 +17,7 @@ from handrail.testing import FunctionModel
 from .conftest import ANA, authenticator, http_receive, http_scope
 from .test_send_timeout import _Paced, _session
 from .test_slow_reader import RawStream, answer
+from .test_uvicorn import serving as uvicorn_serving
 
 
 async def test_a_stalled_stream_ends_its_task_and_closes_its_connection_without_a_last_write(
@@ -52,20 +51,10 @@ async def test_a_stalled_stream_ends_its_task_and_closes_its_connection_without_
         assert logged[-1][1]["type"] == "run-completed"
 
 
-@contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
+def serving(app: Any) -> contextlib.AbstractAsyncContextManager[str]:
     """`app` under uvicorn as `serve` configures it (its connections' protocol); its URL."""
     config = server_config(app, port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
-            await asyncio.sleep(0.01)
-        (port,) = {s.getsockname()[1] for srv in server.servers for s in srv.sockets}
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    return uvicorn_serving(app, config)
 
 
 async def test_a_reader_stalled_on_a_real_socket_is_cut_off_and_reconnects_for_the_rest(

@@ -16,9 +16,10 @@ from .conftest import ANA, authenticator, frames
 
 
 @contextlib.asynccontextmanager
-async def serving(app: object) -> AsyncIterator[str]:
-    """Serve `app` on 127.0.0.1 at a free port; its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")  # type: ignore[arg-type]
+async def serving(app: object, config: uvicorn.Config | None = None) -> AsyncIterator[str]:
+    """Serve `app` on 127.0.0.1 at a free port (or as `config` says); its base URL."""
+    if config is None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
