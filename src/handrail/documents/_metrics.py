@@ -179,6 +179,9 @@ class Question(_Strict):
     gold: tuple[GoldPassage, ...] = ()
     """The passages it needs: one for `single`, two or more for `multi`, none for
     `unanswerable`."""
+    reworded: bool = False
+    """The answer's passage says it in other words than the question's (few words in
+    common): the case keyword search alone misses. Reports break results down by it."""
 
     @model_validator(mode="after")
     def _gold_fits_kind(self) -> Question:
