@@ -128,7 +128,7 @@ async def part_quality(
     keywords = KeywordIndex.build(chunks)
 
     async def hybrid(query: str, k: int) -> list[Chunk]:
-        found = await library.retrieve(query, top_k=k, min_relevance=0.0, neighbours=False)
+        found = await library.retrieve(query, top_k=k, min_relevance=0.0)
         return [item.chunk for item in found]
 
     async def bm25(query: str, k: int) -> list[Chunk]:

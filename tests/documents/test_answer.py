@@ -174,7 +174,7 @@ def test_the_prompt_numbers_the_excerpts_with_source_page_and_relevance() -> Non
     chunk = Chunk(id="c:0", source="shipping.pdf", text="Express costs 12.50 euros.", index=0,
                   start=0, end=26, page=1, headings=("Shipping",))  # fmt: skip
     evidence = Evidence(chunk=chunk, relevance=0.81, cosine=0.6, keyword_rank=1, dense_rank=1,
-                        fused_rank=1, boosted=False)  # fmt: skip
+                        fused_rank=1, keyword=1.0)  # fmt: skip
     prompt = evidence_prompt("How much is express?", [evidence])
     assert prompt.startswith("Excerpts:\n\n[1] shipping.pdf, page 1, section Shipping")
     assert "(relevance 0.81)\n<excerpt>\nExpress costs 12.50 euros.\n</excerpt>" in prompt

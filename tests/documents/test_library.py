@@ -7,14 +7,14 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fpdf import FPDF
 
 from handrail.documents._decompose import DecompositionCache, SubQuestions, decompose
-from handrail.documents._embed import MiniLMEmbedder, Vectors
+from handrail.documents._embed import MiniLMEmbedder, Vectors, normalize
 from handrail.documents._index import ChromaIndex
 from handrail.documents._library import (
-    Evidence,
     IngestProgress,
     Library,
     relevance_from_cosine,
@@ -307,7 +307,7 @@ async def test_a_note_needs_text_and_an_author(library: Library):
 
 async def test_a_paraphrased_question_finds_the_right_chunk_first(ingested: Library):
     found = await ingested.retrieve(
-        "How long until I get my money back after I send something back?", neighbours=False
+        "How long until I get my money back after I send something back?"
     )
     assert found[0].chunk.source == "refunds.md"
     assert "within 14 days" in found[0].chunk.text
@@ -321,27 +321,36 @@ async def test_an_unrelated_question_gets_no_evidence(ingested: Library):
     assert await ingested.retrieve("Who won the football world cup in 2018?") == []
 
 
-async def test_relevance_is_the_calibrated_cosine(ingested: Library):
-    found = await ingested.retrieve(
-        "How long does international shipping take?", top_k=3, neighbours=False
-    )
+async def test_relevance_comes_from_the_cosine_and_the_keyword_score(ingested: Library):
+    found = await ingested.retrieve("How long does international shipping take?", top_k=3)
     assert found
     for item in found:
-        assert item.relevance == pytest.approx(relevance_from_cosine(item.cosine))
-        assert not item.boosted
-    assert relevance_from_cosine(0.35) == pytest.approx(0.5)
-    assert relevance_from_cosine(0.05) == 0.0
-    assert relevance_from_cosine(0.95) == 1.0
+        assert item.relevance == pytest.approx(relevance_from_cosine(item.cosine, item.keyword))
+        assert 0.0 <= item.keyword <= 1.0
+        assert (item.keyword > 0) == (item.keyword_rank is not None)
+    assert max(item.keyword for item in found) in (0.0, 1.0)  # relative to the best match
+    assert relevance_from_cosine(0.47) == pytest.approx(0.5, abs=0.01)
+    assert relevance_from_cosine(0.39, 1.0) == pytest.approx(0.5, abs=0.01)
     assert relevance_from_cosine(0.3) < relevance_from_cosine(0.4)
+    assert relevance_from_cosine(0.4) < relevance_from_cosine(0.4, 0.5)
+    assert 0.0 < relevance_from_cosine(-1.0) < relevance_from_cosine(1.0) < 1.0
+
+
+async def test_the_order_is_by_relevance_and_the_first_is_the_best(ingested: Library):
+    for question in ("price of SKU-4471-B", "How long do refunds take?", "express shipping"):
+        found = await ingested.retrieve(question, top_k=10, min_relevance=0.0)
+        relevances = [item.relevance for item in found]
+        assert relevances == sorted(relevances, reverse=True)
+        assert [item.fused_rank for item in found] == list(range(1, len(found) + 1))
 
 
 async def test_hybrid_ranks_an_exact_product_code_at_least_as_well_as_dense(ingested: Library):
     better = 0
     for code, _, _ in PRODUCTS:
-        found = await ingested.retrieve(f"price of {code}", min_relevance=0.0, neighbours=False)
+        found = await ingested.retrieve(f"price of {code}", min_relevance=0.0)
         [gold] = [item for item in found if code in item.chunk.text]
         assert gold.keyword_rank == 1
-        assert gold.dense_rank is not None and gold.fused_rank is not None
+        assert gold.dense_rank is not None
         assert gold.fused_rank <= gold.dense_rank
         better += gold.fused_rank < gold.dense_rank
         assert [item.fused_rank for item in found] == list(range(1, len(found) + 1))
@@ -351,7 +360,7 @@ async def test_hybrid_ranks_an_exact_product_code_at_least_as_well_as_dense(inge
 async def test_a_chunk_only_bm25_found_gets_its_cosine(
     ingested: Library, embedder: CountingEmbedder
 ):
-    found = await ingested.retrieve("SKU-4471-B", min_relevance=0.0, top_k=30, neighbours=False)
+    found = await ingested.retrieve("SKU-4471-B", min_relevance=0.0, top_k=30)
     keyword_only = [item for item in found if item.dense_rank is None]
     for item in keyword_only:
         assert item.keyword_rank is not None
@@ -397,110 +406,89 @@ def returns_guide() -> str:
     return "# Returning an item\n\n" + "\n\n".join(sections) + "\n"
 
 
-def assert_neighbours_adjacent(found: Sequence[Evidence]) -> None:
-    """Chunks that follow one another in a document stand next to each other, in order."""
-    at = {item.chunk.id: i for i, item in enumerate(found)}
-    for i, item in enumerate(found):
-        if item.chunk.next_id in at:
-            assert at[item.chunk.next_id] == i + 1
-        if item.chunk.prev_id in at:
-            assert at[item.chunk.prev_id] == i - 1
-
-
-async def test_neighbours_of_a_strong_hit_are_boosted_and_kept_beside_it(
+async def test_at_most_top_k_and_none_under_the_threshold_whatever_their_neighbours(
     library: Library, tmp_path: Path
 ):
     folder = tmp_path / "guide"
     folder.mkdir()
     (folder / "returns.md").write_text(returns_guide(), encoding="utf-8")
     await library.ingest(folder)
-    chunks = await library.index.chunks()
-    assert len(chunks) >= 5
-
+    assert len(await library.index.chunks()) >= 5
     question = "Where do I drop off the parcel with the prepaid return label?"
-    plain = await library.retrieve(question, top_k=1, neighbours=False)
-    [hit] = plain
-    assert "prepaid return label" in hit.chunk.text
-    assert hit.relevance > 0.7
+    everything = await library.retrieve(question, top_k=50, min_relevance=0.0)
+    assert "prepaid return label" in everything[0].chunk.text
+    for top_k in (1, 2, 3):
+        for threshold in (0.0, 0.3, 0.5, everything[1].relevance, everything[0].relevance):
+            found = await library.retrieve(question, top_k=top_k, min_relevance=threshold)
+            assert len(found) <= top_k
+            assert all(item.relevance >= threshold for item in found)
+            # The same items, in the same order, as the full ranking cut at the threshold.
+            expected = [i.chunk.id for i in everything if i.relevance >= threshold][:top_k]
+            assert [item.chunk.id for item in found] == expected
 
-    found = await library.retrieve(question, top_k=1)
-    ids = [item.chunk.id for item in found]
-    assert hit.chunk.id in ids
-    wanted = [i for i in (hit.chunk.prev_id, hit.chunk.next_id) if i is not None]
-    neighbours = [item for item in found if item.chunk.id in wanted]
-    assert neighbours, "a neighbour of a strong hit close enough to the question is included"
-    for item in neighbours:
-        assert item.boosted
-        assert item.relevance == pytest.approx(min(1.0, relevance_from_cosine(item.cosine) + 0.15))
-        assert item.relevance >= 0.5
-    assert_neighbours_adjacent(found)
-    assert [item.chunk.index for item in found] == sorted(item.chunk.index for item in found)
-    assert len(found) <= 1 + 2
 
-    # A neighbour below the threshold on its own is carried over it by the boost.
-    weakest = min(neighbours, key=lambda item: item.cosine)
-    threshold = min(relevance_from_cosine(weakest.cosine) + 0.05, hit.relevance)
-    alone = await library.retrieve(question, top_k=3, min_relevance=threshold, neighbours=False)
-    assert weakest.chunk.id not in [item.chunk.id for item in alone]
-    boosted = await library.retrieve(question, top_k=1, min_relevance=threshold)
-    assert weakest.chunk.id in [item.chunk.id for item in boosted]
+async def test_neighbours_is_deprecated_and_changes_nothing(ingested: Library):
+    question = "How long do refunds take?"
+    plain = await ingested.retrieve(question)
+    with pytest.warns(DeprecationWarning, match="neighbours"):
+        again = await ingested.retrieve(question, neighbours=True)
+    assert [i.chunk.id for i in again] == [i.chunk.id for i in plain]
 
 
 COOKING = (
     "Heat the oven to one hundred and eighty degrees. Whisk four eggs with sugar until pale, "
     "fold in flour and melted butter, and bake the sponge for twenty-five minutes. "
 ) * 3
-LABELS = (
-    "Print the prepaid return label, stick it on the parcel over any old labels, and drop "
-    "the parcel off at any post office; the clerk gives you a receipt as proof of posting. "
-) * 3
-GARDENING = (
-    "Prune roses in late winter, just above an outward-facing bud, and feed them with "
-    "compost in spring. Water tomatoes at the base in the morning, never on the leaves. "
-) * 3
 
 
-async def test_a_neighbour_neither_ranking_found_is_brought_in_by_the_boost(
-    tmp_path: Path, embedder: CountingEmbedder
-):
+class PlacedEmbedder:
+    """An embedder that puts texts where a test wants them: by the first marker they hold."""
+
+    name = "placed"
+    dimensions = 8
+
+    def __init__(self, places: dict[str, list[float]]) -> None:
+        self.places = places
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        rows = []
+        for text in texts:
+            marker = next(m for m in self.places if m in text)
+            rows.append(self.places[marker])
+        return normalize(np.array(rows, dtype=np.float32).reshape(len(texts), self.dimensions))
+
+
+async def test_a_chunk_first_for_dense_and_missed_by_bm25_is_not_buried(tmp_path: Path):
+    # Reciprocal-rank fusion put the chunk dense ranked first, and BM25 not at all (it shares
+    # no word with the question), below every chunk both rankings found a little.
+    def at(cosine: float, axis: int) -> list[float]:
+        row = [0.0] * 8
+        row[0], row[axis] = cosine, (1 - cosine**2) ** 0.5
+        return row
+
+    embedder = PlacedEmbedder(
+        {"QUESTION": at(1.0, 1), "Victoria": at(0.95, 1), "Desk": at(0.55, 2)}
+    )
     folder = tmp_path / "mixed"
     folder.mkdir()
-    text = f"# Handbook\n\n{COOKING}\n\n{LABELS}\n\n{GARDENING}\n"
-    (folder / "handbook.md").write_text(text, encoding="utf-8")
-    for n in range(24):  # closer to the question than cooking or gardening: they fill the top 20
+    (folder / "sponge.md").write_text(
+        "# Victoria sponge\n\nLeave the tin in at one hundred and eighty degrees for "
+        "twenty-five minutes, until a skewer comes out clean.\n",
+        encoding="utf-8",
+    )
+    for n in range(30):
         (folder / f"desk-{n:02}.txt").write_text(
-            f"Returns desk note {n}: a parcel sent back with a return label is checked on "
-            f"arrival, and the refund for it is sent within {n + 2} days."
+            f"Desk note {n}: the office cake sale is on day {n + 2}; ask how long the kitchen "
+            f"oven is free."
         )
-    async with Library.open(tmp_path / "index", embedder=embedder, overlap=0) as library:
+    async with Library.open(tmp_path / "index", embedder=embedder) as library:
         await library.ingest(folder)
-        handbook = [c for c in await library.index.chunks() if c.source == "handbook.md"]
-        assert len(handbook) == 3
-        question = "Where do I drop off the parcel with the prepaid return label?"
-
-        found = await library.retrieve(question, top_k=1, min_relevance=0.0)
-        assert [item.chunk.id for item in found] == [c.id for c in handbook]
-        cooking, labels, gardening = found
-        assert labels.relevance > 0.7 and not labels.boosted
-        for item in (cooking, gardening):
-            assert item.boosted
-            assert (item.fused_rank, item.dense_rank, item.keyword_rank) == (None, None, None)
-            assert item.relevance == pytest.approx(relevance_from_cosine(item.cosine) + 0.15)
-
-        # At the default threshold, a boost does not make noise into evidence.
-        found = await library.retrieve(question, top_k=1)
-        assert [item.chunk.id for item in found] == [labels.chunk.id]
-
-
-async def test_adjacent_hits_are_returned_in_document_order(library: Library, tmp_path: Path):
-    folder = tmp_path / "guide"
-    folder.mkdir()
-    (folder / "returns.md").write_text(returns_guide(), encoding="utf-8")
-    await library.ingest(folder)
-
-    found = await library.retrieve("How do I return an item?", top_k=5, min_relevance=0.0)
-    assert len(found) >= 3
-    assert_neighbours_adjacent(found)
+        found = await library.retrieve(
+            "QUESTION how long should the cake bake in the oven?", top_k=5, min_relevance=0.0
+        )
+        assert found[0].chunk.source == "sponge.md", [i.chunk.source for i in found]
+        assert (found[0].dense_rank, found[0].keyword_rank) == (1, None)
+        assert all(item.keyword_rank is not None for item in found[1:])
 
 
 # -- decomposition -----------------------------------------------------------------------------

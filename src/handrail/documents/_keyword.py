@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,8 +48,15 @@ class KeywordIndex:
         self._analyzer = _Analyzer()
 
     @classmethod
-    def build(cls, chunks: Iterable[Chunk]) -> KeywordIndex:
+    def build(
+        cls, chunks: Iterable[Chunk], text: Callable[[Chunk], str] | None = None
+    ) -> KeywordIndex:
         """Index the chunks' texts (CPU-bound: from async code, call it in a worker thread).
+
+        Args:
+            chunks: what to index.
+            text: what of a chunk is indexed; its `text` by default (the library indexes its
+                text after its page title and heading path).
 
         No chunks give an index that finds nothing.
         """
@@ -63,7 +70,7 @@ class KeywordIndex:
         # allow_empty: a chunk of stopwords alone gets the empty token, so every chunk keeps
         # its row and the row numbers stay the chunks' positions.
         ids = tokenizer.tokenize(
-            [chunk.text for chunk in chunks],
+            [chunk.text if text is None else text(chunk) for chunk in chunks],
             update_vocab=True,
             return_as="ids",
             show_progress=False,

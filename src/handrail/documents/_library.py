@@ -22,11 +22,10 @@ folder into it deletes the first folder's files.
 `note:<author>`. Ingest never deletes them (so a file whose path starts with `note:` is
 skipped).
 
-**Retrieve** is hybrid: the nearest chunks by embedding and the best BM25 matches are fused
-by reciprocal rank (k=60) into one order; each chunk's `relevance` (0-1) comes from its
-cosine similarity to the query through `relevance_from_cosine`, and chunks below
-`min_relevance` are never returned. Neighbours of a strong hit are boosted and kept next to
-it, in document order (see `Library.retrieve`).
+**Retrieve** is hybrid: the nearest chunks by embedding and the best BM25 matches are the
+candidates; each gets a `relevance` (0-1) from its cosine similarity to the query and its
+keyword score (`relevance_from_cosine`), and they are ordered by it. Chunks below
+`min_relevance` are never returned, and never more than `top_k` (see `Library.retrieve`).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import hashlib
 import math
 import os
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,53 +70,51 @@ NOTE_PREFIX = "note:"
 
 # -- relevance ---------------------------------------------------------------------------------
 
-COSINE_AT_HALF = 0.35
-"""The cosine similarity that maps to relevance 0.5: the evidence/noise boundary of
-all-MiniLM-L6-v2 (see `relevance_from_cosine`)."""
-COSINE_SPAN = 0.50
-"""The cosines over which relevance goes from 0 to 1 (0.10 to 0.60), linearly."""
+COSINE_WEIGHT = 6.04
+"""Log-odds of relevance per unit of cosine similarity (query to chunk)."""
+KEYWORD_WEIGHT = 0.51
+"""Log-odds of relevance for a chunk that is the query's best BM25 match (its keyword score
+relative to the best match's: 0 to 1)."""
+RELEVANCE_BIAS = -2.85
+"""Log-odds at cosine 0 with no keyword match; with the weights above, relevance 0.5 falls at
+cosine 0.47 for a chunk BM25 did not find, and 0.39 for the best keyword match."""
 
-_RRF_K = 60
-_BOOST = 0.15
-"""Relevance added to a neighbour of a strong hit."""
-_STRONG = 0.7
-"""A hit above this relevance (cosine 0.45) has its neighbours boosted."""
 _EMBED_BATCH = 64
 """Chunks embedded together during ingest: small files share an embedder call. MiniLM runs
 about 10 chunks a model call whatever it is given, so more would only make the progress
 bar move in bigger steps."""
 _VECTOR_CACHE = 4096
 """Recomputed chunk vectors kept for the next query."""
+_CANDIDATES = 30
+"""Each ranking's candidates, at least (more for a larger `top_k`: `4 * top_k`)."""
 
 
-def relevance_from_cosine(cosine: float) -> float:
-    """A query-chunk cosine similarity as a relevance from 0 (noise) to 1 (evidence).
+def relevance_from_cosine(cosine: float, keyword: float = 0.0) -> float:
+    """How strongly a chunk bears on a query, from 0 (noise) to 1 (evidence); 0.5 is the boundary.
 
-    A clipped linear map, `0.5 + (cosine - 0.35) / 0.50` within [0, 1]: cosine 0.10 or less
-    is 0, 0.35 is 0.5, 0.60 or more is 1. It is monotone, so it never reorders; 0.5 is the
-    evidence/noise boundary of the default embedder, all-MiniLM-L6-v2 (int8), with chunks
-    embedded as ingest embeds them (heading path first).
+    `sigmoid(6.04 * cosine + 0.51 * keyword - 2.85)`, where `cosine` is the query-chunk
+    cosine similarity and `keyword` the chunk's BM25 score over the best BM25 score among the
+    query's matches (0 when BM25 did not find it). It is monotone in both, and retrieval
+    ranks by it, so the first item returned is always the best-ranked one.
 
-    Calibrated on handrail's own `docs/` (15 pages, 271 chunks of 200 tokens) with 18
-    questions that docs/ answers, in other words than its own, and 12 it cannot answer:
+    **How it was fitted, and what it is not.** The two weights are a logistic regression of
+    "this candidate holds the answer" on the two signals, over the 79 frozen questions of the
+    Git manual (`bench/corpora.py`, corpus `git`: 3,021 chunks); the bias then places 0.5
+    where 90% of the answer passages that retrieval found in its first 5 keep at least 0.5.
+    Nothing was fitted on the Python manual or on this repository's docs/, where it is
+    reported (docs/documents.md). It is an evidence/noise scale, not the probability that the
+    passage answers: on manuals whose unanswerable questions are close to their topics, no
+    retrieval signal tells them from answerable ones (measured: the best cosine separates
+    them worse than chance on both development manuals), so deciding whether the evidence
+    answers is the answering model's job. It does separate questions off the documents'
+    topics (an off-topic question's best chunk rarely reaches 0.5).
 
-    - the cosine of the chunk holding the answer: 0.39 to 0.73 (median 0.52; 0.393, 0.418,
-      0.421, 0.460, 0.469 the lowest);
-    - the cosine of the best chunk for an unanswerable question: 0.12 to 0.30 for the 10
-      off-topic ones (vacation days, Kubernetes, LoRA, SSO with Okta: 0.304 the highest),
-      0.44 and 0.58 for 2 near the docs' topics ("the company's refund policy" meets an
-      eval suite about refunds; "sessions in Redis or MongoDB?" meets the page listing the
-      stores, which does bear on it).
-
-    So 0.35 lies between the noise (at most 0.30) and the weakest answer (0.39): at 0.5
-    relevance all 18 answers are kept and 10 of the 12 unanswerable questions get no
-    evidence at all. On 12 held-out questions (written after the choice), 6 of 6 answers
-    were kept (cosines 0.42 to 0.57) and 5 of 6 unanswerable ones refused (0.17 to 0.32;
-    the sixth, 0.47, near the docs' topics). An embedder other than MiniLM has its own
-    scale: calibrate `min_relevance` for it the same way.
+    It is calibrated for the default embedder, all-MiniLM-L6-v2, with chunks embedded as
+    ingest embeds them. An embedder of another family has its own scale: calibrate
+    `min_relevance` for it on your own questions (`handrail eval`, kind documents).
     """
-    value = 0.5 + (cosine - COSINE_AT_HALF) / COSINE_SPAN
-    return min(1.0, max(0.0, value))
+    logit = COSINE_WEIGHT * cosine + KEYWORD_WEIGHT * keyword + RELEVANCE_BIAS
+    return 1.0 / (1.0 + math.exp(-logit))
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -171,19 +169,20 @@ class Evidence:
 
     chunk: Chunk
     relevance: float
-    """0 (noise) to 1 (evidence): `relevance_from_cosine(cosine)`, plus the neighbour boost
-    when `boosted`. Never below the `min_relevance` it was retrieved with."""
+    """0 (noise) to 1 (evidence), 0.5 the boundary: `relevance_from_cosine(cosine, keyword)`.
+    Never below the `min_relevance` it was retrieved with."""
     cosine: float
     """The cosine similarity of the chunk's embedding to the query's."""
+    keyword: float
+    """Its BM25 score over the best BM25 score among the query's matches (0 to 1; 0 when BM25
+    did not find it)."""
     keyword_rank: int | None
     """Its place (1 = best) among the BM25 matches, or None when BM25 did not find it."""
     dense_rank: int | None
     """Its place (1 = nearest) among the embedding neighbours, or None when not among them."""
-    fused_rank: int | None
-    """Its place (1 = first) in the fused order of both rankings; None for a neighbour that
-    neither ranking found (it was brought in by the boost)."""
-    boosted: bool = False
-    """It neighbours a strong hit (relevance above 0.7) and got +0.15 relevance for it."""
+    fused_rank: int
+    """Its place (1 = first) in the combined order, by relevance, of both rankings'
+    candidates: the order retrieval returns."""
 
 
 @dataclass(slots=True)
@@ -530,33 +529,29 @@ class Library:
         *,
         top_k: int = 5,
         min_relevance: float = 0.5,
-        neighbours: bool = True,
+        neighbours: bool | None = None,
         model: Model | None = None,
     ) -> list[Evidence]:
-        """The chunks that bear on `query`, most useful first, each with its relevance.
+        """The chunks that bear on `query`, best first, each with its relevance.
 
-        1. Dense: the query's embedding against the index, `max(4 * top_k, 20)` nearest.
-        2. Keyword: BM25 (stemmed) over every chunk, as many matches. Its index is built
-           from `Index.chunks()` and rebuilt only when `Index.version()` changes.
-        3. The two rankings are fused by reciprocal rank (`sum 1 / (60 + rank)`): that is
-           the order. A chunk only BM25 found gets its cosine too (read back from the
-           index, by a query over its source; recomputed when that is too big).
-        4. Relevance is `relevance_from_cosine(cosine)`; chunks below `min_relevance` are
-           dropped, and the first `top_k` left are kept.
-        5. With `neighbours`, the chunks just before and after (`prev_id`, `next_id`) each
-           kept chunk of relevance above 0.7 get +0.15 relevance (at most 1); those that
-           then reach `min_relevance` are returned too, beyond `top_k` (at most two for each
-           such chunk, so at most `3 * top_k` in all). Chunks that follow one another in a
-           document are then returned next to each other, in document order, where the
-           best of them ranks: the first item is not always the best ranked one (its
-           `fused_rank` says). Without `neighbours`, the order is the fused order.
+        1. Dense: the query's embedding against the index, `max(4 * top_k, 30)` nearest.
+        2. Keyword: BM25 (stemmed) over every chunk's text with its page title and heading
+           path, as many matches. Its index is built from `Index.chunks()` and rebuilt only
+           when `Index.version()` changes.
+        3. Every candidate of either ranking gets its cosine (a chunk only BM25 found has it
+           read back from the index) and its keyword score (its BM25 score over the best
+           match's), and its relevance from both (`relevance_from_cosine`). Candidates are
+           ordered by relevance: a chunk first for one ranking and far down the other keeps
+           the place its own strength earns, and the first item is the best.
+        4. Chunks below `min_relevance` are dropped, and the first `top_k` left are returned:
+           never more, never one under the threshold.
 
         Args:
             query: the question or words to look for.
-            top_k: chunks to return at most (boosted neighbours aside); with `model`, for
-                each sub-question.
+            top_k: chunks to return at most; with `model`, for each sub-question.
             min_relevance: no chunk below this relevance (0-1) is returned.
-            neighbours: boost the neighbours of strong hits, and return them beside them.
+            neighbours: no longer used (the neighbour boost could lift a chunk over
+                `min_relevance` and return more than `top_k`); passing it warns.
             model: when given, a multi-part question is first split into its sub-questions
                 (one call to this model, cached by model name and question; see
                 `decompose`); each is retrieved, and the results are merged, a chunk found
@@ -564,7 +559,7 @@ class Library:
                 turn.
 
         Returns:
-            The evidence; [] when nothing reaches `min_relevance`.
+            The evidence, best first; [] when nothing reaches `min_relevance`.
 
         Raises:
             ConfigError: `top_k` or `min_relevance` is out of range.
@@ -577,25 +572,29 @@ class Library:
                 f"Library.retrieve(min_relevance={min_relevance}): pass a relevance from 0 "
                 f"to 1 (0.5 is the evidence/noise boundary)."
             )
+        if neighbours is not None:
+            warnings.warn(
+                "Library.retrieve(neighbours=...) no longer does anything: retrieval returns "
+                "at most top_k chunks, none under min_relevance, best first. Drop the argument.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         parts = [query]
         if model is not None:
             parts = await decompose(query, model, cache=self._decompositions)
         if len(parts) == 1:
-            return await self._retrieve(parts[0], top_k, min_relevance, neighbours)
+            return await self._retrieve(parts[0], top_k, min_relevance)
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(self._retrieve(part, top_k, min_relevance, neighbours))
-                    for part in parts
+                    group.create_task(self._retrieve(part, top_k, min_relevance)) for part in parts
                 ]
         except BaseExceptionGroup as failed:  # the first failure is the one to tell
             raise failed.exceptions[0] from None
-        return _merge([task.result() for task in tasks], arrange=neighbours)
+        return _merge([task.result() for task in tasks])
 
-    async def _retrieve(
-        self, query: str, top_k: int, min_relevance: float, neighbours: bool
-    ) -> list[Evidence]:
-        wanted = max(top_k * 4, 20)
+    async def _retrieve(self, query: str, top_k: int, min_relevance: float) -> list[Evidence]:
+        wanted = max(top_k * 4, _CANDIDATES)
         query_vector = (await self.embedder.embed([query]))[0]
         dense, keywords = await asyncio.gather(
             self.index.query(query_vector, wanted), self._keyword_index()
@@ -605,68 +604,32 @@ class Library:
         cosines = {c.id: cosine for c, cosine in dense}
         dense_rank = {c.id: rank for rank, (c, _) in enumerate(dense, 1)}
         keyword_rank = {id_: rank for rank, (id_, _) in enumerate(hits, 1)}
+        best = hits[0][1] if hits else 0.0
+        keyword = {id_: score / best for id_, score in hits} if best > 0 else {}
         extra = await self._chunks([id_ for id_ in keyword_rank if id_ not in chunks], keywords)
         chunks.update((c.id, c) for c in extra)
         cosines.update(await self._cosines(extra, query_vector))
-        fused = {
-            id_: sum(1.0 / (_RRF_K + r[id_]) for r in (dense_rank, keyword_rank) if id_ in r)
-            for id_ in chunks
+        relevance = {
+            id_: relevance_from_cosine(cosines[id_], keyword.get(id_, 0.0)) for id_ in chunks
         }
-        order = sorted(chunks, key=lambda id_: (-fused[id_], dense_rank.get(id_, math.inf), id_))
-        candidates = {
-            id_: Evidence(
-                chunk=chunks[id_],
-                relevance=relevance_from_cosine(cosines[id_]),
-                cosine=cosines[id_],
-                keyword_rank=keyword_rank.get(id_),
-                dense_rank=dense_rank.get(id_),
-                fused_rank=fused_rank,
+        order = sorted(
+            chunks, key=lambda id_: (-relevance[id_], dense_rank.get(id_, math.inf), id_)
+        )
+        out: list[Evidence] = []
+        for rank, id_ in enumerate(order, 1):
+            if len(out) == top_k or relevance[id_] < min_relevance:
+                break
+            out.append(
+                Evidence(
+                    chunk=chunks[id_],
+                    relevance=relevance[id_],
+                    cosine=cosines[id_],
+                    keyword=keyword.get(id_, 0.0),
+                    keyword_rank=keyword_rank.get(id_),
+                    dense_rank=dense_rank.get(id_),
+                    fused_rank=rank,
+                )
             )
-            for fused_rank, id_ in enumerate(order, 1)
-        }
-        kept = [item for item in candidates.values() if item.relevance >= min_relevance]
-        kept = kept[:top_k]
-        if not neighbours:
-            return kept
-        kept = await self._boost(kept, candidates, keywords, query_vector, min_relevance)
-        return _arrange(kept)
-
-    async def _boost(
-        self,
-        kept: list[Evidence],
-        candidates: dict[str, Evidence],
-        keywords: _Keywords,
-        query_vector: Vectors,
-        min_relevance: float,
-    ) -> list[Evidence]:
-        """`kept` with the neighbours of its strong hits boosted, and added when they qualify."""
-        near: list[str] = []  # neighbours of a strong hit, in the order of their hit
-        for item in kept:
-            if item.relevance > _STRONG:
-                for id_ in (item.chunk.prev_id, item.chunk.next_id):
-                    if id_ is not None and id_ not in near:
-                        near.append(id_)
-        if not near:
-            return kept
-        unseen = await self._chunks([id_ for id_ in near if id_ not in candidates], keywords)
-        cosines = await self._cosines(unseen, query_vector)
-        found = dict(candidates)
-        for chunk in unseen:
-            found[chunk.id] = Evidence(
-                chunk=chunk,
-                relevance=relevance_from_cosine(cosines[chunk.id]),
-                cosine=cosines[chunk.id],
-                keyword_rank=None,
-                dense_rank=None,
-                fused_rank=None,
-            )
-        out = [_boosted(item) if item.chunk.id in near else item for item in kept]
-        held = {item.chunk.id for item in kept}
-        for id_ in near:
-            if id_ not in held and id_ in found:
-                item = _boosted(found[id_])
-                if item.relevance >= min_relevance:
-                    out.append(item)
         return out
 
     async def _keyword_index(self) -> _Keywords:
@@ -682,7 +645,7 @@ class Library:
             # The version is read before the chunks: a write in between leaves it stale, and
             # the next query rebuilds.
             chunks = await self.index.chunks()
-            built = await asyncio.to_thread(KeywordIndex.build, chunks)
+            built = await asyncio.to_thread(KeywordIndex.build, chunks, _embedding_text)
             self._keywords = _Keywords(version, built, {c.id: c for c in chunks})
             return self._keywords
 
@@ -751,14 +714,19 @@ def _reason(error: DocumentLoadError, source: str) -> str:
 
 
 def _embedding_text(chunk: Chunk) -> str:
-    """What is embedded for a chunk: its text, after what the text alone would not say.
+    """What is embedded and keyword-indexed for a chunk: its text, after what it cannot say.
 
-    Its heading path (less the last heading when the text starts with it), a table's header
-    rows (for a chunk that starts inside a table), and a note's question. On the calibration
-    questions (see `relevance_from_cosine`) the heading path raised the answers' cosines by
-    0.03 on average and lowered the noise's.
+    Its page's title (`metadata["title"]`, when the heading path does not start with it), its
+    heading path (less the last heading when the text starts with it), a table's header rows
+    (for a chunk that starts inside a table), and a note's question. A passage deep in a
+    manual rarely names what it is about; its page and section do. Keyword-indexing them
+    raised recall@10 on the Git manual's questions (the tuning corpus) from 0.37 to 0.39 and on the
+    Python manual's from 0.45 to 0.51.
     """
     path = list(chunk.headings)
+    title = chunk.metadata.get("title")
+    if isinstance(title, str) and title.strip() and (not path or path[0] != title):
+        path.insert(0, title.strip())
     if path and chunk.text.lstrip("#> \t").startswith(path[-1]):
         path.pop()
     before = [" > ".join(path)] if path else []
@@ -770,44 +738,7 @@ def _embedding_text(chunk: Chunk) -> str:
     return "\n".join([*before, chunk.text])
 
 
-def _boosted(item: Evidence) -> Evidence:
-    return Evidence(
-        chunk=item.chunk,
-        relevance=min(1.0, item.relevance + _BOOST),
-        cosine=item.cosine,
-        keyword_rank=item.keyword_rank,
-        dense_rank=item.dense_rank,
-        fused_rank=item.fused_rank,
-        boosted=True,
-    )
-
-
-def _arrange(items: Sequence[Evidence]) -> list[Evidence]:
-    """`items`, with chunks that follow one another in a document put together.
-
-    A run of consecutive chunks stands, in document order, where its first member in
-    `items`' order stood.
-    """
-    by_id = {item.chunk.id: item for item in items}
-    placed: set[str] = set()
-    out: list[Evidence] = []
-    for item in items:
-        if item.chunk.id in placed:
-            continue
-        first, seen = item, {item.chunk.id}
-        while (before := first.chunk.prev_id) in by_id and before not in seen:
-            first = by_id[before]
-            seen.add(before)
-        current: Evidence | None = first
-        while current is not None and current.chunk.id not in placed:
-            out.append(current)
-            placed.add(current.chunk.id)
-            after = current.chunk.next_id
-            current = by_id.get(after) if after is not None else None
-    return out
-
-
-def _merge(results: Sequence[Sequence[Evidence]], *, arrange: bool) -> list[Evidence]:
+def _merge(results: Sequence[Sequence[Evidence]]) -> list[Evidence]:
     """The evidence of several sub-questions, merged.
 
     Each one's best in turn; one item a chunk, the one of highest relevance.
@@ -820,5 +751,4 @@ def _merge(results: Sequence[Sequence[Evidence]], *, arrange: bool) -> list[Evid
                 held = best.get(item.chunk.id)
                 if held is None or item.relevance > held.relevance:
                     best[item.chunk.id] = item  # a new key goes last; a replaced one stays
-    merged = list(best.values())
-    return _arrange(merged) if arrange else merged
+    return list(best.values())

@@ -21,7 +21,7 @@ expect:
 `run_documents_suite` ingests the corpus into a fresh index in a temporary folder (MiniLM
 embeddings, an embedded Chroma), then for each question:
 
-- ranks: `Library.retrieve(question, top_k=k, min_relevance=0, neighbours=False)` for each
+- ranks: `Library.retrieve(question, top_k=k, min_relevance=0)` for each
   cut-off k (the suite's `top_k`, 10, and any `recall_at_K`/`mrr_at_K` expected), scored by
   recall@k and MRR@k;
 - refusal: `Library.retrieve(question, top_k=top_k, min_relevance=min_relevance)`, as an
@@ -370,7 +370,7 @@ async def _retrieval(
         for k in cutoffs:
             began = time.perf_counter()
             ranked[k] = await library.retrieve(
-                question.question, top_k=k, min_relevance=0.0, neighbours=False
+                question.question, top_k=k, min_relevance=0.0
             )
             latencies.append(time.perf_counter() - began)
         began = time.perf_counter()
