@@ -49,27 +49,120 @@ class Corpus:
         return QUESTIONS / self.name / "questions.yaml"
 
 
-_GIT_CONCEPTS = (
-    "user-manual gitattributes gitcli gitcore-tutorial gitcredentials giteveryday gitfaq "
-    "gitglossary githooks gitignore gitmailmap gitmodules gitnamespaces gitrepository-layout "
-    "gitrevisions gitsubmodules gittutorial gittutorial-2 gitworkflows gitcvs-migration "
-    "gitdiffcore gitremote-helpers"
-).split()
-_GIT_COMMANDS = (
-    "add am apply archive bisect blame branch bundle checkout cherry-pick clean clone commit "
-    "config describe diff fetch format-patch gc grep init log maintenance merge mv notes pull "
-    "push range-diff rebase reflog remote reset restore revert rm shortlog show sparse-checkout "
-    "stash status submodule switch tag worktree"
-).split()
+_GIT_CONCEPTS = [
+    "user-manual",
+    "gitattributes",
+    "gitcli",
+    "gitcore-tutorial",
+    "gitcredentials",
+    "giteveryday",
+    "gitfaq",
+    "gitglossary",
+    "githooks",
+    "gitignore",
+    "gitmailmap",
+    "gitmodules",
+    "gitnamespaces",
+    "gitrepository-layout",
+    "gitrevisions",
+    "gitsubmodules",
+    "gittutorial",
+    "gittutorial-2",
+    "gitworkflows",
+    "gitcvs-migration",
+    "gitdiffcore",
+    "gitremote-helpers",
+]
+_GIT_COMMANDS = [
+    "add",
+    "am",
+    "apply",
+    "archive",
+    "bisect",
+    "blame",
+    "branch",
+    "bundle",
+    "checkout",
+    "cherry-pick",
+    "clean",
+    "clone",
+    "commit",
+    "config",
+    "describe",
+    "diff",
+    "fetch",
+    "format-patch",
+    "gc",
+    "grep",
+    "init",
+    "log",
+    "maintenance",
+    "merge",
+    "mv",
+    "notes",
+    "pull",
+    "push",
+    "range-diff",
+    "rebase",
+    "reflog",
+    "remote",
+    "reset",
+    "restore",
+    "revert",
+    "rm",
+    "shortlog",
+    "show",
+    "sparse-checkout",
+    "stash",
+    "status",
+    "submodule",
+    "switch",
+    "tag",
+    "worktree",
+]
 
 _PY = "tutorial howto faq using"
-_PY_LIBRARY = (
-    "pathlib os os.path shutil tempfile glob json csv sqlite3 datetime time zoneinfo re string "
-    "logging argparse subprocess asyncio-task asyncio-subprocess collections itertools "
-    "functools typing dataclasses enum contextlib unittest venv zipfile tarfile pickle "
-    "urllib.request http.server threading concurrent.futures multiprocessing random "
-    "statistics decimal"
-).split()
+_PY_LIBRARY = [
+    "pathlib",
+    "os",
+    "os.path",
+    "shutil",
+    "tempfile",
+    "glob",
+    "json",
+    "csv",
+    "sqlite3",
+    "datetime",
+    "time",
+    "zoneinfo",
+    "re",
+    "string",
+    "logging",
+    "argparse",
+    "subprocess",
+    "asyncio-task",
+    "asyncio-subprocess",
+    "collections",
+    "itertools",
+    "functools",
+    "typing",
+    "dataclasses",
+    "enum",
+    "contextlib",
+    "unittest",
+    "venv",
+    "zipfile",
+    "tarfile",
+    "pickle",
+    "urllib.request",
+    "http.server",
+    "threading",
+    "concurrent.futures",
+    "multiprocessing",
+    "random",
+    "statistics",
+    "decimal",
+]
 
 CORPORA: dict[str, Corpus] = {
     "git": Corpus(
