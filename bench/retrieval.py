@@ -126,7 +126,8 @@ async def table(name: str, work: Path) -> None:
             # Diversity for two-passage questions: at most 3 chunks a page before the rest.
             found = await library.retrieve(q.question, top_k=40, min_relevance=0.0)
             seen: dict[str, int] = {}
-            first, rest = [], []
+            first: list[Chunk] = []
+            rest: list[Chunk] = []
             for item in found:
                 count = seen.get(item.chunk.source, 0)
                 (first if count < 3 else rest).append(item.chunk)
