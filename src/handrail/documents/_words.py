@@ -18,7 +18,7 @@ not of on or our that the their them then there these they this to was we were w
 which who will with you your yes no am any about also been being but did could would
 should shall must might into out over than too very just only much many some such
 please tell know want like me my us get got one ones other others own same so all each
-why where whom whose here another long often soon"""
+why where whom whose here another long often soon until"""
 STOPWORDS = frozenset(_STOPWORDS.split())
 """Function words, and words that frame a question ("please tell me", "how much")."""
 

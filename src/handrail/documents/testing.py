@@ -18,12 +18,14 @@ is read together with the user's last earlier message: "and how long does it tak
 How it chooses. A sentence speaks to the question when it shares at least two of its words
 (or its only word): one shared word is chance, not a topic. The sentence that shares the most
 of the question's words is quoted first (the question's own words before those of the
-conversation, then the first in the prompt); while some of the question's words are still
-unanswered, the sentence that answers most of them, if one speaks to the question, is quoted
-too (up to three: a two-part question cites the two excerpts it needs). It answers when the
-quoted sentences hold a strict majority of the question's words (and of the follow-up's own
-words); otherwise the documents do not answer it, however relevant retrieval found the
-excerpts.
+conversation, then the first in the prompt); while two or more of the question's words are
+still unanswered, the sentence that answers most of them is quoted too if it answers two of
+them: another part of the question (up to three quotes: a two-part question cites the two
+excerpts it needs). It answers when the
+quoted sentences hold at least half of the question's words (and of a follow-up's own words);
+otherwise the documents do not answer it, however relevant retrieval found the excerpts. It
+does not know synonyms: a question worded unlike its answer ("shows up" for "reaches") needs
+the two to share enough other words, or it is not answered.
 
 It also answers the self-check prompt (the share of the answer's content words that the
 excerpts hold) and the extraction prompt (`Field: value` lines of the text).
@@ -94,8 +96,8 @@ def _sentences(prompt: str) -> list[_Sentence]:
     return found
 
 
-def _majority(held: set[str], wanted: set[str]) -> bool:
-    return 2 * len(held & wanted) > len(wanted)
+def _half(held: set[str], wanted: set[str]) -> bool:
+    return 2 * len(held & wanted) >= len(wanted)
 
 
 def _answer(prompt: str, earlier: str) -> dict[str, Any]:
@@ -115,12 +117,12 @@ def _answer(prompt: str, earlier: str) -> dict[str, Any]:
             return len(sentence.words & left & own), len(sentence.words & left)
 
         best = max(candidates, key=merit)  # the first of equals
-        if not merit(best)[1]:
+        if merit(best)[1] < (2 if chosen else 1):  # a further quote answers another part
             break
         chosen.append(best)
         held |= best.words
         candidates.remove(best)
-    if not _majority(held, wanted) or (own and not _majority(held, own)):
+    if not _half(held, wanted) or (own and not _half(held, own)):
         return _NOT_ANSWERED
     return {
         "answer": " ".join(s.text for s in chosen),
