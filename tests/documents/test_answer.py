@@ -424,6 +424,31 @@ async def test_a_follow_up_question_is_answered_from_the_conversation_before_it(
     assert "1 to 2 business days" not in alone.answer  # without the conversation: not known
 
 
+async def test_history_keeps_what_was_said_and_refuses_an_unknown_role() -> None:
+    from handrail.messages import Message
+
+    model = extractive_model()
+    shelf = Shelf([found("shipping.pdf", SHIPPING, 0.9)])
+    history: list[Any] = [
+        Message(id="s", role="system", parts=[TextPart(text="You are a shop.")]),
+        Message(id="u", role="user", parts=[TextPart(text="How much is express shipping?")]),
+        Message(id="a", role="assistant", parts=[call("documents.answer", question="x")]),
+        Message(id="k", role="assistant", parts=[TextPart(text="thinking")], scratch=True),
+        ("assistant", "12.50 euros."),
+    ]
+    await Answerer(shelf, model, history_limit=1).answer("And how long?", history=history)
+    (request,) = model.calls
+    assert [(m.role, m.text) for m in request.messages[:-1]] == [("assistant", "12.50 euros.")]
+    await Answerer(shelf, model).answer("And how long?", history=history)
+    assert [(m.role, m.text) for m in model.calls[-1].messages[:-1]] == [
+        ("user", "How much is express shipping?"),
+        ("assistant", "12.50 euros."),
+    ]
+    assert shelf.queries[-1] == "How much is express shipping?\nAnd how long?"
+    with pytest.raises(ValueError, match=r"history: a turn's role is 'system'; pass \('user'"):
+        await Answerer(shelf, model).answer("And how long?", history=[("system", "Be brief.")])
+
+
 async def test_the_answer_tool_passes_the_sessions_earlier_turns(library: Library) -> None:
     from handrail.store import MemoryStore
 

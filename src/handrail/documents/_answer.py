@@ -247,7 +247,10 @@ def _turns(history: History, limit: int) -> list[Turn]:
         else:
             role, text = item
             if role not in ("user", "assistant"):
-                raise ValueError(f"history: role {role!r} is not 'user' or 'assistant'")
+                raise ValueError(
+                    f"history: a turn's role is {role!r}; pass ('user', text) or "
+                    "('assistant', text) pairs, or a session's Messages"
+                )
             if text.strip():
                 turns.append((role, text.strip()))
     return turns[-limit:] if limit else []
