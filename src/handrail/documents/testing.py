@@ -15,17 +15,19 @@ me": see `handrail.documents._words`). A follow-up (earlier user messages before
 is read together with the user's last earlier message: "and how long does it take?" after
 "How much is express shipping?" asks about express shipping.
 
-How it chooses. A sentence speaks to the question when it shares at least two of its words
-(or its only word): one shared word is chance, not a topic. The sentence that shares the most
-of the question's words is quoted first (the question's own words before those of the
-conversation, then the first in the prompt); while two or more of the question's words are
+How it chooses. The question's distinctive words are those not in every excerpt (when there
+are three excerpts or more, a word they all hold cannot tell them apart, like "git" in a Git
+manual; with two, a shared word is as likely their shared topic). A sentence speaks to the
+question when it shares at least two of them (or the only one): one shared word is chance,
+not a topic. The sentence that shares the most is quoted first (the question's own words
+before those of the conversation, then the first in the prompt); while two or more words are
 still unanswered, the sentence that answers most of them is quoted too if it answers two of
 them: another part of the question (up to three quotes: a two-part question cites the two
-excerpts it needs). It answers when the
-quoted sentences hold at least half of the question's words (and of a follow-up's own words);
-otherwise the documents do not answer it, however relevant retrieval found the excerpts. It
-does not know synonyms: a question worded unlike its answer ("shows up" for "reaches") needs
-the two to share enough other words, or it is not answered.
+excerpts it needs). It answers when the quoted sentences hold at least half of the
+question's distinctive words (and of a follow-up's own words); otherwise the documents do not
+answer it, however relevant retrieval found the excerpts. It does not know synonyms: a
+question worded unlike its answer ("shows up" for "reaches") needs the two to share enough
+other words, or it is not answered.
 
 It also answers the self-check prompt (the share of the answer's content words that the
 excerpts hold) and the extraction prompt (`Field: value` lines of the text).
@@ -53,6 +55,8 @@ _QUESTION = re.compile(r"^Question[^:\n]*: (.*)$", re.MULTILINE)
 _ANSWER = re.compile(r"^Answer to check: (.*)$", re.MULTILINE | re.DOTALL)
 _FIELDS = re.compile(r"^Fields: (.*)$", re.MULTILINE)
 _MOST_QUOTES = 3
+_FEWEST_TO_COMPARE = 3
+"""Excerpts needed before a word they all hold counts as common, not distinctive."""
 _NOT_ANSWERED = {"answer": "The documents do not say.", "citations": [], "answerable": False}
 
 
@@ -102,14 +106,18 @@ def _half(held: set[str], wanted: set[str]) -> bool:
 
 def _answer(prompt: str, earlier: str) -> dict[str, Any]:
     asked = _QUESTION.findall(prompt)
+    sentences = _sentences(prompt)
+    common = _in_every_excerpt(sentences)
     own = content_words(asked[-1] if asked else "")
     wanted = own | content_words(earlier)
+    if wanted - common:  # words in every excerpt do not tell the excerpts apart
+        own, wanted = own - common, wanted - common
     if not wanted:
         return _NOT_ANSWERED
     enough = min(2, len(wanted))  # a sentence speaks to the question
     chosen: list[_Sentence] = []
     held: set[str] = set()
-    candidates = [s for s in _sentences(prompt) if len(s.words & wanted) >= enough]
+    candidates = [s for s in sentences if len(s.words & wanted) >= enough]
     while candidates and len(chosen) < _MOST_QUOTES and not wanted <= held:
         left = wanted - held
 
@@ -117,7 +125,7 @@ def _answer(prompt: str, earlier: str) -> dict[str, Any]:
             return len(sentence.words & left & own), len(sentence.words & left)
 
         best = max(candidates, key=merit)  # the first of equals
-        if merit(best)[1] < (2 if chosen else 1):  # a further quote answers another part
+        if chosen and merit(best)[1] < 2:  # a further quote answers another part
             break
         chosen.append(best)
         held |= best.words
@@ -129,6 +137,16 @@ def _answer(prompt: str, earlier: str) -> dict[str, Any]:
         "citations": [{"excerpt": s.excerpt, "quote": s.text} for s in chosen],
         "answerable": True,
     }
+
+
+def _in_every_excerpt(sentences: list[_Sentence]) -> set[str]:
+    """The words every excerpt holds, when there are three excerpts or more (else none)."""
+    words: dict[int, set[str]] = {}
+    for sentence in sentences:
+        words.setdefault(sentence.excerpt, set()).update(sentence.words)
+    if len(words) < _FEWEST_TO_COMPARE:
+        return set()
+    return set.intersection(*words.values())
 
 
 def _support(prompt: str) -> float:
