@@ -29,9 +29,9 @@ One question goes:
    typographic quotes and dashes aside; `...` may elide). One that does not is dropped, and
    lowers the confidence.
 6. **Confidence** (0-1): an estimate of the probability that the answer is right and rests on
-   the documents. It is the probability that the best cited passage answers the question
-   (its relevance, which retrieval calibrates as that probability), discounted by the support
-   the answer has:
+   the documents. It starts from the chance that the best cited passage holds the answer (its
+   relevance: retrieval's 0-1 score, 0.5 the evidence/noise boundary, treated as that
+   probability), discounted by the support the answer has:
    - backing: the share of the answer's content words found in the verified cited chunks;
    - honesty: verified citations over all citations given (1 when none was dropped);
    - `self_check=True`: a second model call rates how well the evidence supports the answer
@@ -270,10 +270,11 @@ class Answerer:
     """Answers questions from a `Library`, with verified citations and a confidence.
 
     The confidence estimates the probability that an answer is right and rests on the
-    documents: the relevance of its best verified citation (retrieval's estimate that the
-    passage answers the question), times the share of the answer the cited passages back,
-    times the share of its citations that were verified (and the self-check's support, with
-    `self_check=True`); 0 when the model says the excerpts do not answer, or no citation holds.
+    documents: the relevance of its best verified citation (retrieval's 0-1 score that the
+    passage holds the answer, taken as a probability), times the share of the answer the cited
+    passages back, times the share of its citations that were verified (and the self-check's
+    support, with `self_check=True`); 0 when the model says the excerpts do not answer, or no
+    citation holds.
 
     Args:
         library: the documents.
