@@ -166,7 +166,7 @@ async def test_with_nothing_above_the_threshold_no_model_is_asked() -> None:
     assert model.calls == []
     assert reply.escalated and reply.confidence == 0.0 and reply.answer == ""
     assert reply.escalation_reason == (
-        "nothing in the documents reaches relevance 0.5: no model was asked"
+        "nothing in the documents reaches relevance 0.5: no model was asked to answer"
     )
     assert reply.steps == [
         "retrieved 0 excerpt(s) at relevance ≥ 0.5",

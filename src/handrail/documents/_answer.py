@@ -344,7 +344,7 @@ class Answerer:
         if not evidence:
             why = (
                 f"nothing in the documents reaches relevance {self.min_relevance:g}: "
-                "no model was asked"
+                "no model was asked to answer"
             )
         else:
             reply, why = await self._ask(question, evidence, turns, usage, steps)
