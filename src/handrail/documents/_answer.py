@@ -14,8 +14,8 @@ One question goes:
    model call, cached). With `history`, a follow-up ("and how long does it take?") is also
    retrieved together with the last earlier question of the user, and the two lists merged
    (each chunk at its higher relevance, the best `top_k` kept).
-2. **Nothing passed the threshold**: no model is asked. The question escalates at once, and
-   the reason says so.
+2. **Nothing passed the threshold**: no model is asked to answer. The question escalates at
+   once, and the reason says so.
 3. **Prompt**: grounding instructions; the conversation's earlier turns (as the messages they
    were, before the evidence: they tell what a follow-up refers to, and are not evidence);
    then the evidence as numbered excerpts with source, page and relevance, then the question.
