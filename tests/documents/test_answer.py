@@ -200,6 +200,20 @@ async def test_a_reply_cut_by_the_token_limit_is_never_used(library: Library) ->
     assert model.remaining == 1  # not retried as "malformed": an unfinished reply is not used
 
 
+async def test_a_reply_that_did_not_arrive_whole_is_not_retried_as_malformed() -> None:
+    from handrail.exceptions import IncompleteResponseError
+
+    def cut(request: ModelRequest) -> str:
+        raise IncompleteResponseError("cut", provider="openai", missing="finish_reason")
+
+    model = FunctionModel(cut)
+    shelf = Shelf([found("shipping.pdf", SHIPPING, 0.9)])
+    reply = await Answerer(shelf, model).answer("How much does express shipping cost?")
+    assert len(model.calls) == 1
+    assert reply.escalated and reply.answer == "" and reply.confidence == 0.0
+    assert reply.escalation_reason == "the model failed (IncompleteResponseError)"
+
+
 async def test_a_malformed_reply_is_corrected_once_saying_what_was_wrong(library: Library) -> None:
     question = "How long does a refund take to reach my card?"
     honest = await Answerer(library, extractive_model()).answer(question)
