@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from handrail.documents import Chunk
 from handrail.documents._chunker import chunk
@@ -16,9 +18,11 @@ from handrail.documents._loaders import load
 from handrail.documents._metrics import (
     GoldPassage,
     Question,
+    auroc,
     citation_precision,
     cites_gold,
     escalation_rate,
+    gold_citation_precision,
     gold_ranks,
     is_gold,
     load_questions,
@@ -163,6 +167,43 @@ def test_an_answer_cites_gold_when_a_cited_chunk_holds_a_gold_passage() -> None:
     assert cites_gold(Reply(citations=[Cite(OTHER.id), Cite(HIT.id)]), [REFUND], chunks)
     assert not cites_gold(Reply(citations=[Cite(OTHER.id)]), [REFUND], chunks)
     assert not cites_gold(Reply(citations=[Cite("unknown:0")]), [REFUND], chunks)
+
+
+def test_gold_citation_precision_is_over_the_questions_answered() -> None:
+    chunks = {c.id: c for c in (HIT, OTHER, PHOTOS)}
+    answered = [
+        (Reply(citations=[Cite(HIT.id)]), [REFUND]),  # answered, cites gold
+        (Reply(citations=[Cite(OTHER.id)]), [REFUND]),  # answered, cites the wrong chunk
+        (Reply(citations=[Cite(PHOTOS.id)]), []),  # answered what the documents do not answer
+        (Reply(citations=[Cite(HIT.id)], escalated=True), [REFUND]),  # not answered
+    ]
+    assert gold_citation_precision(answered, chunks) == pytest.approx(1 / 3)
+    assert gold_citation_precision([(Reply(escalated=True), [REFUND])], chunks) is None
+
+
+def test_auroc_counts_the_pairs_a_positive_wins_and_ties_as_half() -> None:
+    assert auroc([(0.9, True), (0.8, True), (0.1, False)]) == 1.0
+    assert auroc([(0.1, True), (0.9, False)]) == 0.0
+    assert auroc([(0.5, True), (0.5, False)]) == 0.5
+    # positives 0.9, 0.4; negatives 0.4, 0.2: 2 wins + 1 win + 1 tie (0.5) of 4 pairs
+    assert auroc([(0.9, True), (0.4, True), (0.4, False), (0.2, False)]) == 0.875
+    assert auroc([(0.9, True)]) is None and auroc([(0.1, False)]) is None and auroc([]) is None
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]) | st.floats(0, 1), st.booleans()),
+        max_size=40,
+    )
+)
+def test_auroc_is_the_pairwise_count(scored: list[tuple[float, bool]]) -> None:
+    positives = [score for score, positive in scored if positive]
+    negatives = [score for score, positive in scored if not positive]
+    if not positives or not negatives:
+        assert auroc(scored) is None
+        return
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    assert auroc(scored) == pytest.approx(wins / (len(positives) * len(negatives)), abs=1e-12)
 
 
 # -- the questions file -------------------------------------------------------------------------

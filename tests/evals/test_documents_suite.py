@@ -221,6 +221,10 @@ async def test_answers_are_measured_with_a_model_and_judged_with_a_judge(
     assert (volcano.id, volcano.evidence, volcano.escalated) == ("volcano", 0, True)
     assert volcano.faithful is None  # an escalated answer is not judged
     assert all(q.citations == 1 and q.dropped_citations == 1 for q in result.questions[:2])
+    # Confidence: both answerable questions above the unanswerable one (escalated at 0).
+    assert metrics["confidence_auroc"] == 1.0 and result.counts["confidence_auroc"] == "2 vs 1"
+    assert volcano.confidence == 0.0
+    assert result.cost_usd is None  # a function model has no price: none made up
 
 
 async def test_without_a_judge_faithfulness_is_not_measured(
@@ -247,6 +251,16 @@ def test_the_offline_extractive_model_can_be_named_in_a_suite(tmp_path: Path) ->
     )
     result = run(suite, "--json", tmp_path / "r.json")
     assert result.exit_code == 0, result.output
-    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    metrics = report["metrics"]
     assert metrics["citation_precision"] == 1.0  # every quote it gives is in its excerpt
     assert metrics["escalated_unanswerable"] == 1.0  # nothing on volcanoes: it says so
+    # What it answers, it answers from a gold passage.
+    assert metrics["gold_citation_precision"] == 1.0
+    refund, broken, volcano = (q["answer"] for q in report["questions"])
+    assert refund["cited_gold"] is True and refund["confidence"] > 0
+    # "Arrived broken" is worded unlike "arrives damaged": it knows no synonyms, and says the
+    # documents do not answer, at confidence 0, tied with the volcano: the tie counts half.
+    assert broken["escalated"] and broken["confidence"] == volcano["confidence"] == 0.0
+    assert metrics["confidence_auroc"] == 0.75
+    assert report["usage"] == {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}

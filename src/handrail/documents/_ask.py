@@ -6,14 +6,18 @@ did not finish (cut by a token limit, filtered) is never used.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal, TypeAlias
 
 import pydantic_core
 
 from ..messages import Message, TextPart
 from ..models import Model, ModelRequest, ModelResponse, Usage
 
-__all__ = ["ask_model", "read_json_object"]
+__all__ = ["Turn", "ask_model", "read_json_object"]
+
+Turn: TypeAlias = tuple[Literal["user", "assistant"], str]
+"""One earlier message of a conversation: who said it, and what."""
 
 
 async def ask_model(
@@ -24,21 +28,28 @@ async def ask_model(
     *,
     agent: str = "documents",
     output_schema: dict[str, Any] | None = None,
+    history: Sequence[Turn] = (),
 ) -> tuple[str | None, str | None]:
     """One call: the reply's text, or None and why (the model failed, or did not finish).
 
     Args:
         model: the model.
         instructions: its system prompt.
-        prompt: the one user message.
+        prompt: the (last) user message.
         usage: where the call's tokens are added, if anywhere.
         agent: the name the request carries (a `FunctionModel` tells calls apart by it).
         output_schema: the JSON Schema the reply should fit, for providers that enforce one.
+        history: messages before the prompt (a conversation's earlier turns), oldest first.
     """
+    messages = [
+        Message(id=f"{agent}-{number}", role=role, parts=[TextPart(text=text)])
+        for number, (role, text) in enumerate(history)
+    ]
+    messages.append(Message(id=agent, role="user", parts=[TextPart(text=prompt)]))
     request = ModelRequest(
         agent=agent,
         instructions=instructions,
-        messages=[Message(id=agent, role="user", parts=[TextPart(text=prompt)])],
+        messages=messages,
         tool_choice="none",
         output_schema=output_schema,
     )

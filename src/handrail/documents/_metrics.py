@@ -32,7 +32,12 @@ Answers (`DocumentAnswer`s, or anything with the same attributes):
   citation is one whose quote was not in the excerpt it cited);
 - `escalation_rate`: the share of answers that escalated to a person (on unanswerable
   questions, higher is better; on answerable ones, lower);
-- `cites_gold`: whether an answer cites a gold chunk.
+- `cites_gold`: whether an answer cites a gold chunk;
+- `gold_citation_precision`: of the questions answered (not escalated), the share whose
+  citations hold a gold passage (citation precision against the gold, where
+  `citation_precision` is against the excerpts);
+- `auroc`: how well a score (an answer's confidence) separates two classes (answerable from
+  unanswerable questions), exactly, ties counted half.
 
 The averages (`mean_recall_at`, `mean_mrr_at`) and the answer metrics return None when there
 is nothing to measure (no answerable question, no citation), never a made-up number.
@@ -62,9 +67,11 @@ __all__ = [
     "Refusal",
     "Run",
     "Scored",
+    "auroc",
     "citation_precision",
     "cites_gold",
     "escalation_rate",
+    "gold_citation_precision",
     "gold_ranks",
     "is_gold",
     "load_questions",
@@ -446,3 +453,48 @@ def cites_gold(
     """
     cited = [chunks[c.chunk_id] for c in answer.citations if c.chunk_id in chunks]
     return any(rank is not None for rank in gold_ranks(cited, gold))
+
+
+def gold_citation_precision(
+    answered: Iterable[tuple[Answered, Sequence[GoldPassage]]], chunks: Mapping[str, Passage]
+) -> float | None:
+    """Of the questions answered (not escalated), the share whose citations hold a gold passage.
+
+    An answer to an unanswerable question (no gold) counts against it: it cites nothing that
+    answers. None when no question was answered.
+
+    Args:
+        answered: each answer with its question's gold passages.
+        chunks: chunk id -> chunk, for the cited chunks.
+    """
+    flags = [
+        bool(gold) and cites_gold(answer, gold, chunks)
+        for answer, gold in answered
+        if not answer.escalated
+    ]
+    return sum(flags) / len(flags) if flags else None
+
+
+def auroc(scored: Iterable[tuple[float, bool]]) -> float | None:
+    """The area under the ROC curve of `scored` (score, is positive), exactly; ties count half.
+
+    The probability that a positive drawn at random scores above a negative drawn at random
+    (a tie counting one half): the Mann-Whitney U over (positives x negatives), from the
+    scores' average ranks. 1 separates them perfectly, 0.5 is chance. None when either class is
+    empty.
+    """
+    items = sorted(scored, key=lambda item: item[0])
+    positives = sum(1 for _, positive in items if positive)
+    negatives = len(items) - positives
+    if not positives or not negatives:
+        return None
+    rank_sum = 0.0  # the positives' ranks, from 1, a tie's ranks averaged
+    start = 0
+    while start < len(items):
+        end = start
+        while end < len(items) and items[end][0] == items[start][0]:
+            end += 1
+        average = (start + 1 + end) / 2  # ranks start+1 .. end
+        rank_sum += average * sum(1 for _, positive in items[start:end] if positive)
+        start = end
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)

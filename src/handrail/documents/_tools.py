@@ -1,9 +1,11 @@
 """The documents as tools any handrail agent can use.
 
 - `documents.answer(question)`: the grounded answer (`Answerer.answer`), with verified
-  citations and a confidence. Below the confidence threshold it asks a person (`AskPerson`):
-  the call waits on a `question` card, and the person's answer becomes the result, stored as
-  a note that later retrieval finds with that person as its source.
+  citations and a confidence; the session's earlier turns go with it (`ToolContext.messages`),
+  so a follow-up question ("and how long does it take?") is understood. Below the confidence
+  threshold it asks a person (`AskPerson`): the call waits on a `question` card, and the
+  person's answer becomes the result, stored as a note that later retrieval finds with that
+  person as its source.
 - `documents.retrieve(query, top_k)`: the evidence itself (read), for agents that write
   their own answer.
 - `documents.extract(text, fields)`: structured extraction by one model call; a field the
@@ -12,11 +14,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
 from ..exceptions import AskPerson, ModelRetry
+from ..messages import Message
 from ..tools import Tool, ToolContext, tool
 from ._answer import Answerer, Citation, DocumentAnswer
 from ._ask import ask_model, read_json_object
@@ -54,6 +58,19 @@ def _digest(answer: dict[str, Any]) -> dict[str, Any]:
     return digest
 
 
+def _before(messages: Sequence[Message], call_id: str) -> Sequence[Message]:
+    """The turns before the one that makes the call `call_id`: what a follow-up refers to.
+
+    The turn's own user message is left out: the call's `question` is what it asks.
+    """
+    end = next(
+        (i for i, m in enumerate(messages) if any(p.id == call_id for p in m.tool_calls)),
+        len(messages),
+    )
+    start = next((i for i in range(end - 1, -1, -1) if messages[i].role == "user"), end)
+    return messages[:start]
+
+
 def document_tools(answerer: Answerer) -> list[Tool[Any]]:
     """`documents.answer`, `documents.retrieve` and `documents.extract` over `answerer`."""
     library = answerer.library
@@ -86,7 +103,7 @@ def document_tools(answerer: Answerer) -> list[Tool[Any]]:
                 answered_by=who,
                 steps=["answered by a person", f"stored as a note ({note.source})"],
             )
-        reply = await answerer.answer(question)
+        reply = await answerer.answer(question, history=_before(ctx.messages, ctx.tool_call_id))
         if reply.escalated:
             raise AskPerson(
                 f"A user asks: {question!r}. The documents do not answer it well enough "

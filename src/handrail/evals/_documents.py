@@ -28,14 +28,20 @@ embeddings, an embedded Chroma), then for each question:
   answering agent would call it: an unanswerable question with no evidence is refused, an
   answerable one whose evidence holds a gold passage is kept;
 - with a `model`: `Answerer(library, model).answer(question)` (a fresh model a question, as
-  eval scenarios get): citation precision, escalations, whether it cites a gold chunk, and,
-  with a judge model, faithfulness (the evals' LLM judge reads the answer beside the chunks
-  it cites).
+  eval scenarios get): citation precision (verified quotes over all given), escalations on
+  unanswerable and on answerable questions, whether each cites a gold chunk, citation
+  precision against the gold (`gold_citation_precision`: of the questions answered, not
+  escalated, the share whose citations hold a gold passage; an answer to an unanswerable
+  question counts against it), how well the confidence separates answerable from
+  unanswerable questions (`confidence_auroc`, ties counted half), the tokens and, where the
+  model's price is known, the cost in USD; and, with a judge model, faithfulness (the evals'
+  LLM judge reads the answer beside the chunks it cites).
 
 Metrics (`expect` keys): `recall_at_K`, `mrr_at_K`, `unanswerable_refused`, `answerable_kept`,
 `answerable_emptied`, `citation_precision`, `escalated_unanswerable`, `escalated_answerable`,
-`cited_gold`, `faithfulness`. A threshold is `">= 0.8"` (or `>`, `<=`, `<`, `==`). A metric
-that was not measured (no model, no judge) fails its threshold, saying why.
+`cited_gold`, `faithfulness`, `gold_citation_precision`, `confidence_auroc`. A threshold is
+`">= 0.8"` (or `>`, `<=`, `<`, `==`). A metric that was not measured (no model, no judge)
+fails its threshold, saying why.
 """
 
 from __future__ import annotations
@@ -55,9 +61,11 @@ from pydantic import Field, field_validator
 
 from ..documents._metrics import (
     Question,
+    auroc,
     citation_precision,
     cites_gold,
     escalation_rate,
+    gold_citation_precision,
     gold_ranks,
     is_gold,
     load_questions,
@@ -96,6 +104,8 @@ _FIXED_METRICS = (
     "escalated_answerable",
     "cited_gold",
     "faithfulness",
+    "gold_citation_precision",
+    "confidence_auroc",
 )
 _RANKED = re.compile(r"^(recall|mrr)_at_([1-9][0-9]?)$")
 _THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(-?[0-9]*\.?[0-9]+)\s*$")
@@ -219,6 +229,10 @@ class QuestionOutcome:
     faithful: bool | None = None
     """The judge's verdict (None: not judged)."""
     answer: str | None = None
+    confidence: float | None = None
+    """The answer's confidence (None: no answer was asked for)."""
+    cost_usd: float | None = None
+    """What the answer's model calls cost (None: not answered, or the price is unknown)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -254,6 +268,13 @@ class DocumentsResult:
     ingest_seconds: float = 0.0
     retrieval_ms_p50: float = 0.0
     """Median latency of one `Library.retrieve` call."""
+    input_tokens: int = 0
+    """Prompt tokens of the answering model's calls, over all questions."""
+    output_tokens: int = 0
+    """Output tokens of the answering model's calls, over all questions."""
+    cost_usd: float | None = None
+    """What the answers cost, in USD; None when no answer was asked for, or the model's price
+    is not known (`handrail.models.price_of`)."""
 
     @property
     def passed(self) -> bool:
@@ -568,6 +589,25 @@ def _score(
     flags = [o.cited_gold for _, q, o in pairs if q.answerable and o.cited_gold is not None]
     metrics["cited_gold"] = sum(flags) / len(flags) if flags else None
     result.counts["cited_gold"] = f"{sum(flags)}/{len(flags)}"
+    answered_pairs = [(a, q.gold) for a, q, _ in pairs]
+    metrics["gold_citation_precision"] = gold_citation_precision(answered_pairs, answered.chunks)
+    answered_flags = [
+        bool(gold) and cites_gold(a, gold, answered.chunks)
+        for a, gold in answered_pairs
+        if not a.escalated
+    ]
+    result.counts["gold_citation_precision"] = f"{sum(answered_flags)}/{len(answered_flags)}"
+    metrics["confidence_auroc"] = auroc((a.confidence, q.answerable) for a, q, _ in pairs)
+    positives = sum(q.answerable for _, q, _ in pairs)
+    result.counts["confidence_auroc"] = f"{positives} vs {len(pairs) - positives}"
+    for answer, _, outcome in pairs:
+        outcome.confidence = answer.confidence
+        outcome.cost_usd = answer.cost_usd
+    result.input_tokens = sum(a.input_tokens for a, _, _ in pairs)
+    result.output_tokens = sum(a.output_tokens for a, _, _ in pairs)
+    costs = [a.cost_usd for a, _, _ in pairs]
+    known = [cost for cost in costs if cost is not None]
+    result.cost_usd = sum(known) if costs and len(known) == len(costs) else None
     verdicts = [o.faithful for o in outcomes if o.faithful is not None]
     metrics["faithfulness"] = sum(verdicts) / len(verdicts) if verdicts else None
     if answered.judged:

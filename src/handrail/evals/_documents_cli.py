@@ -59,6 +59,15 @@ def documents_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     show(out, _table(result))
+    if result.input_tokens or result.output_tokens:
+        cost = (
+            f"${result.cost_usd:.4f}"
+            if result.cost_usd is not None
+            else "unknown (the model's price is not known)"
+        )
+        out.print(
+            f"answers: {result.input_tokens} tokens in, {result.output_tokens} out, cost {cost}"
+        )
     for note in result.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)
     for check in result.failed:

@@ -43,6 +43,11 @@ def documents_data(result: DocumentsResult, *, timings: bool = False) -> dict[st
             for check in result.checks
         ],
         "notes": list(result.notes),
+        "usage": {
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+            "cost_usd": None if result.cost_usd is None else round(result.cost_usd, 6),
+        },
         "questions": [_question(q) for q in result.questions],
     }
     if timings:
@@ -76,6 +81,8 @@ def _question(outcome: QuestionOutcome) -> dict[str, Any]:
             "dropped_citations": outcome.dropped_citations,
             "cited_gold": outcome.cited_gold,
             "faithful": outcome.faithful,
+            "confidence": _round(outcome.confidence),
+            "cost_usd": None if outcome.cost_usd is None else round(outcome.cost_usd, 8),
         }
     return data
 

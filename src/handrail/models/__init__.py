@@ -6,7 +6,9 @@ parts, the usage and the stop reason. Providers live one per module (`models/ope
 `models/openai_responses.py`, `models/anthropic.py`), each behind its extra and loaded
 lazily on first use: `from handrail.models import OpenAIModel` needs
 `pip install "handrail[openai]"`. `infer`
-turns a string such as `"openai:gpt-4o-mini"` into a model. The offline test doubles are
+turns a string such as `"openai:gpt-4o-mini"` into a model; `price_of` gives a model's list
+price (a `Price`, which turns a `Usage` into USD), or None when it is not known. The offline
+test doubles are
 `ScriptedModel` and `FunctionModel` (also exported from `handrail.testing`).
 """
 
@@ -27,6 +29,7 @@ from ._base import (
     Usage,
 )
 from ._infer import as_model, infer
+from ._pricing import Price, price_of
 
 if TYPE_CHECKING:
     from .anthropic import AnthropicModel
@@ -42,6 +45,7 @@ __all__ = [
     "ModelResponse",
     "OpenAIModel",
     "OpenAIResponsesModel",
+    "Price",
     "ReasoningChunk",
     "TextChunk",
     "ToolCallChunk",
@@ -49,6 +53,7 @@ __all__ = [
     "Usage",
     "as_model",
     "infer",
+    "price_of",
 ]
 
 

@@ -788,6 +788,7 @@ class Dispatcher:
             idempotency_key=idempotency_key(state, part),
             answer=None if answer is None else answer.output,
             answered_by=None if answer is None else answer.decided_by,
+            messages=state.messages,
         )
 
     async def _invoke(self, ready: _Ready, emit: Emit) -> Any:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from .._tool_result import ToolResult
 from ..context import ContextStore, check_path
 from ..exceptions import PathError, ToolDefinitionError
-from ..messages import Executor
+from ..messages import Executor, Message
 from ..policy import DecisionPolicy
 from ._arguments import NOT_FINITE, not_finite, validate_arguments
 from ._definition import HostedTool, ToolDefinition
@@ -93,6 +93,9 @@ class ToolContext(Generic[DepsT]):
     """When the tool asked a person (`raise AskPerson(...)`) and runs again: their answer."""
     answered_by: str | None = None
     """Who gave `answer` (as the decision recorded it), when known."""
+    messages: Sequence[Message] = ()
+    """The session's conversation up to this call (earlier turns, then this one's messages):
+    read it, do not change it. A tool that answers follow-up questions reads it."""
 
 
 class ToolOptions(TypedDict, total=False):
