@@ -189,7 +189,7 @@ _SPECS: dict[str, _Spec] = {
                            "Seconds of quiet after which an event stream reads the log again "
                            "(default: 60 on PostgreSQL, 1 otherwise)."),
     "audit_roles": _Spec("--audit-roles", "HANDRAIL_AUDIT_ROLES", _roles,
-                         "a role or more, comma-separated (auditor,compliance), or '*' for everyone",
+                         "a role or more, comma-separated (auditor,compliance), or '*'",
                          "The roles that may read the audit trail over HTTP ('*': everyone "
                          "in the organisation)."),
     "log_format": _Spec("--log-format", "HANDRAIL_LOG_FORMAT", _log_format, "text or json",
