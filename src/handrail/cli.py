@@ -71,12 +71,15 @@ from .events import (
     ToolCallStarted,
 )
 from .exceptions import (
+    DecisionNotAllowedError,
     HandrailError,
     SessionNotFoundError,
     TurnCutOffError,
     TurnSuspendedError,
 )
+from .gate import TurnRequest
 from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
+from .policy import Decider
 from .state import RunState
 from .store import SessionStatus, SessionStore
 from .suspension import Decision
@@ -124,6 +127,18 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")
 
 class CliError(Exception):
     """An error the command reports in one line."""
+
+
+class ChatRefused(Exception):
+    """`handrail chat`: the policy refused the terminal's decisions; the turn waits for others."""
+
+    def __init__(self, session_id: str, calls: list[str]) -> None:
+        super().__init__(
+            f"Session {session_id!r} waits for decisions on {', '.join(calls)} that the "
+            f"tools' policies do not let you make (nothing was recorded for them): someone "
+            f"they allow decides them (on `handrail serve`: GET /pending, then POST "
+            f"/sessions/{session_id}/resolve); the turn resumes once none is left."
+        )
 
 
 def _one_line_errors(command: Callable[P, T]) -> Callable[P, T]:
@@ -498,11 +513,17 @@ def chat(
             "--message", "-m", help="Send this message (once a message), then exit, asking nothing."
         ),
     ] = None,
-    db: Annotated[
-        Path | None, typer.Option(help="Keep the sessions in this SQLite file (over the engine's).")
+    roles: Annotated[
+        str | None,
+        typer.Option(
+            help="Your roles, comma-separated (sre,it-admin): you decide the cards as --user "
+            "(default: cli) with these roles, under the tools' decision policies, as any "
+            "decider does over HTTP."
+        ),
     ] = None,
-    dsn: Dsn = None,
-    schema: Schema = "public",
+    db: Annotated[Path | None, _setting("db")] = None,
+    dsn: Annotated[str | None, _setting("dsn")] = None,
+    schema: Annotated[str | None, _setting("schema")] = None,
     approve_all: Annotated[
         bool, typer.Option("--approve-all", help="Approve every call as proposed, asking nobody.")
     ] = False,
@@ -526,14 +547,11 @@ def chat(
     """
     if approve_all and reject_all:
         raise CliError("Pass --approve-all or --reject-all, not both.")
+    settings = Settings.resolve({"db": db, "dsn": dsn, "schema": schema})
+    held = frozenset(r.strip() for r in (roles or "").split(",") if r.strip())
     with _err.status(f"Loading {target}…"):
         engine = load_engine(target)
-    if dsn:
-        engine.store = _store(Path(), dsn, schema)
-    elif db is not None:
-        from .store import SqliteStore
-
-        engine.store = SqliteStore(db)
+    own_store = settings.apply(engine) is not None
     preset = "approve" if approve_all else "reject" if reject_all else None
     supervisor = engine.domain.supervisor
     view = (
@@ -550,10 +568,14 @@ def chat(
         view=view,
         preset=preset,
         ask=None if (as_json or message) else _out.input,
-        own_store=bool(dsn) or db is not None,
+        own_store=own_store,
+        roles=held,
     )
     try:
         _run(chat_.run(message))
+    except ChatRefused as waiting:
+        typer.echo(str(waiting), err=True)  # the refusals were shown: this is not an error
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         _err.print("[dim]Stopped.[/]")
         raise typer.Exit(130) from None
@@ -654,6 +676,14 @@ class _ChatView:
         self.idle()
         self.console.print(approval_card(card))
 
+    def refused(self, card: ApprovalCardPart, decision: Decision, reason: str) -> None:
+        verb = {"approve": "approve", "reject": "reject", "answer": "answer"}
+        self.console.print(
+            f"[bold red]✗ refused:[/] you may not {verb.get(decision.decision, 'decide')} "
+            f"{card.tool_name}: {reason} Nothing was recorded.",
+            highlight=False,
+        )
+
     def decided(self, card: ApprovalCardPart, decision: Decision) -> None:
         verb = {"approve": "approved", "reject": "rejected", "answer": "answered"}
         amended = getattr(decision, "amended_args", None)
@@ -676,6 +706,9 @@ class _JsonView:
     def decided(self, card: ApprovalCardPart, decision: Decision) -> None:
         pass
 
+    def refused(self, card: ApprovalCardPart, decision: Decision, reason: str) -> None:
+        typer.echo(f"refused: {card.tool_name} (call {card.tool_call_id}): {reason}", err=True)
+
     def idle(self) -> None:
         pass
 
@@ -695,8 +728,12 @@ class _Chat:
         preset: str | None,
         ask: Callable[[str], str] | None,
         own_store: bool = False,
+        roles: frozenset[str] = frozenset(),
     ) -> None:
         self.engine = engine
+        self.roles = roles
+        self.decider = Decider(user_id=user_id or "cli", roles=roles, org_id=org_id)
+        """The person at the terminal, as the decision policies see them."""
         self.own_store = own_store
         self.session_id = session_id
         self.org_id, self.user_id = org_id, user_id
@@ -735,6 +772,16 @@ class _Chat:
                 text = raw.rstrip("\n") if raw else None
             if text is None or text.strip() in ("", "/quit", "/exit"):
                 return
+            await self.engine.admit(  # the app's gate: may this person start a turn at all?
+                TurnRequest(
+                    org_id=self.org_id,
+                    user_id=self.user_id,
+                    roles=self.roles,
+                    session_id=self.session_id,
+                    text=text,
+                    via="chat",
+                )
+            )
             run = self.engine.submit(
                 self.session_id, text, org_id=self.org_id, user_id=self.user_id, route=self.route
             )
@@ -759,16 +806,24 @@ class _Chat:
             cards = [c for c in state.pending.values() if c.decision is None]
             if not state.pending:
                 return
-            decisions: dict[str, Decision] = {}
+            refused: list[str] = []
+            ready = False
             for card in cards:
                 self.view.card(card)
                 decision = self._decide(card)
+                try:  # recorded under the call's policy, as any decider's: or refused
+                    resolution = await self.engine.resolve(
+                        self.session_id, card.tool_call_id, decision, decider=self.decider
+                    )
+                except DecisionNotAllowedError as refusal:
+                    self.view.refused(card, decision, str(refusal))
+                    refused.append(card.tool_call_id)
+                    continue
                 self.view.decided(card, decision)
-                decisions[card.tool_call_id] = decision
-            resolution = await self.engine.resolve_many(
-                self.session_id, decisions, org_id=self.org_id, user_id=self.user_id
-            )
-            if not resolution.ready:
+                ready = resolution.ready
+            if refused:
+                raise ChatRefused(self.session_id, refused)
+            if not ready:
                 return
             await self._play(
                 self.engine.resume(self.session_id, org_id=self.org_id, user_id=self.user_id)
