@@ -134,7 +134,7 @@ async def test_admit_raises_the_gates_reason_and_refuses_a_gate_that_answers_oth
     engine = build_scenario().engine
     engine.gate = lambda request: REASON if request.user_id == "bob" else None
     await engine.admit(TurnRequest(org_id="acme", user_id="ana"))
-    with pytest.raises(TurnRefusedError, match="^Your plan") as refused:
+    with pytest.raises(TurnRefusedError, match=r"^Your plan") as refused:
         await engine.admit(TurnRequest(org_id="acme", user_id="bob"))
     assert refused.value.reason == REASON
     engine.gate = lambda request: False  # type: ignore[assignment,return-value]
