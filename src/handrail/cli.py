@@ -2,6 +2,7 @@
 
 ```
 HANDRAIL_API_KEYS="acme:ana:$KEY" handrail serve myapp:engine --port 8000
+handrail config myapp:engine --json      # the settings in effect, with their sources
 handrail sessions list --db handrail.db --json
 handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
@@ -121,7 +122,9 @@ Dsn = Annotated[
         help="A PostgreSQL store's connection string (instead of --db).", envvar="HANDRAIL_DSN"
     ),
 ]
-Schema = Annotated[str, typer.Option(help="The PostgreSQL store's schema.")]
+Schema = Annotated[
+    str, typer.Option(help="The PostgreSQL store's schema.", envvar="HANDRAIL_SCHEMA")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
 
 
