@@ -156,8 +156,8 @@ _SPECS: dict[str, _Spec] = {
                            "a file of key specs, one a line",
                            "A file of API key specs, one a line, read again when it changes."),
     "worker_id": _Spec("--worker-id", "HANDRAIL_WORKER_ID", _text, "a name",
-                       "This deployment's worker name in session leases (default: the host "
-                       "name); each process adds its own suffix."),
+                       "This deployment's worker name in session leases (stable across "
+                       "restarts); several processes each add their own -N."),
     "sweep_interval": _Spec("--sweep-interval", "HANDRAIL_SWEEP_INTERVAL",
                             _number(0, "seconds"), "seconds, 0 or more (0: no sweeps)",
                             "Seconds between sweeps: expired cards, turns whose worker died, "
@@ -390,7 +390,7 @@ def flag_help(name: str) -> tuple[str | None, str]:
     """The flag of the setting `name`, and a help line naming its variable and default."""
     spec = _SPECS[name]
     default = _show(name, getattr(Settings(), name))
-    return spec.flag, f"{spec.help} [env: {spec.env}; default: {default}]"
+    return spec.flag, f"{spec.help} (env {spec.env}; default: {default})"
 
 
 def _check_flag(name: str, spec: _Spec, given: Any) -> Any:
