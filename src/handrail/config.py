@@ -11,16 +11,13 @@ settings = Settings.resolve({"sweep_interval": 0.5})  # flags given; None: not g
 settings.sweep_interval, settings.source("sweep_interval")  # (0.5, "--sweep-interval")
 ```
 
-| setting | flag | environment | default |
-|---|---|---|---|
-| `db` | `--db` | `HANDRAIL_DB` | the app's own store |
-| `dsn` | `--dsn` | `HANDRAIL_DSN` | the app's own store |
-| `schema` | `--schema` | `HANDRAIL_SCHEMA` | `public` |
-| `api_keys` | (never a flag) | `HANDRAIL_API_KEYS` | none |
-| `api_keys_file` | `--api-keys-file` | `HANDRAIL_API_KEYS_FILE` | none |
-| `worker_id` | `--worker-id` | `HANDRAIL_WORKER_ID` | the host name |
-| `sweep_interval` | `--sweep-interval` | `HANDRAIL_SWEEP_INTERVAL` | 1 |
-| ... | | | |
+The settings, their flags and variables are listed in docs/deploying.md ("One
+configuration"); `handrail config` prints them. For an entry point of your own:
+
+```python
+settings = Settings.resolve({"worker_id": given_on_the_command_line})
+store = settings.apply(engine)  # the store and worker id they name; None: the app's own
+```
 
 A malformed value raises `ConfigError` naming the flag or the variable and what it takes.
 """
