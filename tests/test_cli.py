@@ -171,7 +171,7 @@ def test_serve_without_a_key_makes_one_for_the_run(
     monkeypatch.setattr("handrail.server.serve", lambda app, **options: None)
     result = run("serve", f"{app_module}:engine")
     assert result.exit_code == 0
-    assert "No API key configured (HANDRAIL_API_KEYS, --api-keys-file): this run accepts " in (
+    assert "WARNING: no API key is configured (HANDRAIL_API_KEYS, HANDRAIL_API_KEYS_FILE " in (
         result.output
     )
 
@@ -592,7 +592,7 @@ def test_serve_lets_only_the_audit_roles_read_the_trail(
     made = run("serve", f"{app_module}:engine")
     assert made.exit_code == 0, made.output
     assert "(org 'local', user 'local', roles auditor)" in made.output
-    key = made.output.split("Bearer ", 1)[1].split("`", 1)[0]
+    key = made.output.split("Bearer ", 1)[1].split()[0]
     assert statuses(key) == [200]  # the run's own key is its operator's: an auditor
 
     keys = (
@@ -606,4 +606,4 @@ def test_serve_lets_only_the_audit_roles_read_the_trail(
     assert run("serve", f"{app_module}:engine", "--audit-roles", "*").exit_code == 0
     assert statuses("ka", "kc", "kb") == [200, 200, 200]
     refused = run("serve", f"{app_module}:engine", "--audit-roles", " , ")
-    assert refused.exit_code == 1 and "--audit-roles needs a role" in refused.output
+    assert refused.exit_code == 1 and "--audit-roles ' , ' is not valid" in refused.output

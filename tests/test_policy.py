@@ -122,6 +122,29 @@ async def test_four_eyes_refuses_the_requesters_approval_but_lets_them_withdraw(
     assert (card.decision, card.decided_by) == ("reject", "ana")
 
 
+async def test_four_eyes_with_two_approvals_says_it_needs_three_people():
+    policies = {"destructive": DecisionPolicy(roles={"it-admin"}, four_eyes=True, approvals=2)}
+    engine = engine_for(call("laptops.wipe", laptop="L-7"), policies=policies)
+    await suspend(engine)
+    admins = {
+        name: Decider(user_id=name, roles=frozenset({"it-admin"}), org_id="acme")
+        for name in ("ana", "bo", "cy")
+    }
+    with pytest.raises(DecisionNotAllowedError) as own:
+        await engine.resolve("s1", "call_1", Approve(), decider=admins["ana"])
+    assert str(own.value) == (
+        "laptops.wipe needs four eyes: ana requested the call and may not approve it; two "
+        "other people must approve it (three people in all, with the requester)."
+    )
+    assert not (await engine.resolve("s1", "call_1", Approve(), decider=admins["bo"])).ready
+    with pytest.raises(DecisionNotAllowedError, match=r"none of them the requester \(three"):
+        await engine.resolve("s1", "call_1", Approve(), decider=admins["bo"])
+    assert (await engine.resolve("s1", "call_1", Approve(), decider=admins["cy"])).ready
+    assert policies["destructive"].describe() == (
+        "roles: it-admin; four eyes; 2 approvals, not the requester's (three people)"
+    )
+
+
 async def test_two_approvals_from_two_people_run_the_call_once():
     engine = engine_for(call("laptops.wipe", laptop="L-7"))
     await suspend(engine)

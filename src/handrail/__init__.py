@@ -71,10 +71,12 @@ from .exceptions import (
     StoreUnavailableError,
     ToolDefinitionError,
     TurnCutOffError,
+    TurnRefusedError,
     TurnSuspendedError,
     UnsettledSaveError,
     UserError,
 )
+from .gate import TurnRequest
 from .messages import (
     MESSAGES,
     ApprovalCardPart,
@@ -203,6 +205,8 @@ __all__ = [
     "ToolProgress",
     "ToolResult",
     "TurnCutOffError",
+    "TurnRefusedError",
+    "TurnRequest",
     "TurnSuspendedError",
     "UnsettledSaveError",
     "Usage",

@@ -2,6 +2,7 @@
 
 ```
 HANDRAIL_API_KEYS="acme:ana:$KEY" handrail serve myapp:engine --port 8000
+handrail config myapp:engine --json      # the settings in effect, with their sources
 handrail sessions list --db handrail.db --json
 handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
@@ -17,11 +18,8 @@ exits with status 1.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
-import os
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
@@ -55,6 +53,7 @@ from .audit import (
     entry_hash,
     keyring_from_env,
 )
+from .config import DEFAULT, Settings, flag_help
 from .documents._cli import docs_app
 from .engine import Engine
 from .evals._cli import eval_command
@@ -73,12 +72,15 @@ from .events import (
     ToolCallStarted,
 )
 from .exceptions import (
+    DecisionNotAllowedError,
     HandrailError,
     SessionNotFoundError,
     TurnCutOffError,
     TurnSuspendedError,
 )
+from .gate import TurnRequest
 from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
+from .policy import Decider
 from .state import RunState
 from .store import SessionStatus, SessionStore
 from .suspension import Decision
@@ -120,12 +122,26 @@ Dsn = Annotated[
         help="A PostgreSQL store's connection string (instead of --db).", envvar="HANDRAIL_DSN"
     ),
 ]
-Schema = Annotated[str, typer.Option(help="The PostgreSQL store's schema.")]
+Schema = Annotated[
+    str, typer.Option(help="The PostgreSQL store's schema.", envvar="HANDRAIL_SCHEMA")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
 
 
 class CliError(Exception):
     """An error the command reports in one line."""
+
+
+class ChatRefused(Exception):
+    """`handrail chat`: the policy refused the terminal's decisions; the turn waits for others."""
+
+    def __init__(self, session_id: str, calls: list[str]) -> None:
+        super().__init__(
+            f"Session {session_id!r} waits for decisions on {', '.join(calls)} that the "
+            f"tools' policies do not let you make (nothing was recorded for them): someone "
+            f"they allow decides them (on `handrail serve`: GET /pending, then POST "
+            f"/sessions/{session_id}/resolve); the turn resumes once none is left."
+        )
 
 
 def _one_line_errors(command: Callable[P, T]) -> Callable[P, T]:
@@ -172,6 +188,15 @@ def _cli_message(error: Exception) -> str:
 # -- serve ----------------------------------------------------------------------------------
 
 
+def _setting(name: str, **extra: Any) -> Any:
+    """A `typer.Option` for the setting `name`: its help names its variable and default.
+
+    Its default is None (not given), so `Settings.resolve` tells the flag from the rest.
+    """
+    flag, help_ = flag_help(name)
+    return typer.Option(flag, help=help_, **extra)
+
+
 @app.command()
 @_one_line_errors
 def serve(
@@ -184,51 +209,26 @@ def serve(
             help="A file of API keys, one a line (ORG:USER:KEY, or id=ID,org=ORG,user=USER,"
             "roles=R1+R2,expires=2027-01-31,key=KEY; blank lines and # comments skipped), read "
             "again when it changes and on SIGHUP (an invalid one keeps the keys in use). "
-            "Or set HANDRAIL_API_KEYS (space-separated). Keys are never taken from the "
-            "command line, where every user of the machine reads them (ps, /proc). Without "
-            "any key, one is made for this run and printed."
+            "Or set HANDRAIL_API_KEYS_FILE, and/or HANDRAIL_API_KEYS (space-separated). Keys "
+            "are never taken from the command line, where every user of the machine reads "
+            "them (ps, /proc). With no key source at all, one is made for this run and "
+            "printed on stderr."
         ),
     ] = None,
-    max_body_size: Annotated[int, typer.Option(help="Bytes a request body may have.")] = 1_000_000,
-    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
-    shutdown_grace: Annotated[
-        float,
-        typer.Option(
-            help="At shutdown, seconds running turns get to stop (they are interrupted and "
-            "saved), then streams to send what is left (clients reconnect with Last-Event-ID)."
-        ),
-    ] = 5.0,
-    sweep_interval: Annotated[
-        float,
-        typer.Option(
-            help="Seconds between sweeps: expired cards, turns whose worker died, decided "
-            "turns nobody resumed (0: no sweeps; run a handrail Worker elsewhere).",
-            min=0,
-        ),
-    ] = 1.0,
-    retention_days: Annotated[
-        float | None,
-        typer.Option(
-            help="Delete finished sessions nobody touched for this many days (default: keep).",
-            min=0,
-        ),
-    ] = None,
-    rate: Annotated[
-        float, typer.Option(help="Requests a second per key, on average (0: no limit).", min=0)
-    ] = 50.0,
-    burst: Annotated[int, typer.Option(help="Requests per key at once.", min=1)] = 100,
-    streams: Annotated[
-        int, typer.Option(help="Open event streams per organisation (0: no limit).", min=0)
-    ] = 100,
-    turns: Annotated[
-        int, typer.Option(help="Running turns per organisation (0: no limit).", min=0)
-    ] = 100,
-    stream_bytes: Annotated[
-        float,
-        typer.Option(
-            help="Bytes a second an organisation's event streams may send (0: no limit).", min=0
-        ),
-    ] = 4_000_000.0,
+    db: Annotated[Path | None, _setting("db")] = None,
+    dsn: Annotated[str | None, _setting("dsn")] = None,
+    schema: Annotated[str | None, _setting("schema")] = None,
+    worker_id: Annotated[str | None, _setting("worker_id")] = None,
+    max_body_size: Annotated[int | None, _setting("max_body_size", min=1)] = None,
+    log_level: Annotated[str | None, _setting("log_level")] = None,
+    shutdown_grace: Annotated[float | None, _setting("shutdown_grace", min=0)] = None,
+    sweep_interval: Annotated[float | None, _setting("sweep_interval", min=0)] = None,
+    retention_days: Annotated[float | None, _setting("retention_days", min=0)] = None,
+    rate: Annotated[float | None, _setting("rate", min=0)] = None,
+    burst: Annotated[int | None, _setting("burst", min=1)] = None,
+    streams: Annotated[int | None, _setting("streams", min=0)] = None,
+    turns: Annotated[int | None, _setting("turns", min=0)] = None,
+    stream_bytes: Annotated[float | None, _setting("stream_bytes", min=0)] = None,
     header_timeout: Annotated[
         float, typer.Option(help="Seconds a connection has to send a request's headers.", min=0.1)
     ] = 10.0,
@@ -250,22 +250,8 @@ def serve(
             min=0,
         ),
     ] = 250,
-    poll_interval: Annotated[
-        float | None,
-        typer.Option(
-            help="Seconds of quiet after which an event stream reads the log again, a safety "
-            "net: events reach streams as notices (default: 60 on PostgreSQL, whose notices "
-            "cross processes; 1 otherwise).",
-            min=0.01,
-        ),
-    ] = None,
-    audit_roles: Annotated[
-        str,
-        typer.Option(
-            help="The roles that may read the audit trail over HTTP (GET /audit), "
-            "comma-separated: a caller needs one; '*': every member of the organisation."
-        ),
-    ] = "auditor",
+    poll_interval: Annotated[float | None, _setting("poll_interval", min=0.01)] = None,
+    audit_roles: Annotated[str | None, _setting("audit_roles")] = None,
     workers: Annotated[
         int,
         typer.Option(
@@ -276,48 +262,56 @@ def serve(
         ),
     ] = 1,
 ) -> None:
-    """Serve an engine's HTTP API (and its web page) with uvicorn."""
-    from .server import authenticator_from, serve_workers
+    """Serve an engine's HTTP API (and its web page) with uvicorn.
+
+    Its settings are read as every command reads them: a flag, else its HANDRAIL_*
+    variable, else the default (`handrail config` shows them, and where each came from).
+    """
+    from .server import configured_app, serve_workers, settings_authenticator
     from .server import serve as serve_app
 
-    engine = load_engine(target)
-    if workers > 1:
-        _check_shared(engine, workers)
-    specs = os.environ.get("HANDRAIL_API_KEYS", "").split()
-    readers = None if audit_roles.strip() == "*" else _roles(audit_roles)
+    settings = Settings.resolve(
+        {
+            "api_keys_file": api_keys_file,
+            "db": db,
+            "dsn": dsn,
+            "schema": schema,
+            "worker_id": worker_id,
+            "max_body_size": max_body_size,
+            "log_level": log_level,
+            "shutdown_grace": shutdown_grace,
+            "sweep_interval": sweep_interval,
+            "retention_days": retention_days,
+            "rate": rate,
+            "burst": burst,
+            "streams": streams,
+            "turns": turns,
+            "stream_bytes": stream_bytes,
+            "poll_interval": poll_interval,
+            "audit_roles": audit_roles,
+        }
+    )
     # Read once here: a malformed spec, or a key given twice, stops the server before it starts.
-    if not len(authenticator_from(specs, api_keys_file)):
-        from .server import ApiKeyAuthenticator
-
-        key = ApiKeyAuthenticator.generate_key()
-        # The run's own key is its operator's: it may read the audit trail too.
-        roles = "+".join(sorted(readers or ()))
-        specs.append(f"id=local,org=local,user=local,roles={roles},key={key}")
+    authenticator = settings_authenticator(settings)
+    if not settings.has_key_source:
+        settings = _one_off_key(settings, host, port)
+        authenticator = settings_authenticator(settings)
+    elif not len(authenticator):
         typer.echo(
-            f"No API key configured (HANDRAIL_API_KEYS, --api-keys-file): this run accepts "
-            f"`Authorization: Bearer {key}` "
-            f"(org 'local', user 'local'{f', roles {roles}' if roles else ''}).",
+            f"Warning: {settings.api_keys_file} ({settings.source('api_keys_file')}) holds no "
+            f"API key yet: every request gets 401 until it has one (it is read again when it "
+            f"changes).",
             err=True,
         )
-        where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
-        typer.echo(f"Open the web page: http://{where}:{port}/#key={key}", err=True)
-    options = _AppOptions(
-        target=target,
-        specs=specs,
-        keys_file=api_keys_file,
-        max_body_size=max_body_size,
-        shutdown_grace=shutdown_grace,
-        sweep_interval=sweep_interval,
-        retention=retention_days * 86_400 if retention_days else None,
-        poll_interval=poll_interval,
-        limits=(rate or None, burst, streams or None, turns or None, stream_bytes or None),
-        audit_roles=readers,
-    )
-    settings: dict[str, Any] = {
+    engine = load_engine(target)
+    settings.apply(engine)
+    if workers > 1:
+        _check_shared(engine, workers)
+    options: dict[str, Any] = {
         "host": host,
         "port": port,
-        "shutdown_grace": shutdown_grace,
-        "log_level": log_level,
+        "shutdown_grace": settings.shutdown_grace,
+        "log_level": settings.log_level,
         "header_timeout": header_timeout,
         "body_timeout": body_timeout,
         "idle_timeout": idle_timeout,
@@ -325,66 +319,46 @@ def serve(
         "max_client_connections": max_client_connections or None,
     }
     if workers > 1:
-        serve_workers(functools.partial(_worker_app, options), workers, **settings)
+        serve_workers(functools.partial(_worker_app, target, settings), workers, **options)
         return
-    serve_app(_make_app(engine, options, authenticator_from(specs, api_keys_file)), **settings)
+    serve_app(configured_app(engine, settings, authenticator=authenticator), **options)
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
-class _AppOptions:
-    """What `serve` makes its app with, sent to each worker process (so picklable)."""
+def _one_off_key(settings: Settings, host: str, port: int) -> Settings:
+    """Settings with a key made for this run, said loudly: no key source is configured."""
+    from .server import ApiKeyAuthenticator
 
-    target: str
-    specs: list[str]
-    keys_file: Path | None
-    max_body_size: int
-    shutdown_grace: float
-    sweep_interval: float
-    retention: float | None
-    poll_interval: float | None
-    limits: tuple[float | None, int, int | None, int | None, float | None]
-    audit_roles: frozenset[str] | None
-
-
-def _roles(text: str) -> frozenset[str]:
-    """`--audit-roles`: comma-separated role names."""
-    roles = frozenset(r.strip() for r in text.split(",") if r.strip())
-    if not roles:
-        raise CliError("--audit-roles needs a role (auditor,compliance), or '*' for everyone.")
-    return roles
-
-
-def _make_app(engine: Engine, options: _AppOptions, authenticator: Any) -> Any:
-    from .server import Limits, create_app
-
-    rate, burst, streams, turns, stream_bytes = options.limits
-    return create_app(
-        engine,
-        authenticator=authenticator,
-        max_body_size=options.max_body_size,
-        shutdown_grace=options.shutdown_grace,
-        sweep_interval=options.sweep_interval or None,
-        retention=options.retention,
-        poll_interval=options.poll_interval,
-        limits=Limits(
-            rate=rate, burst=burst, streams=streams, turns=turns, stream_bytes=stream_bytes
-        ),
-        audit_roles=options.audit_roles,
+    key = ApiKeyAuthenticator.generate_key()
+    readers = settings.audit_roles
+    # The run's own key is its operator's: it may read the audit trail too.
+    roles = "+".join(sorted(readers or ()))
+    spec = f"id=local,org=local,user=local,roles={roles},key={key}"
+    where = f"[{host}]" if ":" in host else "127.0.0.1" if host == "0.0.0.0" else host
+    typer.echo(
+        f"WARNING: no API key is configured (HANDRAIL_API_KEYS, HANDRAIL_API_KEYS_FILE or "
+        f"--api-keys-file), so this run made a one-off key, which stops working when it "
+        f"stops:\n"
+        f"    Authorization: Bearer {key}\n"
+        f"  (org 'local', user 'local'{f', roles {roles}' if roles else ''})\n"
+        f"  Open the web page: http://{where}:{port}/#key={key}\n"
+        f"  For real keys: HANDRAIL_API_KEYS='ORG:USER:KEY ...' or HANDRAIL_API_KEYS_FILE="
+        f"keys.txt (one spec a line), and `handrail config` to check (docs/deploying.md).",
+        err=True,
     )
+    return settings.replace(api_keys=(spec,))
 
 
-def _worker_app(options: _AppOptions, index: int) -> Any:
+def _worker_app(target: str, settings: Settings, index: int) -> Any:
     """The app of worker process `index` of `serve --workers`: its own engine and worker id.
 
-    The id is `HANDRAIL_WORKER_ID` (default: the host name) and the index, the same for the
+    The id is the worker id setting (default: the host name) and the index, the same for the
     worker started again after it died, so that it takes its turns back at once.
     """
-    from .server import authenticator_from, name_worker
+    from .server import configured_app
 
-    engine = load_engine(options.target)
-    base = os.environ.get("HANDRAIL_WORKER_ID") or socket.gethostname()
-    name_worker(engine, f"{base}-{index}")
-    return _make_app(engine, options, authenticator_from(options.specs, options.keys_file))
+    engine = load_engine(target)
+    settings.apply(engine, suffix=index)
+    return configured_app(engine, settings)
 
 
 def _check_shared(engine: Engine, workers: int) -> None:
@@ -416,6 +390,113 @@ def load_engine(target: str) -> Engine:
     return load(target)
 
 
+# -- config ---------------------------------------------------------------------------------
+
+
+@app.command("config")
+@_one_line_errors
+def config_command(
+    target: Annotated[
+        str | None,
+        typer.Argument(help="The app, as MODULE:NAME: its store and worker id are shown too."),
+    ] = None,
+    api_keys_file: Annotated[Path | None, _setting("api_keys_file")] = None,
+    db: Annotated[Path | None, _setting("db")] = None,
+    dsn: Annotated[str | None, _setting("dsn")] = None,
+    schema: Annotated[str | None, _setting("schema")] = None,
+    worker_id: Annotated[str | None, _setting("worker_id")] = None,
+    sweep_interval: Annotated[float | None, _setting("sweep_interval", min=0)] = None,
+    retention_days: Annotated[float | None, _setting("retention_days", min=0)] = None,
+    rate: Annotated[float | None, _setting("rate", min=0)] = None,
+    burst: Annotated[int | None, _setting("burst", min=1)] = None,
+    streams: Annotated[int | None, _setting("streams", min=0)] = None,
+    turns: Annotated[int | None, _setting("turns", min=0)] = None,
+    stream_bytes: Annotated[float | None, _setting("stream_bytes", min=0)] = None,
+    max_body_size: Annotated[int | None, _setting("max_body_size", min=1)] = None,
+    shutdown_grace: Annotated[float | None, _setting("shutdown_grace", min=0)] = None,
+    poll_interval: Annotated[float | None, _setting("poll_interval", min=0.01)] = None,
+    audit_roles: Annotated[str | None, _setting("audit_roles")] = None,
+    log_format: Annotated[str | None, _setting("log_format")] = None,
+    log_level: Annotated[str | None, _setting("log_level")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Print the configuration in effect, and where each value came from, secrets masked.
+
+    The same flags as `handrail serve` (and the same HANDRAIL_* variables): pass the ones
+    you run it with. A source is the flag, the variable's name, or `default`. API keys show
+    their ids and users, a DSN its host with the password masked, the audit key its id.
+    """
+    settings = Settings.resolve(
+        {
+            "api_keys_file": api_keys_file,
+            "db": db,
+            "dsn": dsn,
+            "schema": schema,
+            "worker_id": worker_id,
+            "sweep_interval": sweep_interval,
+            "retention_days": retention_days,
+            "rate": rate,
+            "burst": burst,
+            "streams": streams,
+            "turns": turns,
+            "stream_bytes": stream_bytes,
+            "max_body_size": max_body_size,
+            "shutdown_grace": shutdown_grace,
+            "poll_interval": poll_interval,
+            "audit_roles": audit_roles,
+            "log_format": log_format,
+            "log_level": log_level,
+        }
+    )
+    from .server import settings_authenticator
+
+    keys = len(settings_authenticator(settings))  # a malformed key fails as it would in serve
+    extra = [
+        ("keys in use", str(keys), "api_keys, api_keys_file")
+        if settings.has_key_source
+        else ("keys in use", "none: `handrail serve` would make a one-off key", DEFAULT)
+    ]
+    if target is not None:
+        extra += _run(_app_rows(target, settings))
+    if as_json:
+        document: dict[str, Any] = settings.to_json()
+        document.update({name: {"value": v, "source": source} for name, v, source in extra})
+        typer.echo(json.dumps(document, indent=2))
+        return
+    table = Table("setting", "value", "source")
+    for column in table.columns:
+        column.overflow = "fold"
+    for row in [(s.name, s.shown, s.source) for s in settings.describe()] + extra:
+        table.add_row(*row)
+    _out.print(table)
+
+
+async def _app_rows(target: str, settings: Settings) -> list[tuple[str, str, str]]:
+    """What the app makes of the settings: its store, its worker id, its gate."""
+    from .apps import open_app
+
+    async with open_app(target) as engine:
+        store = settings.store()
+        if store is not None:
+            await store.close()
+            where = "dsn" if settings.dsn else "db"
+            kept = f"{type(store).__name__} (from {where})"
+        else:
+            kept = f"{type(engine.store).__name__} (the app's own)"
+        worker = settings.worker_name() if settings.worker_id else engine.worker_id
+        gate = getattr(engine, "gate", None)
+        return [
+            ("app", target, "argument"),
+            ("app store", kept, settings.source("dsn" if settings.dsn else "db")),
+            ("app worker id", worker, settings.source("worker_id")),
+            ("app gate", "none" if gate is None else _name_of(gate), "the app"),
+        ]
+
+
+def _name_of(thing: Any) -> str:
+    return getattr(thing, "__qualname__", None) or type(thing).__name__
+
+
 # -- chat -----------------------------------------------------------------------------------
 
 
@@ -435,11 +516,17 @@ def chat(
             "--message", "-m", help="Send this message (once a message), then exit, asking nothing."
         ),
     ] = None,
-    db: Annotated[
-        Path | None, typer.Option(help="Keep the sessions in this SQLite file (over the engine's).")
+    roles: Annotated[
+        str | None,
+        typer.Option(
+            help="Your roles, comma-separated (sre,it-admin): you decide the cards as --user "
+            "(default: cli) with these roles, under the tools' decision policies, as any "
+            "decider does over HTTP."
+        ),
     ] = None,
-    dsn: Dsn = None,
-    schema: Schema = "public",
+    db: Annotated[Path | None, _setting("db")] = None,
+    dsn: Annotated[str | None, _setting("dsn")] = None,
+    schema: Annotated[str | None, _setting("schema")] = None,
     approve_all: Annotated[
         bool, typer.Option("--approve-all", help="Approve every call as proposed, asking nobody.")
     ] = False,
@@ -463,14 +550,11 @@ def chat(
     """
     if approve_all and reject_all:
         raise CliError("Pass --approve-all or --reject-all, not both.")
+    settings = Settings.resolve({"db": db, "dsn": dsn, "schema": schema})
+    held = frozenset(r.strip() for r in (roles or "").split(",") if r.strip())
     with _err.status(f"Loading {target}…"):
         engine = load_engine(target)
-    if dsn:
-        engine.store = _store(Path(), dsn, schema)
-    elif db is not None:
-        from .store import SqliteStore
-
-        engine.store = SqliteStore(db)
+    own_store = settings.apply(engine) is not None
     preset = "approve" if approve_all else "reject" if reject_all else None
     supervisor = engine.domain.supervisor
     view = (
@@ -487,10 +571,14 @@ def chat(
         view=view,
         preset=preset,
         ask=None if (as_json or message) else _out.input,
-        own_store=bool(dsn) or db is not None,
+        own_store=own_store,
+        roles=held,
     )
     try:
         _run(chat_.run(message))
+    except ChatRefused as waiting:
+        typer.echo(str(waiting), err=True)  # the refusals were shown: this is not an error
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         _err.print("[dim]Stopped.[/]")
         raise typer.Exit(130) from None
@@ -591,6 +679,14 @@ class _ChatView:
         self.idle()
         self.console.print(approval_card(card))
 
+    def refused(self, card: ApprovalCardPart, decision: Decision, reason: str) -> None:
+        verb = {"approve": "approve", "reject": "reject", "answer": "answer"}
+        self.console.print(
+            f"[bold red]✗ refused:[/] you may not {verb.get(decision.decision, 'decide')} "
+            f"{card.tool_name}: {reason} Nothing was recorded.",
+            highlight=False,
+        )
+
     def decided(self, card: ApprovalCardPart, decision: Decision) -> None:
         verb = {"approve": "approved", "reject": "rejected", "answer": "answered"}
         amended = getattr(decision, "amended_args", None)
@@ -613,6 +709,9 @@ class _JsonView:
     def decided(self, card: ApprovalCardPart, decision: Decision) -> None:
         pass
 
+    def refused(self, card: ApprovalCardPart, decision: Decision, reason: str) -> None:
+        typer.echo(f"refused: {card.tool_name} (call {card.tool_call_id}): {reason}", err=True)
+
     def idle(self) -> None:
         pass
 
@@ -632,8 +731,12 @@ class _Chat:
         preset: str | None,
         ask: Callable[[str], str] | None,
         own_store: bool = False,
+        roles: frozenset[str] = frozenset(),
     ) -> None:
         self.engine = engine
+        self.roles = roles
+        self.decider = Decider(user_id=user_id or "cli", roles=roles, org_id=org_id)
+        """The person at the terminal, as the decision policies see them."""
         self.own_store = own_store
         self.session_id = session_id
         self.org_id, self.user_id = org_id, user_id
@@ -672,6 +775,16 @@ class _Chat:
                 text = raw.rstrip("\n") if raw else None
             if text is None or text.strip() in ("", "/quit", "/exit"):
                 return
+            await self.engine.admit(  # the app's gate: may this person start a turn at all?
+                TurnRequest(
+                    org_id=self.org_id,
+                    user_id=self.user_id,
+                    roles=self.roles,
+                    session_id=self.session_id,
+                    text=text,
+                    via="chat",
+                )
+            )
             run = self.engine.submit(
                 self.session_id, text, org_id=self.org_id, user_id=self.user_id, route=self.route
             )
@@ -696,16 +809,24 @@ class _Chat:
             cards = [c for c in state.pending.values() if c.decision is None]
             if not state.pending:
                 return
-            decisions: dict[str, Decision] = {}
+            refused: list[str] = []
+            ready = False
             for card in cards:
                 self.view.card(card)
                 decision = self._decide(card)
+                try:  # recorded under the call's policy, as any decider's: or refused
+                    resolution = await self.engine.resolve(
+                        self.session_id, card.tool_call_id, decision, decider=self.decider
+                    )
+                except DecisionNotAllowedError as refusal:
+                    self.view.refused(card, decision, str(refusal))
+                    refused.append(card.tool_call_id)
+                    continue
                 self.view.decided(card, decision)
-                decisions[card.tool_call_id] = decision
-            resolution = await self.engine.resolve_many(
-                self.session_id, decisions, org_id=self.org_id, user_id=self.user_id
-            )
-            if not resolution.ready:
+                ready = resolution.ready
+            if refused:
+                raise ChatRefused(self.session_id, refused)
+            if not ready:
                 return
             await self._play(
                 self.engine.resume(self.session_id, org_id=self.org_id, user_id=self.user_id)

@@ -52,6 +52,7 @@ from .exceptions import (
     StoreUnavailableError,
     UserError,
 )
+from .gate import Gate, TurnRequest, admit
 from .inbox import Inbox, PendingCard, PendingPage, deciding_tools
 from .messages import ApprovalCardPart, CardKind, ToolCallPart
 from .models import Model
@@ -190,6 +191,9 @@ class Engine:
         wrap_tools: replaces tools with mocks or wrappers (see `build_runtime`).
         store_retry: how a store call that failed for a moment is retried (`StoreRetry`);
             when the store stays away, the turn is left for recovery, as a crash leaves it.
+        gate: who may start a turn at all (a plan, a feature flag): asked by every entry
+            point before it starts a caller's turn, with a `TurnRequest`; None lets the
+            caller in, a reason refuses it (`handrail.gate`; the server answers 403).
     """
 
     def __init__(
@@ -204,6 +208,7 @@ class Engine:
         model: Model | str | None = None,
         wrap_tools: WrapTools | None = None,
         store_retry: StoreRetry | None = None,
+        gate: Gate | None = None,
     ) -> None:
         if not lease_ttl > 0:
             raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
@@ -223,11 +228,24 @@ class Engine:
         """This process's name on the leases it holds: its worker id and its incarnation."""
         self.lease_ttl = lease_ttl
         self.store_retry = store_retry if store_retry is not None else StoreRetry()
+        self.gate: Gate | None = gate
+        """Who may start a turn at all (`handrail.gate`), asked by the entry points."""
         self._lost: set[str] = set()  # sessions whose lease another process took over
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
 
     # -- turns -----------------------------------------------------------------------------
+
+    async def admit(self, request: TurnRequest) -> None:
+        """Ask the engine's gate whether `request`'s caller may start a turn.
+
+        Every entry point that starts a caller's turn asks first, before it stores anything
+        (`submit` itself does not: a library call is trusted).
+
+        Raises:
+            TurnRefusedError: the gate refused, with its reason.
+        """
+        await admit(self.gate, request)
 
     def submit(
         self,

@@ -12,6 +12,7 @@ HandrailError
 │   ├── HostedToolError        a hosted tool (web search, ...) given to a model that cannot run it
 │   ├── TurnSuspendedError     a new message while the session's turn waits for decisions
 │   ├── TurnCutOffError        a new message while the session's turn waits to be recovered
+│   ├── TurnRefusedError       the app's gate does not let this caller start a turn (its reason)
 │   └── SessionNotFoundError   no such session for this caller (another tenant's included)
 ├── RunError                   a run failed; carries what the run had got to
 │   ├── ModelError             the model misbehaved (bad script, exhausted script, bad stream)
@@ -76,6 +77,7 @@ __all__ = [
     "StoreUnavailableError",
     "ToolDefinitionError",
     "TurnCutOffError",
+    "TurnRefusedError",
     "TurnSuspendedError",
     "UnsettledSaveError",
     "UserError",
@@ -197,6 +199,21 @@ class TurnCutOffError(UserError):
             f"itself) before sending a new message."
         )
         self.session_id = session_id
+
+
+class TurnRefusedError(UserError):
+    """The app's gate does not let this caller start a turn; nothing was stored.
+
+    The message is the gate's reason, as the app wrote it for the caller (`handrail.gate`).
+    The server answers it 403 `turn_refused`.
+
+    Attributes:
+        reason: the gate's reason.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class SessionNotFoundError(UserError):

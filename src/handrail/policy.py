@@ -47,9 +47,11 @@ class DecisionPolicy:
     withdraw it (reject it), as `withdraw` says."""
     approvals: int = 1
     """How many different people must approve the call, with the same arguments, before it
-    runs. An amendment is a new proposal: the approvals of other arguments stop counting. A
-    rejection by anyone allowed to decide decides it at once; so does an answer or a client
-    result (each by one person, who must meet `roles` and `four_eyes`)."""
+    runs. With `four_eyes`, the requester is not one of them: `four_eyes=True, approvals=2`
+    needs three people (the requester and two others). An amendment is a new proposal: the
+    approvals of other arguments stop counting. A rejection by anyone allowed to decide
+    decides it at once; so does an answer or a client result (each by one person, who must
+    meet `roles` and `four_eyes`)."""
     withdraw: bool = True
     """The person who requested the call may reject it (withdraw their own request) without
     holding one of `roles`. False: only someone the policy allows rejects it."""
@@ -75,7 +77,11 @@ class DecisionPolicy:
         parts = [f"roles: {', '.join(sorted(self.roles))}" if self.roles else "any member"]
         if self.four_eyes:
             parts.append("four eyes")
-        if self.approvals > 1:
+        if self.approvals > 1 and self.four_eyes:
+            parts.append(
+                f"{self.approvals} approvals, not the requester's ({_people(self.approvals)})"
+            )
+        elif self.approvals > 1:
             parts.append(f"{self.approvals} approvals")
         if not self.withdraw:
             parts.append("no withdrawing")
@@ -166,17 +172,36 @@ def refusal(
             + ("." if decision == "approve" else f" to {_VERB[decision]} its calls.")
         )
     if policy.four_eyes and who == requester and not withdrawing:
+        others = (
+            f"{_WORDS.get(policy.approvals, str(policy.approvals))} other people must approve "
+            f"it ({_people(policy.approvals)} in all, with the requester)"
+            if decision == "approve" and policy.approvals > 1
+            else "someone else must"
+        )
         return (
             f"{tool_name} needs four eyes: {who} requested the call and may not "
-            f"{_VERB[decision]} it; someone else must."
+            f"{_VERB[decision]} it; {others}."
         )
     if decision == "approve" and who in approved_by:
+        besides = (
+            f", none of them the requester ({_people(policy.approvals)} in all)"
+            if policy.four_eyes
+            else ""
+        )
         return (
-            f"{tool_name} needs {policy.approvals} approvals from different people; {who} "
-            f"already approved it ({len(approved_by)} of {policy.approvals}), with these "
+            f"{tool_name} needs {policy.approvals} approvals from different people{besides}; "
+            f"{who} already approved it ({len(approved_by)} of {policy.approvals}), with these "
             f"arguments."
         )
     return None
+
+
+_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+
+def _people(approvals: int) -> str:
+    """How many people a four-eyes policy of `approvals` needs: the approvers and the requester."""
+    return f"{_WORDS.get(approvals + 1, str(approvals + 1))} people"
 
 
 _VERB: dict[Verdict, str] = {

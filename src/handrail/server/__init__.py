@@ -31,7 +31,14 @@ from ._auth import (
     Caller,
     reload_key_files,
 )
-from ._factory import app_from_env, authenticator_from, load_engine, name_worker
+from ._factory import (
+    app_from_env,
+    authenticator_from,
+    configured_app,
+    load_engine,
+    name_worker,
+    settings_authenticator,
+)
 from ._jwt import JwtAuthenticator
 from ._limits import Limits
 from ._serve import AppFactory, escape_logs, serve, serve_workers, server_config, tune_gc
@@ -47,6 +54,7 @@ __all__ = [
     "Limits",
     "app_from_env",
     "authenticator_from",
+    "configured_app",
     "create_app",
     "escape_logs",
     "load_engine",
@@ -55,5 +63,6 @@ __all__ = [
     "serve",
     "serve_workers",
     "server_config",
+    "settings_authenticator",
     "tune_gc",
 ]

@@ -94,6 +94,9 @@ class _Endpoint:
         session_id = thread_session_id(caller, body.thread_id)
         api.limits.check_stream(caller)
         if not body.resume:  # a new message starts a turn: refused here, before the 200
+            users = [_text(m) for m in body.messages if m.role == "user"]
+            text = users[-1] if users else None
+            await api.admit(caller, via="agui", session_id=session_id, text=text)
             api.limits.turn(caller, api.runs.running_for(caller.org_id))
         return EventStream(
             self._frames(caller, session_id, body),

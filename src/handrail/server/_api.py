@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from ..engine import Engine
+from ..gate import TurnRequest
 from ._auth import Authenticator, Caller
 from ._errors import ApiError
 from ._limits import Limits
@@ -72,6 +73,26 @@ class Api:
         self.limits.request(caller)
         request.state.caller = caller
         return caller
+
+    async def admit(
+        self, caller: Caller, *, via: str, session_id: str | None, text: str | None
+    ) -> None:
+        """Ask the engine's gate whether `caller` may start a turn, before anything is stored.
+
+        Raises:
+            TurnRefusedError: the gate refused (answered 403 `turn_refused`, its reason).
+        """
+        await self.engine.admit(
+            TurnRequest(
+                org_id=caller.org_id,
+                user_id=caller.user_id,
+                roles=caller.roles,
+                session_id=session_id,
+                text=text,
+                via=via,
+                credential=caller.credential,
+            )
+        )
 
     async def _body(self, request: Request, model: type[M]) -> M:
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()

@@ -275,7 +275,7 @@ class _Api(Api):
         session = "/sessions/{session_id}"
         return [
             Operation("POST", "/sessions", self.create_session, "Create a session",
-                      status=201, response=SessionBody),
+                      status=201, response=SessionBody, errors=(403,)),
             Operation("GET", "/sessions", self.list_sessions, "List the caller's sessions",
                       query=ListQuery, response=SessionsBody),
             Operation("GET", session, self.read_session,
@@ -293,7 +293,7 @@ class _Api(Api):
                       "Send a message: the turn runs in the background (its events stream in "
                       "the answer when it accepts text/event-stream)", status=202,
                       body=TurnBody, query=ClientQuery, response=TurnAccepted,
-                      errors=(404, 409, 413, 422), stream_on_accept=True),
+                      errors=(403, 404, 409, 413, 422), stream_on_accept=True),
             Operation("GET", f"{session}/events", self.stream_events,
                       "Stream the session's events (Server-Sent Events)", query=EventsQuery,
                       stream=True, errors=(404, 422)),
@@ -401,7 +401,9 @@ class _Api(Api):
 
     async def create_session(self, request: Request) -> Response:
         """`POST /sessions`: a new, empty session of the caller's."""
-        org_id, user_id = (await self._caller(request)).who
+        caller = await self._caller(request)
+        await self.admit(caller, via="http", session_id=None, text=None)
+        org_id, user_id = caller.who
         session_id = self.engine.runtime.ids("session")
         state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
         await self.store.save(
@@ -591,6 +593,7 @@ class _Api(Api):
             raise ApiError(
                 422, "invalid_request", f"route: no route {body.route!r} (routes: {routes})."
             )
+        await self.admit(caller, via="http", session_id=session_id, text=body.text)
         run = self.engine.submit(
             session_id,
             body.text,

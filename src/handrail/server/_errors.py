@@ -20,6 +20,7 @@ from ..exceptions import (
     StaleResolutionError,
     StoreError,
     TurnCutOffError,
+    TurnRefusedError,
     TurnSuspendedError,
     UserError,
 )
@@ -78,6 +79,7 @@ _STATUS: dict[type[Exception], tuple[int, str]] = {
     SessionBusyError: (409, "session_busy"),
     TurnInProgressError: (409, "turn_in_progress"),
     InvalidDecisionError: (422, "invalid_decision"),
+    TurnRefusedError: (403, "turn_refused"),  # the app's gate: its reason is the message
     UserError: (409, "conflict"),  # what the engine refuses in this state (e.g. suspended)
 }
 

@@ -10,20 +10,28 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import socket
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from starlette.applications import Starlette
 
+from ..config import Settings, name_worker
 from ..engine import Engine
-from ..exceptions import UserError
+from ..exceptions import ConfigError, UserError
 from ..store import MemoryStore
 from ._app import create_app
-from ._auth import ApiKeyAuthenticator, ApiKeyFileAuthenticator
+from ._auth import ApiKeyAuthenticator, ApiKeyFileAuthenticator, Authenticator
+from ._limits import Limits
 
-__all__ = ["app_from_env", "authenticator_from", "load_engine", "name_worker"]
+__all__ = [
+    "app_from_env",
+    "authenticator_from",
+    "configured_app",
+    "load_engine",
+    "name_worker",
+    "settings_authenticator",
+]
 
 _log = logging.getLogger("handrail.server")
 
@@ -72,15 +80,44 @@ def authenticator_from(specs: Iterable[str], file: Path | None = None) -> ApiKey
     return authenticator
 
 
-def name_worker(engine: Engine, worker_id: str) -> None:
-    """Give `engine` the worker id `worker_id` (and a lease owner of it), before it runs.
+def settings_authenticator(settings: Settings) -> ApiKeyAuthenticator:
+    """The API keys of `settings` (`api_keys` and `api_keys_file`): `authenticator_from`.
 
-    Each process of a server needs its own: processes sharing one would take each other's
-    leases at start-up (`Engine.reclaim`).
+    Raises:
+        ConfigError: a spec is malformed, the file cannot be read, or one key is given twice.
     """
-    incarnation = engine.lease_owner.rpartition("#")[2]
-    engine.worker_id = worker_id
-    engine.lease_owner = f"{worker_id}#{incarnation}"
+    return authenticator_from(settings.api_keys, settings.api_keys_file)
+
+
+def configured_app(
+    engine: Engine, settings: Settings, *, authenticator: Authenticator | None = None
+) -> Starlette:
+    """`create_app(engine)` as the settings say: limits, sweeps, retention, audit roles.
+
+    The one way `handrail serve` (each of its processes) and `app_from_env` make their app.
+
+    Args:
+        engine: the engine (given the settings' store and worker id: `Settings.apply`).
+        settings: the settings (`Settings.resolve`).
+        authenticator: who may call (default: the settings' API keys).
+    """
+    return create_app(
+        engine,
+        authenticator=authenticator or settings_authenticator(settings),
+        max_body_size=settings.max_body_size,
+        shutdown_grace=settings.shutdown_grace,
+        sweep_interval=settings.sweep_interval or None,
+        retention=settings.retention,
+        poll_interval=settings.poll_interval,
+        limits=Limits(
+            rate=settings.rate or None,
+            burst=settings.burst,
+            streams=settings.streams or None,
+            turns=settings.turns or None,
+            stream_bytes=settings.stream_bytes or None,
+        ),
+        audit_roles=settings.audit_roles,
+    )
 
 
 def app_from_env() -> Starlette:
@@ -91,6 +128,9 @@ def app_from_env() -> Starlette:
     processes. Each process loads the engine itself, so its store must be one they share
     (PostgreSQL; SQLite on one machine).
 
+    The settings are `handrail serve`'s, read the same way (`handrail.config.Settings`, with
+    no flags): `handrail config` shows them.
+
     Environment:
         HANDRAIL_ENGINE: the engine, `module:attribute` (or a factory), as `handrail serve`.
         HANDRAIL_API_KEYS: API key specs (`ORG:USER:KEY`, or `id=...,org=...,user=...,
@@ -98,36 +138,38 @@ def app_from_env() -> Starlette:
         HANDRAIL_API_KEYS_FILE: a file of them, one a line.
         HANDRAIL_WORKER_ID: a name for this deployment's workers; each process is named
             `<it>-<pid>` (default: the host name), since processes must not share one.
-        HANDRAIL_SWEEP_INTERVAL: seconds between sweeps (default 1; 0: none).
-        HANDRAIL_AUDIT_ROLES: the roles that may read the audit trail, comma-separated
-            (default `auditor`; `*`: every member of the organisation).
+        HANDRAIL_DSN, HANDRAIL_DB (and HANDRAIL_SCHEMA): a store over the engine's own.
+        HANDRAIL_SWEEP_INTERVAL, HANDRAIL_RETENTION_DAYS, HANDRAIL_RATE, HANDRAIL_BURST,
+            HANDRAIL_STREAMS, HANDRAIL_TURNS, HANDRAIL_STREAM_BYTES, HANDRAIL_MAX_BODY_SIZE,
+            HANDRAIL_SHUTDOWN_GRACE, HANDRAIL_POLL_INTERVAL, HANDRAIL_AUDIT_ROLES: as the
+            flags of `handrail serve` of the same names.
 
     Raises:
-        UserError: HANDRAIL_ENGINE or every API key is missing, or one is malformed.
+        ConfigError: HANDRAIL_ENGINE or every API key source is missing (no key is ever
+            made up here: every process must accept the same keys), or a value is malformed
+            (the variable named).
     """
     target = os.environ.get("HANDRAIL_ENGINE")
     if not target:
-        raise UserError("Set HANDRAIL_ENGINE to the engine to serve, as module:attribute.")
-    keys_file = os.environ.get("HANDRAIL_API_KEYS_FILE")
-    file = Path(keys_file) if keys_file else None
-    authenticator = authenticator_from(os.environ.get("HANDRAIL_API_KEYS", "").split(), file)
-    if not len(authenticator):
-        raise UserError(
+        raise ConfigError("Set HANDRAIL_ENGINE to the engine to serve, as module:attribute.")
+    settings = Settings.resolve()
+    if not settings.has_key_source:
+        raise ConfigError(
             "Set HANDRAIL_API_KEYS (space-separated key specs, ORG:USER:KEY) or "
             "HANDRAIL_API_KEYS_FILE: "
             "every process must accept the same keys."
         )
+    authenticator = settings_authenticator(settings)
+    if not len(authenticator):
+        _log.warning(
+            "handrail: %s holds no API key yet: every request gets 401 until it has one.",
+            settings.api_keys_file,
+        )
     engine = load_engine(target)
-    base = os.environ.get("HANDRAIL_WORKER_ID") or socket.gethostname()
-    name_worker(engine, f"{base}-{os.getpid()}")
+    settings.apply(engine, suffix=os.getpid())
     if isinstance(engine.store, MemoryStore):
         _log.warning(
             "handrail: the engine's store is a MemoryStore, which this process keeps alone: "
             "run one process, or give the engine a PostgresStore."
         )
-    sweep = float(os.environ.get("HANDRAIL_SWEEP_INTERVAL", "1") or 0)
-    readers = os.environ.get("HANDRAIL_AUDIT_ROLES", "auditor").strip() or "auditor"
-    roles = None if readers == "*" else {r.strip() for r in readers.split(",") if r.strip()}
-    return create_app(
-        engine, authenticator=authenticator, sweep_interval=sweep or None, audit_roles=roles
-    )
+    return configured_app(engine, settings, authenticator=authenticator)

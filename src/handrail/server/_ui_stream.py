@@ -165,6 +165,8 @@ class _Endpoint:
         api.limits.check_stream(caller)
         if body.messages and body.messages[-1].role != "assistant":
             # A new message starts a turn: refused here, before the 200.
+            text = _text(body.messages[-1])
+            await api.admit(caller, via="ui-stream", session_id=session_id, text=text)
             api.limits.turn(caller, api.runs.running_for(caller.org_id))
         return EventStream(
             self._frames(caller, session_id, body),
