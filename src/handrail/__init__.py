@@ -101,7 +101,7 @@ from .tools import (
     web_fetch,
     web_search,
 )
-from .worker import Worker
+from .worker import Worker, WorkerStats
 
 if TYPE_CHECKING:
     from .store import PostgresStore, SqliteStore
@@ -209,6 +209,7 @@ __all__ = [
     "UsageEvent",
     "UserError",
     "Worker",
+    "WorkerStats",
     "__version__",
     "apply",
     "build_runtime",

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from ..engine import Engine
 from ..exceptions import UserError
 from ..store import MemoryStore
+from ..worker import name_worker
 from ._app import create_app
 from ._auth import ApiKeyAuthenticator, ApiKeyFileAuthenticator
 
@@ -70,17 +71,6 @@ def authenticator_from(specs: Iterable[str], file: Path | None = None) -> ApiKey
     authenticator = ApiKeyAuthenticator()
     authenticator.add_specs(named)
     return authenticator
-
-
-def name_worker(engine: Engine, worker_id: str) -> None:
-    """Give `engine` the worker id `worker_id` (and a lease owner of it), before it runs.
-
-    Each process of a server needs its own: processes sharing one would take each other's
-    leases at start-up (`Engine.reclaim`).
-    """
-    incarnation = engine.lease_owner.rpartition("#")[2]
-    engine.worker_id = worker_id
-    engine.lease_owner = f"{worker_id}#{incarnation}"
 
 
 def app_from_env() -> Starlette:
