@@ -3,10 +3,10 @@
 `scheduling_app:app` is an async context-manager function (the app contract's richest form):
 it writes `opened` on entry and `closed` on exit to `SCHEDULING_DIR/app.txt`, so a test sees
 the app closed after a drain. A message says what its turn does: `hello` answers; `fail`
-makes the model fail; `refund ORDER` refunds it (gated: a person approves; headless: its
-`mint` predicts it); `slow ORDER` refunds it after `SCHEDULING_DIR/gate` exists (a turn in
-flight for as long as the test likes). Each refund's start and effect are lines of
-`SCHEDULING_DIR/effects.txt`.
+makes the model fail; `refund ORDER` refunds it (gated: a person with the role `approver`
+approves; headless: its `mint` predicts it); `slow ORDER` refunds it once the file
+`SCHEDULING_DIR/gate` exists (a turn in flight for as long as the test likes). Each refund's
+start and effect are lines of `SCHEDULING_DIR/effects.txt`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from handrail import Agent, Engine, temp_id, tool
+from handrail import Agent, DecisionPolicy, Engine, temp_id, tool
 from handrail.models import ModelRequest
 from handrail.testing import FunctionModel, call
 
@@ -34,8 +34,13 @@ def _append(path: Path, line: str) -> None:
         os.fsync(file.fileno())
 
 
+APPROVERS = DecisionPolicy(roles={"approver"})
+"""Who may approve a refund (and a batch of them): a person with the role `approver`."""
+
+
 @tool(
     permission="write",
+    decision_policy=APPROVERS,
     mint=lambda args, i: {"refund_id": temp_id(i), "order": args["order"]},
 )
 async def refund(order: str, slow: bool = False) -> dict[str, str]:

@@ -478,7 +478,6 @@ class Engine:
                     expected = "running" if recovering else "suspended"
                     if progress is None or progress.status != expected:
                         raise UserError(_NOTHING[expected].format(session=session_id))
-                self.tally["recovered" if recovering else "resumed"] += 1
                 if recovering:  # what an operator watches: a worker died, or lost its lease
                     _log.warning(
                         "handrail engine %s: recovering session %r, whose turn was cut off",
@@ -497,6 +496,8 @@ class Engine:
                     # the log says which of its calls already started, or finished.
                     agent = agents[progress.step]
                     cards = await self._reconcile(session_id, state, agent)
+                # Recovered: cut off while it ran, or while it resumed (its calls' log says so).
+                self.tally["recovered" if recovering or cards else "resumed"] += 1
                 if cards or state.pending:  # new recovery cards, or the response's own ones
                     progress.status = "suspended"
                     await self._save(record, state, "suspended")
