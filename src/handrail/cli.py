@@ -2,6 +2,8 @@
 
 ```
 HANDRAIL_API_KEYS="acme:ana:$KEY" handrail serve myapp:engine --port 8000
+handrail worker myapp:app --dsn postgresql://... --worker-id "$HOSTNAME"
+handrail run myapp:app "Reorder what runs low" --org acme --user cron --headless --propose
 handrail sessions list --db handrail.db --json
 handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
@@ -11,7 +13,7 @@ handrail audit verify --org acme --anchor 41:9f2c...
 ```
 
 It needs the `server` extra (`pip install "handrail[server]"`). An error prints one line and
-exits with status 1.
+exits with status 1 (`handrail run` has more exit codes: docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -865,7 +867,7 @@ async def _work(target: str, settings: _WorkerSettings) -> None:
     def signalled(name: str) -> None:
         if stop.is_set():
             log.warning(
-                "handrail worker: %s again: stopping now (turns in flight are cut off)", name
+                "handrail worker: %s, a second signal: stopping now (turns in flight cut off)", name
             )
             if main is not None:
                 main.cancel()
