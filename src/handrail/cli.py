@@ -902,7 +902,7 @@ async def _work(target: str, settings: _WorkerSettings) -> None:
             log.info(
                 "handrail worker %s: started on %s (concurrency %d, sweeps every %g s)",
                 engine.lease_owner,
-                type(engine.store).__name__,
+                _where(engine.store),
                 settings.concurrency,
                 settings.sweep_interval,
             )
@@ -936,6 +936,14 @@ async def _over_store(
     finally:
         engine.store = own  # the app's exit closes its own
         await store.close()
+
+
+def _where(store: SessionStore) -> str:
+    """The store, as a log line names it (a PostgreSQL password masked)."""
+    path, dsn = getattr(store, "path", None), getattr(store, "masked_dsn", None)
+    if dsn is not None:
+        return f"{type(store).__name__}({dsn}, schema {getattr(store, 'schema', '?')})"
+    return f"{type(store).__name__}({path})" if path is not None else type(store).__name__
 
 
 def _log_to(level: str) -> None:

@@ -188,6 +188,7 @@ class Worker:
         once (a turn in flight is then cut off, and recovered later).
         """
         self._stopping = False
+        began = self.stats  # the first health line tells what the start-up did, too
         store = self.engine.store
         wakeups = store.listen() if self.listen else contextlib.nullcontext(None)
         async with wakeups as subscription, asyncio.TaskGroup() as group:
@@ -200,7 +201,7 @@ class Worker:
             except Exception:  # the sweeps find those sessions once their leases lapse
                 _log.exception("handrail worker %s: reclaiming failed", self.engine.worker_id)
             sweeps = group.create_task(self._sweep_forever(group))
-            health = group.create_task(self._health_forever())
+            health = group.create_task(self._health_forever(began))
             waiting: set[asyncio.Future[Any]] = set()
             if subscription is not None:
                 waiting.add(group.create_task(self._listen(subscription, group)))
@@ -242,11 +243,10 @@ class Worker:
                 task.cancel()
             await asyncio.wait(left)
 
-    async def _health_forever(self) -> None:
-        """Log a health line every `health_interval` seconds (when set)."""
+    async def _health_forever(self, last: WorkerStats) -> None:
+        """Log a health line every `health_interval` seconds (when set), from `last` on."""
         if self.health_interval is None:
             return
-        last = self.stats
         while True:
             await asyncio.sleep(self.health_interval)
             now = self.stats
