@@ -5,8 +5,9 @@ it writes `opened` on entry and `closed` on exit to `SCHEDULING_DIR/app.txt`, so
 the app closed after a drain. A message says what its turn does: `hello` answers; `fail`
 makes the model fail; `refund ORDER` refunds it (gated: a person with the role `approver`
 approves; headless: its `mint` predicts it); `slow ORDER` refunds it once the file
-`SCHEDULING_DIR/gate` exists (a turn in flight for as long as the test likes). Each refund's
-start and effect are lines of `SCHEDULING_DIR/effects.txt`.
+`SCHEDULING_DIR/gate` exists (a turn in flight for as long as the test likes); `wait` calls
+a read-only tool that waits for the gate. Each refund's start and effect (and `waiting`) are
+lines of `SCHEDULING_DIR/effects.txt`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ APPROVERS = DecisionPolicy(roles={"approver"})
 """Who may approve a refund (and a batch of them): a person with the role `approver`."""
 
 
+@tool
+async def wait() -> str:
+    """Wait until the file `gate` exists (read-only: runs at once, headless too)."""
+    _append(folder() / "effects.txt", "waiting")
+    while not (folder() / "gate").exists():  # noqa: ASYNC110 - another process opens it
+        await asyncio.sleep(0.02)
+    return "the gate is open"
+
+
 @tool(
     permission="write",
     decision_policy=APPROVERS,
@@ -59,13 +69,15 @@ def answer(request: ModelRequest) -> Any:
     verb, _, order = last.text.partition(" ")
     if verb == "fail":
         raise RuntimeError("the model is down")
+    if verb == "wait":
+        return call("wait")
     if verb in ("refund", "slow"):
         return call("refund", order=order, slow=verb == "slow")
     return "Hello."
 
 
 def agent() -> Agent[Any]:
-    return Agent("clerk", tools=[refund], model=FunctionModel(answer))
+    return Agent("clerk", tools=[refund, wait], model=FunctionModel(answer))
 
 
 @contextlib.asynccontextmanager

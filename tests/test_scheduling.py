@@ -292,6 +292,42 @@ def test_run_exits_1_when_the_turn_fails(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["status"] == "failed"
 
 
+def test_run_exits_1_with_one_error_line_when_the_app_cannot_be_opened(tmp_path: Path) -> None:
+    done = handrail(tmp_path, "run", "scheduling_app:nope", "hello", "--json")
+    assert done.returncode == 1
+    assert done.stderr == "error: Module 'scheduling_app' has no attribute 'nope'.\n"
+    answer = json.loads(done.stdout)  # --json says it on stdout too
+    assert (answer["status"], answer["error"]) == (
+        "failed",
+        "Module 'scheduling_app' has no attribute 'nope'.",
+    )
+
+
+async def test_sigterm_interrupts_the_run_saves_the_turn_and_exits_1(
+    tmp_path: Path, people: Engine
+) -> None:
+    command = [*CLI, "run", "scheduling_app:app", "wait", "--db", str(tmp_path / "s.db")]
+    command += ["--session", "s1", "--json"]
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once, read from a thread
+        command, cwd=HERE, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        await eventually(lambda: effects(tmp_path) == ["waiting"])  # in the tool
+        process.send_signal(signal.SIGTERM)  # a job's deadline
+        out, _ = await asyncio.to_thread(process.communicate, timeout=WAIT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1
+    answer = json.loads(out)
+    assert answer["status"] == "failed"
+    assert answer["error"] == "the turn failed (interrupted): the run was interrupted"
+    # The turn was saved and its lease given back: the session takes its next message.
+    events = [e.type async for e in people.submit("s1", "hello")]
+    assert events[-1] == "run-completed"
+    assert app_events(tmp_path) == ["opened", "closed"]
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

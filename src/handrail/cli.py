@@ -1012,9 +1012,17 @@ def run_turn(
     if not text.strip():
         _usage('TEXT is empty: give the turn its message, e.g. "Reorder what runs low."')
     session_id = session or f"run-{token_hex(6)}"
-    outcome = _run(
-        _one_turn(target, session_id, text, org, user, route, headless, propose, db, dsn, schema)
-    )
+    try:
+        outcome = _run(
+            _one_turn(
+                target, session_id, text, org, user, route, headless, propose, db, dsn, schema
+            )
+        )
+    except (CliError, HandrailError, ImportError, OSError, ValueError) as error:
+        if as_json:  # a script reads what went wrong on stdout too; the error line follows
+            failed = {"session": session_id, "status": "failed", "cards": [], "text": ""}
+            typer.echo(json.dumps({**failed, "error": _cli_message(error)}, ensure_ascii=False))
+        raise
     status = outcome["status"]
     if as_json:
         typer.echo(json.dumps(outcome, ensure_ascii=False, default=str))
