@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from typing import Any
 
 import pytest
@@ -200,3 +202,130 @@ async def test_an_error_in_one_session_is_logged_kept_off_and_never_stops_the_wo
     assert any("'bad'" in r.getMessage() and r.exc_info for r in caplog.records)
     # Parked for its back-off: no worker claims it meanwhile.
     assert await store.claim(10**10, "other", ttl=30) == []
+
+
+# -- draining, health --------------------------------------------------------------------------
+
+
+def slow_engine(
+    store: MemoryStore, name: str, release: asyncio.Event, started: list[str]
+) -> Engine:
+    @tool(permission="write")
+    async def slow(order: str) -> str:
+        """A refund that waits for `release`."""
+        started.append(order)
+        await release.wait()
+        ran.append(order)
+        return "ok"
+
+    def ask(request: ModelRequest) -> Any:
+        if request.messages[-1].role == "user":
+            return call("slow", order=request.messages[-1].text)
+        return "Done."
+
+    runtime = Runtime(model=FunctionModel(ask))
+    return Engine(Agent("a", tools=[slow]), store=store, runtime=runtime, worker_id=name)
+
+
+async def decided(engine: Engine, session_id: str, text: str) -> None:
+    events = [e async for e in engine.submit(session_id, text)]
+    await engine.resolve(session_id, events[-1].pending[0], Approve())
+
+
+async def test_a_drain_takes_no_new_work_and_lets_the_turns_being_driven_finish():
+    store = MemoryStore()
+    release, started = asyncio.Event(), []
+    api = slow_engine(store, "api", release, started)
+    await decided(api, "s1", "A1")
+    worker = Worker(slow_engine(store, "w", release, started), poll_interval=0.02, listen=False)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop, grace=60))
+
+    async def in_the_tool() -> bool:
+        return started == ["A1"]
+
+    await eventually(in_the_tool)
+    stop.set()
+    await decided(api, "s2", "B2")  # decided during the drain: left for another worker
+    await asyncio.sleep(0.1)  # several sweep intervals
+    assert not task.done()  # s1's turn is still running: the drain waits for it
+    release.set()
+    await task
+    assert ran == ["A1"]
+    assert (await store.load("s1")).status == "completed"  # type: ignore[union-attr]
+    assert (await store.load("s2")).status == "suspended"  # type: ignore[union-attr]
+    assert worker.stats.moved == 1 and worker.stats.resumed == 1
+
+
+async def test_past_the_grace_a_turn_is_cut_off_and_its_lease_given_back(
+    caplog: pytest.LogCaptureFixture,
+):
+    store = MemoryStore()
+    release, started = asyncio.Event(), []
+    await decided(slow_engine(store, "api", release, started), "s1", "A1")
+    worker = Worker(slow_engine(store, "w", release, started), poll_interval=0.02, listen=False)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop, grace=0.05))
+
+    async def in_the_tool() -> bool:
+        return started == ["A1"]
+
+    await eventually(in_the_tool)
+    with caplog.at_level("WARNING", logger="handrail.worker"):
+        stop.set()
+        await task
+    assert ran == []
+    assert any("cut off" in r.getMessage() and "s1" in r.getMessage() for r in caplog.records)
+    # Its lease is free: another worker recovers the turn at once (a recovery card: the
+    # refund started and may have run).
+    other = Worker(engine(store, "other"), poll_interval=60)
+    assert await other.sweep() == ["s1"]
+    assert other.stats.recovered == 1
+    state = await engine(store, "x").session("s1")
+    assert [c.kind for c in state.pending.values()] == ["recovery"]
+
+
+async def test_the_health_line_says_what_the_worker_did_and_names_its_lease_owner(
+    caplog: pytest.LogCaptureFixture,
+):
+    store = MemoryStore()
+    late = [0.0]
+    api = engine(store, "api")
+    await decided(api, "s1", "A1")
+    # s2's card expires: nobody decides it in time.
+    runtime = Runtime(
+        model=FunctionModel(answer), pending_ttl=10, clock=lambda: time.time() + late[0]
+    )
+    timed = Engine(Agent("a", tools=[refund]), store=store, runtime=runtime, worker_id="w")
+    [_ async for _ in timed.submit("s2", "B2")]
+    late[0] = 11
+    worker = Worker(timed, poll_interval=0.02, listen=False, health_interval=0.05)
+    stop = asyncio.Event()
+    with caplog.at_level("INFO", logger="handrail.worker"):
+        task = asyncio.create_task(worker.run(stop))
+
+        def said() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "health:" in r.getMessage()]
+
+        def total(what: str) -> int:
+            return sum(int(n) for line in said() for n in re.findall(rf"{what} (\d+)", line))
+
+        async def both_told() -> bool:
+            return total("resumed") == 2
+
+        await eventually(both_told)
+        stop.set()
+        await task
+    assert all(
+        line.startswith(f"handrail worker {timed.lease_owner}: health: in the last 0.05 s ")
+        for line in said()
+    )
+    assert (total("swept"), total("moved"), total("expired"), total("failed")) == (2, 2, 1, 0)
+    assert ran == ["A1"]  # s2's refund expired: it never ran
+    stats = worker.stats
+    assert (stats.swept, stats.moved, stats.resumed, stats.expired) == (2, 2, 2, 1)
+
+
+def test_a_health_interval_must_be_positive():
+    with pytest.raises(UserError, match="health_interval"):
+        Worker(engine(MemoryStore(), "w"), health_interval=0)

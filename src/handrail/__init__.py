@@ -103,7 +103,7 @@ from .tools import (
     web_fetch,
     web_search,
 )
-from .worker import Worker
+from .worker import Worker, WorkerStats
 
 if TYPE_CHECKING:
     from .store import PostgresStore, SqliteStore
@@ -213,6 +213,7 @@ __all__ = [
     "UsageEvent",
     "UserError",
     "Worker",
+    "WorkerStats",
     "__version__",
     "apply",
     "build_runtime",

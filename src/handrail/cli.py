@@ -3,6 +3,8 @@
 ```
 HANDRAIL_API_KEYS="acme:ana:$KEY" handrail serve myapp:engine --port 8000
 handrail config myapp:engine --json      # the settings in effect, with their sources
+handrail worker myapp:app --dsn postgresql://... --worker-id "$HOSTNAME"
+handrail run myapp:app "Reorder what runs low" --org acme --user cron --headless --propose
 handrail sessions list --db handrail.db --json
 handrail sessions show SESSION_ID
 handrail sessions export SESSION_ID > session.json
@@ -12,19 +14,21 @@ handrail audit verify --org acme --anchor 41:9f2c...
 ```
 
 It needs the `server` extra (`pip install "handrail[server]"`). An error prints one line and
-exits with status 1.
+exits with status 1 (`handrail run` has more exit codes: docs/scheduling.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
@@ -861,6 +865,420 @@ class _Chat:
         if decision is None:
             raise CliError(f"No decision on {card.tool_name}: the input ended.")
         return decision
+
+
+# -- worker and run -------------------------------------------------------------------------
+
+App = Annotated[
+    str,
+    typer.Argument(
+        help="The app, as MODULE:NAME: an Engine, a function or coroutine function returning "
+        "one, or an async context-manager function yielding one (opened in this process's "
+        "event loop, closed at exit)."
+    ),
+]
+OverDb = Annotated[
+    Path | None,
+    typer.Option("--db", help="Keep the sessions in this SQLite file (over the app's store)."),
+]
+EXIT_WAITING = 3
+"""`handrail run`'s exit status when the turn waits for people (a card to decide)."""
+
+
+@app.command()
+@_one_line_errors
+def worker(
+    target: App,
+    db: OverDb = None,
+    dsn: Dsn = None,
+    schema: Schema = "public",
+    worker_id: Annotated[
+        str | None,
+        typer.Option(
+            help="This worker's stable name in session leases (a pod or host name, one per "
+            "process): restarted under it, the worker takes its turns back at once. Default: "
+            "the app's (HANDRAIL_WORKER_ID, else a random one).",
+            envvar="HANDRAIL_WORKER_ID",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Sessions driven (turns resumed or recovered) at once.", min=1)
+    ] = 4,
+    sweep_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between sweeps: decided turns nobody resumed, turns whose worker "
+            "died, cards past their deadline.",
+            min=0.01,
+        ),
+    ] = 1.0,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            help="On SIGTERM or SIGINT, seconds the turns being driven get to finish; then "
+            "they are cut off (their leases given back) and another worker recovers them.",
+            min=0,
+        ),
+    ] = 30.0,
+    health_interval: Annotated[
+        float,
+        typer.Option(help="Seconds between health lines in the log (0: none).", min=0),
+    ] = 60.0,
+    retention_days: Annotated[
+        float | None,
+        typer.Option(
+            help="Delete finished sessions nobody touched for this many days (default: keep).",
+            min=0,
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="The log level (info, warning, ...).")] = "info",
+) -> None:
+    """Drive an app's sessions with no web server: what `handrail serve` runs besides HTTP.
+
+    Resumes turns decided anywhere (woken by the store, or found by a sweep), recovers turns
+    whose worker died, expires cards past their deadline, under the sessions' leases: run as
+    many workers as you like on one store (PostgreSQL; SQLite on one machine). SIGTERM or
+    SIGINT drains: no new work, the turns being driven finish (for --shutdown-grace
+    seconds), the app is closed, exit 0; a second signal stops at once.
+    """
+    _log_to(log_level)
+    settings = _WorkerSettings(
+        db=db,
+        dsn=dsn,
+        schema=schema,
+        worker_id=worker_id,
+        concurrency=concurrency,
+        sweep_interval=sweep_interval,
+        grace=shutdown_grace,
+        health=health_interval or None,
+        retention=retention_days * 86_400 if retention_days else None,
+    )
+    try:
+        _run(_work(target, settings))
+    except asyncio.CancelledError:  # a second signal: stopped at once
+        raise typer.Exit(130) from None
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _WorkerSettings:
+    db: Path | None
+    dsn: str | None
+    schema: str
+    worker_id: str | None
+    concurrency: int
+    sweep_interval: float
+    grace: float
+    health: float | None
+    retention: float | None
+
+
+async def _work(target: str, settings: _WorkerSettings) -> None:
+    """`handrail worker`: open the app, run a `Worker` on its store until a signal, drain."""
+    import logging
+    import signal
+
+    from .apps import open_app
+    from .store import MemoryStore
+    from .worker import Worker, name_worker
+
+    log = logging.getLogger("handrail.worker")
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def signalled(name: str) -> None:
+        if stop.is_set():
+            log.warning(
+                "handrail worker: %s, a second signal: stopping now (turns in flight cut off)", name
+            )
+            if main is not None:
+                main.cancel()
+            return
+        log.info("handrail worker: %s: draining (a second signal stops at once)", name)
+        stop.set()
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, signalled, sig.name)
+    try:
+        async with (
+            open_app(target) as engine,
+            _over_store(engine, settings.db, settings.dsn, settings.schema),
+        ):
+            if isinstance(engine.store, MemoryStore):
+                raise CliError(
+                    f"{target}'s store is a MemoryStore, which only this process would see: "
+                    f"a worker drives the sessions of a store others share. Pass --db FILE or "
+                    f"--dsn (PostgreSQL), or give the app such a store."
+                )
+            if settings.worker_id:
+                name_worker(engine, settings.worker_id)
+            worker_ = Worker(
+                engine,
+                poll_interval=settings.sweep_interval,
+                concurrency=settings.concurrency,
+                max_backoff=max(300.0, settings.sweep_interval),
+                retention=settings.retention,
+                health_interval=settings.health,
+            )
+            log.info(
+                "handrail worker %s: started on %s (concurrency %d, sweeps every %g s)",
+                engine.lease_owner,
+                _where(engine.store),
+                settings.concurrency,
+                settings.sweep_interval,
+            )
+            await worker_.run(stop, grace=settings.grace)
+            log.info("handrail worker %s: stopped: %s", engine.lease_owner, worker_.stats.line())
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+@contextlib.asynccontextmanager
+async def _over_store(
+    engine: Engine, db: Path | None, dsn: str | None, schema: str
+) -> AsyncIterator[None]:
+    """The store `--db`/`--dsn` name, in place of the app's while this runs (closed after)."""
+    if not dsn and db is None:
+        yield
+        return
+    if dsn:
+        from .store import PostgresStore
+
+        store: SessionStore = PostgresStore(dsn, schema=schema)
+    else:
+        from .store import SqliteStore
+
+        assert db is not None
+        store = SqliteStore(db)
+    own, engine.store = engine.store, store
+    try:
+        yield
+    finally:
+        engine.store = own  # the app's exit closes its own
+        await store.close()
+
+
+def _where(store: SessionStore) -> str:
+    """The store, as a log line names it (a PostgreSQL password masked)."""
+    path, dsn = getattr(store, "path", None), getattr(store, "masked_dsn", None)
+    if dsn is not None:
+        return f"{type(store).__name__}({dsn}, schema {getattr(store, 'schema', '?')})"
+    return f"{type(store).__name__}({path})" if path is not None else type(store).__name__
+
+
+def _log_to(level: str) -> None:
+    """Write handrail's log lines to stderr at `level`, unless the app set up logging."""
+    import logging
+
+    number = logging.getLevelName(level.upper())
+    if not isinstance(number, int):
+        raise CliError(f"--log-level {level!r}: not a level (debug, info, warning, error).")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=number, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("handrail").setLevel(number)
+
+
+@app.command("run")
+@_one_line_errors
+def run_turn(
+    target: App,
+    text: Annotated[str, typer.Argument(help="The message: the job's instruction.")],
+    session: Annotated[
+        str | None,
+        typer.Option(help="The session to run in (default: a new one, run-<random>)."),
+    ] = None,
+    org: Annotated[
+        str | None,
+        typer.Option(help="The organisation the turn acts for (whose inbox shows its cards)."),
+    ] = None,
+    user: Annotated[str | None, typer.Option(help="The user the turn acts for.")] = None,
+    route: Annotated[str | None, typer.Option(help="The domain's route to take.")] = None,
+    headless: Annotated[
+        bool,
+        typer.Option(
+            "--headless",
+            help="Capture mode: gated calls do not run; their tools' mint predicts what they "
+            "would return (docs/headless.md).",
+        ),
+    ] = False,
+    propose: Annotated[
+        bool,
+        typer.Option(
+            "--propose",
+            help="With --headless: put the captured actions on one batch card in the inbox, "
+            "for a person to approve; print its id and exit 0.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON object: session, status, cards, text (and actions, headless).",
+        ),
+    ] = False,
+    db: OverDb = None,
+    dsn: Dsn = None,
+    schema: Schema = "public",
+) -> None:
+    """Run one turn of an app and exit: for a cron job, a systemd timer, a Kubernetes CronJob.
+
+    Exit status: 0 the turn completed (with --propose: also when its actions wait on the
+    batch card, whose id is printed); 3 it waits for people (its cards' ids are printed: a
+    `handrail worker` or `handrail serve` on the same store resumes it once decided); 1 it
+    failed; 2 bad usage. See docs/scheduling.md.
+    """
+    if propose and not headless:
+        _usage("--propose needs --headless: only a headless turn's actions go on a batch card.")
+    if not text.strip():
+        _usage('TEXT is empty: give the turn its message, e.g. "Reorder what runs low."')
+    session_id = session or f"run-{token_hex(6)}"
+    try:
+        outcome = _run(
+            _one_turn(
+                target, session_id, text, org, user, route, headless, propose, db, dsn, schema
+            )
+        )
+    except (CliError, HandrailError, ImportError, OSError, ValueError) as error:
+        if as_json:  # a script reads what went wrong on stdout too; the error line follows
+            failed = {"session": session_id, "status": "failed", "cards": [], "text": ""}
+            typer.echo(json.dumps({**failed, "error": _cli_message(error)}, ensure_ascii=False))
+        raise
+    status = outcome["status"]
+    if as_json:
+        typer.echo(json.dumps(outcome, ensure_ascii=False, default=str))
+    elif status == "completed":
+        typer.echo(outcome["text"])
+    elif status == "proposed":
+        typer.echo(outcome["cards"][0])
+        typer.echo(
+            f"Proposed {len(outcome['actions'])} action(s) on batch card {outcome['cards'][0]} "
+            f"(session {session_id}): nothing ran; it waits in the inbox for a person.",
+            err=True,
+        )
+    elif status == "waiting":
+        for card in outcome["cards"]:
+            typer.echo(card)
+        if "error" in outcome:
+            typer.echo(f"Session {session_id}: {outcome['error']}", err=True)
+        typer.echo(
+            f"Session {session_id} waits for people: card(s) "
+            f"{', '.join(outcome['cards']) or '(all decided)'} to decide (the inbox, GET "
+            f"/pending); a handrail worker or server on the same store resumes the turn "
+            f"once decided.",
+            err=True,
+        )
+    if status == "failed":
+        if not as_json:
+            typer.echo(f"error: {outcome['error']}", err=True)
+        raise typer.Exit(1)
+    if status == "waiting":
+        raise typer.Exit(EXIT_WAITING)
+
+
+def _usage(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+async def _one_turn(
+    target: str,
+    session_id: str,
+    text: str,
+    org_id: str | None,
+    user_id: str | None,
+    route: str | None,
+    headless: bool,
+    propose: bool,
+    db: Path | None,
+    dsn: str | None,
+    schema: str,
+) -> dict[str, Any]:
+    """`handrail run`: one turn of the app, as the JSON object `--json` prints."""
+    import signal
+
+    from .apps import open_app
+    from .store import MemoryStore
+
+    loop = asyncio.get_running_loop()
+    async with open_app(target) as engine, _over_store(engine, db, dsn, schema):
+        if route is not None and route not in engine.domain.routes:
+            routes = ", ".join(engine.domain.routes) or "none"
+            _usage(f"--route {route!r}: the app has no such route (routes: {routes}).")
+        if isinstance(engine.store, MemoryStore):
+            if propose:
+                raise CliError(
+                    f"--propose needs a store that outlives this process, and {target}'s is a "
+                    f"MemoryStore: the card would vanish at exit. Pass --db FILE or --dsn."
+                )
+            typer.echo(
+                "Note: the app's store is a MemoryStore: this session is lost at exit.", err=True
+            )
+        # SIGTERM (a job's deadline) stops the turn; it is saved, and reported failed.
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, engine.interrupt, session_id)
+        outcome: dict[str, Any] = {"session": session_id}
+        card: str | None = None  # the batch card proposed
+        try:
+            if headless:
+                result = await engine.run_headless(
+                    session_id, text, org_id=org_id, user_id=user_id, route=route, propose=propose
+                )
+                ended, events, card = result.outcome, result.events, result.card
+                answer: Any = result.text
+                pending = [card] if card else []
+                outcome["actions"] = [
+                    {
+                        "local_index": a.local_index,
+                        "tool": a.tool,
+                        "args": a.args,
+                        "predicted_output": a.predicted_output,
+                        "status": a.status,
+                    }
+                    for a in result.actions
+                ]
+            else:
+                run = engine.submit(session_id, text, org_id=org_id, user_id=user_id, route=route)
+                events = [event async for event in run]
+                ended, answer, pending = run.result.outcome, run.result.output, run.result.pending
+        except TurnSuspendedError as error:
+            return {
+                **outcome,
+                "status": "waiting",
+                "cards": list(error.pending),
+                "text": "",
+                "error": "the session's earlier turn still waits for people: this message was "
+                "not run.",
+            }
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+        failed = next((e for e in reversed(events) if isinstance(e, RunFailed)), None)
+        if ended == "completed":
+            status = "completed"
+        elif ended == "suspended":
+            status = "proposed" if card is not None else "waiting"
+        else:
+            status = "failed"
+        actions = outcome.pop("actions", None)
+        outcome.update(
+            status=status,
+            cards=pending if ended == "suspended" else [],
+            text=answer
+            if isinstance(answer, str)
+            else ""
+            if answer is None
+            else json.dumps(to_jsonable_python(answer), ensure_ascii=False),
+        )
+        if status == "failed":
+            reason = failed.reason if failed is not None else ended
+            detail = failed.error if failed is not None and failed.error else ""
+            outcome["error"] = f"the turn failed ({reason}){f': {detail}' if detail else ''}"
+        if actions is not None:
+            outcome["actions"] = actions
+        return outcome
 
 
 # -- audit ----------------------------------------------------------------------------------

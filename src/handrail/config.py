@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .exceptions import ConfigError
+from .worker import name_worker
 
 if TYPE_CHECKING:
     from .engine import Engine
     from .store import SessionStore
 
-__all__ = ["DEFAULT", "LogFormat", "Setting", "Settings", "flag_help", "name_worker"]
+__all__ = ["DEFAULT", "LogFormat", "Setting", "Settings", "flag_help"]
 
 LogFormat: TypeAlias = Literal["text", "json"]
 
@@ -438,14 +439,3 @@ def _key_label(spec: str) -> str:
     org, _, rest = spec.partition(":")
     user = rest.partition(":")[0]
     return f"{org}:{user}:***"
-
-
-def name_worker(engine: Engine, worker_id: str) -> None:
-    """Give `engine` the worker id `worker_id` (and a lease owner of it), before it runs.
-
-    Each process needs its own: processes sharing one would take each other's leases at
-    start-up (`Engine.reclaim`).
-    """
-    incarnation = engine.lease_owner.rpartition("#")[2]
-    engine.worker_id = worker_id
-    engine.lease_owner = f"{worker_id}#{incarnation}"

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import weakref
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar
@@ -233,6 +234,10 @@ class Engine:
         self._lost: set[str] = set()  # sessions whose lease another process took over
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
+        self.tally: Counter[str] = Counter()
+        """What this engine's drives of suspended or cut-off turns did, counted since it was
+        made: `resumed` and `recovered` turns, `applied` batches, `expired` cards (what a
+        `Worker`'s health line reports)."""
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -470,6 +475,7 @@ class Engine:
             route = plan
             batch = _batch_to_apply(state) if text is None else None
             if batch is not None:
+                self.tally["applied"] += 1
                 async for event in self._apply_batch(run, record, state, batch):
                     yield event
                 return
@@ -477,6 +483,7 @@ class Engine:
                 progress = state.progress
                 if mode == "advance":
                     expired = expire(state, self.runtime.clock())  # deadlines passed: decided
+                    self.tally["expired"] += len(expired)
                     if progress is None or (progress.status == "suspended" and state.pending):
                         # Nothing to drive; the store learns when there next will be.
                         if expired or record.expires_at != self._needs_worker(state):
@@ -507,6 +514,8 @@ class Engine:
                     # the log says which of its calls already started, or finished.
                     agent = agents[progress.step]
                     cards = await self._reconcile(session_id, state, agent)
+                # Recovered: cut off while it ran, or while it resumed (its calls' log says so).
+                self.tally["recovered" if recovering or cards else "resumed"] += 1
                 if cards or state.pending:  # new recovery cards, or the response's own ones
                     progress.status = "suspended"
                     await self._save(record, state, "suspended")
@@ -949,11 +958,12 @@ class Engine:
                     state = _decode(record)
                 except StoreError:
                     continue  # a corrupt session stays as it is, for a person to look at
-                if expire(state, now):
+                if expired := expire(state, now):
                     try:
                         await self._save(record, state, record.status)
                     except ConflictError:
                         continue  # it changed meanwhile: the next sweep sees it again
+                    self.tally["expired"] += len(expired)
                     changed.append(summary.id)
         return changed
 

@@ -13,15 +13,19 @@ logged with its id and left for a while (its lease, taken for the back-off, keep
 off it), then tried again; it never stops the worker.
 
 ```python
-worker = Worker(engine, concurrency=8)
-await worker.run(stop)  # until `stop` is set
+worker = Worker(engine, concurrency=8, health_interval=60)
+await worker.run(stop, grace=30)  # until `stop` is set; then a drain of at most 30 s
 ```
+
+`handrail worker MODULE:NAME` runs this loop in a process of its own (docs/scheduling.md), and
+`handrail serve` runs it beside its HTTP API (sweeps alone).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import sys
@@ -31,9 +35,67 @@ from typing import Any
 from .engine import SKIPPED, Engine, transient
 from .exceptions import StoreUnavailableError, UserError
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "WorkerStats", "name_worker"]
 
 _log = logging.getLogger("handrail.worker")
+
+
+def name_worker(engine: Engine, worker_id: str) -> None:
+    """Give `engine` the worker id `worker_id` (and a lease owner of it), before it runs.
+
+    Each process needs its own: processes sharing one would take each other's leases at
+    start-up (`Engine.reclaim`). `handrail serve --workers` and `handrail worker --worker-id`
+    name their engines with it.
+    """
+    incarnation = engine.lease_owner.rpartition("#")[2]
+    engine.worker_id = worker_id
+    engine.lease_owner = f"{worker_id}#{incarnation}"
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class WorkerStats:
+    """What a `Worker` did since it started (`Worker.stats`; its health line tells the change).
+
+    `resumed`, `recovered`, `applied` and `expired` are its engine's `tally` (the engine's
+    drives, whoever asked for them).
+    """
+
+    swept: int = 0
+    """Sessions its sweeps claimed (and took back at start-up: `Engine.reclaim`)."""
+    woken: int = 0
+    """Sessions wake-ups named (a decision recorded in another process)."""
+    moved: int = 0
+    """Sessions it took further (resumed, recovered, applied, or expired and went on)."""
+    resumed: int = 0
+    """Decided turns resumed."""
+    recovered: int = 0
+    """Turns cut off while they ran (a dead worker's) recovered."""
+    applied: int = 0
+    """Decided batch cards applied."""
+    expired: int = 0
+    """Cards past their deadline expired."""
+    failed: int = 0
+    """Drives of a session that failed (logged, the session parked for a back-off)."""
+    pruned: int = 0
+    """Finished sessions deleted past `retention`."""
+    driving: int = 0
+    """Sessions being driven now."""
+
+    def line(self, since: WorkerStats | None = None) -> str:
+        """The counts, as the health line says them (less `since`'s, when given)."""
+        base = since or WorkerStats()
+        count = {f.name: getattr(self, f.name) - getattr(base, f.name) for f in _COUNTED}
+        return (
+            f"swept {count['swept']}, woken {count['woken']}, moved {count['moved']} "
+            f"(resumed {count['resumed']}, recovered {count['recovered']}, applied "
+            f"{count['applied']}), expired {count['expired']} card(s), failed "
+            f"{count['failed']}, pruned {count['pruned']}"
+        )
+
+
+_TASK = "handrail advance "
+"""The name of a task driving a session, before the session's id."""
+_COUNTED = [f for f in dataclasses.fields(WorkerStats) if f.name != "driving"]
 
 
 class Worker:
@@ -56,6 +118,9 @@ class Worker:
             made it ready (a server resuming the turn it has just decided) takes it first.
         retention: when set, finished sessions (`completed`, `failed`) that nobody touched
             for this many seconds are deleted (`Engine.prune`), once a minute at most.
+        health_interval: when set, every this many seconds `run` logs a health line (INFO,
+            logger `handrail.worker`): its lease owner, what it did since the last line
+            (`WorkerStats`), how many sessions it drives now.
     """
 
     def __init__(
@@ -69,6 +134,7 @@ class Worker:
         listen: bool = True,
         grace: float = 0.0,
         retention: float | None = None,
+        health_interval: float | None = None,
     ) -> None:
         if not poll_interval > 0:
             raise UserError(f"Worker(poll_interval={poll_interval!r}) must be positive.")
@@ -78,6 +144,11 @@ class Worker:
             raise UserError("Worker: max_backoff must be at least poll_interval.")
         if not grace >= 0 or (retention is not None and not retention > 0):
             raise UserError("Worker: grace cannot be negative, and retention must be positive.")
+        if health_interval is not None and not health_interval > 0:
+            raise UserError(f"Worker(health_interval={health_interval!r}) must be positive.")
+        self.health_interval = health_interval
+        self._stats = WorkerStats()
+        self._stopping = False
         self.listen = listen
         self.grace = grace
         self.retention = retention
@@ -92,32 +163,102 @@ class Worker:
         self._again: set[str] = set()
         self._failures: dict[str, int] = {}
 
-    async def run(self, stop: asyncio.Event | None = None) -> None:
+    @property
+    def stats(self) -> WorkerStats:
+        """What this worker did since it started, and how many sessions it drives now."""
+        tally = self.engine.tally
+        return dataclasses.replace(
+            self._stats,
+            resumed=tally["resumed"],
+            recovered=tally["recovered"],
+            applied=tally["applied"],
+            expired=tally["expired"],
+            driving=len(self._driving),
+        )
+
+    async def run(self, stop: asyncio.Event | None = None, *, grace: float | None = None) -> None:
         """Drive ready sessions until `stop` is set or the store is closed.
 
-        Sweeps run on schedule, wake-ups as they come, each session in a task of its own. On
-        `stop`, the sessions being driven finish their turn first; cancel the task running
-        this to stop at once (a turn in flight is then cut off, and recovered later).
+        Sweeps run on schedule, wake-ups as they come, each session in a task of its own.
+
+        On `stop` (a drain) it takes no new work: the sweeps and wake-ups stop, and the
+        sessions being driven finish their turn. With `grace`, those still running after
+        `grace` seconds are cut off (their leases given back, so the next sweep of any
+        worker recovers them from the tool-call log). Cancel the task running this to stop at
+        once (a turn in flight is then cut off, and recovered later).
         """
+        self._stopping = False
+        began = self.stats  # the first health line tells what the start-up did, too
         store = self.engine.store
         wakeups = store.listen() if self.listen else contextlib.nullcontext(None)
         async with wakeups as subscription, asyncio.TaskGroup() as group:
             # Subscribed first, then swept: a wake-up sent in between is not missed. What this
             # worker id drove before a restart comes first, without waiting for a lease to lapse.
             try:
-                await self.engine.reclaim()
+                taken = await self.engine.reclaim()
+                self._stats.swept += len(taken)
+                self._stats.moved += len(taken)
             except Exception:  # the sweeps find those sessions once their leases lapse
                 _log.exception("handrail worker %s: reclaiming failed", self.engine.worker_id)
             sweeps = group.create_task(self._sweep_forever(group))
+            health = group.create_task(self._health_forever(began))
             waiting: set[asyncio.Future[Any]] = set()
             if subscription is not None:
                 waiting.add(group.create_task(self._listen(subscription, group)))
             if stop is not None:
                 waiting.add(group.create_task(stop.wait()))
             await asyncio.wait(waiting or {sweeps}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (sweeps, *waiting):
+            self._stopping = True  # no session is driven once more after its turn
+            for task in (sweeps, health, *waiting):
                 task.cancel()
+            await self._drain(grace)
         # The group has waited for the sessions being driven.
+
+    async def _drain(self, grace: float | None) -> None:
+        """Let the sessions being driven finish; past `grace` seconds, cut them off."""
+        driving = list(self._driving.values())
+        owner = self.engine.lease_owner
+        if not driving:
+            return
+        _log.info(
+            "handrail worker %s: draining: %d session(s) being driven finish their turn%s",
+            owner,
+            len(driving),
+            f" (for at most {grace:g} s)" if grace is not None else "",
+        )
+        if grace is None:
+            await asyncio.wait(driving)
+            return
+        _, left = await asyncio.wait(driving, timeout=grace)
+        if left:
+            _log.warning(
+                "handrail worker %s: %d session(s) still running after %g s: cut off, their "
+                "leases given back; any worker's next sweep recovers them: %s",
+                owner,
+                len(left),
+                grace,
+                ", ".join(sorted(t.get_name().removeprefix(_TASK) for t in left)),
+            )
+            for task in left:
+                task.cancel()
+            await asyncio.wait(left)
+
+    async def _health_forever(self, last: WorkerStats) -> None:
+        """Log a health line every `health_interval` seconds (when set), from `last` on."""
+        if self.health_interval is None:
+            return
+        while True:
+            await asyncio.sleep(self.health_interval)
+            now = self.stats
+            _log.info(
+                "handrail worker %s: health: in the last %g s %s; driving %d of %d",
+                self.engine.lease_owner,
+                self.health_interval,
+                now.line(last),
+                now.driving,
+                self.concurrency,
+            )
+            last = now
 
     async def sweep(self) -> list[str]:
         """Claim and drive, to the end, every session that needs a worker now.
@@ -125,8 +266,10 @@ class Worker:
         Returns:
             The sessions this worker moved on.
         """
+        claimed = await self._claim(self.batch)
+        self._stats.swept += len(claimed)
         async with asyncio.TaskGroup() as group:
-            tasks = [self._start(s.id, group) for s in await self._claim(self.batch)]
+            tasks = [self._start(s.id, group) for s in claimed]
         return [s for s, task in tasks if task is not None and task.result()]
 
     async def advance(self, session_id: str) -> bool:
@@ -140,9 +283,12 @@ class Worker:
         except SKIPPED:
             return False
         except Exception:
+            self._stats.failed += 1
             await self._back_off(session_id)
             return False
         self._failures.pop(session_id, None)
+        if result is not None:
+            self._stats.moved += 1
         return result is not None
 
     # -- inside ---------------------------------------------------------------------------
@@ -152,6 +298,7 @@ class Worker:
             try:
                 free = self.concurrency - len(self._driving)
                 for summary in await self._claim(min(free, self.batch)) if free > 0 else ():
+                    self._stats.swept += 1
                     self._start(summary.id, group)
                 await self._prune()
             except StoreUnavailableError as error:  # away for a moment: the next sweep tries
@@ -167,6 +314,7 @@ class Worker:
             return
         self._pruned = now
         deleted = await self.engine.prune(idle_for=self.retention)
+        self._stats.pruned += len(deleted)
         if deleted:
             _log.info(
                 "handrail worker %s: pruned %d session(s)", self.engine.worker_id, len(deleted)
@@ -183,6 +331,7 @@ class Worker:
             while True:
                 try:
                     async for session_id in wakeups:
+                        self._stats.woken += 1
                         self._start(session_id, group)
                     return
                 except Exception as error:
@@ -231,7 +380,7 @@ class Worker:
         if session_id in self._driving:
             self._again.add(session_id)
             return session_id, None
-        task = group.create_task(self._drive(session_id), name=f"handrail advance {session_id}")
+        task = group.create_task(self._drive(session_id), name=f"{_TASK}{session_id}")
         self._driving[session_id] = task
         return session_id, task
 
@@ -241,7 +390,7 @@ class Worker:
             while True:
                 async with self._slots:
                     moved = await self.advance(session_id) or moved
-                if session_id not in self._again:
+                if session_id not in self._again or self._stopping:
                     return moved
                 self._again.discard(session_id)
         finally:

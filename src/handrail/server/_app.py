@@ -170,19 +170,16 @@ def create_app(
                 max_backoff=max(300.0, sweep_interval),
                 retention=retention,
             )
-            sweeps = asyncio.create_task(worker.run(stop), name="handrail sweeps")
+            # At shutdown, a turn the sweeps drive gets the same grace, then is cut off.
+            drain = worker.run(stop, grace=shutdown_grace)
+            sweeps = asyncio.create_task(drain, name="handrail sweeps")
         try:
             yield
         finally:
             stop.set()
             await runs.aclose(grace=shutdown_grace)
             if sweeps is not None:
-                try:  # a turn the sweeps drive gets the same grace, then is cut off
-                    async with asyncio.timeout(shutdown_grace):
-                        await sweeps
-                except TimeoutError:
-                    sweeps.cancel()
-                    await asyncio.wait([sweeps])
+                await sweeps
 
     app = Starlette(
         routes=routes,

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
-from ..config import Settings, name_worker
+from ..config import Settings
 from ..engine import Engine
 from ..exceptions import ConfigError, UserError
 from ..store import MemoryStore
+from ..worker import name_worker
 from ._app import create_app
 from ._auth import ApiKeyAuthenticator, ApiKeyFileAuthenticator, Authenticator
 from ._limits import Limits
