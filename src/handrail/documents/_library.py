@@ -121,9 +121,11 @@ def relevance_from_cosine(cosine: float) -> float:
 
 # -- results -----------------------------------------------------------------------------------
 
-IngestOutcome: TypeAlias = Literal["ingested", "unchanged", "deleted", "skipped"]
+IngestOutcome: TypeAlias = Literal["ingested", "unchanged", "deleted", "skipped", "embedding"]
 """What ingest did with a source: embedded it (new or changed), left it (same bytes),
-removed it (it left the folder), or skipped it (the reason says why)."""
+removed it (it left the folder), or skipped it (the reason says why); or, for a source with
+more chunks than one embedding batch, that it is still being embedded (`done` does not count
+it yet; `bytes_done` has moved)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,6 +143,11 @@ class IngestProgress:
     """Chunks written for it (ingested only)."""
     reason: str | None = None
     """Why it was skipped (skipped only)."""
+    bytes_done: int = 0
+    """Bytes of the folder's files handled so far; an ingested file's bytes count as its
+    chunks are embedded, so that a progress bar moves during a big file too."""
+    bytes_total: int = 0
+    """Bytes of the folder's files (a source that left the folder counts none)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -372,13 +379,22 @@ class Library:
         vanished = [s for s in stored if s not in present and not s.startswith(NOTE_PREFIX)]
         report = IngestReport(files=len(files))
         total = len(files) + len(vanished)
-        done = 0
+        sizes = dict(await asyncio.to_thread(_sizes, files))
+        bytes_total = sum(sizes.values())
+        done = bytes_done = shown = 0  # shown: the most bytes told, so the count never falls
 
         def tell(
-            source: str, outcome: IngestOutcome, chunks: int = 0, why: str | None = None
+            source: str,
+            outcome: IngestOutcome,
+            chunks: int = 0,
+            why: str | None = None,
+            embedded: int = 0,
         ) -> None:
-            nonlocal done
-            done += 1
+            nonlocal done, bytes_done, shown
+            if outcome != "embedding":
+                done += 1
+            handled = embedded if outcome == "embedding" else sizes.get(source, 0)
+            shown = max(shown, bytes_done + handled)
             if progress is not None:
                 progress(
                     IngestProgress(
@@ -388,8 +404,12 @@ class Library:
                         total=total,
                         chunks=chunks,
                         reason=why,
+                        bytes_done=shown,
+                        bytes_total=bytes_total,
                     )
                 )
+            if outcome != "embedding":
+                bytes_done += sizes.get(source, 0)
 
         for source in vanished:
             await self.index.delete_source(source)
@@ -398,9 +418,27 @@ class Library:
 
         pending: list[_Loaded] = []
 
+        def embedding(embedded: int) -> None:
+            """`embedded` of the pending chunks have their vectors: tell whose they are."""
+            before = 0  # the bytes of the pending files already embedded
+            for loaded in pending:
+                size = sizes.get(loaded.source, 0)
+                if embedded < len(loaded.chunks):
+                    part = round(size * embedded / len(loaded.chunks))
+                    tell(loaded.source, "embedding", embedded=before + part)
+                    return
+                embedded -= len(loaded.chunks)
+                before += size
+
         async def flush() -> None:
             chunks = [c for loaded in pending for c in loaded.chunks]
-            vectors = await self.embedder.embed([_embedding_text(c) for c in chunks])
+            texts = [_embedding_text(c) for c in chunks]
+            parts = []
+            for at in range(0, len(texts), _EMBED_BATCH):  # a batch at a time: the bar moves
+                parts.append(await self.embedder.embed(texts[at : at + _EMBED_BATCH]))
+                if at + _EMBED_BATCH < len(texts):
+                    embedding(at + _EMBED_BATCH)
+            vectors = np.concatenate(parts) if len(parts) > 1 else parts[0]
             at = 0
             for loaded in pending:
                 if loaded.replaces:
@@ -741,6 +779,17 @@ def _walk(root: Path) -> list[tuple[str, Path]]:
                 path = Path(folder, name)
                 found.append((path.relative_to(root).as_posix(), path))
     found.sort()
+    return found
+
+
+def _sizes(files: list[tuple[str, Path]]) -> list[tuple[str, int]]:
+    """Each file's size in bytes (0 for one that cannot be read: it will be skipped)."""
+    found = []
+    for source, path in files:
+        try:
+            found.append((source, path.stat().st_size))
+        except OSError:
+            found.append((source, 0))
     return found
 
 
