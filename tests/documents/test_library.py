@@ -620,3 +620,18 @@ async def test_ingest_progress_counts_bytes_and_moves_inside_a_big_file(
         ("manual.md", "ingested"),
         ("z.txt", "ingested"),
     ]
+
+
+async def test_clear_empties_the_library_and_the_next_ingest_starts_over(
+    ingested: Library, docs: Path
+):
+    await ingested.add_note("Refunds for gift cards go to the buyer.", author="ana")
+    assert await ingested.retrieve("How long do refunds take?", min_relevance=0)
+
+    await ingested.clear()
+
+    assert await ingested.index.count() == 0
+    assert await ingested.retrieve("How long do refunds take?", min_relevance=0) == []
+    report = await ingested.ingest(docs)
+    assert (report.ingested, report.unchanged) == (4, 0)
+    assert report.chunks_total == report.chunks_written

@@ -342,6 +342,17 @@ class Library:
         """Close the index (a later call opens it again). The embedder is left as it is."""
         await self.index.close()
 
+    async def clear(self) -> None:
+        """Remove every chunk from the index, notes included (`Index.clear`).
+
+        The library stays usable: the next `ingest` embeds the folder again from scratch.
+
+        Raises:
+            DocumentIndexError: the index failed.
+        """
+        await self.index.clear()
+        self._keywords = None
+
     # -- ingest --------------------------------------------------------------------------------
 
     async def ingest(
