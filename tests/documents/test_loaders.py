@@ -430,7 +430,12 @@ NAVIGATION_WORDS = ("Prev", "Next", "Up", "Home", "previous", "Navigation", "Tab
             ("git-commit(1) Manual Page",),
             ["NAME", "Create a new commit containing the contents of the index."],
         ),
-        (GENERIC, "Shipping", ("Shipping",), ["Parcels leave within two days.", "Zone | Price\nEU | 5"]),
+        (
+            GENERIC,
+            "Shipping",
+            ("Shipping",),
+            ["Parcels leave within two days.", "Zone | Price\nEU | 5"],
+        ),
     ],
     ids=["docbook", "sphinx", "asciidoc", "generic"],
 )

@@ -1,7 +1,7 @@
 r"""The chunker: a `Document`'s blocks grouped into `Chunk`s of about a target size.
 
 ```python
-chunks = chunk(document)  # about 200 word pieces each, 200 characters of overlap
+chunks = chunk(document)  # at most 222 word pieces each, 200 characters of overlap
 ```
 
 Sizes are counted in the word pieces of the default embedder, all-MiniLM-L6-v2, which reads
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = [
+    "DEFAULT_TARGET_TOKENS",
     "EMBEDDER_WORD_PIECES",
     "EMBEDDING_PREFIX_WORD_PIECES",
     "MAX_CHUNK_WORD_PIECES",
@@ -75,6 +76,10 @@ EMBEDDING_PREFIX_WORD_PIECES = 32
 title and the heading path): a prefix longer than this must be shortened by its builder."""
 MAX_CHUNK_WORD_PIECES = EMBEDDER_WORD_PIECES - 2 - EMBEDDING_PREFIX_WORD_PIECES
 """The most word pieces a chunk's text may have with the default counter: 222."""
+DEFAULT_TARGET_TOKENS = MAX_CHUNK_WORD_PIECES
+"""The chunker's (and `Library`'s) default target: as much as the embedder reads. About the
+size of the 200 o200k tokens the chunker aimed at before it counted word pieces, so the
+relevance calibration (`relevance_from_cosine`) still holds."""
 TITLE_KEY = "title"
 """The `Chunk.metadata` key of its document's title."""
 _TOKENIZER = "minilm-tokenizer.json"
@@ -116,15 +121,15 @@ def chunk_prefix(source: str, content_hash: str) -> str:
 def chunk(
     document: Document,
     *,
-    target_tokens: int = 200,
+    target_tokens: int = DEFAULT_TARGET_TOKENS,
     overlap: int = 200,
     count_tokens: Callable[[str], int] | None = None,
     max_tokens: int | None = None,
 ) -> list[Chunk]:
     """Split a document into chunks of at most about `target_tokens` tokens.
 
-    By default tokens are all-MiniLM-L6-v2's word pieces (`count_word_pieces`): the default
-    target of 200 is under `MAX_CHUNK_WORD_PIECES` (222), which no chunk exceeds.
+    By default tokens are all-MiniLM-L6-v2's word pieces (`count_word_pieces`), and the
+    target is `MAX_CHUNK_WORD_PIECES` (222), which no chunk exceeds.
 
     Args:
         document: what a loader produced.

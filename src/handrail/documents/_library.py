@@ -47,6 +47,7 @@ import numpy as np
 
 from ..exceptions import ConfigError, DocumentLoadError
 from ..models import Model
+from ._chunker import DEFAULT_TARGET_TOKENS
 from ._chunker import chunk as chunk_document
 from ._decompose import DecompositionCache, decompose
 from ._embed import Embedder, MiniLMEmbedder, Vectors
@@ -247,7 +248,7 @@ class Library:
         index: Index,
         *,
         embedder: Embedder | None = None,
-        target_tokens: int = 200,
+        target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -277,7 +278,7 @@ class Library:
         *,
         embedder: Embedder | None = None,
         collection: str = "handrail",
-        target_tokens: int = 200,
+        target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
     ) -> Library:
         """A library in a folder on this machine (an embedded, persistent Chroma).
@@ -303,7 +304,7 @@ class Library:
         collection: str = "handrail",
         ssl: bool = False,
         headers: dict[str, str] | None = None,
-        target_tokens: int = 200,
+        target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
     ) -> Library:
         """A library on a shared Chroma server (`chroma run --path DIR --port PORT`).
