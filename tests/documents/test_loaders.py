@@ -630,3 +630,23 @@ def test_compatibility_characters_are_made_plain_in_every_format(name: str):
     document = load_bytes(data, source=name)
     assert document.text == "Office hours: ABC 9 am, 5 m² ½"
     assert_blocks_index_the_text(document)
+
+
+def test_a_running_header_numbered_in_roman_then_arabic_is_dropped_on_every_page():
+    numbers = ["i", "ii", "1", "2", "3"]
+
+    class Book(FPDF):
+        def header(self) -> None:
+            self.set_font("Helvetica", size=9)
+            self.cell(0, 5, f"Handbook {numbers[self.page_no() - 1]}", align="R")
+            self.ln(12)
+
+    pdf = Book()
+    for number in numbers:
+        pdf.add_page()
+        pdf.set_font("Helvetica", size=12)
+        pdf.multi_cell(0, 6, f"Content of the page numbered {number}.")
+    document = load_bytes(bytes(pdf.output()), source="book.pdf")
+    assert [b.text for b in document.blocks] == [
+        f"Content of the page numbered {number}." for number in numbers
+    ]

@@ -2,9 +2,10 @@
 
 Running headers and footers are not content: a line at the top or bottom of most pages
 (a page number at its start or end aside, so "Refund policy    3/12" is the same line on
-every page), and a page counter ("3", "3/12", "Page 3 of 12", "- 3 -") at the top or bottom
-of a page, are dropped. Compatibility characters are normalised first (`_draft.normalise`,
-as in every format), so the ligature in a browser-printed "ﬁle:///" reads "file:///".
+every page, and "Handbook iv" in the front matter too), and a page counter ("3", "3/12",
+"Page 3 of 12", "- 3 -") at the top or bottom of a page, are dropped. Compatibility
+characters are normalised first (`_draft.normalise`, as in every format), so the ligature
+in a browser-printed "ﬁle:///" reads "file:///".
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ __all__ = ["read_pdf"]
 
 _EDGE_LINES = 2
 """How many lines at the top and at the bottom of a page may be a running header or footer."""
-_NUMBER = r"(?:page\s*)?\d{1,5}(?:\s*(?:/|of|von|de|sur)\s*\d{1,5})?"
-"""A page number: "3", "3/12", "Page 3 of 12"."""
+_NUMBER = r"(?:page\s*)?(?:\d{1,5}|[ivxlc]{1,7})(?:\s*(?:/|of|von|de|sur)\s*\d{1,5})?"
+"""A page number: "3", "3/12", "Page 3 of 12", "iv" (front matter)."""
 _PAGE_COUNTER = re.compile(rf"[-\u2013\u2014(\[]?\s*{_NUMBER}\s*[-\u2013\u2014)\]]?", re.IGNORECASE)
 _COUNTER_AT_ENDS = re.compile(rf"^{_NUMBER}\b|\b{_NUMBER}$", re.IGNORECASE)
 
