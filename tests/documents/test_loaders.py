@@ -406,6 +406,19 @@ GENERIC = """<html><head><title>Shipping</title></head><body>
 </table>
 <div role="contentinfo"><p>Contact us</p></div></body></html>"""
 
+TEXINFO = """<html><head><title>Introduction (GNU Sed)</title></head><body lang="en">
+<div class="chapter-level-extent" id="Introduction">
+<div class="nav-panel"><p>Next: <a href="Invoking-sed.html" accesskey="n" rel="next">Running
+sed</a>, Previous: <a href="index.html" accesskey="p" rel="prev">GNU sed</a>, Up: <a
+href="index.html" accesskey="u" rel="up">GNU sed</a> &nbsp; [<a href="index.html#SEC_Contents"
+title="Table of contents" rel="contents">Contents</a>]</p></div><hr>
+<h2 class="chapter" id="Introduction-1">1 Introduction</h2>
+<p><code>sed</code> is a stream editor.</p><hr>
+<div class="header"><p>Next: <a href="Invoking-sed.html" accesskey="n" rel="next">Running
+sed</a>, Previous: <a href="index.html" accesskey="p" rel="prev">GNU sed</a> &nbsp;
+[<a href="Concept-Index.html" title="Index" rel="index">Index</a>]</p></div></div>
+</body></html>"""
+
 NAVIGATION_WORDS = ("Prev", "Next", "Up", "Home", "previous", "Navigation", "Table of Contents")
 
 
@@ -430,6 +443,7 @@ NAVIGATION_WORDS = ("Prev", "Next", "Up", "Home", "previous", "Navigation", "Tab
             ("git-commit(1) Manual Page",),
             ["NAME", "Create a new commit containing the contents of the index."],
         ),
+        (TEXINFO, "Introduction (GNU Sed)", ("1 Introduction",), ["sed is a stream editor."]),
         (
             GENERIC,
             "Shipping",
@@ -437,7 +451,7 @@ NAVIGATION_WORDS = ("Prev", "Next", "Up", "Home", "previous", "Navigation", "Tab
             ["Parcels leave within two days.", "Zone | Price\nEU | 5"],
         ),
     ],
-    ids=["docbook", "sphinx", "asciidoc", "generic"],
+    ids=["docbook", "sphinx", "asciidoc", "texinfo", "generic"],
 )
 def test_html_drops_the_navigation_of_documentation_generators(
     page: str, title: str, first: tuple[str, ...], kept: list[str]

@@ -23,7 +23,7 @@ _DROPPED |= {"svg", "head", "title"}
 # Page furniture by class or id, from the generators that make most manuals: DocBook XSL
 # (navheader, navfooter, toc), gtk-doc (navigation), Sphinx (related, sphinxsidebar, footer,
 # headerlink), asciidoc (footer, toc), Doxygen (navpath, nav-path, side-nav, tabs, navrow,
-# MSearchBox, titlearea, summary), texinfo (nav-panel), and generic breadcrumbs and skip links.
+# MSearchBox, titlearea), texinfo (nav-panel), and generic breadcrumbs and skip links.
 _NAVIGATION_NAMES = {"navheader", "navfooter", "navigation", "toc", "related", "sphinxsidebar"}
 _NAVIGATION_NAMES |= {"footer", "headerlink", "footer-text", "navpath", "nav-path", "side-nav"}
 _NAVIGATION_NAMES |= {"tabs", "tabs2", "tabs3", "navrow", "navrow1", "navrow2", "msearchbox"}
@@ -175,7 +175,34 @@ def _navigation(tag: Tag) -> bool:
             return True
         links = tag.find_all("a")
         return bool(links) and all(_navigation_link(a) for a in links)
+    if tag.name in _LINK_BARS:
+        return _link_bar(tag)
     return False
+
+
+_LINK_BARS = {"p", "div", "span", "ul", "ol"}
+"""Where a bare bar of links may stand ("Next: Intro, Previous: Top, Up: Top [Contents]")."""
+
+
+def _link_bar(tag: Tag) -> bool:
+    """Whether `tag` is a bar of navigation links (texinfo's header line, say).
+
+    Its links are all navigation links (by `rel`, or DocBook's `accesskey`), with nothing
+    around them but words like "Next:" and separators.
+    """
+    from bs4.element import NavigableString, Tag
+
+    found, outside = False, []
+    for node in tag.descendants:
+        if isinstance(node, Tag) and node.name == "a":
+            if not _navigation_link(node):
+                return False
+            found = True
+        elif type(node) is NavigableString and node.parent and node.parent.name != "a":
+            outside.append(str(node))
+            if sum(map(len, outside)) > 200:
+                return False
+    return found and _NAVIGATION_WORDS.fullmatch("".join(outside)) is not None
 
 
 def _navigation_link(a: Tag) -> bool:
