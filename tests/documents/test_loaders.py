@@ -488,6 +488,9 @@ nav_furniture = st.sampled_from(
         '<a href="n.html">Next</a></p>',
         '<div id="toc"><div id="toctitle">Table of Contents</div></div>',
         '<div class="navpath"><ul><li><a href="index.html">Main Page</a></li></ul></div>',
+        '<div class="header"><p>Next: <a rel="next" accesskey="n" href="n.html">Later</a>, '
+        'Up: <a rel="up" href="u.html">Guide</a> [<a rel="contents" href="c.html">Contents</a>]'
+        "</p></div>",
     ]
 )
 
@@ -616,6 +619,11 @@ def test_a_printed_web_pages_headers_footers_and_page_counters_are_dropped():
     ]
 
 
+def test_pages_that_are_all_one_repeated_line_keep_it():
+    document = load_bytes(make_pdf([[(12, "Thank you.")]] * 3), source="thanks.pdf")
+    assert [b.text for b in document.blocks] == ["Thank you."] * 3
+
+
 def test_a_line_on_one_page_only_or_numbers_inside_text_are_kept():
     pages = [["Chapter 1 opens here."], ["Rates rose 3/4 of a point."], ["Closing words."]]
     document = load_bytes(printed_web_page(pages), source="p.pdf")
@@ -664,3 +672,43 @@ def test_a_running_header_numbered_in_roman_then_arabic_is_dropped_on_every_page
     assert [b.text for b in document.blocks] == [
         f"Content of the page numbered {number}." for number in numbers
     ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(sentence, min_size=2, max_size=12, unique=True),
+    st.integers(1, 3),
+    st.booleans(),
+    st.booleans(),
+)
+def test_any_printed_pages_lose_their_header_and_footer_and_keep_their_text(
+    sentences: list[str], per_page: int, header: bool, footer: bool
+):
+    # a sentence repeated at the top of most pages would be a running header: none is
+    pages = [sentences[i : i + per_page] for i in range(0, len(sentences), per_page)]
+
+    class Printed(FPDF):
+        def header(self) -> None:
+            if header:
+                self.set_font("Helvetica", size=8)
+                self.cell(0, 5, f"Refund handbook - chapter two    {self.page_no()}")
+                self.ln(12)
+
+        def footer(self) -> None:
+            if footer:
+                self.set_y(-12)
+                self.set_font("Helvetica", size=8)
+                self.cell(0, 5, f"Page {self.page_no()} of {{nb}}", align="C")
+
+    pdf = Printed()
+    for page in pages:
+        pdf.add_page()
+        pdf.set_font("Helvetica", size=12)
+        for text in page:
+            pdf.multi_cell(0, 6, text)
+            pdf.ln(6)
+    document = load_bytes(bytes(pdf.output()), source="gen.pdf")
+    assert [(b.page, b.text) for b in document.blocks] == [
+        (number, text) for number, page in enumerate(pages, 1) for text in page
+    ]
+    assert_blocks_index_the_text(document)

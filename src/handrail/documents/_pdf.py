@@ -158,7 +158,9 @@ def _without_running_lines(pages: list[list[list[str]]]) -> list[list[list[str]]
             for p, lines in enumerate(paragraphs)
         ]
         cleaned.append([lines for lines in kept if lines])
-    return cleaned
+    # Pages that are all the same line (a slide deck's "Thank you"?) keep it: better a
+    # repeated line than a document with no text at all.
+    return cleaned if any(cleaned) else pages
 
 
 def _pdf_paragraphs(page: PageObject) -> list[list[str]]:
