@@ -60,7 +60,7 @@ def measure(name: str, folder: Path) -> None:
     total = navigation = pages = off_heading = 0
     over = {"text": 0, "embedded": 0, "with prefix": 0}
     hits = dict.fromkeys(PATTERNS, 0)
-    for path in sorted(folder.rglob("*.htm*")):
+    for path in sorted(p for p in folder.rglob("*") if p.suffix in (".html", ".htm")):
         document = load(path)
         chunks = chunk(document)
         if not chunks:
