@@ -8,10 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handrail.documents import Document
-from handrail.documents._chunker import chunk, chunk_prefix
+from handrail.documents._chunker import (
+    EMBEDDER_WORD_PIECES,
+    EMBEDDING_PREFIX_WORD_PIECES,
+    MAX_CHUNK_WORD_PIECES,
+    chunk,
+    chunk_prefix,
+    count_word_pieces,
+)
 from handrail.documents._loaders import load_bytes
 from handrail.exceptions import ConfigError
-from handrail.tokens import count_text
 
 from ._corpus import (
     assert_chunk_invariants,
@@ -183,7 +189,7 @@ def test_chunks_know_the_pages_they_start_and_end_on():
     assert chunks[1].text.startswith("Sentence 3")
 
 
-def test_the_default_tokenizer_keeps_chunks_within_200_tokens():
+def test_the_default_counter_keeps_chunks_within_222_word_pieces():
     sections = [
         f"## Section {i}\n\n{prose(5 + i * 4, start=i * 100)}\n\n"
         + "| Col | Value |\n|---|---|\n"
@@ -193,9 +199,84 @@ def test_the_default_tokenizer_keeps_chunks_within_200_tokens():
     document = md("# Handbook\n\n" + "\n\n".join(sections))
     chunks = chunk(document)
     assert len(chunks) > 5
-    assert max(count_text(c.text, "openai:gpt-4o") for c in chunks) <= 200
+    assert max(count_word_pieces(c.text) for c in chunks) <= 222
     assert_chunk_invariants(document, chunks, target=10**9, overlap=200)
     assert any(c.start < p.end for p, c in pairwise(chunks))
+
+
+# --- what the embedder reads --------------------------------------------------------------
+
+
+def test_the_word_piece_budget_leaves_room_for_the_title_and_headings():
+    assert MAX_CHUNK_WORD_PIECES + EMBEDDING_PREFIX_WORD_PIECES + 2 == EMBEDDER_WORD_PIECES
+    assert count_word_pieces("Refunds take 14 days.") == 6  # ref ##unds take 14 days .
+
+
+def test_no_chunk_exceeds_what_the_embedder_reads_whatever_its_lines():
+    """A code line, a table row, a heading and a word each longer than the embedder reads."""
+    long_line = "result = " + " + ".join(f"value_{i}" for i in range(150))
+    row = "| " + " | ".join(f"cell {i} refund" for i in range(120)) + " |"
+    blob = "QUJD" * 400  # base64: one 1,600-character word
+    heading = "## " + " ".join(["Refund"] * 300)
+    document = md(
+        f"# Handbook\n\n```\nshort = 1\n{long_line}\n```\n\n| A | B |\n|---|---|\n{row}\n\n"
+        f"Key: {blob}\n\n{heading}\n\nLast words."
+    )
+    chunks = chunk(document)
+    assert max(count_word_pieces(c.text) for c in chunks) <= MAX_CHUNK_WORD_PIECES
+    assert all(document.text[c.start : c.end] == c.text for c in chunks)
+    covered = "".join(document.text[c.start : c.end] for c in chunks)
+    for part in (long_line, row, blob, "Last words."):  # split, not truncated
+        assert all(word in covered for word in part.split())
+    assert any("short = 1" in c.text for c in chunks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    markdown,
+    st.lists(st.sampled_from(["value", "+", "=", "refund", "|", "x"]), min_size=1, max_size=90),
+    st.integers(6, 30),
+    st.integers(0, 20),
+    st.integers(0, 60),
+)
+def test_max_tokens_is_never_exceeded_and_what_is_split_stays_covered(
+    source: str, words: list[str], target: int, slack: int, overlap: int
+):
+    overlap = min(overlap, target * 4 - 1)
+    line = " ".join(words)
+    document = md(f"{source}\n\n```\n{line}\n{line}\n```\n\n| {line} |\n|---|\n| {line} |")
+    limit = target + slack
+    chunks = chunk(
+        document,
+        target_tokens=target,
+        overlap=overlap,
+        count_tokens=count_words,
+        max_tokens=limit,
+    )
+    assert all(count_words(c.text) <= limit for c in chunks)
+    text, covered = document.text, bytearray(len(document.text))
+    for index, c in enumerate(chunks):
+        assert text[c.start : c.end] == c.text and c.index == index
+        assert index == 0 or (c.start > chunks[index - 1].start and c.end > chunks[index - 1].end)
+        covered[c.start : c.end] = b"\x01" * (c.end - c.start)
+    assert all(covered[i] or text[i].isspace() for i in range(len(text)))
+
+
+def test_a_target_over_the_embedders_limit_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"target_tokens=300, max_tokens=222.*256 word pieces"):
+        chunk(md("text"), target_tokens=300)
+    with pytest.raises(ConfigError, match=r"target_tokens=50, max_tokens=40\)"):
+        chunk(md("text"), target_tokens=50, count_tokens=count_words, max_tokens=40)
+    assert chunk(md("text"), target_tokens=300, count_tokens=count_words)  # no limit: yours
+
+
+def test_every_chunk_carries_its_documents_title():
+    document = md("# Refund handbook\n\n" + "\n\n".join(prose(4, i * 4) for i in range(6)))
+    chunks = chunk(document, target_tokens=30, overlap=0, count_tokens=count_words)
+    assert len(chunks) > 2
+    assert {c.metadata["title"] for c in chunks} == {"Refund handbook"}
+    untitled = chunk(load_bytes(b"No title here.", source="n.txt"))
+    assert "title" not in untitled[0].metadata
 
 
 def test_an_empty_document_has_no_chunks():

@@ -118,6 +118,18 @@ def test_ask_prints_the_answer_its_citations_and_confidence_or_why_it_escalates(
     assert reply["escalated"] is False
     assert (reply["citations"][0]["source"], reply["citations"][0]["page"]) == ("shipping.pdf", 3)
 
+    # Without --model it says, every time, that the answer is the offline model's.
+    assert "offline extractive model" in answered.stderr
+    assert "--model" in answered.stderr
+    assert (reply["model"], reply["offline_model"]) == ("extractive (offline)", True)
+
+    # A collection nobody ingested into is refused, not answered from nothing.
+    other = CliRunner().invoke(docs_app, ["ask", "Refunds?", *index, "--collection", "typo"])
+    assert other.exit_code == 1
+    assert other.stdout == ""
+    assert "holds no documents in collection 'typo'" in other.stderr
+    assert "handrail docs ingest" in other.stderr
+
 
 def test_ask_names_a_model_that_cannot_be_used(tmp_path: Path):
     result = CliRunner().invoke(
@@ -125,3 +137,36 @@ def test_ask_names_a_model_that_cannot_be_used(tmp_path: Path):
     )
     assert result.exit_code == 1
     assert result.stderr.startswith("error: ")
+
+
+def test_ask_with_a_mistyped_index_refuses_and_creates_nothing(tmp_path: Path):
+    typo = tmp_path / "idnex"
+    result = CliRunner().invoke(
+        docs_app, ["ask", "How long do refunds take?", "--index", str(typo)]
+    )
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"error: no index at {typo} (the folder does not exist): check --index, or run "
+        f"`handrail docs ingest FOLDER --index {typo}` first.\n"
+    )
+    assert not typo.exists()
+
+
+def test_ask_in_a_folder_that_is_no_index_refuses_and_leaves_it_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(docs_app, ["ask", "Anything?"])  # the default index
+    assert result.exit_code == 1
+    assert f"no index at {DEFAULT_INDEX}" in result.stderr
+    assert "run `handrail docs ingest FOLDER` first" in result.stderr
+    assert not (tmp_path / DEFAULT_INDEX).exists()
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    result = CliRunner().invoke(docs_app, ["ask", "Anything?", "--index", str(folder)])
+    assert result.exit_code == 1
+    assert f"{folder} holds no index (no chroma.sqlite3 in it)" in result.stderr
+    assert list(folder.iterdir()) == []

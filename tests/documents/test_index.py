@@ -419,3 +419,27 @@ def test_an_object_that_is_not_an_embedder_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="pass an Embedder"):
         ChromaIndex.persistent(tmp_path, embedder="minilm")  # type: ignore[arg-type]
+
+
+async def test_clear_removes_every_chunk_and_the_index_stays_usable(
+    open_index: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = open_index()
+    await index.clear()  # an empty index: nothing happens
+    assert await index.count() == 0
+    chunks = [chunk(f"doc-{i % 3}.md", i // 3) for i in range(11)]
+    await index.upsert(chunks, vectors(11))
+    before = await index.version()
+    monkeypatch.setattr(index, "_max_batch", 4)  # so clearing takes several batches
+
+    await index.clear()
+
+    assert await index.count() == 0
+    assert await index.sources() == {}
+    assert await index.chunks() == []
+    assert await index.query(vectors(1)[0], k=5) == []
+    assert await index.version() != before
+    await index.upsert(chunks[:2], vectors(2))
+    assert await index.chunks() == chunks[:2]
+    await index.close()
+    assert await open_index().count() == 2  # the same collection, for the same embedder

@@ -578,3 +578,48 @@ def test_a_library_refuses_an_index_of_another_embedder(tmp_path: Path, minilm: 
 def test_a_library_checks_its_chunking_at_once(tmp_path: Path, minilm: MiniLMEmbedder):
     with pytest.raises(ConfigError, match="overlap"):
         Library.open(tmp_path / "index", embedder=minilm, target_tokens=10, overlap=100)
+
+
+async def test_ingest_progress_counts_bytes_and_moves_inside_a_big_file(
+    library: Library, tmp_path: Path
+):
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "a.md").write_text("# A\n\nA short note about refunds.", encoding="utf-8")
+    sections = [
+        f"## Part {i}\n\n" + " ".join([f"Refund rule {i} applies."] * 30) for i in range(90)
+    ]
+    (folder / "manual.md").write_text("# Manual\n\n" + "\n\n".join(sections), encoding="utf-8")
+    (folder / "z.txt").write_text("The last word on refunds.", encoding="utf-8")
+    size = sum(path.stat().st_size for path in folder.iterdir())
+    steps: list[IngestProgress] = []
+    report = await library.ingest(folder, progress=steps.append)
+
+    assert report.chunks_written > 64  # manual.md takes more than one embedding batch
+    assert {s.bytes_total for s in steps} == {size}
+    moving = [s for s in steps if s.outcome == "embedding"]
+    assert moving and {s.source for s in moving} <= {"a.md", "manual.md"}
+    assert all(s.done <= 1 for s in moving)  # manual.md is not counted done while embedding
+    done = [s.bytes_done for s in steps]
+    assert done == sorted(done) and len(set(done)) >= len(moving)  # it moves, never back
+    assert steps[-1].bytes_done == size and steps[-1].done == steps[-1].total == 3
+    assert [(s.source, s.outcome) for s in steps if s.outcome != "embedding"] == [
+        ("a.md", "ingested"),
+        ("manual.md", "ingested"),
+        ("z.txt", "ingested"),
+    ]
+
+
+async def test_clear_empties_the_library_and_the_next_ingest_starts_over(
+    ingested: Library, docs: Path
+):
+    await ingested.add_note("Refunds for gift cards go to the buyer.", author="ana")
+    assert await ingested.retrieve("How long do refunds take?", min_relevance=0)
+
+    await ingested.clear()
+
+    assert await ingested.index.count() == 0
+    assert await ingested.retrieve("How long do refunds take?", min_relevance=0) == []
+    report = await ingested.ingest(docs)
+    assert (report.ingested, report.unchanged) == (4, 0)
+    assert report.chunks_total == report.chunks_written

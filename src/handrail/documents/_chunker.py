@@ -1,8 +1,14 @@
 r"""The chunker: a `Document`'s blocks grouped into `Chunk`s of about a target size.
 
 ```python
-chunks = chunk(document)  # about 200 tokens each, 200 characters of overlap
+chunks = chunk(document)  # at most 222 word pieces each, 200 characters of overlap
 ```
+
+Sizes are counted in the word pieces of the default embedder, all-MiniLM-L6-v2, which reads
+at most `EMBEDDER_WORD_PIECES` (256, its `[CLS]` and `[SEP]` markers included) and silently
+drops the rest. So no chunk may exceed `MAX_CHUNK_WORD_PIECES`: 256, less the two markers,
+less `EMBEDDING_PREFIX_WORD_PIECES` (32) kept for the title and heading path that are
+embedded before a chunk's text.
 
 A chunk's text is always one contiguous slice of `Document.text`
 (`document.text[c.start:c.end] == c.text`), so a citation can be found in its document.
@@ -25,6 +31,11 @@ How blocks become chunks:
 - Over the target only where nothing can be split: a single table row, code line or word
   longer than the target, alone (or after the headings above it). A heading longer than the
   target is the one case where a chunk ends with a heading.
+- Never over `max_tokens` (`MAX_CHUNK_WORD_PIECES` with the default counter), what the
+  embedder reads: a row, line or heading longer than that is split between words, and a
+  word longer than that (a base64 blob, say) inside the word.
+- Every chunk of a document with a title gets it in `metadata["title"]` (a page's
+  `<title>` or first heading, a PDF's title), for whoever builds the text to embed.
 - A chunk that starts inside a Markdown table (a table split between rows) gets the table's
   header and delimiter rows in `metadata["table_header"]`, for whoever builds the text to
   embed; they are not in `text`, which must stay a slice of the document.
@@ -32,25 +43,50 @@ How blocks become chunks:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from importlib import resources
+from typing import TYPE_CHECKING, Literal
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, MissingExtraError
 from ._types import Block, Chunk, Document
 
-__all__ = ["chunk", "chunk_prefix"]
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
-_DEFAULT_TOKENIZER = "openai:gpt-4o"
-"""Counted with tiktoken's o200k_base, through `handrail.tokens.count_text`."""
+__all__ = [
+    "DEFAULT_TARGET_TOKENS",
+    "EMBEDDER_WORD_PIECES",
+    "EMBEDDING_PREFIX_WORD_PIECES",
+    "MAX_CHUNK_WORD_PIECES",
+    "chunk",
+    "chunk_prefix",
+    "count_word_pieces",
+]
+
+EMBEDDER_WORD_PIECES = 256
+"""The most word pieces all-MiniLM-L6-v2 (the default embedder) reads, markers included."""
+EMBEDDING_PREFIX_WORD_PIECES = 32
+"""Word pieces kept free in every chunk for what is embedded before its text (the page's
+title and the heading path): a prefix longer than this must be shortened by its builder."""
+MAX_CHUNK_WORD_PIECES = EMBEDDER_WORD_PIECES - 2 - EMBEDDING_PREFIX_WORD_PIECES
+"""The most word pieces a chunk's text may have with the default counter: 222."""
+DEFAULT_TARGET_TOKENS = MAX_CHUNK_WORD_PIECES
+"""The chunker's (and `Library`'s) default target: as much as the embedder reads. About the
+size of the 200 o200k tokens the chunker aimed at before it counted word pieces, so the
+relevance calibration (`relevance_from_cosine`) still holds."""
+TITLE_KEY = "title"
+"""The `Chunk.metadata` key of its document's title."""
+_TOKENIZER = "minilm-tokenizer.json"
 _CHARS_PER_TOKEN = 4
 """About how many characters of English a token covers: bounds a sensible overlap."""
 
-_Level = Literal["block", "line", "sentence", "word"]
+_Level = Literal["block", "line", "sentence", "word", "part"]
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(\s+)")
 _WORD = re.compile(r"\S+")
 _DELIMITER_ROW = re.compile(r"\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*")
@@ -85,30 +121,44 @@ def chunk_prefix(source: str, content_hash: str) -> str:
 def chunk(
     document: Document,
     *,
-    target_tokens: int = 200,
+    target_tokens: int = DEFAULT_TARGET_TOKENS,
     overlap: int = 200,
     count_tokens: Callable[[str], int] | None = None,
+    max_tokens: int | None = None,
 ) -> list[Chunk]:
     """Split a document into chunks of at most about `target_tokens` tokens.
 
-    The default target is 200 tokens because the default embedder, all-MiniLM-L6-v2, reads
-    at most 256 word pieces and silently drops the rest: 200 tokens of the default tokenizer
-    leave room for its word pieces, which run a little longer than BPE tokens.
+    By default tokens are all-MiniLM-L6-v2's word pieces (`count_word_pieces`), and the
+    target is `MAX_CHUNK_WORD_PIECES` (222), which no chunk exceeds.
 
     Args:
         document: what a loader produced.
         target_tokens: the most tokens a chunk should have (overlap included); only an
             unsplittable row, line or word makes a chunk bigger.
         overlap: at most this many characters from the end of each chunk begin the next one.
-        count_tokens: counts a text's tokens; defaults to the o200k_base tokenizer
-            (`handrail.tokens.count_text(text, "openai:gpt-4o")`).
+        count_tokens: counts a text's tokens; defaults to `count_word_pieces`.
+        max_tokens: the most tokens any chunk may have, with no exception: a row, line or
+            word longer is split. Defaults to `MAX_CHUNK_WORD_PIECES` with the default
+            counter, and to no limit with another `count_tokens`.
 
     Returns:
         The chunks in document order, linked by `prev_id`/`next_id`; [] for an empty document.
 
     Raises:
-        ConfigError: `target_tokens` or `overlap` is out of range (names the argument).
+        ConfigError: `target_tokens`, `overlap` or `max_tokens` is out of range (names the
+            argument).
     """
+    if max_tokens is None and count_tokens is None:
+        max_tokens = MAX_CHUNK_WORD_PIECES
+    if max_tokens is not None and max_tokens < target_tokens:
+        default = " (the default counter's limit)" if count_tokens is None else ""
+        raise ConfigError(
+            f"chunk(target_tokens={target_tokens}, max_tokens={max_tokens}{default}): the "
+            f"target must not exceed the limit; all-MiniLM-L6-v2 reads "
+            f"{EMBEDDER_WORD_PIECES} word pieces, {EMBEDDING_PREFIX_WORD_PIECES} of them kept "
+            f"for the title and headings. Pass target_tokens={MAX_CHUNK_WORD_PIECES} or less, "
+            f"or count_tokens (and max_tokens) for another embedder."
+        )
     if target_tokens < 1:
         raise ConfigError(f"chunk(target_tokens={target_tokens}): it must be at least 1.")
     if overlap < 0:
@@ -121,25 +171,43 @@ def chunk(
             f"{target_tokens * _CHARS_PER_TOKEN}, or a bigger target_tokens."
         )
     if count_tokens is None:
-        count_tokens = _default_counter()
-    spans = _Packer(document, target_tokens, overlap, count_tokens).run()
+        count_tokens = count_word_pieces
+    spans = _Packer(document, target_tokens, overlap, count_tokens, max_tokens).run()
     return _chunks(document, spans)
 
 
-def _default_counter() -> Callable[[str], int]:
-    from ..tokens import count_text
+def count_word_pieces(text: str) -> int:
+    """How many word pieces all-MiniLM-L6-v2 makes of `text`, its two markers aside.
 
-    def count(text: str) -> int:
-        return count_text(text, _DEFAULT_TOKENIZER)
+    Raises:
+        ImportError: the documents extra (the tokenizers package) is missing.
+    """
+    return len(_word_pieces().encode(text, add_special_tokens=False).ids)
 
-    return count
+
+@functools.cache
+def _word_pieces() -> Tokenizer:
+    try:
+        import tokenizers
+    except ImportError as error:
+        raise MissingExtraError("chunk", needs="tokenizers", extra="documents") from error
+    data = resources.files(__name__.rpartition(".")[0]).joinpath("_data", _TOKENIZER)
+    tokenizer = tokenizers.Tokenizer.from_str(data.read_text("utf-8"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 class _Packer:
     """Greedy packing of atoms into spans, splitting an atom only when it must."""
 
     def __init__(
-        self, document: Document, target: int, overlap: int, count: Callable[[str], int]
+        self,
+        document: Document,
+        target: int,
+        overlap: int,
+        count: Callable[[str], int],
+        limit: int | None,
     ) -> None:
         self.text = document.text
         self.blocks = document.blocks
@@ -147,6 +215,7 @@ class _Packer:
         self.target = target
         self.overlap = overlap
         self.count = count
+        self.limit = limit
 
     def run(self) -> list[_Span]:
         queue = deque(
@@ -182,6 +251,13 @@ class _Packer:
                 spans.append(self.close(own, queue, own[0].start))
                 options = self.overlap_starts(spans[-1])
                 own = []
+            elif self.over_limit(own[0].start if own else atom.start, atom):
+                if self.over_limit(atom.start, atom):  # the embedder could not read it all
+                    queue.popleft()
+                    queue.extendleft(reversed(self.forced(atom)))
+                else:  # the headings above it go first, so that it fits alone
+                    spans.append(_Span(own[0].start, own[0], own[-1]))
+                    own = []
             else:  # unsplittable: it goes alone, over the target
                 own.append(queue.popleft())
         if own:
@@ -190,6 +266,32 @@ class _Packer:
 
     def fits(self, start: int, atom: _Atom) -> bool:
         return self.count(self.text[start : atom.end]) <= self.target
+
+    def over_limit(self, start: int, atom: _Atom) -> bool:
+        return self.limit is not None and self.count(self.text[start : atom.end]) > self.limit
+
+    def forced(self, atom: _Atom) -> list[_Atom]:
+        """An atom over the limit, in pieces under it: words, then parts of a word."""
+        if atom.level != "word":
+            words = [
+                _Atom(m.start(), m.end(), atom.block, "word")
+                for m in _WORD.finditer(self.text, atom.start, atom.end)
+            ]
+            if len(words) > 1:
+                return words
+        assert self.limit is not None
+        parts, start = [], atom.start
+        while start < atom.end:
+            low, high = start + 1, atom.end  # the longest part that fits, by bisection
+            while low < high:
+                middle = (low + high + 1) // 2
+                if self.count(self.text[start:middle]) <= self.limit:
+                    low = middle
+                else:
+                    high = middle - 1
+            parts.append(_Atom(start, low, atom.block, "part"))
+            start = low
+        return parts
 
     def page(self, atom: _Atom) -> int | None:
         return self.blocks[atom.block].page
@@ -234,7 +336,7 @@ class _Packer:
             return self.pieces(atom, "sentence")
         if atom.level == "sentence":
             return self.pieces(atom, "word")
-        return []
+        return []  # a word, or a part of one
 
     def pieces(self, atom: _Atom, level: _Level) -> list[_Atom]:
         text, found = self.text, []
@@ -273,6 +375,8 @@ def _chunks(document: Document, spans: list[_Span]) -> list[Chunk]:
     for index, span in enumerate(spans):
         first = document.blocks[span.first.block]
         metadata: dict[str, str | int | float | bool] = {}
+        if document.title:
+            metadata[TITLE_KEY] = document.title
         if first.kind == "table" and span.first.start > first.start:
             header = _table_header(first)
             if header:

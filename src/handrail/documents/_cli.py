@@ -8,12 +8,16 @@ handrail docs ask "How long do refunds take?" --json   # for scripts
 ```
 
 `ask` prints the answer, its citations (source, page, quote, relevance) and its confidence,
-or that it escalates and why; `--json` prints the whole `DocumentAnswer`. Without `--model`
-(or `HANDRAIL_MODEL`) it answers with the offline extractive model
+or that it escalates and why; `--json` prints the whole `DocumentAnswer`, with `model` (the
+model's name) and `offline_model` (true for the extractive model) beside its fields. Without
+`--model` (or `HANDRAIL_MODEL`) it answers with the offline extractive model
 (`handrail.documents.testing.extractive_model`): it quotes the best-matching sentence, so
-it shows what retrieval finds, not what a real model would write.
+it shows what retrieval finds, not what a real model would write; a line on stderr says so.
+`ask` never creates an index: a missing `--index` folder, one that holds no index, or an
+empty collection is an `error: ...` naming the path and `handrail docs ingest`.
 
-`ingest` shows a progress bar (files) on stderr, then a summary table: files seen, ingested,
+`ingest` shows a progress bar on stderr (bytes of the folder's files, moving as a big file's
+chunks are embedded, and the files handled), then a summary table: files seen, ingested,
 unchanged, deleted, chunks written and in the index, skipped files, and the time taken; then
 one `skipped SOURCE: REASON` line for each skipped file. Skipped files do not fail the
 command (they are reported); a folder that does not exist, or an index that cannot be used,
@@ -28,15 +32,16 @@ opening its library with `_open_library` and reporting failures with `_fail`.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
 
-from ..exceptions import HandrailError
+from ..exceptions import DocumentIndexError, HandrailError
 
 if TYPE_CHECKING:
     from ._answer import DocumentAnswer
@@ -46,6 +51,10 @@ __all__ = ["DEFAULT_INDEX", "docs_app"]
 
 DEFAULT_INDEX = Path(".handrail") / "documents"
 """Where the index lives unless `--index` says otherwise (relative to the working folder)."""
+OFFLINE_MODEL = "extractive (offline)"
+"""The name `ask --json` gives the offline extractive model, used without `--model`."""
+_CHROMA_FILE = "chroma.sqlite3"
+"""The file an embedded Chroma keeps in its folder: without it, a folder is no index."""
 
 docs_app = typer.Typer(
     name="docs",
@@ -59,8 +68,8 @@ IndexPath = Annotated[
     Path | None,
     typer.Option(
         "--index",
-        help="The index's folder (created if missing). Default: .handrail/documents in the "
-        "working folder.",
+        help="The index's folder (ingest creates it if missing). Default: .handrail/documents "
+        "in the working folder.",
         show_default=False,
     ),
 ]
@@ -117,15 +126,22 @@ async def _ingest(folder: Path, index: Path | None, collection: str) -> IngestRe
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[files]}"),
         TextColumn("{task.fields[source]}", style="dim"),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task("files", total=None, source="")
+        task = bar.add_task("ingest", total=None, source="", files="")
 
         def advance(step: IngestProgress) -> None:
-            bar.update(task, total=step.total, completed=step.done, source=step.source)
+            bar.update(
+                task,
+                total=step.bytes_total or None,
+                completed=step.bytes_done,
+                files=f"{step.done}/{step.total} files",
+                source=step.source,
+            )
 
         async with _open_library(index, collection) as library:
             return await library.ingest(folder, progress=advance)
@@ -170,16 +186,30 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
     """Answer a question from the indexed documents, with citations and a confidence."""
+    folder = index if index is not None else DEFAULT_INDEX
+    _check_index(folder, given=index is not None)
     try:
         reply = asyncio.run(
-            _ask(question, index, collection, model, top_k, min_relevance, escalate_below)
+            _ask(question, folder, collection, model, top_k, min_relevance, escalate_below)
         )
     except (HandrailError, ImportError, OSError) as error:
         _fail(error)
     if as_json:
-        typer.echo(reply.model_dump_json(indent=2))
+        fields = {
+            **reply.model_dump(mode="json"),
+            "model": model if model is not None else OFFLINE_MODEL,
+            "offline_model": model is None,
+        }
+        typer.echo(json.dumps(fields, indent=2, ensure_ascii=False))
         return
     out = Console(highlight=False)
+    if model is None:
+        Console(stderr=True, highlight=False).print(
+            "Answered by the offline extractive model, which quotes the best-matching "
+            "sentence: pass --model (or set HANDRAIL_MODEL) for a real model's answer.",
+            style="yellow",
+            soft_wrap=True,
+        )
     if reply.escalated:
         out.print(f"[yellow]Escalate to a person:[/yellow] {reply.escalation_reason}")
         if reply.answer:
@@ -196,9 +226,20 @@ def ask(
     out.print(f"confidence {reply.confidence:.2f}", style="dim")
 
 
+def _check_index(where: Path, *, given: bool) -> None:
+    """Fail unless `where` holds an index: asking must never create an empty one."""
+    option = f" --index {where}" if given else ""
+    fix = f"run `handrail docs ingest FOLDER{option}` first"
+    if not where.exists():
+        flag = "check --index, or " if given else ""
+        _fail(f"no index at {where} (the folder does not exist): {flag}{fix}.")
+    if not (where / _CHROMA_FILE).is_file():
+        _fail(f"{where} holds no index (no {_CHROMA_FILE} in it): check the path, or {fix}.")
+
+
 async def _ask(
     question: str,
-    index: Path | None,
+    index: Path,
     collection: str,
     model: str | None,
     top_k: int,
@@ -209,6 +250,12 @@ async def _ask(
     from .testing import extractive_model
 
     async with _open_library(index, collection) as library:
+        if not await library.index.count():
+            raise DocumentIndexError(
+                f"the index at {index} holds no documents in collection {collection!r}: check "
+                f"--collection, or run `handrail docs ingest FOLDER --index {index} "
+                f"--collection {collection}` first."
+            )
         answerer = Answerer(
             library,
             model if model is not None else extractive_model(),

@@ -63,6 +63,13 @@ class Index(Protocol):
         """Remove every chunk of `source` (nothing happens when it has none)."""
         ...
 
+    async def clear(self) -> None:
+        """Remove every chunk, of every source and every note (an empty index stays empty).
+
+        The index stays usable, for the same embedder: the next ingest fills it again.
+        """
+        ...
+
     async def sources(self) -> dict[str, str]:
         """Each source in the index, with its `content_hash` (to skip unchanged files)."""
         ...
@@ -242,6 +249,14 @@ class ChromaIndex:
         """See `Index.delete_source`."""
         await self._call(self._delete_source, source)
 
+    async def clear(self) -> None:
+        """See `Index.clear`.
+
+        Deletes the records, not the collection, so another process's handle on it (a shared
+        server's) stays valid.
+        """
+        await self._call(self._clear)
+
     async def sources(self) -> dict[str, str]:
         """See `Index.sources`."""
         return await self._call(self._sources)
@@ -371,6 +386,15 @@ class ChromaIndex:
     def _delete_source(self, source: str) -> None:
         collection = self._open()
         collection.delete(where={"source": source})
+        self._touch(collection)
+
+    def _clear(self) -> None:
+        collection = self._open()
+        while True:
+            ids = collection.get(include=[], limit=self._max_batch)["ids"]
+            if not ids:
+                break
+            collection.delete(ids=ids)
         self._touch(collection)
 
     def _query(

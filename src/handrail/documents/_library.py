@@ -47,6 +47,7 @@ import numpy as np
 
 from ..exceptions import ConfigError, DocumentLoadError
 from ..models import Model
+from ._chunker import DEFAULT_TARGET_TOKENS
 from ._chunker import chunk as chunk_document
 from ._decompose import DecompositionCache, decompose
 from ._embed import Embedder, MiniLMEmbedder, Vectors
@@ -119,9 +120,11 @@ def relevance_from_cosine(cosine: float, keyword: float = 0.0) -> float:
 
 # -- results -----------------------------------------------------------------------------------
 
-IngestOutcome: TypeAlias = Literal["ingested", "unchanged", "deleted", "skipped"]
+IngestOutcome: TypeAlias = Literal["ingested", "unchanged", "deleted", "skipped", "embedding"]
 """What ingest did with a source: embedded it (new or changed), left it (same bytes),
-removed it (it left the folder), or skipped it (the reason says why)."""
+removed it (it left the folder), or skipped it (the reason says why); or, for a source with
+more chunks than one embedding batch, that it is still being embedded (`done` does not count
+it yet; `bytes_done` has moved)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,6 +142,11 @@ class IngestProgress:
     """Chunks written for it (ingested only)."""
     reason: str | None = None
     """Why it was skipped (skipped only)."""
+    bytes_done: int = 0
+    """Bytes of the folder's files handled so far; an ingested file's bytes count as its
+    chunks are embedded, so that a progress bar moves during a big file too."""
+    bytes_total: int = 0
+    """Bytes of the folder's files (a source that left the folder counts none)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -239,7 +247,7 @@ class Library:
         index: Index,
         *,
         embedder: Embedder | None = None,
-        target_tokens: int = 200,
+        target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -269,7 +277,7 @@ class Library:
         *,
         embedder: Embedder | None = None,
         collection: str = "handrail",
-        target_tokens: int = 200,
+        target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
     ) -> Library:
         """A library in a folder on this machine (an embedded, persistent Chroma).
@@ -295,7 +303,7 @@ class Library:
         collection: str = "handrail",
         ssl: bool = False,
         headers: dict[str, str] | None = None,
-        target_tokens: int = 200,
+        target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
     ) -> Library:
         """A library on a shared Chroma server (`chroma run --path DIR --port PORT`).
@@ -334,6 +342,17 @@ class Library:
         """Close the index (a later call opens it again). The embedder is left as it is."""
         await self.index.close()
 
+    async def clear(self) -> None:
+        """Remove every chunk from the index, notes included (`Index.clear`).
+
+        The library stays usable: the next `ingest` embeds the folder again from scratch.
+
+        Raises:
+            DocumentIndexError: the index failed.
+        """
+        await self.index.clear()
+        self._keywords = None
+
     # -- ingest --------------------------------------------------------------------------------
 
     async def ingest(
@@ -371,13 +390,22 @@ class Library:
         vanished = [s for s in stored if s not in present and not s.startswith(NOTE_PREFIX)]
         report = IngestReport(files=len(files))
         total = len(files) + len(vanished)
-        done = 0
+        sizes = dict(await asyncio.to_thread(_sizes, files))
+        bytes_total = sum(sizes.values())
+        done = bytes_done = shown = 0  # shown: the most bytes told, so the count never falls
 
         def tell(
-            source: str, outcome: IngestOutcome, chunks: int = 0, why: str | None = None
+            source: str,
+            outcome: IngestOutcome,
+            chunks: int = 0,
+            why: str | None = None,
+            embedded: int = 0,
         ) -> None:
-            nonlocal done
-            done += 1
+            nonlocal done, bytes_done, shown
+            if outcome != "embedding":
+                done += 1
+            handled = embedded if outcome == "embedding" else sizes.get(source, 0)
+            shown = max(shown, bytes_done + handled)
             if progress is not None:
                 progress(
                     IngestProgress(
@@ -387,8 +415,12 @@ class Library:
                         total=total,
                         chunks=chunks,
                         reason=why,
+                        bytes_done=shown,
+                        bytes_total=bytes_total,
                     )
                 )
+            if outcome != "embedding":
+                bytes_done += sizes.get(source, 0)
 
         for source in vanished:
             await self.index.delete_source(source)
@@ -397,9 +429,27 @@ class Library:
 
         pending: list[_Loaded] = []
 
+        def embedding(embedded: int) -> None:
+            """`embedded` of the pending chunks have their vectors: tell whose they are."""
+            before = 0  # the bytes of the pending files already embedded
+            for loaded in pending:
+                size = sizes.get(loaded.source, 0)
+                if embedded < len(loaded.chunks):
+                    part = round(size * embedded / len(loaded.chunks))
+                    tell(loaded.source, "embedding", embedded=before + part)
+                    return
+                embedded -= len(loaded.chunks)
+                before += size
+
         async def flush() -> None:
             chunks = [c for loaded in pending for c in loaded.chunks]
-            vectors = await self.embedder.embed([_embedding_text(c) for c in chunks])
+            texts = [_embedding_text(c) for c in chunks]
+            parts = []
+            for at in range(0, len(texts), _EMBED_BATCH):  # a batch at a time: the bar moves
+                parts.append(await self.embedder.embed(texts[at : at + _EMBED_BATCH]))
+                if at + _EMBED_BATCH < len(texts):
+                    embedding(at + _EMBED_BATCH)
+            vectors = np.concatenate(parts) if len(parts) > 1 else parts[0]
             at = 0
             for loaded in pending:
                 if loaded.replaces:
@@ -704,6 +754,17 @@ def _walk(root: Path) -> list[tuple[str, Path]]:
                 path = Path(folder, name)
                 found.append((path.relative_to(root).as_posix(), path))
     found.sort()
+    return found
+
+
+def _sizes(files: list[tuple[str, Path]]) -> list[tuple[str, int]]:
+    """Each file's size in bytes (0 for one that cannot be read: it will be skipped)."""
+    found = []
+    for source, path in files:
+        try:
+            found.append((source, path.stat().st_size))
+        except OSError:
+            found.append((source, 0))
     return found
 
 

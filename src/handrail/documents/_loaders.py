@@ -20,6 +20,10 @@ that starts with a heading carries it in its heading path.
   paragraph-like element, table (rows one per line, cells joined with `" | "`) or `<pre>`.
 - **Plain text** (`.txt`, `.text`, `.rst`): paragraphs split on blank lines; markup kept.
 
+Compatibility characters are made plain in every format, before offsets are counted: the
+ligatures ﬁ ﬂ ﬀ ﬃ ﬄ are spelled out, no-break and other exotic spaces become spaces,
+zero-width characters go, full-width ASCII becomes ASCII (superscripts and fractions stay).
+
 Text is decoded as UTF-8 (a UTF-8 or UTF-16 byte-order mark is honoured; HTML may name
 another charset in a `<meta>` tag). Nothing is guessed: undecodable text is an error.
 """
@@ -33,7 +37,7 @@ import re
 from pathlib import PurePath
 
 from ..exceptions import DocumentLoadError
-from ._draft import Draft
+from ._draft import Draft, normalise
 from ._html import read_html
 from ._markdown import read_markdown
 from ._pdf import read_pdf
@@ -113,10 +117,13 @@ def load_bytes(data: bytes, *, source: str, media_type: str | None = None) -> Do
     else:
         raise DocumentLoadError(_unsupported(source, f"media type {media_type!r}"), source=source)
     blocks: list[Block] = []
-    for draft in (draft for draft in drafts if draft.text.strip()):
+    for draft in drafts:
+        text = normalise(draft.text)
+        if not text.strip():
+            continue
         start = blocks[-1].end + 2 if blocks else 0
-        end = start + len(draft.text)
-        kind, text, page, headings = draft.kind, draft.text, draft.page, draft.headings
+        end = start + len(text)
+        kind, page, headings = draft.kind, draft.page, tuple(map(normalise, draft.headings))
         blocks.append(
             Block(kind=kind, text=text, start=start, end=end, page=page, headings=headings)
         )
@@ -125,7 +132,7 @@ def load_bytes(data: bytes, *, source: str, media_type: str | None = None) -> Do
         text="\n\n".join(block.text for block in blocks),
         blocks=tuple(blocks),
         content_hash=hashlib.sha256(data).hexdigest(),
-        title=title,
+        title=normalise(title) if title else title,
         media_type=media_type,
     )
 

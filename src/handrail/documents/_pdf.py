@@ -1,4 +1,12 @@
-"""PDF: pages into paragraphs, with their page numbers (pypdf)."""
+"""PDF: pages into paragraphs, with their page numbers (pypdf).
+
+Running headers and footers are not content: a line at the top or bottom of most pages
+(a page number at its start or end aside, so "Refund policy    3/12" is the same line on
+every page, and "Handbook iv" in the front matter too), and a page counter ("3", "3/12",
+"Page 3 of 12", "- 3 -") at the top or bottom of a page, are dropped. Compatibility
+characters are normalised first (`_draft.normalise`, as in every format), so the ligature
+in a browser-printed "ﬁle:///" reads "file:///".
+"""
 
 from __future__ import annotations
 
@@ -11,9 +19,16 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import DocumentLoadError
-from ._draft import INSTALL, Draft
+from ._draft import INSTALL, Draft, normalise
 
 __all__ = ["read_pdf"]
+
+_EDGE_LINES = 2
+"""How many lines at the top and at the bottom of a page may be a running header or footer."""
+_NUMBER = r"(?:page\s*)?(?:\d{1,5}|[ivxlc]{1,7})(?:\s*(?:/|of|von|de|sur)\s*\d{1,5})?"
+"""A page number: "3", "3/12", "Page 3 of 12", "iv" (front matter)."""
+_PAGE_COUNTER = re.compile(rf"[-\u2013\u2014(\[]?\s*{_NUMBER}\s*[-\u2013\u2014)\]]?", re.IGNORECASE)
+_COUNTER_AT_ENDS = re.compile(rf"^{_NUMBER}\b|\b{_NUMBER}$", re.IGNORECASE)
 
 if TYPE_CHECKING:
     from pypdf import PageObject
@@ -47,7 +62,7 @@ class _LineCollector:
             self.current.text += part
 
     def end_line(self) -> None:
-        self.current.text = " ".join(self.current.text.replace("\x00", "").split())
+        self.current.text = " ".join(normalise(self.current.text.replace("\x00", "")).split())
         self.lines.append(self.current)
         self.current, self.placed = _Line(), False
 
@@ -87,6 +102,7 @@ def read_pdf(data: bytes, source: str) -> tuple[list[Draft], str | None]:
             f"the file is complete (download or export it again).",
             source=source,
         ) from exc
+    pages = _without_running_lines(pages)
     vocabulary = {
         word.lower()
         for paragraphs in pages
@@ -110,6 +126,41 @@ def read_pdf(data: bytes, source: str) -> tuple[list[Draft], str | None]:
     except Exception:  # a damaged info dictionary costs the title, not the document
         title = None
     return drafts, (title.strip() or None) if isinstance(title, str) else None
+
+
+def _without_running_lines(pages: list[list[list[str]]]) -> list[list[list[str]]]:
+    """The pages without their running headers, footers and page counters."""
+
+    def edges(paragraphs: list[list[str]]) -> list[tuple[int, int]]:
+        places = [(p, i) for p, lines in enumerate(paragraphs) for i in range(len(lines))]
+        if len(places) <= _EDGE_LINES * 2:
+            return places
+        return places[:_EDGE_LINES] + places[-_EDGE_LINES:]
+
+    def key(line: str) -> str:  # the line less a page number at either end
+        return _COUNTER_AT_ENDS.sub("#", line.casefold())
+
+    seen: dict[str, int] = {}
+    for paragraphs in pages:
+        for line in {key(paragraphs[p][i]) for p, i in edges(paragraphs)}:
+            seen[line] = seen.get(line, 0) + 1
+    # on most pages, and on two at least: a line that opens two pages of ten is content
+    repeated = {line for line, count in seen.items() if count >= max(2, len(pages) / 2)}
+    cleaned = []
+    for paragraphs in pages:
+        drop = {
+            (p, i)
+            for p, i in edges(paragraphs)
+            if key(paragraphs[p][i]) in repeated or _PAGE_COUNTER.fullmatch(paragraphs[p][i])
+        }
+        kept = [
+            [line for i, line in enumerate(lines) if (p, i) not in drop]
+            for p, lines in enumerate(paragraphs)
+        ]
+        cleaned.append([lines for lines in kept if lines])
+    # Pages that are all the same line (a slide deck's "Thank you"?) keep it: better a
+    # repeated line than a document with no text at all.
+    return cleaned if any(cleaned) else pages
 
 
 def _pdf_paragraphs(page: PageObject) -> list[list[str]]:

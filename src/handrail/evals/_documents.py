@@ -138,7 +138,7 @@ class DocumentsSuite(_Strict):
     """Evidence a question gets: the cut-off of the refusal check and of the answers."""
     min_relevance: float = Field(default=0.5, ge=0.0, le=1.0)
     """Evidence below this relevance is dropped (the refusal threshold)."""
-    target_tokens: int = Field(default=200, ge=1)
+    target_tokens: int = Field(default=222, ge=1)
     """The chunker's target size."""
     overlap: int = Field(default=200, ge=0)
     """Characters each chunk repeats from the one before."""
