@@ -17,6 +17,7 @@ exits with status 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -44,6 +45,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._loop import AgentRun
+from .apps import _ACCEPTED as ACCEPTED_APPS
+from .apps import AppTarget, import_app, open_app
 from .audit import (
     AUDIT_KEY_ENV,
     AUDIT_OLD_KEYS_ENV,
@@ -171,11 +174,16 @@ def _cli_message(error: Exception) -> str:
 
 # -- serve ----------------------------------------------------------------------------------
 
+_APP_HELP = (
+    "The application, as MODULE:NAME: an Engine, a function or coroutine function returning "
+    "one, or an async context-manager function yielding one (docs/engine.md, handrail.apps)."
+)
+
 
 @app.command()
 @_one_line_errors
 def serve(
-    target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
+    target: Annotated[str, typer.Argument(metavar="APP", help=_APP_HELP)],
     host: Annotated[str, typer.Option(help="The interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
     api_keys_file: Annotated[
@@ -276,13 +284,22 @@ def serve(
         ),
     ] = 1,
 ) -> None:
-    """Serve an engine's HTTP API (and its web page) with uvicorn."""
+    """Serve an application's HTTP API (and its web page) with uvicorn.
+
+    The application (TARGET, `MODULE:NAME`: an Engine, a function or coroutine function
+    returning one, or an async context-manager function yielding one) is opened in the
+    server's event loop before the first request, and closed on shutdown (SIGTERM, Ctrl-C);
+    with --workers, in each process.
+    """
     from .server import authenticator_from, serve_workers
     from .server import serve as serve_app
+    from .server._factory import served
 
-    engine = load_engine(target)
-    if workers > 1:
-        _check_shared(engine, workers)
+    found = import_app(target)  # a name that does not import fails here, in one line
+    if not isinstance(found, Engine) and not callable(found):
+        raise CliError(f"{target} is a {type(found).__name__}; it must be {ACCEPTED_APPS}.")
+    if workers > 1 and isinstance(found, Engine):
+        _check_memory(found, workers)
     specs = os.environ.get("HANDRAIL_API_KEYS", "").split()
     readers = None if audit_roles.strip() == "*" else _roles(audit_roles)
     # Read once here: a malformed spec, or a key given twice, stops the server before it starts.
@@ -303,6 +320,7 @@ def serve(
         typer.echo(f"Open the web page: http://{where}:{port}/#key={key}", err=True)
     options = _AppOptions(
         target=target,
+        workers=workers,
         specs=specs,
         keys_file=api_keys_file,
         max_body_size=max_body_size,
@@ -327,7 +345,8 @@ def serve(
     if workers > 1:
         serve_workers(functools.partial(_worker_app, options), workers, **settings)
         return
-    serve_app(_make_app(engine, options, authenticator_from(specs, api_keys_file)), **settings)
+    opened = served(target)
+    serve_app(_make_app(opened, options, authenticator_from(specs, api_keys_file)), **settings)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -335,6 +354,7 @@ class _AppOptions:
     """What `serve` makes its app with, sent to each worker process (so picklable)."""
 
     target: str
+    workers: int
     specs: list[str]
     keys_file: Path | None
     max_body_size: int
@@ -354,12 +374,12 @@ def _roles(text: str) -> frozenset[str]:
     return roles
 
 
-def _make_app(engine: Engine, options: _AppOptions, authenticator: Any) -> Any:
+def _make_app(opened: AppTarget, options: _AppOptions, authenticator: Any) -> Any:
     from .server import Limits, create_app
 
     rate, burst, streams, turns, stream_bytes = options.limits
     return create_app(
-        engine,
+        lifespan=opened,
         authenticator=authenticator,
         max_body_size=options.max_body_size,
         shutdown_grace=options.shutdown_grace,
@@ -376,44 +396,32 @@ def _make_app(engine: Engine, options: _AppOptions, authenticator: Any) -> Any:
 def _worker_app(options: _AppOptions, index: int) -> Any:
     """The app of worker process `index` of `serve --workers`: its own engine and worker id.
 
-    The id is `HANDRAIL_WORKER_ID` (default: the host name) and the index, the same for the
-    worker started again after it died, so that it takes its turns back at once.
+    The application is opened in the process's event loop when its server starts. The id
+    is `HANDRAIL_WORKER_ID` (default: the host name) and the index, the same for the worker
+    started again after it died, so that it takes its turns back at once.
     """
-    from .server import authenticator_from, name_worker
+    from .server import authenticator_from
+    from .server._factory import served
 
-    engine = load_engine(options.target)
     base = os.environ.get("HANDRAIL_WORKER_ID") or socket.gethostname()
-    name_worker(engine, f"{base}-{index}")
-    return _make_app(engine, options, authenticator_from(options.specs, options.keys_file))
+    opened = served(options.target, worker_id=f"{base}-{index}", processes=options.workers)
+    return _make_app(opened, options, authenticator_from(options.specs, options.keys_file))
 
 
-def _check_shared(engine: Engine, workers: int) -> None:
-    """Refuse a store the worker processes cannot share; say what holds with SQLite."""
-    from .store import MemoryStore, SqliteStore
+def _check_memory(engine: Engine, workers: int) -> None:
+    """Refuse at once an Engine (not a factory) whose MemoryStore the processes cannot share.
 
-    store = engine.store
-    if isinstance(store, MemoryStore):
+    An application that makes its engine is checked by each process once it is open.
+    """
+    from .store import MemoryStore
+
+    if isinstance(engine.store, MemoryStore):
         raise CliError(
             f"--workers {workers} needs a store the processes share, and the engine's is a "
             f"MemoryStore: each process would keep sessions of its own, and a request landing "
             f"on another process would not find them. Give the engine a PostgresStore (or a "
             f"SqliteStore, on one machine), or run one worker."
         )
-    if isinstance(store, SqliteStore):
-        typer.echo(
-            f"Note: {workers} processes share the SQLite file {store.path} (this machine "
-            f"only): writes take turns on its lock, and each process finds the others' events "
-            f"and wake-ups by polling (streams every second, workers every "
-            f"{store.poll_interval:g} s). For pushed events and many machines, use PostgreSQL.",
-            err=True,
-        )
-
-
-def load_engine(target: str) -> Engine:
-    """The engine named by `module:attribute` (called first if it is a factory)."""
-    from .server import load_engine as load
-
-    return load(target)
 
 
 # -- chat -----------------------------------------------------------------------------------
@@ -422,7 +430,7 @@ def load_engine(target: str) -> Engine:
 @app.command()
 @_one_line_errors
 def chat(
-    target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
+    target: Annotated[str, typer.Argument(metavar="APP", help=_APP_HELP)],
     session: Annotated[
         str | None, typer.Option(help="The session to continue (default: a new one).")
     ] = None,
@@ -455,7 +463,10 @@ def chat(
         ),
     ] = False,
 ) -> None:
-    """Chat with an engine in the terminal: stream the replies, decide the calls it proposes.
+    """Chat with an application in the terminal: stream the replies, decide the calls it proposes.
+
+    The application (APP, as `handrail serve` takes it) is opened in the chat's event loop,
+    and closed when the chat ends.
 
     Each line you type is a turn. When a turn waits for a decision, each card is shown and you
     approve (y), reject with a reason (n) or amend (a) it; the turn then resumes. End with an
@@ -463,34 +474,44 @@ def chat(
     """
     if approve_all and reject_all:
         raise CliError("Pass --approve-all or --reject-all, not both.")
-    with _err.status(f"Loading {target}…"):
-        engine = load_engine(target)
-    if dsn:
-        engine.store = _store(Path(), dsn, schema)
-    elif db is not None:
-        from .store import SqliteStore
+    import_app(target)  # a name that does not import fails here, in one line
 
-        engine.store = SqliteStore(db)
-    preset = "approve" if approve_all else "reject" if reject_all else None
-    supervisor = engine.domain.supervisor
-    view = (
-        _JsonView()
-        if as_json
-        else _ChatView(_out, supervisor=None if supervisor is None else supervisor.name)
-    )
-    chat_ = _Chat(
-        engine,
-        session or f"chat-{token_hex(4)}",
-        org_id=org,
-        user_id=user,
-        route=route,
-        view=view,
-        preset=preset,
-        ask=None if (as_json or message) else _out.input,
-        own_store=bool(dsn) or db is not None,
-    )
+    async def talk() -> None:
+        status = _err.status(f"Opening {target}…")
+        status.start()
+        async with contextlib.AsyncExitStack() as opened:
+            try:
+                engine = await opened.enter_async_context(open_app(target))
+            finally:
+                status.stop()
+            if dsn:
+                engine.store = _store(Path(), dsn, schema)
+            elif db is not None:
+                from .store import SqliteStore
+
+                engine.store = SqliteStore(db)
+            preset = "approve" if approve_all else "reject" if reject_all else None
+            supervisor = engine.domain.supervisor
+            view = (
+                _JsonView()
+                if as_json
+                else _ChatView(_out, supervisor=None if supervisor is None else supervisor.name)
+            )
+            chat_ = _Chat(
+                engine,
+                session or f"chat-{token_hex(4)}",
+                org_id=org,
+                user_id=user,
+                route=route,
+                view=view,
+                preset=preset,
+                ask=None if (as_json or message) else _out.input,
+                own_store=bool(dsn) or db is not None,
+            )
+            await chat_.run(message)
+
     try:
-        _run(chat_.run(message))
+        _run(talk())
     except KeyboardInterrupt:
         _err.print("[dim]Stopped.[/]")
         raise typer.Exit(130) from None

@@ -1,4 +1,4 @@
-"""An engine and its app from a name and the environment: for `handrail serve` and ASGI servers.
+"""A served application from a name and the environment: for `handrail serve` and ASGI servers.
 
 `app_from_env` is the app factory for running the server in several processes under another
 supervisor (`uvicorn --factory --workers 4 handrail.server:app_from_env`, or gunicorn with
@@ -7,50 +7,111 @@ uvicorn workers); `handrail serve --workers N` uses the same pieces (docs/deploy
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import inspect
 import logging
 import os
 import socket
-import sys
-from collections.abc import Iterable
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 from starlette.applications import Starlette
 
+from ..apps import AppTarget, import_app, open_app
 from ..engine import Engine
 from ..exceptions import UserError
 from ..store import MemoryStore
 from ._app import create_app
 from ._auth import ApiKeyAuthenticator, ApiKeyFileAuthenticator
 
-__all__ = ["app_from_env", "authenticator_from", "load_engine", "name_worker"]
+__all__ = ["app_from_env", "authenticator_from", "load_engine", "name_worker", "served"]
 
 _log = logging.getLogger("handrail.server")
 
 
 def load_engine(target: str) -> Engine:
-    """The engine named by `module:attribute` (called first if it is a factory).
+    """Deprecated: the engine `MODULE:NAME` names, made synchronously (outside any loop).
+
+    An application that owns async resources cannot be made this way: every entry point
+    opens it with `handrail.apps.open_app` inside its event loop instead (`async with
+    open_app("myapp:app") as engine:`). This takes an `Engine` or a function returning one.
 
     Raises:
-        UserError: the name is not `module:attribute`, or names no engine.
+        UserError: the name is not `MODULE:NAME`, or names something else (a coroutine
+            function, an async context manager: use `open_app`).
     """
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise UserError(f"{target!r} is not module:attribute (e.g. myapp:engine).")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app is in the cwd
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise UserError(f"Cannot import {module_name!r}: {error}.") from None
-    found = getattr(module, attribute, None)
-    if found is None:
-        raise UserError(f"Module {module_name!r} has no attribute {attribute!r}.")
+    warnings.warn(
+        "handrail.server.load_engine is deprecated: use `async with "
+        "handrail.apps.open_app(target) as engine:` (it opens async factories and async "
+        "context managers in the running event loop).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    found = import_app(target)
     if callable(found) and not isinstance(found, Engine):
+        if inspect.iscoroutinefunction(found) or inspect.isasyncgenfunction(found):
+            raise UserError(f"{target} is async: open it with handrail.apps.open_app.")
         found = found()
     if not isinstance(found, Engine):
-        raise UserError(f"{target} is a {type(found).__name__}, not a handrail Engine.")
+        raise UserError(
+            f"{target} is (or returned) a {type(found).__name__}, not a handrail Engine: open "
+            f"it with handrail.apps.open_app."
+        )
     return found
+
+
+def served(
+    target: str | AppTarget, *, worker_id: str | None = None, processes: int | None = 1
+) -> Callable[[], contextlib.AbstractAsyncContextManager[Engine]]:
+    """`target` as a server process opens it: named `worker_id`, its store checked.
+
+    For `create_app(lifespan=...)`: the application is opened (`open_app`) in the server's
+    loop; its engine is given the worker id (`name_worker`); with several `processes`, a
+    `MemoryStore` (which they cannot share) is refused, and SQLite's limits are logged once;
+    with an unknown number (None: another supervisor's), a `MemoryStore` is warned about.
+    """
+
+    @contextlib.asynccontextmanager
+    async def opened() -> AsyncIterator[Engine]:
+        async with open_app(target) as engine:
+            if worker_id is not None:
+                name_worker(engine, worker_id)
+            if processes is None and isinstance(engine.store, MemoryStore):
+                _log.warning(
+                    "handrail: the engine's store is a MemoryStore, which this process keeps "
+                    "alone: run one process, or give the engine a PostgresStore."
+                )
+            elif processes is not None and processes > 1:
+                first = worker_id is None or worker_id.endswith("-0")
+                _check_shared(engine, processes, note=first)
+            yield engine
+
+    return opened
+
+
+def _check_shared(engine: Engine, processes: int, *, note: bool) -> None:
+    """Refuse a store the processes cannot share; say (once) what holds with SQLite."""
+    from ..store import SqliteStore
+
+    store = engine.store
+    if isinstance(store, MemoryStore):
+        raise UserError(
+            f"{processes} server processes need a store they share, and the engine's is a "
+            f"MemoryStore: each process would keep sessions of its own, and a request landing "
+            f"on another process would not find them. Give the engine a PostgresStore (or a "
+            f"SqliteStore, on one machine), or run one process."
+        )
+    if isinstance(store, SqliteStore) and note:
+        _log.warning(
+            "%d processes share the SQLite file %s (this machine only): writes take turns on "
+            "its lock, and each process finds the others' events and wake-ups by polling "
+            "(streams every second, workers every %g s). For pushed events and many "
+            "machines, use PostgreSQL.",
+            processes,
+            store.path,
+            store.poll_interval,
+        )
 
 
 def authenticator_from(specs: Iterable[str], file: Path | None = None) -> ApiKeyAuthenticator:
@@ -88,11 +149,14 @@ def app_from_env() -> Starlette:
 
     `uvicorn --factory --workers 4 handrail.server:app_from_env` (or gunicorn with
     `-k uvicorn.workers.UvicornWorker 'handrail.server:app_from_env()'`) runs it in several
-    processes. Each process loads the engine itself, so its store must be one they share
-    (PostgreSQL; SQLite on one machine).
+    processes. Each process opens the application itself, in its event loop when the server
+    starts (before the first request), and closes it when it shuts down, so its store must
+    be one they share (PostgreSQL; SQLite on one machine).
 
     Environment:
-        HANDRAIL_ENGINE: the engine, `module:attribute` (or a factory), as `handrail serve`.
+        HANDRAIL_ENGINE: the application, `MODULE:NAME`, as `handrail serve` takes it: an
+            `Engine`, a function or coroutine function returning one, or an async
+            context-manager function yielding one (`handrail.apps`).
         HANDRAIL_API_KEYS: API key specs (`ORG:USER:KEY`, or `id=...,org=...,user=...,
             roles=...,expires=...,key=...`: `ApiKeySpec`), space-separated; and/or
         HANDRAIL_API_KEYS_FILE: a file of them, one a line.
@@ -103,11 +167,14 @@ def app_from_env() -> Starlette:
             (default `auditor`; `*`: every member of the organisation).
 
     Raises:
-        UserError: HANDRAIL_ENGINE or every API key is missing, or one is malformed.
+        UserError: HANDRAIL_ENGINE or every API key is missing, or one is malformed, or the
+            application's module cannot be imported.
     """
     target = os.environ.get("HANDRAIL_ENGINE")
     if not target:
-        raise UserError("Set HANDRAIL_ENGINE to the engine to serve, as module:attribute.")
+        raise UserError(
+            "Set HANDRAIL_ENGINE to the application to serve, as MODULE:NAME (handrail.apps)."
+        )
     keys_file = os.environ.get("HANDRAIL_API_KEYS_FILE")
     file = Path(keys_file) if keys_file else None
     authenticator = authenticator_from(os.environ.get("HANDRAIL_API_KEYS", "").split(), file)
@@ -117,17 +184,12 @@ def app_from_env() -> Starlette:
             "HANDRAIL_API_KEYS_FILE: "
             "every process must accept the same keys."
         )
-    engine = load_engine(target)
+    import_app(target)  # a name that does not import fails here, before the server starts
     base = os.environ.get("HANDRAIL_WORKER_ID") or socket.gethostname()
-    name_worker(engine, f"{base}-{os.getpid()}")
-    if isinstance(engine.store, MemoryStore):
-        _log.warning(
-            "handrail: the engine's store is a MemoryStore, which this process keeps alone: "
-            "run one process, or give the engine a PostgresStore."
-        )
+    app = served(target, worker_id=f"{base}-{os.getpid()}", processes=None)
     sweep = float(os.environ.get("HANDRAIL_SWEEP_INTERVAL", "1") or 0)
     readers = os.environ.get("HANDRAIL_AUDIT_ROLES", "auditor").strip() or "auditor"
     roles = None if readers == "*" else {r.strip() for r in readers.split(",") if r.strip()}
     return create_app(
-        engine, authenticator=authenticator, sweep_interval=sweep or None, audit_roles=roles
+        lifespan=app, authenticator=authenticator, sweep_interval=sweep or None, audit_roles=roles
     )

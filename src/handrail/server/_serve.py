@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from ..exceptions import HandrailError, UserError
 from ._auth import reload_key_files
 from ._connections import guarded_protocol
 from ._gc import tune_gc
@@ -159,7 +160,9 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections meanwhile
-        await self.app.state.runs.aclose(grace=self.grace)
+        runs = getattr(self.app.state, "runs", None)  # (none yet: the app never opened)
+        if runs is not None:
+            await runs.aclose(grace=self.grace)
         await super().shutdown(sockets)
 
 
@@ -251,7 +254,23 @@ def serve(
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
-    _Server(config, app, shutdown_grace).run()
+    server = _Server(config, app, shutdown_grace)
+    server.run()
+    _started(server, app)
+
+
+def _started(server: uvicorn.Server, app: Starlette) -> None:
+    """Raise why the server did not start, if it did not (its app could not be opened)."""
+    if server.started:
+        return
+    error = getattr(app.state, "open_error", None)
+    if isinstance(error, HandrailError):
+        raise error
+    raise UserError(
+        "The server did not start: its application could not be opened"
+        + (f" ({type(error).__name__}: {error})" if error is not None else "")
+        + "; its traceback is in the log above."
+    )
 
 
 def _reload_keys() -> None:
@@ -314,6 +333,7 @@ def serve_workers(
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     processes: list[multiprocessing.process.BaseProcess] = []
+    failed: int | None = None
 
     def hang_up(*_: Any) -> None:  # each worker reads its API keys files again
         for process in processes:
@@ -331,6 +351,7 @@ def serve_workers(
                     continue
                 if process.exitcode == _STARTUP_FAILURE:
                     _log.error("worker %d could not start; stopping them all", index)
+                    failed = index
                     stop.set()
                     break
                 _log.warning(
@@ -352,6 +373,11 @@ def serve_workers(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+    if failed is not None:
+        raise UserError(
+            f"Worker process {failed} could not start (its error is in the log above), so "
+            f"the server stopped."
+        )
 
 
 def _worker_main(
@@ -367,4 +393,10 @@ def _worker_main(
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
-    _Server(config, app, settings.get("shutdown_grace", 5.0)).run(sockets=[sock])
+    server = _Server(config, app, settings.get("shutdown_grace", 5.0))
+    server.run(sockets=[sock])
+    if not server.started:  # its app could not be opened (uvicorn logged why)
+        error = getattr(app.state, "open_error", None)
+        if error is not None:
+            _log.error("handrail worker %d could not start: %s", index, error)
+        sys.exit(_STARTUP_FAILURE)
