@@ -118,6 +118,8 @@ async def open_app(target: str | Any) -> AsyncIterator[Engine]:
         made = found()
         if inspect.isawaitable(made):
             made = await made
+    except UserError:
+        raise  # handrail's own errors name what to fix (and an app opened within an app)
     except Exception as error:
         raise _failed(where, error) from error
     if isinstance(made, contextlib.AbstractAsyncContextManager) or (
@@ -136,6 +138,8 @@ async def _entered(manager: Any, where: str) -> AsyncIterator[Any]:
     """`async with manager`, a failure to enter it told as the app's (`_failed`)."""
     try:
         engine = await manager.__aenter__()
+    except UserError:
+        raise
     except Exception as error:
         raise _failed(where, error) from error
     try:
@@ -153,8 +157,6 @@ def _failed(where: str, error: Exception) -> UserError:
     One line a terminal can print: what was raised and the line of the application's code
     that raised it (the whole traceback stays on the error's `__cause__`, for a log).
     """
-    if isinstance(error, UserError):
-        return UserError(f"{where} could not be opened: {error}")
     told = _told(error)
     if isinstance(error, RuntimeError) and "running event loop" in str(error):
         told += (

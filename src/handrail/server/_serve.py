@@ -255,7 +255,11 @@ def serve(
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
     server = _Server(config, app, shutdown_grace)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's, when the app's start-up failed: say why
+        if server.started or getattr(app.state, "open_error", None) is None:
+            raise
     _started(server, app)
 
 
@@ -394,9 +398,11 @@ def _worker_main(
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
     server = _Server(config, app, settings.get("shutdown_grace", 5.0))
-    server.run(sockets=[sock])
-    if not server.started:  # its app could not be opened (uvicorn logged why)
-        error = getattr(app.state, "open_error", None)
-        if error is not None:
-            _log.error("handrail worker %d could not start: %s", index, error)
-        sys.exit(_STARTUP_FAILURE)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if not server.started:  # its app could not be opened (uvicorn logged the traceback)
+            error = getattr(app.state, "open_error", None)
+            if error is not None:
+                _log.error("handrail worker %d could not start: %s", index, error)
+            sys.exit(_STARTUP_FAILURE)
