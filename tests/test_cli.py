@@ -621,3 +621,31 @@ def test_serve_lets_only_the_audit_roles_read_the_trail(
     assert statuses("ka", "kc", "kb") == [200, 200, 200]
     refused = run("serve", f"{app_module}:engine", "--audit-roles", " , ")
     assert refused.exit_code == 1 and "--audit-roles needs a role" in refused.output
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_no_help_line_shows_a_type_tag() -> None:
+    """`--json` is a flag and `--port` takes a number without `<bool>`/`<int>` saying so; a
+    choice shows its values, and an explicit metavar stays."""
+    import re
+
+    import typer.main
+
+    tags = re.compile(r"<(?:str|bool|int|float|path|list\[str\]|[a-z|]+)>")
+    paths = list(_commands(typer.main.get_command(app)))
+    assert ("serve",) in paths and ("audit", "list") in paths and ("eval",) in paths
+    for path in paths:
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (path, shown.output)
+        assert not tags.search(shown.output), (path, tags.findall(shown.output))
+    kinds = runner.invoke(app, ["audit", "list", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--kind\s+decision\|call\s+Only decisions", kinds)
+    compare = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--compare\s+DRAFT PINNED", compare)
+    served = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"Usage: .*serve \[OPTIONS\] \{?APP\}?", served)

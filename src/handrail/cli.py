@@ -91,12 +91,56 @@ __all__ = ["app"]
 P = ParamSpec("P")
 T = TypeVar("T")
 
+
+def _untagged(command: Any) -> None:
+    """Help for `command` (and its subcommands) without typer's `<str>`/`<bool>` type tags.
+
+    A flag shows none, an option its metavar if it has one (`--compare DRAFT PINNED`), a
+    choice its values (`decision|call`); what an option takes is said by its help.
+    """
+    get_params = command.get_params
+
+    def params(ctx: Any) -> Any:
+        found = get_params(ctx)  # (the --help option is made here, so it is tidied here)
+        for param in found:
+            _untag(param)
+        return found
+
+    command.get_params = params
+    for sub in getattr(command, "commands", {}).values():
+        _untagged(sub)
+
+
+def _untag(param: Any) -> None:
+    described = getattr(param, "type_descriptor", None)
+    if described is None:
+        return
+
+    def display(ctx: Any) -> str:
+        if isinstance(param, typer.core.TyperOption) and param.metavar is not None:
+            return str(param.metavar)
+        if described.is_choice:
+            return str(param.display_type(ctx)).strip("<>")
+        return ""
+
+    param.display_type_rich = display
+
+
+class _Group(typer.core.TyperGroup):
+    """The `handrail` command, whose help shows no type tags (`_untagged`)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        _untagged(self)
+
+
 app = typer.Typer(
     name="handrail",
     help="Serve a handrail engine over HTTP, and look after its stored sessions.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 sessions = typer.Typer(
     help="List, show, export, import and delete stored sessions.", no_args_is_help=True
@@ -176,7 +220,7 @@ def _cli_message(error: Exception) -> str:
 
 _APP_HELP = (
     "The application, as MODULE:NAME: an Engine, a function or coroutine function returning "
-    "one, or an async context-manager function yielding one (docs/engine.md, handrail.apps)."
+    "one, or an async context-manager function yielding one (docs/server.md, handrail.apps)."
 )
 
 
