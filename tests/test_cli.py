@@ -649,3 +649,30 @@ def test_no_help_line_shows_a_type_tag() -> None:
     assert re.search(r"--compare\s+DRAFT PINNED", compare)
     served = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
     assert re.search(r"Usage: .*serve \[OPTIONS\] \{?APP\}?", served)
+
+
+def test_serve_with_workers_stops_when_a_process_cannot_open_the_app(tmp_path: Path) -> None:
+    """Each process opens the app; one that cannot (here: a MemoryStore, which processes
+    cannot share) says why in the log, the others are stopped, and the command exits 1."""
+    import os
+    import socket
+    import subprocess
+
+    (tmp_path / "memapp.py").write_text(
+        "from handrail import Agent, Engine\nasync def make():\n    return Engine(Agent('a'))\n"
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "HANDRAIL_API_KEYS": "a:b:c", "PYTHONPATH": src}
+    command = [sys.executable, "-c", "from handrail.cli import app; app()", "serve"]
+    command += ["memapp:make", "--workers", "2", "--port", str(port)]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "The application could not be opened: 2 server processes need a store they " in (
+        done.stderr
+    )
+    assert done.stderr.strip().splitlines()[-1].startswith("error: Worker process ")

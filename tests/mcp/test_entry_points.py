@@ -336,6 +336,10 @@ def test_a_factory_that_fails_stops_serve_with_its_error(folder: Path) -> None:
         "error: opsapp:broken could not be opened: RuntimeError: OPS_LOG_DIR is not set ("
     )
     assert "opsapp.py, line" in last
+    # The log says it with the traceback of what raised, one frame a line (not escaped).
+    assert "handrail.server: The application could not be opened: opsapp:broken" in done.stderr
+    assert 'raise RuntimeError("OPS_LOG_DIR is not set")\n' in done.stderr
+    assert "\\x0a" not in done.stderr
 
 
 # -- handrail eval, handrail chat ------------------------------------------------------------

@@ -157,6 +157,23 @@ class _Server(uvicorn.Server):
             if hangup is not None:
                 loop.remove_signal_handler(hangup)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn would log a failed start-up's traceback as the message of one line (its
+        # newlines escaped): an application that could not be opened is told here instead.
+        lifespan = getattr(self, "lifespan", None)
+        send = getattr(lifespan, "send", None)
+        if lifespan is not None and send is not None:
+
+            async def told(message: Any) -> None:
+                error = getattr(self.app.state, "open_error", None)
+                if message.get("type") == "lifespan.startup.failed" and error is not None:
+                    _told(error)
+                    message = {**message, "message": ""}
+                await send(message)
+
+            lifespan.send = told
+        await super().startup(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections meanwhile
@@ -164,6 +181,19 @@ class _Server(uvicorn.Server):
         if runs is not None:
             await runs.aclose(grace=self.grace)
         await super().shutdown(sockets)
+
+
+def _told(error: BaseException) -> None:
+    """Log why the application could not be opened: its message, and what raised it.
+
+    A handrail error of its own (a store the processes cannot share) needs no traceback; a
+    factory's failure is logged with the traceback of what it raised (the `__cause__`).
+    """
+    cause = error.__cause__ if isinstance(error, HandrailError) else error
+    if cause is None:
+        _log.error("The application could not be opened: %s", error)
+    else:
+        _log.error("The application could not be opened: %s", error, exc_info=cause)
 
 
 def server_config(
@@ -273,7 +303,7 @@ def _started(server: uvicorn.Server, app: Starlette) -> None:
     raise UserError(
         "The server did not start: its application could not be opened"
         + (f" ({type(error).__name__}: {error})" if error is not None else "")
-        + "; its traceback is in the log above."
+        + "; see the log above."
     )
 
 
@@ -401,8 +431,5 @@ def _worker_main(
     try:
         server.run(sockets=[sock])
     finally:
-        if not server.started:  # its app could not be opened (uvicorn logged the traceback)
-            error = getattr(app.state, "open_error", None)
-            if error is not None:
-                _log.error("handrail worker %d could not start: %s", index, error)
+        if not server.started:  # its app could not be opened (`_Server.startup` said why)
             sys.exit(_STARTUP_FAILURE)
