@@ -5,7 +5,7 @@ connects an `MCPToolset` and yields an `Engine`; its model (a `FunctionModel`) c
 server's `echo` and answers with what it returned. Each test runs the `handrail` command as
 a user does, as a real process: `handrail serve` (one process and `--workers 2`), `uvicorn
 --factory handrail.server:app_from_env`, `handrail eval` and `handrail chat`, with a turn that
-calls the MCP tool and gets its result; then SIGTERM (or the command's end) closes the MCP
+calls the MCP tool and gets its result; then SIGTERM or SIGINT (or the command's end) closes the MCP
 session, and the server's child process is gone. The MCP servers are the pinned reference
 server (server-everything, Node) and a Python one (tests/mcp/_stdio_server.py).
 """
@@ -264,8 +264,9 @@ def _echoed(events: list[dict[str, object]], text: str) -> None:
 # -- handrail serve --------------------------------------------------------------------------
 
 
-def test_served_app_calls_its_mcp_tool_over_http_and_sigterm_closes_the_session(
-    mcp_kind: str, folder: Path, start: Start
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_served_app_calls_its_mcp_tool_over_http_and_a_signal_closes_the_session(
+    mcp_kind: str, folder: Path, start: Start, stop: signal.Signals
 ) -> None:
     port = _free_port()
     command = _handrail("serve", "opsapp:app", "--port", str(port), "--shutdown-grace", "1")
@@ -275,8 +276,8 @@ def test_served_app_calls_its_mcp_tool_over_http_and_sigterm_closes_the_session(
 
     _echoed(_turn(server.url, "disk full on web-1"), "disk full on web-1")
 
-    server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(timeout=WAIT) in STOPPED, server.output()
+    server.process.send_signal(stop)
+    assert server.process.wait(timeout=WAIT) in (0, -stop, 128 + stop), server.output()
     assert _gone(children), f"the MCP server {children} outlived the server"
     assert (folder / "closed").read_text().split() == [str(server.process.pid)]
     assert "Traceback" not in server.output()
