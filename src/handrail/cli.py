@@ -330,7 +330,7 @@ def serve(
 ) -> None:
     """Serve an application's HTTP API (and its web page) with uvicorn.
 
-    The application (TARGET, `MODULE:NAME`: an Engine, a function or coroutine function
+    The application (APP, `MODULE:NAME`: an Engine, a function or coroutine function
     returning one, or an async context-manager function yielding one) is opened in the
     server's event loop before the first request, and closed on shutdown (SIGTERM, Ctrl-C);
     with --workers, in each process.

@@ -5,8 +5,8 @@ connects an `MCPToolset` and yields an `Engine`; its model (a `FunctionModel`) c
 server's `echo` and answers with what it returned. Each test runs the `handrail` command as
 a user does, as a real process: `handrail serve` (one process and `--workers 2`), `uvicorn
 --factory handrail.server:app_from_env`, `handrail eval` and `handrail chat`, with a turn that
-calls the MCP tool and gets its result; then SIGTERM or SIGINT (or the command's end) closes the MCP
-session, and the server's child process is gone. The MCP servers are the pinned reference
+calls the MCP tool and gets its result; then SIGTERM or SIGINT (or the command's end) closes
+the MCP session, and the server's child process is gone. The MCP servers are the pinned reference
 server (server-everything, Node) and a Python one (tests/mcp/_stdio_server.py).
 """
 

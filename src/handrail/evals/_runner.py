@@ -65,6 +65,9 @@ async def run_suite(
 ) -> SuiteResult:
     """Run every scenario of `suite` and return the results in the suite's order.
 
+    A suite that names an application (`app`) has it opened (`handrail.apps.open_app`) in
+    this event loop before the first scenario, and closed after the last.
+
     Args:
         suite: the suite (from `load_suite`, or built in Python).
         concurrency: scenarios run at once (default: the suite's `concurrency`).
@@ -72,8 +75,9 @@ async def run_suite(
         on_result: called with each result as its scenario finishes (a progress bar).
 
     Raises:
-        SuiteError: the suite's domain (`module:attr` is imported) is not a Domain or Agent, a
-            scenario names tools or routes it does not have, or the configuration names
+        SuiteError: the suite's application cannot be opened (its error told in one line),
+            its domain (`module:attr` is imported) is not a Domain or Agent, a scenario
+            names tools or routes it does not have, or the configuration names
             agents it does not have.
     """
     where = suite.name or "suite"
