@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import uvicorn
 from dirty_equals import IsInt
+from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from handrail import Engine, Message, Reject, RunState, SessionRecord, TextPart
@@ -143,7 +144,8 @@ def test_serve_hands_the_engines_app_to_uvicorn(
         result = run("serve", target, "--port", "8123")
         assert result.exit_code == 0, result.output
         assert (served["host"], served["port"]) == ("127.0.0.1", 8123)
-        assert isinstance(served["app"].state.runs.engine, Engine)
+        with TestClient(served["app"]):  # the app is opened as the server starts
+            assert isinstance(served["app"].state.runs.engine, Engine)
 
 
 def test_serve_takes_the_limits_and_timeouts_from_its_flags(
@@ -229,10 +231,10 @@ def test_serve_shuts_down_with_a_stream_open(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("deskapp", "'deskapp' is not module:attribute"),
+        ("deskapp", "'deskapp' is not MODULE:NAME"),
         ("nomodule:engine", "Cannot import 'nomodule'"),
         ("deskapp:missing", "Module 'deskapp' has no attribute 'missing'"),
-        ("deskapp:not_an_engine", "deskapp:not_an_engine is a int, not a handrail Engine."),
+        ("deskapp:not_an_engine", "deskapp:not_an_engine is a int; it must be an Engine, "),
     ],
 )
 def test_serve_names_what_is_wrong_with_the_target(
@@ -367,8 +369,12 @@ def test_chat_json_with_nobody_to_decide_fails_in_one_line(chat_module: str) -> 
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("nomodule:engine", "error: Cannot import 'nomodule': No module named 'nomodule'."),
-        ("chatapp", "error: 'chatapp' is not module:attribute (e.g. myapp:engine)."),
+        (
+            "nomodule:engine",
+            "error: Cannot import 'nomodule': no such module (run from the folder that holds "
+            "it, or install it).",
+        ),
+        ("chatapp", "error: 'chatapp' is not MODULE:NAME (e.g. myapp:engine or myapp:app)."),
     ],
 )
 def test_chat_with_a_bad_target_prints_one_line_and_exits_1(
@@ -399,7 +405,12 @@ def test_serve_tunes_the_garbage_collector_for_a_long_run(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran: list[uvicorn.Server] = []
-    monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets=None: ran.append(self))
+
+    def run_server(self: uvicorn.Server, sockets: Any = None) -> None:
+        ran.append(self)
+        self.started = True
+
+    monkeypatch.setattr("uvicorn.Server.run", run_server)
     monkeypatch.setenv("HANDRAIL_API_KEYS", "o:u:k")
     result = run("serve", f"{app_module}:engine", "--port", "8124")
     assert result.exit_code == 0, result.output
@@ -480,7 +491,7 @@ def sqlite_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
 
 
 def test_serve_with_workers_gives_each_process_its_own_worker_id(
-    sqlite_app: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_app: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     started: dict[str, Any] = {}
     monkeypatch.setattr(
@@ -493,12 +504,16 @@ def test_serve_with_workers_gives_each_process_its_own_worker_id(
     result = run("serve", sqlite_app, *flags)
     assert result.exit_code == 0, result.output
     assert started["workers"] == 3
-    # What SQLite shared by processes can do is said.
-    assert "3 processes share the SQLite file" in result.output
-    assert "by polling" in result.output
-    # Each process's app: its own engine, named by its index (over the engine's worker_id).
+    # Each process's app: its own engine, opened as it starts, named by its index (over the
+    # engine's worker_id).
     apps = [started["factory"](index) for index in range(3)]
-    engines = [app.state.runs.engine for app in apps]
+    engines = []
+    for app_ in apps:
+        with TestClient(app_):
+            engines.append(app_.state.runs.engine)
+    # What SQLite shared by processes can do is said (by the first).
+    assert caplog.text.count("3 processes share the SQLite file") == 1
+    assert "by polling" in caplog.text
     assert [e.worker_id for e in engines] == ["box-0", "box-1", "box-2"]
     assert [e.lease_owner.split("#")[0] for e in engines] == ["box-0", "box-1", "box-2"]
     assert len({id(e) for e in engines}) == 3
@@ -577,16 +592,15 @@ def test_chat_on_a_turn_cut_off_says_what_recovers_it_in_one_line(
 def test_serve_lets_only_the_audit_roles_read_the_trail(
     app_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from starlette.testclient import TestClient
-
     served: dict[str, Any] = {}
     monkeypatch.setattr("handrail.server.serve", lambda app, **options: served.update(app=app))
 
     def statuses(*keys: str) -> list[int]:
-        client = TestClient(served["app"])
-        return [
-            client.get("/audit", headers={"Authorization": f"Bearer {k}"}).status_code for k in keys
-        ]
+        with TestClient(served["app"]) as client:
+            return [
+                client.get("/audit", headers={"Authorization": f"Bearer {k}"}).status_code
+                for k in keys
+            ]
 
     monkeypatch.delenv("HANDRAIL_API_KEYS", raising=False)
     made = run("serve", f"{app_module}:engine")
@@ -607,3 +621,58 @@ def test_serve_lets_only_the_audit_roles_read_the_trail(
     assert statuses("ka", "kc", "kb") == [200, 200, 200]
     refused = run("serve", f"{app_module}:engine", "--audit-roles", " , ")
     assert refused.exit_code == 1 and "--audit-roles ' , ' is not valid" in refused.output
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_no_help_line_shows_a_type_tag() -> None:
+    """`--json` is a flag and `--port` takes a number without `<bool>`/`<int>` saying so; a
+    choice shows its values, and an explicit metavar stays."""
+    import re
+
+    import typer.main
+
+    tags = re.compile(r"<(?:str|bool|int|float|path|list\[str\]|[a-z|]+)>")
+    paths = list(_commands(typer.main.get_command(app)))
+    assert ("serve",) in paths and ("audit", "list") in paths and ("eval",) in paths
+    for path in paths:
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (path, shown.output)
+        assert not tags.search(shown.output), (path, tags.findall(shown.output))
+    kinds = runner.invoke(app, ["audit", "list", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--kind\s+decision\|call\s+Only decisions", kinds)
+    compare = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"--compare\s+DRAFT PINNED", compare)
+    served = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert re.search(r"Usage: .*serve \[OPTIONS\] \{?APP\}?", served)
+
+
+def test_serve_with_workers_stops_when_a_process_cannot_open_the_app(tmp_path: Path) -> None:
+    """Each process opens the app; one that cannot (here: a MemoryStore, which processes
+    cannot share) says why in the log, the others are stopped, and the command exits 1."""
+    import os
+    import socket
+    import subprocess
+
+    (tmp_path / "memapp.py").write_text(
+        "from handrail import Agent, Engine\nasync def make():\n    return Engine(Agent('a'))\n"
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "HANDRAIL_API_KEYS": "a:b:c", "PYTHONPATH": src}
+    command = [sys.executable, "-c", "from handrail.cli import app; app()", "serve"]
+    command += ["memapp:make", "--workers", "2", "--port", str(port)]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "The application could not be opened: 2 server processes need a store they " in (
+        done.stderr
+    )
+    assert done.stderr.strip().splitlines()[-1].startswith("error: Worker process ")

@@ -31,6 +31,8 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
@@ -58,7 +60,8 @@ def import_app(target: str) -> Any:
 
     Raises:
         UserError: the name is not `MODULE:NAME`, the module cannot be imported (its error
-            is told), or it has no such attribute.
+            is told in one line, with the line of the application's code that raised it; the
+            traceback is the error's `__cause__`), or it has no such attribute.
     """
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
@@ -73,7 +76,9 @@ def import_app(target: str) -> Any:
                 f"Cannot import {module_name!r}: no such module (run from the folder that "
                 f"holds it, or install it)."
             ) from None
-        raise  # the app's own import failed: its traceback is the useful part
+        raise UserError(f"Importing {module_name!r} failed: {_told(error)}") from error
+    except Exception as error:  # the app's own module failed as it was imported
+        raise UserError(f"Importing {module_name!r} failed: {_told(error)}") from error
     found: Any = module
     for part in attribute.split("."):
         found = getattr(found, part, _MISSING)
@@ -109,18 +114,92 @@ async def open_app(target: str | Any) -> AsyncIterator[Engine]:
         raise UserError(f"{where} is a {type(found).__name__}; it must be {_ACCEPTED}.")
     if inspect.isasyncgenfunction(found):  # an @asynccontextmanager forgotten: the same body
         found = contextlib.asynccontextmanager(found)
-    made = found()
-    if inspect.isawaitable(made):
-        made = await made
+    try:
+        made = found()
+        if inspect.isawaitable(made):
+            made = await made
+    except UserError:
+        raise  # handrail's own errors name what to fix (and an app opened within an app)
+    except Exception as error:
+        raise _failed(where, error) from error
     if isinstance(made, contextlib.AbstractAsyncContextManager) or (
         hasattr(made, "__aenter__") and hasattr(made, "__aexit__")
     ):
-        async with made as engine:
+        async with _entered(made, where) as engine:
             _check(engine, where, "yielded")
             yield engine
         return
     _check(made, where, "returned")
     yield made
+
+
+@contextlib.asynccontextmanager
+async def _entered(manager: Any, where: str) -> AsyncIterator[Any]:
+    """`async with manager`, a failure to enter it told as the app's (`_failed`)."""
+    try:
+        engine = await manager.__aenter__()
+    except UserError:
+        raise
+    except Exception as error:
+        raise _failed(where, error) from error
+    try:
+        yield engine
+    except BaseException as error:
+        if not await manager.__aexit__(type(error), error, error.__traceback__):
+            raise
+    else:
+        await manager.__aexit__(None, None, None)
+
+
+def _failed(where: str, error: Exception) -> UserError:
+    """The error of an app whose factory (or the body before its `yield`) raised `error`.
+
+    One line a terminal can print: what was raised and the line of the application's code
+    that raised it (the whole traceback stays on the error's `__cause__`, for a log).
+    """
+    told = _told(error)
+    if isinstance(error, RuntimeError) and "running event loop" in str(error):
+        told += (
+            ". An application is opened inside the entry point's event loop: make its factory "
+            "`async def` (or an @asynccontextmanager) and await what it needs, instead of "
+            "asyncio.run"
+        )
+    return UserError(f"{where} could not be opened: {told}")
+
+
+def _told(error: BaseException) -> str:
+    """`Type: message (file, line N)`: the error and the line of the app that raised it."""
+    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})"
+    place = _place(error)
+    return f"{message} ({place})" if place else message
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+_LIBRARIES = tuple(
+    os.path.abspath(p)
+    for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _place(error: BaseException) -> str | None:
+    """Where `error` was raised in the application's code, as `file, line N`.
+
+    Its deepest frame outside handrail, the standard library and installed packages (else its
+    deepest frame).
+    """
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or path.startswith(_OURS):
+            continue
+        if not path.startswith(_LIBRARIES):
+            return f"{frame.filename}, line {frame.lineno}"
+    for frame in reversed(frames):
+        if not frame.filename.startswith("<"):
+            return f"{frame.filename}, line {frame.lineno}"
+    return None
 
 
 def _check(engine: object, where: str, verb: str) -> None:

@@ -46,6 +46,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from ._loop import AgentRun
+from .apps import _ACCEPTED as ACCEPTED_APPS
+from .apps import import_app, open_app
 from .audit import (
     AUDIT_KEY_ENV,
     AUDIT_OLD_KEYS_ENV,
@@ -94,12 +96,56 @@ __all__ = ["app"]
 P = ParamSpec("P")
 T = TypeVar("T")
 
+
+def _untagged(command: Any) -> None:
+    """Help for `command` (and its subcommands) without typer's `<str>`/`<bool>` type tags.
+
+    A flag shows none, an option its metavar if it has one (`--compare DRAFT PINNED`), a
+    choice its values (`decision|call`); what an option takes is said by its help.
+    """
+    get_params = command.get_params
+
+    def params(ctx: Any) -> Any:
+        found = get_params(ctx)  # (the --help option is made here, so it is tidied here)
+        for param in found:
+            _untag(param)
+        return found
+
+    command.get_params = params
+    for sub in getattr(command, "commands", {}).values():
+        _untagged(sub)
+
+
+def _untag(param: Any) -> None:
+    described = getattr(param, "type_descriptor", None)
+    if described is None:
+        return
+
+    def display(ctx: Any) -> str:
+        if isinstance(param, typer.core.TyperOption) and param.metavar is not None:
+            return str(param.metavar)
+        if described.is_choice:
+            return str(param.display_type(ctx)).strip("<>")
+        return ""
+
+    param.display_type_rich = display
+
+
+class _Group(typer.core.TyperGroup):
+    """The `handrail` command, whose help shows no type tags (`_untagged`)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        _untagged(self)
+
+
 app = typer.Typer(
     name="handrail",
     help="Serve a handrail engine over HTTP, and look after its stored sessions.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 sessions = typer.Typer(
     help="List, show, export, import and delete stored sessions.", no_args_is_help=True
@@ -191,6 +237,11 @@ def _cli_message(error: Exception) -> str:
 
 # -- serve ----------------------------------------------------------------------------------
 
+_APP_HELP = (
+    "The application, as MODULE:NAME: an Engine, a function or coroutine function returning "
+    "one, or an async context-manager function yielding one (docs/server.md, handrail.apps)."
+)
+
 
 def _setting(name: str, **extra: Any) -> Any:
     """A `typer.Option` for the setting `name`: its help names its variable and default.
@@ -204,7 +255,7 @@ def _setting(name: str, **extra: Any) -> Any:
 @app.command()
 @_one_line_errors
 def serve(
-    target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
+    target: Annotated[str, typer.Argument(metavar="APP", help=_APP_HELP)],
     host: Annotated[str, typer.Option(help="The interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
     api_keys_file: Annotated[
@@ -266,10 +317,14 @@ def serve(
         ),
     ] = 1,
 ) -> None:
-    """Serve an engine's HTTP API (and its web page) with uvicorn.
+    """Serve an application's HTTP API (and its web page) with uvicorn.
 
-    Its settings are read as every command reads them: a flag, else its HANDRAIL_*
-    variable, else the default (`handrail config` shows them, and where each came from).
+    The application (APP, `MODULE:NAME`: an Engine, a function or coroutine function
+    returning one, or an async context-manager function yielding one) is opened in the
+    server's event loop before the first request, and closed on shutdown (SIGTERM, Ctrl-C);
+    with --workers, in each process. Its settings are read as every command reads them: a
+    flag, else its HANDRAIL_* variable, else the default (`handrail config` shows them, and
+    where each came from).
     """
     from .server import configured_app, serve_workers, settings_authenticator
     from .server import serve as serve_app
@@ -295,6 +350,11 @@ def serve(
             "audit_roles": audit_roles,
         }
     )
+    found = import_app(target)  # a name that does not import fails here, in one line
+    if not isinstance(found, Engine) and not callable(found):
+        raise CliError(f"{target} is a {type(found).__name__}; it must be {ACCEPTED_APPS}.")
+    if workers > 1 and isinstance(found, Engine) and settings.store() is None:
+        _check_memory(found, workers)
     # Read once here: a malformed spec, or a key given twice, stops the server before it starts.
     authenticator = settings_authenticator(settings)
     if not settings.has_key_source:
@@ -307,10 +367,6 @@ def serve(
             f"changes).",
             err=True,
         )
-    engine = load_engine(target)
-    settings.apply(engine)
-    if workers > 1:
-        _check_shared(engine, workers)
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -323,9 +379,9 @@ def serve(
         "max_client_connections": max_client_connections or None,
     }
     if workers > 1:
-        serve_workers(functools.partial(_worker_app, target, settings), workers, **options)
+        serve_workers(functools.partial(_worker_app, target, settings, workers), workers, **options)
         return
-    serve_app(configured_app(engine, settings, authenticator=authenticator), **options)
+    serve_app(configured_app(target, settings, authenticator=authenticator), **options)
 
 
 def _one_off_key(settings: Settings, host: str, port: int) -> Settings:
@@ -352,46 +408,32 @@ def _one_off_key(settings: Settings, host: str, port: int) -> Settings:
     return settings.replace(api_keys=(spec,))
 
 
-def _worker_app(target: str, settings: Settings, index: int) -> Any:
+def _worker_app(target: str, settings: Settings, workers: int, index: int) -> Any:
     """The app of worker process `index` of `serve --workers`: its own engine and worker id.
 
-    The id is the worker id setting (default: the host name) and the index, the same for the
-    worker started again after it died, so that it takes its turns back at once.
+    The application is opened in the process's event loop when its server starts. The id is
+    the worker id setting (default: the host name) and the index, the same for the worker
+    started again after it died, so that it takes its turns back at once.
     """
     from .server import configured_app
 
-    engine = load_engine(target)
-    settings.apply(engine, suffix=index)
-    return configured_app(engine, settings)
+    return configured_app(target, settings, suffix=index, processes=workers)
 
 
-def _check_shared(engine: Engine, workers: int) -> None:
-    """Refuse a store the worker processes cannot share; say what holds with SQLite."""
-    from .store import MemoryStore, SqliteStore
+def _check_memory(engine: Engine, workers: int) -> None:
+    """Refuse at once an Engine (not a factory) whose MemoryStore the processes cannot share.
 
-    store = engine.store
-    if isinstance(store, MemoryStore):
+    An application that makes its engine is checked by each process once it is open.
+    """
+    from .store import MemoryStore
+
+    if isinstance(engine.store, MemoryStore):
         raise CliError(
             f"--workers {workers} needs a store the processes share, and the engine's is a "
             f"MemoryStore: each process would keep sessions of its own, and a request landing "
             f"on another process would not find them. Give the engine a PostgresStore (or a "
             f"SqliteStore, on one machine), or run one worker."
         )
-    if isinstance(store, SqliteStore):
-        typer.echo(
-            f"Note: {workers} processes share the SQLite file {store.path} (this machine "
-            f"only): writes take turns on its lock, and each process finds the others' events "
-            f"and wake-ups by polling (streams every second, workers every "
-            f"{store.poll_interval:g} s). For pushed events and many machines, use PostgreSQL.",
-            err=True,
-        )
-
-
-def load_engine(target: str) -> Engine:
-    """The engine named by `module:attribute` (called first if it is a factory)."""
-    from .server import load_engine as load
-
-    return load(target)
 
 
 # -- config ---------------------------------------------------------------------------------
@@ -507,7 +549,7 @@ def _name_of(thing: Any) -> str:
 @app.command()
 @_one_line_errors
 def chat(
-    target: Annotated[str, typer.Argument(help="The engine, as module:attribute (or a factory).")],
+    target: Annotated[str, typer.Argument(metavar="APP", help=_APP_HELP)],
     session: Annotated[
         str | None, typer.Option(help="The session to continue (default: a new one).")
     ] = None,
@@ -546,7 +588,10 @@ def chat(
         ),
     ] = False,
 ) -> None:
-    """Chat with an engine in the terminal: stream the replies, decide the calls it proposes.
+    """Chat with an application in the terminal: stream the replies, decide the calls it proposes.
+
+    The application (APP, as `handrail serve` takes it) is opened in the chat's event loop,
+    and closed when the chat ends.
 
     Each line you type is a turn. When a turn waits for a decision, each card is shown and you
     approve (y), reject with a reason (n) or amend (a) it; the turn then resumes. End with an
@@ -556,30 +601,40 @@ def chat(
         raise CliError("Pass --approve-all or --reject-all, not both.")
     settings = Settings.resolve({"db": db, "dsn": dsn, "schema": schema})
     held = frozenset(r.strip() for r in (roles or "").split(",") if r.strip())
-    with _err.status(f"Loading {target}…"):
-        engine = load_engine(target)
-    own_store = settings.apply(engine) is not None
-    preset = "approve" if approve_all else "reject" if reject_all else None
-    supervisor = engine.domain.supervisor
-    view = (
-        _JsonView()
-        if as_json
-        else _ChatView(_out, supervisor=None if supervisor is None else supervisor.name)
-    )
-    chat_ = _Chat(
-        engine,
-        session or f"chat-{token_hex(4)}",
-        org_id=org,
-        user_id=user,
-        route=route,
-        view=view,
-        preset=preset,
-        ask=None if (as_json or message) else _out.input,
-        own_store=own_store,
-        roles=held,
-    )
+    import_app(target)  # a name that does not import fails here, in one line
+
+    async def talk() -> None:
+        status = _err.status(f"Opening {target}…")
+        status.start()
+        async with contextlib.AsyncExitStack() as opened:
+            try:
+                engine = await opened.enter_async_context(open_app(target))
+            finally:
+                status.stop()
+            own_store = settings.apply(engine) is not None
+            preset = "approve" if approve_all else "reject" if reject_all else None
+            supervisor = engine.domain.supervisor
+            view = (
+                _JsonView()
+                if as_json
+                else _ChatView(_out, supervisor=None if supervisor is None else supervisor.name)
+            )
+            chat_ = _Chat(
+                engine,
+                session or f"chat-{token_hex(4)}",
+                org_id=org,
+                user_id=user,
+                route=route,
+                view=view,
+                preset=preset,
+                ask=None if (as_json or message) else _out.input,
+                own_store=own_store,
+                roles=held,
+            )
+            await chat_.run(message)
+
     try:
-        _run(chat_.run(message))
+        _run(talk())
     except ChatRefused as waiting:
         typer.echo(str(waiting), err=True)  # the refusals were shown: this is not an error
         raise typer.Exit(1) from None

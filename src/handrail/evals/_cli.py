@@ -112,12 +112,14 @@ def eval_command(
 
 def _run(suite: Suite, concurrency: int | None, config: AgentConfig | None) -> SuiteResult:
     label = f"{suite.name} [{config.name}]" if config is not None else str(suite.name)
+    console = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=Console(stderr=True),
+        console=console,
         transient=True,
+        disable=not console.is_terminal,  # in a log, no bar (and no blank line it leaves)
     ) as progress:
         task = progress.add_task(label, total=len(suite.scenarios))
 

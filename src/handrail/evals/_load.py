@@ -21,13 +21,15 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ..agent import Agent
+from ..apps import import_app
 from ..engine import Domain
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, UserError
 from ._suite import Suite
 
 __all__ = [
     "SuiteError",
     "check_suite",
+    "import_application",
     "import_target",
     "load_suite",
     "read_yaml",
@@ -103,10 +105,14 @@ def load_suite(path: str | Path) -> Suite:
         if suite.name is None:
             suite = suite.model_copy(update={"name": path.stem})
     with _importable(path.parent):
-        suite.domain = import_target(suite.domain, f"{path}: domain")
+        if suite.app is not None:  # imported now (its errors said here), opened by run_suite
+            import_application(suite.app, f"{path}: app")
+        else:
+            suite.domain = import_target(suite.domain, f"{path}: domain")
         if isinstance(suite.deps, str):
             suite.deps = import_target(suite.deps, f"{path}: deps")
-    check_suite(suite, str(path))
+    if suite.app is None:  # an application's domain is checked once it is open (run_suite)
+        check_suite(suite, str(path))
     return suite
 
 
@@ -155,6 +161,23 @@ def _python_suite(path: Path) -> Suite:
     return found if found.name else found.model_copy(update={"name": path.stem})
 
 
+def import_application(target: Any, where: str) -> Any:
+    """The application `MODULE:NAME` names (`handrail.apps.import_app`), not yet opened.
+
+    Anything else is returned as it is; `open_app` opens either in the eval's loop.
+
+    Raises:
+        SuiteError: the module cannot be imported (its error told in one line, with the line
+            of the application's code that raised it), or has no such attribute.
+    """
+    if not isinstance(target, str):
+        return target
+    try:
+        return import_app(target)
+    except UserError as exc:
+        raise SuiteError(f"{where}: {exc}") from exc
+
+
 def import_target(target: Any, where: str) -> Any:
     """The object `module:attr` names (anything else is returned as it is)."""
     if not isinstance(target, str):
@@ -186,8 +209,10 @@ def _importable(folder: Path) -> Iterator[None]:
             sys.path.remove(entry)
 
 
-def check_suite(suite: Suite, where: str) -> None:
+def check_suite(suite: Suite, where: str, domain: Domain | None = None) -> None:
     """Check the scenarios against the domain: the tools and routes they name must exist.
+
+    `domain` is the suite's (an application's, once open); default: `suite.domain`.
 
     Mocks, decisions that name a tool, `called`, `not_called` and `proposed` name tools;
     turns and `expect.route` name routes.
@@ -196,7 +221,8 @@ def check_suite(suite: Suite, where: str) -> None:
         SuiteError: the domain is not a `Domain` or `Agent`, or scenarios name unknown tools
             or routes (every one of them, each with its place).
     """
-    domain = as_domain(suite.domain, f"{where}: domain")
+    if domain is None:
+        domain = as_domain(suite.domain, f"{where}: domain")
     everyone = [*domain.agents, *([domain.supervisor] if domain.supervisor else [])]
     tools = sorted({name for agent in everyone for name in agent.tools})
     routes = list(domain.routes)

@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 
 from .._agent_spec import AgentSpec
 from .._captured import BATCH_TOOL
+from ..apps import open_app
 from ..engine import Domain, Engine
 from ..events import (
     ApprovalRequired,
@@ -30,7 +31,12 @@ from ..events import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from ..exceptions import DecisionNotAllowedError, InvalidDecisionError, StaleResolutionError
+from ..exceptions import (
+    DecisionNotAllowedError,
+    InvalidDecisionError,
+    StaleResolutionError,
+    UserError,
+)
 from ..messages import ApprovalCardPart, ToolCallPart
 from ..models import Model
 from ..policy import Decider, policy_for
@@ -41,7 +47,7 @@ from ..suspension import Answer, Approve, ClientResult, Decision, Reject, curren
 from ._check import Call, Proposal, Transcript, TurnRecord, check
 from ._config import AgentConfig, configure
 from ._judge import judge
-from ._load import as_domain, check_suite, import_target
+from ._load import SuiteError, as_domain, check_suite, import_target
 from ._mocks import wrap_tools
 from ._models import CountingModel, Tally, build_model, close, unplayed
 from ._result import Failure, ScenarioResult, SuiteResult
@@ -59,6 +65,9 @@ async def run_suite(
 ) -> SuiteResult:
     """Run every scenario of `suite` and return the results in the suite's order.
 
+    A suite that names an application (`app`) has it opened (`handrail.apps.open_app`) in
+    this event loop before the first scenario, and closed after the last.
+
     Args:
         suite: the suite (from `load_suite`, or built in Python).
         concurrency: scenarios run at once (default: the suite's `concurrency`).
@@ -66,8 +75,9 @@ async def run_suite(
         on_result: called with each result as its scenario finishes (a progress bar).
 
     Raises:
-        SuiteError: the suite's domain (`module:attr` is imported) is not a Domain or Agent, a
-            scenario names tools or routes it does not have, or the configuration names
+        SuiteError: the suite's application cannot be opened (its error told in one line),
+            its domain (`module:attr` is imported) is not a Domain or Agent, a scenario
+            names tools or routes it does not have, or the configuration names
             agents it does not have.
     """
     where = suite.name or "suite"
@@ -78,8 +88,30 @@ async def run_suite(
                 "deps": import_target(suite.deps, f"{where}: deps"),
             }
         )
-    check_suite(suite, where)
-    domain = as_domain(suite.domain, f"{where}: domain")
+    if suite.app is None:
+        return await _run_suite(suite, None, concurrency, config, on_result)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            app = await stack.enter_async_context(open_app(suite.app))
+        except UserError as exc:
+            raise SuiteError(f"{where}: app: {exc}") from exc
+        return await _run_suite(suite, app, concurrency, config, on_result)
+
+
+async def _run_suite(
+    suite: Suite,
+    app: Engine | None,
+    concurrency: int | None,
+    config: AgentConfig | None,
+    on_result: Callable[[ScenarioResult], None] | None,
+) -> SuiteResult:
+    where = suite.name or "suite"
+    if app is not None:
+        domain = app.domain
+        check_suite(suite, where, domain)
+    else:
+        check_suite(suite, where)
+        domain = as_domain(suite.domain, f"{where}: domain")
     if config is not None:
         if config.domain is not None:
             domain = as_domain(config.domain, f"{config.name}: domain")
@@ -89,7 +121,7 @@ async def run_suite(
 
     async def one(index: int, scenario: Scenario) -> None:
         async with limit:
-            result = await _run(suite, scenario, domain, config, index)
+            result = await _run(suite, scenario, domain, config, index, app)
         results[index] = result
         if on_result is not None:
             on_result(result)
@@ -109,6 +141,7 @@ async def _run(
     domain: Domain,
     config: AgentConfig | None,
     index: int,
+    app: Engine | None = None,
 ) -> ScenarioResult:
     where = f"{suite.name}: scenario {scenario.name!r}"
     tally = Tally()
@@ -122,10 +155,18 @@ async def _run(
             models.append(default)
         counted = _counted_domain(domain, config, tally, models, where)
         deps = suite.deps() if callable(suite.deps) else suite.deps
+        runtime: Runtime[Any] = Runtime(deps=deps, ids=sequential_ids())
+        if app is not None:  # the application's runtime, its deps unless the suite gives some
+            if suite.deps is None:
+                deps = app.runtime.deps
+            runtime = dataclasses.replace(app.runtime, deps=deps, ids=sequential_ids())
+            fallback = app.assembly.default_model or runtime.model
+            if default is None and fallback is not None and not isinstance(fallback, str):
+                default = CountingModel(fallback, tally)  # the app's: closed by the app
         engine = Engine(
             counted,
             store=MemoryStore(),
-            runtime=Runtime(deps=deps, ids=sequential_ids()),
+            runtime=runtime,
             mode=scenario.mode,
             model=default,
             wrap_tools=wrap_tools(scenario.mocks) or None,

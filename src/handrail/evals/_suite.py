@@ -546,8 +546,15 @@ class Suite(_Strict):
 
     name: str | None = None
     """The suite's name in reports (default: the file's stem)."""
-    domain: Any
+    domain: Any = None
     """The `Domain` or `Agent` under test: `module:attr` (or, in Python, the object)."""
+    app: Any = None
+    """Instead of `domain`: the application under test, as `handrail serve` takes it
+    (`MODULE:NAME` of an `Engine`, a function or coroutine function returning one, or an
+    async context-manager function yielding one; in Python, the object). It is opened once
+    in the eval's event loop before the first scenario and closed after the last; each
+    scenario runs its engine's domain on a fresh store, with its runtime's deps (unless
+    `deps` is given) and its default model (unless the suite or scenario gives one)."""
     model: ModelSpec | None = None
     """The default model of the scenarios."""
     judge_model: ModelSpec | None = None
@@ -560,12 +567,24 @@ class Suite(_Strict):
     scenarios: list[Scenario] = Field(min_length=1)
     """The scenarios, in report order."""
 
-    @field_validator("domain", "deps")
+    @field_validator("domain", "deps", "app")
     @classmethod
     def _target(cls, value: Any) -> Any:
         if isinstance(value, str) and not _TARGET.match(value):
             raise ValueError(f"{value!r} is not module:attr")
         return value
+
+    @model_validator(mode="after")
+    def _one_subject(self) -> Suite:
+        if (self.domain is None) == (self.app is None):
+            raise ValueError(
+                "give the domain under test (domain: module:attr, a Domain or Agent) or the "
+                "application (app: MODULE:NAME, as `handrail serve` takes it), not both"
+                if self.domain is not None
+                else "give domain: (a Domain or Agent, module:attr) or app: (the application, "
+                "MODULE:NAME, as `handrail serve` takes it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> Suite:

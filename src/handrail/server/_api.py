@@ -19,6 +19,7 @@ from starlette.requests import Request
 
 from ..engine import Engine
 from ..gate import TurnRequest
+from ..store import SessionStore
 from ._auth import Authenticator, Caller
 from ._errors import ApiError
 from ._limits import Limits
@@ -39,8 +40,8 @@ class Api:
 
     def __init__(
         self,
-        engine: Engine,
-        runs: Runs,
+        engine: Engine | None,
+        runs: Runs | None,
         authenticator: Authenticator,
         max_body_size: int,
         ping_interval: float,
@@ -48,13 +49,34 @@ class Api:
         limits: Limits,
     ) -> None:
         self.limits = limits
-        self.engine = engine
-        self.store = engine.store
-        self.runs = runs
+        self._engine, self._runs = engine, runs
         self.authenticator = authenticator
         self.max_body_size = max_body_size
         self.ping_interval = ping_interval
         self.send_timeout = send_timeout
+
+    def open(self, engine: Engine | None, runs: Runs | None) -> None:
+        """Serve `engine` and `runs` from now on (None: none, until opened again)."""
+        self._engine, self._runs = engine, runs
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the endpoints serve (503 while the app is not open)."""
+        if self._engine is None:
+            raise _not_open()
+        return self._engine
+
+    @property
+    def store(self) -> SessionStore:
+        """The engine's store."""
+        return self.engine.store
+
+    @property
+    def runs(self) -> Runs:
+        """The turns this server runs (503 while the app is not open)."""
+        if self._runs is None:
+            raise _not_open()
+        return self._runs
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -129,6 +151,16 @@ class Api:
             await asyncio.sleep(min(wait, self.ping_interval))
             yield b""
             wait = self.limits.stream_wait(caller)
+
+
+def _not_open() -> ApiError:
+    return ApiError(
+        503,
+        "not_open",
+        "The application is not open: the server's lifespan has not run (an app of "
+        "create_app(lifespan=...) mounted in another app: enter its lifespan from yours), or "
+        "it has ended.",
+    )
 
 
 _BIG = re.compile(rb"\d[eE][+-]?\d{3}")

@@ -21,9 +21,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..apps import AppTarget, open_app
 from ..audit import AuditEntry
 from ..engine import Engine
-from ..exceptions import SessionCorruptError, SessionNotFoundError
+from ..exceptions import SessionCorruptError, SessionNotFoundError, UserError
 from ..messages import MESSAGES
 from ..policy import DecisionPolicy, policy_for
 from ..state import RunState
@@ -82,8 +83,9 @@ read holds up the next write, so the server buffers about this much for it."""
 
 
 def create_app(
-    engine: Engine,
+    engine: Engine | None = None,
     *,
+    lifespan: str | AppTarget | None = None,
     authenticator: Authenticator,
     max_body_size: int = 1_000_000,
     static_dir: str | os.PathLike[str] | None = STATIC,
@@ -97,7 +99,25 @@ def create_app(
     limits: Limits | None = None,
     audit_roles: Collection[str] | None = AUDIT_ROLES,
 ) -> Starlette:
-    """The HTTP API of `engine`, as an ASGI app (run it with uvicorn: `handrail serve`).
+    """The HTTP API of an engine, as an ASGI app (run it with uvicorn: `handrail serve`).
+
+    Give the engine itself, or, for an application that owns async resources (an MCP
+    session, a connection pool), `lifespan=` the application as `handrail serve` takes it
+    (`handrail.apps`): it is opened in the server's event loop when the app starts, before
+    the first request, and closed when it shuts down, after the last turn has stopped.
+
+    ```python
+    @asynccontextmanager
+    async def ops() -> AsyncIterator[Engine]:
+        async with MCPToolset(command="my-fs-server", prefix="fs") as fs:
+            yield Engine(Agent("ops", tools=await fs.tools()), store=store)
+
+    app = create_app(lifespan=ops, authenticator=authenticator)  # or lifespan="myapp:ops"
+    ```
+
+    Starlette does not run the lifespan of an app mounted in another: enter it from yours
+    (`async with api.router.lifespan_context(api): yield`); until then its endpoints
+    answer 503.
 
     Turns run in tasks the app owns (ended at shutdown: interrupted, then after
     `shutdown_grace` seconds cancelled), and every event is logged in the session's event
@@ -105,6 +125,9 @@ def create_app(
 
     Args:
         engine: runs the turns; its store keeps the sessions and their event logs.
+        lifespan: instead of `engine`: what `handrail.apps.open_app` opens (`MODULE:NAME`,
+            an `Engine`, a function or coroutine function returning one, or an async
+            context-manager function yielding one), opened at start-up, closed at shutdown.
         authenticator: turns each request into its caller (`ApiKeyAuthenticator`, or yours).
         max_body_size: bytes a request body may have; a larger one answers 413.
         static_dir: files served at `/` (the web page), if the directory exists; None: none.
@@ -132,17 +155,35 @@ def create_app(
             its export): a caller needs one of them (`auditor` by default), or gets 403. None:
             every member of the organisation may (its decisions' reasons and amended values
             included).
+
+    Raises:
+        UserError: neither or both of `engine` and `lifespan`, or `engine` is not an Engine.
     """
-    runs = Runs(engine, poll_interval=poll_interval, tick=ping_interval)
-    limits = limits if limits is not None else Limits()
-    api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
-    api.audit_roles = None if audit_roles is None else frozenset(audit_roles)
-    if getattr(engine.store, "audit_key", True) is None:  # a handrail store without a key
-        _log.warning(
-            "The engine's store chains the audit trail WITHOUT A KEY: anyone who can write "
-            "its database can rewrite the trail undetected. Set HANDRAIL_AUDIT_KEY=ID:SECRET "
-            "(`handrail audit keygen`) for every process using the store; docs/audit.md."
+    if (engine is None) == (lifespan is None):
+        raise UserError(
+            "create_app needs an engine, or lifespan= an application that opens one "
+            "(handrail.apps), and not both."
         )
+    if engine is not None and not isinstance(engine, Engine):
+        raise UserError(
+            f"create_app's engine is a {type(engine).__name__}, not an Engine: give an "
+            f"application that makes one (a factory, an async context manager, MODULE:NAME) "
+            f"as lifespan=, and it is opened when the server starts."
+        )
+    limits = limits if limits is not None else Limits()
+
+    def runs_of(engine: Engine) -> Runs:
+        if getattr(engine.store, "audit_key", True) is None:  # a handrail store without a key
+            _log.warning(
+                "The engine's store chains the audit trail WITHOUT A KEY: anyone who can write "
+                "its database can rewrite the trail undetected. Set HANDRAIL_AUDIT_KEY=ID:SECRET "
+                "(`handrail audit keygen`) for every process using the store; docs/audit.md."
+            )
+        return Runs(engine, poll_interval=poll_interval, tick=ping_interval)
+
+    fixed = runs_of(engine) if engine is not None else None
+    api = _Api(engine, fixed, authenticator, max_body_size, ping_interval, send_timeout, limits)
+    api.audit_roles = None if audit_roles is None else frozenset(audit_roles)
     operations = [
         *api.operations(),
         agui_operation(api),  # AG-UI clients: docs/agui.md
@@ -157,7 +198,31 @@ def create_app(
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def opened(app: Starlette) -> AsyncIterator[None]:
+        if fixed is not None:
+            async with running(fixed.engine, fixed):
+                yield
+            return
+        app.state.open_error = None
+        is_open = False
+        try:
+            async with open_app(lifespan) as engine:
+                is_open = True
+                runs = runs_of(engine)
+                api.open(engine, runs)
+                app.state.runs = runs
+                try:
+                    async with running(engine, runs):
+                        yield
+                finally:
+                    api.open(None, None)
+        except Exception as error:
+            if not is_open:
+                app.state.open_error = error  # `serve` says why the server did not start
+            raise
+
+    @contextlib.asynccontextmanager
+    async def running(engine: Engine, runs: Runs) -> AsyncIterator[None]:
         stop = asyncio.Event()
         sweeps: asyncio.Task[None] | None = None
         if sweep_interval is not None:
@@ -184,10 +249,11 @@ def create_app(
     app = Starlette(
         routes=routes,
         exception_handlers=EXCEPTION_HANDLERS,
-        lifespan=lifespan,
+        lifespan=opened,
         middleware=[Middleware(SecurityHeaders)],
     )
-    app.state.runs = runs
+    if fixed is not None:
+        app.state.runs = fixed  # (with lifespan=, set once the app is open)
     app.state.limits = limits
     return app
 

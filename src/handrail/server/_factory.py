@@ -1,4 +1,4 @@
-"""An engine and its app from a name and the environment: for `handrail serve` and ASGI servers.
+"""A served application from a name and the environment: for `handrail serve` and ASGI servers.
 
 `app_from_env` is the app factory for running the server in several processes under another
 supervisor (`uvicorn --factory --workers 4 handrail.server:app_from_env`, or gunicorn with
@@ -7,15 +7,17 @@ uvicorn workers); `handrail serve --workers N` uses the same pieces (docs/deploy
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import inspect
 import logging
 import os
-import sys
-from collections.abc import Iterable
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 from starlette.applications import Starlette
 
+from ..apps import AppTarget, import_app, open_app
 from ..config import Settings
 from ..engine import Engine
 from ..exceptions import ConfigError, UserError
@@ -31,6 +33,7 @@ __all__ = [
     "configured_app",
     "load_engine",
     "name_worker",
+    "served",
     "settings_authenticator",
 ]
 
@@ -38,28 +41,104 @@ _log = logging.getLogger("handrail.server")
 
 
 def load_engine(target: str) -> Engine:
-    """The engine named by `module:attribute` (called first if it is a factory).
+    """Deprecated: the engine `MODULE:NAME` names, made synchronously (outside any loop).
+
+    An application that owns async resources cannot be made this way: every entry point
+    opens it with `handrail.apps.open_app` inside its event loop instead (`async with
+    open_app("myapp:app") as engine:`). This takes an `Engine` or a function returning one.
 
     Raises:
-        UserError: the name is not `module:attribute`, or names no engine.
+        UserError: the name is not `MODULE:NAME`, or names something else (a coroutine
+            function, an async context manager: use `open_app`).
     """
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise UserError(f"{target!r} is not module:attribute (e.g. myapp:engine).")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app is in the cwd
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise UserError(f"Cannot import {module_name!r}: {error}.") from None
-    found = getattr(module, attribute, None)
-    if found is None:
-        raise UserError(f"Module {module_name!r} has no attribute {attribute!r}.")
+    warnings.warn(
+        "handrail.server.load_engine is deprecated: use `async with "
+        "handrail.apps.open_app(target) as engine:` (it opens async factories and async "
+        "context managers in the running event loop).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    found = import_app(target)
     if callable(found) and not isinstance(found, Engine):
+        if inspect.iscoroutinefunction(found) or inspect.isasyncgenfunction(found):
+            raise UserError(f"{target} is async: open it with handrail.apps.open_app.")
         found = found()
     if not isinstance(found, Engine):
-        raise UserError(f"{target} is a {type(found).__name__}, not a handrail Engine.")
+        raise UserError(
+            f"{target} is (or returned) a {type(found).__name__}, not a handrail Engine: open "
+            f"it with handrail.apps.open_app."
+        )
     return found
+
+
+def served(
+    target: str | AppTarget,
+    *,
+    settings: Settings | None = None,
+    worker_id: str | None = None,
+    suffix: str | int | None = None,
+    processes: int | None = 1,
+) -> Callable[[], contextlib.AbstractAsyncContextManager[Engine]]:
+    """`target` as a server process opens it: configured, named, its store checked.
+
+    For `create_app(lifespan=...)`: the application is opened (`open_app`) in the server's
+    loop; with `settings`, it is given their store and worker id (`Settings.apply`, the
+    worker id suffixed with `suffix`; a store made from them is closed with the app), else
+    the worker id `worker_id` (`name_worker`); with several `processes`, a `MemoryStore`
+    (which they cannot share) is refused, and SQLite's limits are logged once; with an
+    unknown number (None: another supervisor's), a `MemoryStore` is warned about.
+    """
+
+    @contextlib.asynccontextmanager
+    async def opened() -> AsyncIterator[Engine]:
+        async with open_app(target) as engine:
+            made = None
+            if settings is not None:
+                made = settings.apply(engine, suffix=suffix)
+            elif worker_id is not None:
+                name_worker(engine, worker_id)
+            try:
+                if processes is None and isinstance(engine.store, MemoryStore):
+                    _log.warning(
+                        "handrail: the engine's store is a MemoryStore, which this process "
+                        "keeps alone: run one process, or give the engine a PostgresStore."
+                    )
+                elif processes is not None and processes > 1:
+                    if settings is not None:
+                        first = suffix in (None, 0, "0")
+                    else:
+                        first = worker_id is None or worker_id.endswith("-0")
+                    _check_shared(engine, processes, note=first)
+                yield engine
+            finally:
+                if made is not None:
+                    await made.close()
+
+    return opened
+
+
+def _check_shared(engine: Engine, processes: int, *, note: bool) -> None:
+    """Refuse a store the processes cannot share; say (once) what holds with SQLite."""
+    from ..store import SqliteStore
+
+    store = engine.store
+    if isinstance(store, MemoryStore):
+        raise UserError(
+            f"{processes} server processes need a store they share, and the engine's is a "
+            f"MemoryStore: each process would keep sessions of its own, and a request landing "
+            f"on another process would not find them. Give the engine a PostgresStore (or a "
+            f"SqliteStore, on one machine), or run one process."
+        )
+    if isinstance(store, SqliteStore) and note:
+        _log.warning(
+            "%d processes share the SQLite file %s (this machine only): writes take turns on "
+            "its lock, and each process finds the others' events and wake-ups by polling "
+            "(streams every second, workers every %g s). For pushed events and many "
+            "machines, use PostgreSQL.",
+            processes,
+            store.path,
+            store.poll_interval,
+        )
 
 
 def authenticator_from(specs: Iterable[str], file: Path | None = None) -> ApiKeyAuthenticator:
@@ -91,19 +170,28 @@ def settings_authenticator(settings: Settings) -> ApiKeyAuthenticator:
 
 
 def configured_app(
-    engine: Engine, settings: Settings, *, authenticator: Authenticator | None = None
+    target: str | AppTarget,
+    settings: Settings,
+    *,
+    authenticator: Authenticator | None = None,
+    suffix: str | int | None = None,
+    processes: int | None = 1,
 ) -> Starlette:
-    """`create_app(engine)` as the settings say: limits, sweeps, retention, audit roles.
+    """`create_app` as the settings say: limits, sweeps, retention, audit roles.
 
     The one way `handrail serve` (each of its processes) and `app_from_env` make their app.
+    The application is opened when the server starts, in its loop (`served`).
 
     Args:
-        engine: the engine (given the settings' store and worker id: `Settings.apply`).
-        settings: the settings (`Settings.resolve`).
+        target: the application, as `handrail.apps.open_app` takes it.
+        settings: the settings (`Settings.resolve`): the store and worker id they name are
+            given to the engine once it is open.
         authenticator: who may call (default: the settings' API keys).
+        suffix: added to the worker id (a process's number or pid).
+        processes: how many processes serve it (None: unknown, another supervisor's).
     """
     return create_app(
-        engine,
+        lifespan=served(target, settings=settings, suffix=suffix, processes=processes),
         authenticator=authenticator or settings_authenticator(settings),
         max_body_size=settings.max_body_size,
         shutdown_grace=settings.shutdown_grace,
@@ -126,14 +214,17 @@ def app_from_env() -> Starlette:
 
     `uvicorn --factory --workers 4 handrail.server:app_from_env` (or gunicorn with
     `-k uvicorn.workers.UvicornWorker 'handrail.server:app_from_env()'`) runs it in several
-    processes. Each process loads the engine itself, so its store must be one they share
-    (PostgreSQL; SQLite on one machine).
+    processes. Each process opens the application itself, in its event loop when the server
+    starts (before the first request), and closes it when it shuts down, so its store must
+    be one they share (PostgreSQL; SQLite on one machine).
 
     The settings are `handrail serve`'s, read the same way (`handrail.config.Settings`, with
     no flags): `handrail config` shows them.
 
     Environment:
-        HANDRAIL_ENGINE: the engine, `module:attribute` (or a factory), as `handrail serve`.
+        HANDRAIL_ENGINE: the application, `MODULE:NAME`, as `handrail serve` takes it: an
+            `Engine`, a function or coroutine function returning one, or an async
+            context-manager function yielding one (`handrail.apps`).
         HANDRAIL_API_KEYS: API key specs (`ORG:USER:KEY`, or `id=...,org=...,user=...,
             roles=...,expires=...,key=...`: `ApiKeySpec`), space-separated; and/or
         HANDRAIL_API_KEYS_FILE: a file of them, one a line.
@@ -146,13 +237,16 @@ def app_from_env() -> Starlette:
             flags of `handrail serve` of the same names.
 
     Raises:
+        UserError: HANDRAIL_ENGINE names nothing that imports.
         ConfigError: HANDRAIL_ENGINE or every API key source is missing (no key is ever
             made up here: every process must accept the same keys), or a value is malformed
             (the variable named).
     """
     target = os.environ.get("HANDRAIL_ENGINE")
     if not target:
-        raise ConfigError("Set HANDRAIL_ENGINE to the engine to serve, as module:attribute.")
+        raise ConfigError(
+            "Set HANDRAIL_ENGINE to the application to serve, as MODULE:NAME (handrail.apps)."
+        )
     settings = Settings.resolve()
     if not settings.has_key_source:
         raise ConfigError(
@@ -166,11 +260,7 @@ def app_from_env() -> Starlette:
             "handrail: %s holds no API key yet: every request gets 401 until it has one.",
             settings.api_keys_file,
         )
-    engine = load_engine(target)
-    settings.apply(engine, suffix=os.getpid())
-    if isinstance(engine.store, MemoryStore):
-        _log.warning(
-            "handrail: the engine's store is a MemoryStore, which this process keeps alone: "
-            "run one process, or give the engine a PostgresStore."
-        )
-    return configured_app(engine, settings, authenticator=authenticator)
+    import_app(target)  # a name that does not import fails here, before the server starts
+    return configured_app(
+        target, settings, authenticator=authenticator, suffix=os.getpid(), processes=None
+    )

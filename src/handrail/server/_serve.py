@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from ..exceptions import HandrailError, UserError
 from ._auth import reload_key_files
 from ._connections import guarded_protocol
 from ._gc import tune_gc
@@ -156,11 +157,43 @@ class _Server(uvicorn.Server):
             if hangup is not None:
                 loop.remove_signal_handler(hangup)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn would log a failed start-up's traceback as the message of one line (its
+        # newlines escaped): an application that could not be opened is told here instead.
+        lifespan = getattr(self, "lifespan", None)
+        send = getattr(lifespan, "send", None)
+        if lifespan is not None and send is not None:
+
+            async def told(message: Any) -> None:
+                error = getattr(self.app.state, "open_error", None)
+                if message.get("type") == "lifespan.startup.failed" and error is not None:
+                    _told(error)
+                    message = {**message, "message": ""}
+                await send(message)
+
+            lifespan.send = told
+        await super().startup(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections meanwhile
-        await self.app.state.runs.aclose(grace=self.grace)
+        runs = getattr(self.app.state, "runs", None)  # (none yet: the app never opened)
+        if runs is not None:
+            await runs.aclose(grace=self.grace)
         await super().shutdown(sockets)
+
+
+def _told(error: BaseException) -> None:
+    """Log why the application could not be opened: its message, and what raised it.
+
+    A handrail error of its own (a store the processes cannot share) needs no traceback; a
+    factory's failure is logged with the traceback of what it raised (the `__cause__`).
+    """
+    cause = error.__cause__ if isinstance(error, HandrailError) else error
+    if cause is None:
+        _log.error("The application could not be opened: %s", error)
+    else:
+        _log.error("The application could not be opened: %s", error, exc_info=cause)
 
 
 def server_config(
@@ -251,7 +284,27 @@ def serve(
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
-    _Server(config, app, shutdown_grace).run()
+    server = _Server(config, app, shutdown_grace)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's, when the app's start-up failed: say why
+        if server.started or getattr(app.state, "open_error", None) is None:
+            raise
+    _started(server, app)
+
+
+def _started(server: uvicorn.Server, app: Starlette) -> None:
+    """Raise why the server did not start, if it did not (its app could not be opened)."""
+    if server.started:
+        return
+    error = getattr(app.state, "open_error", None)
+    if isinstance(error, HandrailError):
+        raise error
+    raise UserError(
+        "The server did not start: its application could not be opened"
+        + (f" ({type(error).__name__}: {error})" if error is not None else "")
+        + "; see the log above."
+    )
 
 
 def _reload_keys() -> None:
@@ -314,6 +367,7 @@ def serve_workers(
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     processes: list[multiprocessing.process.BaseProcess] = []
+    failed: int | None = None
 
     def hang_up(*_: Any) -> None:  # each worker reads its API keys files again
         for process in processes:
@@ -331,6 +385,7 @@ def serve_workers(
                     continue
                 if process.exitcode == _STARTUP_FAILURE:
                     _log.error("worker %d could not start; stopping them all", index)
+                    failed = index
                     stop.set()
                     break
                 _log.warning(
@@ -352,6 +407,11 @@ def serve_workers(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+    if failed is not None:
+        raise UserError(
+            f"Worker process {failed} could not start (its error is in the log above), so "
+            f"the server stopped."
+        )
 
 
 def _worker_main(
@@ -367,4 +427,9 @@ def _worker_main(
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
     escape_logs()
-    _Server(config, app, settings.get("shutdown_grace", 5.0)).run(sockets=[sock])
+    server = _Server(config, app, settings.get("shutdown_grace", 5.0))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if not server.started:  # its app could not be opened (`_Server.startup` said why)
+            sys.exit(_STARTUP_FAILURE)
