@@ -150,7 +150,10 @@ def test_serve_and_app_from_env_build_the_same_app_from_the_same_variables(
     result = run("serve", app_module, "--burst", "4")
     assert result.exit_code == 0, result.output
     assert "WARNING" not in result.output and "one-off" not in result.output
-    assert served["app"].state.runs.engine.worker_id == "desk-7"
+    from starlette.testclient import TestClient
+
+    with TestClient(served["app"]):  # the app is opened when the server starts
+        assert served["app"].state.runs.engine.worker_id == "desk-7"
     monkeypatch.setenv("HANDRAIL_ENGINE", app_module)
     monkeypatch.setenv("HANDRAIL_BURST", "4")
     from handrail.server import app_from_env
@@ -159,7 +162,8 @@ def test_serve_and_app_from_env_build_the_same_app_from_the_same_variables(
     for served_app in (served["app"], factory_app):
         limits = served_app.state.limits
         assert (limits.rate, limits.burst, limits.turns) == (3.0, 4, None)
-    assert factory_app.state.runs.engine.worker_id == f"desk-7-{os.getpid()}"
+    with TestClient(factory_app):
+        assert factory_app.state.runs.engine.worker_id == f"desk-7-{os.getpid()}"
 
 
 def _free_port() -> int:

@@ -1142,7 +1142,7 @@ def run_turn(
     text: Annotated[str, typer.Argument(help="The message: the job's instruction.")],
     session: Annotated[
         str | None,
-        typer.Option(help="The session to run in (default: a new one, run-<random>)."),
+        typer.Option(help="The session to run in (default: a new one, run- and random hex)."),
     ] = None,
     org: Annotated[
         str | None,
