@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import os
 import time
@@ -65,6 +66,8 @@ __all__ = [
     "relevance_from_cosine",
 ]
 
+_log = logging.getLogger(__name__)
+
 NOTE_PREFIX = "note:"
 """Sources that start with this are notes (`Library.add_note`), which ingest never deletes."""
 
@@ -85,6 +88,8 @@ _EMBED_BATCH = 64
 """Chunks embedded together during ingest: small files share an embedder call. MiniLM runs
 about 10 chunks a model call whatever it is given, so more would only make the progress
 bar move in bigger steps."""
+_KEYWORDS = "handrail-keywords"
+"""The folder, inside `Library.open`'s, of the saved BM25 indexes (one a collection)."""
 _VECTOR_CACHE = 4096
 """Recomputed chunk vectors kept for the next query."""
 
@@ -229,6 +234,9 @@ class Library:
         target_tokens: the chunker's target size (see `handrail.documents._chunker.chunk`).
         overlap: characters each chunk repeats from the one before.
         clock: seconds for `IngestReport.seconds` (injectable for tests).
+        keyword_folder: where the BM25 index is saved with the index's version, so that the
+            next process to open the index loads it instead of rebuilding it (`open` puts it
+            in the index's folder); None keeps it in memory only (`connect`: see there).
 
     Raises:
         ConfigError: `target_tokens` or `overlap` is out of range, or the index holds the
@@ -243,6 +251,7 @@ class Library:
         target_tokens: int = 200,
         overlap: int = 200,
         clock: Callable[[], float] = time.perf_counter,
+        keyword_folder: str | os.PathLike[str] | None = None,
     ) -> None:
         embedder = embedder if embedder is not None else MiniLMEmbedder()
         held = getattr(index, "embedder_name", None)
@@ -260,6 +269,7 @@ class Library:
         self._clock = clock
         self._keywords: _Keywords | None = None
         self._keywords_lock = asyncio.Lock()
+        self._keyword_folder = None if keyword_folder is None else Path(keyword_folder)
         self._vectors: OrderedDict[str, Vectors] = OrderedDict()
         self._decompositions = DecompositionCache()
 
@@ -284,7 +294,13 @@ class Library:
         """
         embedder = embedder if embedder is not None else MiniLMEmbedder()
         index = ChromaIndex.persistent(path, embedder=embedder, collection=collection)
-        return cls(index, embedder=embedder, target_tokens=target_tokens, overlap=overlap)
+        return cls(
+            index,
+            embedder=embedder,
+            target_tokens=target_tokens,
+            overlap=overlap,
+            keyword_folder=Path(path, _KEYWORDS, collection),
+        )
 
     @classmethod
     def connect(
@@ -300,6 +316,12 @@ class Library:
         overlap: int = 200,
     ) -> Library:
         """A library on a shared Chroma server (`chroma run --path DIR --port PORT`).
+
+        Its BM25 index is kept in this process's memory only: built at the first query,
+        and again after any change (by this process or another), since the server has no
+        place for it and a copy on this machine would be one per client machine to keep
+        right. Pass `keyword_folder=` to `Library(ChromaIndex.http(...), ...)` to keep one
+        on this machine all the same (it is checked against the server's version).
 
         Args:
             host: the server's host.
@@ -367,6 +389,7 @@ class Library:
                 source=os.fspath(folder),
             )
         files = await asyncio.to_thread(_walk, root)
+        version = await self.index.version()
         stored = await self.index.sources()
         present = {source for source, _ in files}
         vanished = [s for s in stored if s not in present and not s.startswith(NOTE_PREFIX)]
@@ -430,6 +453,8 @@ class Library:
         if pending:
             await flush()
         report.chunks_total = await self.index.count()
+        if self._keyword_folder is not None and await self.index.version() != version:
+            await self._keyword_index()  # built and saved now, so no query waits for it
         report.seconds = self._clock() - began
         return report
 
@@ -679,10 +704,21 @@ class Library:
             current = self._keywords
             if current is not None and current.version == version:
                 return current
+            folder = self._keyword_folder
+            if folder is not None:
+                loaded = await asyncio.to_thread(KeywordIndex.load, folder, version=version)
+                if loaded is not None:  # saved for this very version: no chunk read
+                    self._keywords = _Keywords(version, loaded, {})
+                    return self._keywords
             # The version is read before the chunks: a write in between leaves it stale, and
             # the next query rebuilds.
             chunks = await self.index.chunks()
             built = await asyncio.to_thread(KeywordIndex.build, chunks)
+            if folder is not None:
+                try:
+                    await asyncio.to_thread(built.save, folder, version=version)
+                except OSError as error:  # a cache: the index in memory is right regardless
+                    _log.warning("Could not save the keyword index to %s: %s", folder, error)
             self._keywords = _Keywords(version, built, {c.id: c for c in chunks})
             return self._keywords
 
