@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -11,11 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from handrail.documents import _library
 from handrail.documents._embed import Vectors, normalize
 from handrail.documents._index import ChromaIndex
 from handrail.documents._keyword import KeywordIndex
 from handrail.documents._library import Library
 from handrail.documents._types import Chunk
+from handrail.exceptions import DocumentIndexError
 
 
 def chunk(index: int, text: str) -> Chunk:
@@ -373,3 +376,65 @@ async def test_a_keyword_folder_that_cannot_be_written_only_costs_a_rebuild(
         found = await library.retrieve("SKU-4471", min_relevance=0.0)
     assert found[0].chunk.source == "shipping.md"
     assert "Could not save the keyword index" in caplog.text
+
+
+# -- ingest's pipeline (embedding one batch while the one before is written) ----------------------
+
+
+class FailingEmbedder(HashEmbedder):
+    def __init__(self, fail_at: int) -> None:
+        self.calls = 0
+        self.fail_at = fail_at
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise DocumentIndexError("the model failed (test)")
+        await asyncio.sleep(0.01)
+        return await super().embed(texts)
+
+
+async def test_an_embedder_failure_mid_ingest_leaves_whole_sources_and_a_rerun_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_library, "_EMBED_BATCH", 1)  # a batch a file
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"f{i}.md").write_text(f"# File {i}\n\nWord{i} appears here only.\n", "utf-8")
+    failing = FailingEmbedder(fail_at=4)
+    index = ChromaIndex.persistent(tmp_path / "index", embedder=failing)
+    async with Library(index, embedder=failing) as library:
+        with pytest.raises(DocumentIndexError, match="test"):
+            await library.ingest(docs)
+        held = await library.index.sources()
+    assert set(held) <= {"f0.md", "f1.md", "f2.md"}  # written in order, none after the failure
+    assert len(held) >= 2  # the pipeline wrote the batches embedded before it
+
+    working = HashEmbedder()
+    index = ChromaIndex.persistent(tmp_path / "index", embedder=working)
+    async with Library(index, embedder=working) as library:
+        report = await library.ingest(docs)
+        assert report.unchanged == len(held)
+        assert report.ingested == 6 - len(held)
+        assert sorted(await library.index.sources()) == [f"f{i}.md" for i in range(6)]
+
+
+async def test_progress_reports_every_file_once_in_order_across_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_library, "_EMBED_BATCH", 2)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(7):
+        (docs / f"f{i}.md").write_text(f"# File {i}\n\nWord{i} appears here only.\n", "utf-8")
+    steps: list[Any] = []
+    embedder = HashEmbedder()
+    index = ChromaIndex.persistent(tmp_path / "index", embedder=embedder)
+    async with Library(index, embedder=embedder) as library:
+        report = await library.ingest(docs, progress=steps.append)
+
+    assert [step.source for step in steps] == [f"f{i}.md" for i in range(7)]
+    assert [step.done for step in steps] == list(range(1, 8))
+    assert report.ingested == 7
+    assert report.chunks_written == report.chunks_total == 7

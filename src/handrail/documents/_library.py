@@ -84,10 +84,10 @@ _BOOST = 0.15
 """Relevance added to a neighbour of a strong hit."""
 _STRONG = 0.7
 """A hit above this relevance (cosine 0.45) has its neighbours boosted."""
-_EMBED_BATCH = 64
-"""Chunks embedded together during ingest: small files share an embedder call. MiniLM runs
-about 10 chunks a model call whatever it is given, so more would only make the progress
-bar move in bigger steps."""
+_EMBED_BATCH = 128
+"""Chunks embedded together during ingest: small files share an embedder call, and MiniLM
+spreads its model calls (about 5 chunks each) over the cores, so a batch keeps them busy to
+its end; the next batch is read and chunked meanwhile."""
 _KEYWORDS = "handrail-keywords"
 """The folder, inside `Library.open`'s, of the saved BM25 indexes (one a collection)."""
 _VECTOR_CACHE = 4096
@@ -420,12 +420,17 @@ class Library:
             tell(source, "deleted")
 
         pending: list[_Loaded] = []
+        # A pipeline of two: while one batch is embedded (in worker threads), the next files
+        # are read and chunked (in another), and the batch before is written.
+        in_flight: asyncio.Task[tuple[list[_Loaded], Vectors]] | None = None
 
-        async def flush() -> None:
-            chunks = [c for loaded in pending for c in loaded.chunks]
-            vectors = await self.embedder.embed([_embedding_text(c) for c in chunks])
+        async def embed(batch: list[_Loaded]) -> tuple[list[_Loaded], Vectors]:
+            chunks = [c for loaded in batch for c in loaded.chunks]
+            return batch, await self.embedder.embed([_embedding_text(c) for c in chunks])
+
+        async def write(batch: list[_Loaded], vectors: Vectors) -> None:
             at = 0
-            for loaded in pending:
+            for loaded in batch:
                 if loaded.replaces:
                     await self.index.delete_source(loaded.source)
                 count = len(loaded.chunks)
@@ -434,24 +439,38 @@ class Library:
                 report.ingested += 1
                 report.chunks_written += count
                 tell(loaded.source, "ingested", count)
-            pending.clear()
 
-        for source, path in files:
-            prepared = await asyncio.to_thread(self._prepare, source, path, stored.get(source))
-            if prepared == "unchanged":
-                report.unchanged += 1
-                tell(source, "unchanged")
-            elif isinstance(prepared, _Skipped):
-                if prepared.replaces:
-                    await self.index.delete_source(source)
-                report.skipped.append((source, prepared.reason))
-                tell(source, "skipped", why=prepared.reason)
-            else:
-                pending.append(prepared)
-                if sum(len(loaded.chunks) for loaded in pending) >= _EMBED_BATCH:
-                    await flush()
-        if pending:
-            await flush()
+        async def flush() -> None:
+            nonlocal in_flight
+            batch = list(pending)
+            pending.clear()
+            previous, in_flight = in_flight, asyncio.create_task(embed(batch))
+            if previous is not None:
+                await write(*await previous)
+
+        try:
+            for source, path in files:
+                prepared = await asyncio.to_thread(self._prepare, source, path, stored.get(source))
+                if prepared == "unchanged":
+                    report.unchanged += 1
+                    tell(source, "unchanged")
+                elif isinstance(prepared, _Skipped):
+                    if prepared.replaces:
+                        await self.index.delete_source(source)
+                    report.skipped.append((source, prepared.reason))
+                    tell(source, "skipped", why=prepared.reason)
+                else:
+                    pending.append(prepared)
+                    if sum(len(loaded.chunks) for loaded in pending) >= _EMBED_BATCH:
+                        await flush()
+            if pending:
+                await flush()
+            if in_flight is not None:
+                last, in_flight = in_flight, None
+                await write(*await last)
+        finally:
+            if in_flight is not None:  # failed on the way: the batch being embedded is dropped
+                in_flight.cancel()
         report.chunks_total = await self.index.count()
         if self._keyword_folder is not None and await self.index.version() != version:
             await self._keyword_index()  # built and saved now, so no query waits for it
