@@ -20,7 +20,9 @@ Over the repository's docs/ and the eval set evals/documents/questions.yaml:
    paraphrase. p50/p99 over every question, several rounds, after a warm-up (the first
    query builds the BM25 index and saves it: its time is printed apart), then the first
    query of a new `Library` on the same folder (it loads the saved BM25 index).
-4. **Memory**: peak RSS of the process after each part (`getrusage(...).ru_maxrss`).
+4. **Memory**: peak RSS of the process after each part (`getrusage(...).ru_maxrss`; this
+   process loads both embedders), and of one child process a model: ingest docs/, then
+   10,000 chunks queried through `Library.open` twice (`--memory-only` runs just this).
 
 The 100k part takes 3 to 4 minutes more on 2 cores (mostly Chroma's inserts: 2 minutes),
 so it runs only with `--large`.
@@ -34,11 +36,15 @@ import dataclasses
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from handrail.documents import Chunk
 from handrail.documents._embed import MiniLMEmbedder
@@ -91,7 +97,10 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def part_ingest(work: Path, corpus: Path) -> tuple[Library, MiniLMEmbedder]:
+async def part_ingest(
+    work: Path, corpus: Path, model: str | None = None
+) -> tuple[Library, MiniLMEmbedder]:
+    """Ingest `corpus` with the old and the new default; return the library of `model`'s."""
     print(f"## Ingest {corpus} (load, chunk, embed, write)")
     print(f"  load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     embedder = MiniLMEmbedder()
@@ -110,7 +119,7 @@ async def part_ingest(work: Path, corpus: Path) -> tuple[Library, MiniLMEmbedder
             f"  {name:26} {rate(count, seconds)}, CPU {1000 * cpu / count:.1f} ms a chunk "
             f"(on 2 idle cores at most {2 * count / cpu:,.0f} chunks/s)"
         )
-        if which is embedder:
+        if which.name == (model or embedder.name):
             library = lib
         else:
             await lib.close()
@@ -141,7 +150,9 @@ async def part_ingest(work: Path, corpus: Path) -> tuple[Library, MiniLMEmbedder
     )
     print(f"  load average after: {os.getloadavg()[0]:.1f}")
     print(f"  peak RSS: {peak_mib():.0f} MiB")
-    return library, embedder
+    chosen = old if model == OLD_MODEL else embedder
+    print(f"  (the parts below use {chosen.name})")
+    return library, chosen
 
 
 # -- 2. quality --------------------------------------------------------------------------------
@@ -353,10 +364,64 @@ async def part_latency(
     print(f"  peak RSS: {peak_mib():.0f} MiB")
 
 
+# -- 4. memory ------------------------------------------------------------------------------------
+
+MEMORY_SIZE = 10_000
+
+
+async def memory_child(model: str) -> None:
+    """In its own process: what one Library of `model` peaks at, ingesting, then at 10k chunks.
+
+    Ingests docs/ into a fresh `Library.open` folder, then writes 10,000 chunks (the docs'
+    replicated, their vectors reused) into another, opens it as a user would and asks every
+    question once (the first query builds and saves BM25), then opens it again in a new
+    Library and asks again (BM25 loaded). Prints peak RSS after each phase.
+    """
+    questions = load_questions(QUESTIONS)
+    embedder = MiniLMEmbedder(model=model)
+    with tempfile.TemporaryDirectory(prefix="bench-documents-memory-") as folder:
+        work = Path(folder)
+        library = Library.open(work / "docs", embedder=embedder)
+        await library.ingest(DOCS)
+        real = await library.index.chunks()
+        vectors = await library.index.vectors([c.id for c in real])
+        await library.close()
+        ingested = peak_mib()
+        index = ChromaIndex.persistent(work / "big", embedder=embedder)
+        synthetic = replicate(real, MEMORY_SIZE)
+        for start in range(0, len(synthetic), 5000):
+            part = synthetic[start : start + 5000]
+            await index.upsert(part, np.stack([vectors[c.id.split("-", 2)[2]] for c in part]))
+        await index.close()
+        del synthetic
+        for _ in range(2):
+            async with Library.open(work / "big", embedder=embedder) as big:
+                for q in questions:
+                    await big.retrieve(q.question)
+        print(f"{ingested:.0f} {peak_mib():.0f}")
+
+
+def part_memory() -> None:
+    print(f"\n## Peak RSS of one process: ingest docs/, then {MEMORY_SIZE:,} chunks queried")
+    for model in (OLD_MODEL, MiniLMEmbedder().name):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.documents", "--memory-child", model],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+        ingested, queried = done.stdout.split()[-2:]
+        print(
+            f"  {model:26} after ingest {ingested} MiB, after {MEMORY_SIZE:,} chunks "
+            f"queried (BM25 built, then loaded) {queried} MiB"
+        )
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
-async def main(large: bool, rounds: int, corpus: Path | None) -> None:
+async def main(large: bool, rounds: int, corpus: Path | None, model: str | None) -> None:
     questions = load_questions(QUESTIONS)
     with tempfile.TemporaryDirectory(prefix="bench-documents-") as folder:
         work = Path(folder)
@@ -364,7 +429,7 @@ async def main(large: bool, rounds: int, corpus: Path | None) -> None:
             other, _ = await part_ingest(work / "corpus", corpus)
             await other.close()
             print()
-        library, embedder = await part_ingest(work, DOCS)
+        library, embedder = await part_ingest(work, DOCS, model)
         await part_quality(library, embedder, questions)
         await part_latency(10_000, work, library, embedder, questions, rounds)
         if large:
@@ -372,7 +437,8 @@ async def main(large: bool, rounds: int, corpus: Path | None) -> None:
         else:
             print("\n(100,000 chunks: run with --large, 3 to 4 minutes more)")
         await library.close()
-    print(f"\npeak RSS of the whole run: {peak_mib():.0f} MiB")
+    part_memory()
+    print(f"\npeak RSS of the whole run (both embedders loaded): {peak_mib():.0f} MiB")
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
@@ -385,8 +451,20 @@ def cli(argv: Sequence[str] | None = None) -> None:
         help="also measure ingest on this folder (the Debian git manual, say: apt-get "
         "download git-doc; dpkg-deb -x git-doc_*.deb x; x/usr/share/doc/git-doc)",
     )
+    parser.add_argument(
+        "--model",
+        choices=[OLD_MODEL, MiniLMEmbedder().name],
+        help="the embedder of the quality and latency parts (default: the default embedder)",
+    )
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-only", action="store_true", help="only the memory part")
     args: Any = parser.parse_args(argv)
-    asyncio.run(main(args.large, args.rounds, args.corpus))
+    if args.memory_child:
+        asyncio.run(memory_child(args.memory_child))
+    elif args.memory_only:
+        part_memory()
+    else:
+        asyncio.run(main(args.large, args.rounds, args.corpus, args.model))
 
 
 if __name__ == "__main__":
