@@ -73,6 +73,15 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def own_peak_mib() -> float:
+    """This process's peak RSS since it started (VmHWM: unlike ru_maxrss, not inherited
+    from the parent that forked it)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return peak_mib()  # not Linux
+
+
 def rate(count: int, seconds: float) -> str:
     return f"{count / seconds:,.1f} chunks/s ({count} chunks in {seconds:.1f} s)"
 
@@ -386,7 +395,7 @@ async def memory_child(model: str) -> None:
         real = await library.index.chunks()
         vectors = await library.index.vectors([c.id for c in real])
         await library.close()
-        ingested = peak_mib()
+        ingested = own_peak_mib()
         index = ChromaIndex.persistent(work / "big", embedder=embedder)
         synthetic = replicate(real, MEMORY_SIZE)
         for start in range(0, len(synthetic), 5000):
@@ -398,7 +407,7 @@ async def memory_child(model: str) -> None:
             async with Library.open(work / "big", embedder=embedder) as big:
                 for q in questions:
                     await big.retrieve(q.question)
-        print(f"{ingested:.0f} {peak_mib():.0f}")
+        print(f"{ingested:.0f} {own_peak_mib():.0f}")
 
 
 def part_memory() -> None:
