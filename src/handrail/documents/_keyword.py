@@ -160,7 +160,7 @@ class KeywordIndex:
                 retriever = bm25s.BM25.load(str(where / "bm25"), mmap=False)
             if not isinstance(ids, list) or len(ids) != manifest["chunks"]:
                 raise ValueError("its chunk ids do not match its manifest")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        except Exception as error:  # a cache: whatever is wrong with it, rebuild it
             _log.warning("Keyword index at %s is damaged (%s): rebuilding it.", where, error)
             return None
         return cls([str(id_) for id_ in ids], retriever, vocabulary)
