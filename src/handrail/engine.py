@@ -35,6 +35,7 @@ from ._captured import (
     captured_actions,
     run_actions,
 )
+from ._deadlines import ttl_for
 from ._loop import AgentResult, AgentRun
 from ._random import token_hex
 from ._redact import public_event
@@ -567,7 +568,7 @@ class Engine:
             self.domain.tools(),
             card_id=self.runtime.ids("batch"),
             now=self.runtime.clock(),
-            ttl=self.runtime.pending_ttl,
+            ttl=ttl_for("batch", self.domain.expires_after, self.runtime.pending_ttl),
         )
         message.parts.append(card)
         state.pending[card.tool_call_id] = card

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pydantic_core
 
+from .._deadlines import INHERIT, Expiry, Inherit, ttl_for
 from .._tool_result import ToolResult
 from ..events import (
     Event,
@@ -131,6 +132,8 @@ class Dispatcher:
         journal: where side effects are recorded before they happen (the engine's); None
             keeps no record.
         trace: the agent's span, when the runtime traces: each execution gets a child span.
+        expires_after: the agent's deadline for waiting calls (its domain's folded in), for
+            tools that set none; then the runtime's `pending_ttl`.
     """
 
     def __init__(
@@ -141,8 +144,11 @@ class Dispatcher:
         agent: str,
         journal: Journal | None = None,
         trace: Span | None = None,
+        *,
+        expires_after: Expiry | Inherit = INHERIT,
     ) -> None:
         self.tools = tools
+        self.expires_after = expires_after
         self.state = state
         self.runtime = runtime
         self.agent = agent
@@ -573,7 +579,7 @@ class Dispatcher:
         else:
             kind = "client_exec"
         now = self.runtime.clock()
-        ttl = tool.expires_after if tool.expires_after is not None else self.runtime.pending_ttl
+        ttl = ttl_for(kind, tool.expires_after, self.expires_after, self.runtime.pending_ttl)
         card = ApprovalCardPart(
             tool_call_id=part.id,
             tool_name=part.name,
