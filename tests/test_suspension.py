@@ -655,7 +655,9 @@ async def test_every_waiting_card_has_a_deadline_by_default_and_a_sweep_expires_
     assert events[-1].type == "run-completed"
     parts = call_parts(await engine.session("s1"))
     assert [p.status for p in parts] == ["failed", "failed", "failed"]
-    assert all("before its deadline" in (p.result.error or "") for p in parts)  # type: ignore[union-attr]
+    errors = [p.result.error or "" for p in parts]  # type: ignore[union-attr]
+    assert all("Nobody decided on this call before its deadline" in e for e in errors[:2])
+    assert "The app was closed before it could run 'open_tab'" in errors[2]
     assert effects == []
     model.assert_complete()
 

@@ -104,7 +104,8 @@ async def test_the_pending_card_is_read_with_the_session(server: Server) -> None
         ("user", CUSTOMER_MESSAGE)
     ]
     (card,) = body["pending"]
-    assert card | {"created_at": None} == {
+    assert card["expires_at"] == card["created_at"] + 24 * 3600  # the default deadline
+    assert card | {"created_at": None, "expires_at": None} == {
         "type": "approval",
         "tool_call_id": call_id,
         "tool_name": "orders.refund",

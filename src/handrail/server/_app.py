@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .._deadlines import CLIENT_GRACE
 from ..audit import AuditEntry
 from ..engine import Engine
 from ..exceptions import SessionCorruptError, SessionNotFoundError
@@ -96,6 +97,7 @@ def create_app(
     retention: float | None = None,
     limits: Limits | None = None,
     audit_roles: Collection[str] | None = AUDIT_ROLES,
+    client_grace: float = CLIENT_GRACE,
 ) -> Starlette:
     """The HTTP API of `engine`, as an ASGI app (run it with uvicorn: `handrail serve`).
 
@@ -132,8 +134,11 @@ def create_app(
             its export): a caller needs one of them (`auditor` by default), or gets 403. None:
             every member of the organisation may (its decisions' reasons and amended values
             included).
+        client_grace: seconds a `client` call still waits once every stream of its turn
+            closed before the turn's end (the app was closed; it may reconnect): then it
+            expires (with sweeps), and the model reads that the app was closed.
     """
-    runs = Runs(engine, poll_interval=poll_interval, tick=ping_interval)
+    runs = Runs(engine, poll_interval=poll_interval, tick=ping_interval, client_grace=client_grace)
     limits = limits if limits is not None else Limits()
     api = _Api(engine, runs, authenticator, max_body_size, ping_interval, send_timeout, limits)
     api.audit_roles = None if audit_roles is None else frozenset(audit_roles)
