@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._deadlines import CLIENT_GRACE
+from .._redact import log_failure
 from ..audit import AuditEntry
 from ..engine import Engine
 from ..exceptions import SessionCorruptError, SessionNotFoundError
@@ -59,7 +60,7 @@ from ._bodies import (
     TurnAccepted,
     TurnBody,
 )
-from ._errors import EXCEPTION_HANDLERS, ApiError
+from ._errors import EXCEPTION_HANDLERS, ApiError, App
 from ._headers import SecurityHeaders, request_id
 from ._limits import Limits
 from ._openapi import Operation, openapi
@@ -189,7 +190,7 @@ def create_app(
                     sweeps.cancel()
                     await asyncio.wait([sweeps])
 
-    app = Starlette(
+    app = App(
         routes=routes,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
@@ -655,8 +656,15 @@ class _Api(Api):
                                     yield keep_alive
                             yield chunk
                             self.limits.sent(caller, len(chunk))
-                except Exception:
-                    _log.exception("request %s: the stream of session %r failed", rid, session_id)
+                except Exception as failure:
+                    log_failure(
+                        _log,
+                        f"request {rid}: the event stream failed",
+                        failure,
+                        reference=rid,
+                        request_id=rid,
+                        session_id=session_id,
+                    )
                     error = {
                         "type": "error",
                         "error": {

@@ -28,6 +28,7 @@ from typing import Any
 
 from .._deadlines import CLIENT_GRACE
 from .._loop import AgentRun
+from .._redact import log_failure, new_reference
 from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
 from ..exceptions import (
@@ -213,9 +214,15 @@ class Runs:
                 _log.warning("The turn of session %r was cut off: %s", session_id, error)
                 failed = RunFailed(reason="cut-off", error=_CUT_OFF)
             else:
-                _log.exception("The turn of session %r failed", session_id)
+                reference = new_reference()
+                log_failure(
+                    _log, "The turn failed on the server", error,
+                    reference=reference, session_id=session_id,
+                )  # fmt: skip
                 failed = RunFailed(
-                    reason="error", error="The server failed while running this turn."
+                    reason="error",
+                    error="The server failed while running this turn.",
+                    reference=reference,
                 )
             try:
                 await self._append(session_id, EVENT.dump_python(failed, mode="json"))
