@@ -41,6 +41,8 @@ _STANDARD = frozenset(
     [*logging.LogRecord("", 0, "", 0, "", (), None).__dict__, "message", "asctime"]
 )
 """The attributes every record has: what is not one of them is a field the code gave."""
+_LEFT_OUT = frozenset({"color_message"})
+"""Fields not written: uvicorn's message again, with terminal colours."""
 
 
 def escape(text: str) -> str:
@@ -108,7 +110,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_") and key not in document:
+            if key in _STANDARD or key in _LEFT_OUT or key.startswith("_"):
+                continue
+            if key not in document:
                 document[key] = value
         if record.exc_info and record.exc_info[1] is not None:
             document["error_type"] = type(record.exc_info[1]).__name__

@@ -43,6 +43,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "The handrail command", needs="typer and rich", extra="server"
     ) from error
 
+from ._logs import LogFormat, configure_logging
 from ._loop import AgentRun
 from .audit import (
     AUDIT_KEY_ENV,
@@ -191,6 +192,15 @@ def serve(
     ] = None,
     max_body_size: Annotated[int, typer.Option(help="Bytes a request body may have.")] = 1_000_000,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            help="text: uvicorn's lines; json: one JSON object a line on stderr, for log "
+            "shippers (time, level, logger, message, and the fields a record carries: "
+            "reference, session_id, call_id, tool, request_id; error_type and traceback "
+            "for a failure)."
+        ),
+    ] = "text",
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -280,6 +290,8 @@ def serve(
     from .server import authenticator_from, serve_workers
     from .server import serve as serve_app
 
+    if log_format == "json":  # what loading the app logs is one object a line too
+        configure_logging(log_format)
     engine = load_engine(target)
     if workers > 1:
         _check_shared(engine, workers)
@@ -318,6 +330,7 @@ def serve(
         "port": port,
         "shutdown_grace": shutdown_grace,
         "log_level": log_level,
+        "log_format": log_format,
         "header_timeout": header_timeout,
         "body_timeout": body_timeout,
         "idle_timeout": idle_timeout,
@@ -1108,6 +1121,7 @@ def show(
             "first": page[0][0] if page else 0,
             "earlier": earlier,
             "pending": to_jsonable_python(list(state.pending.values())),
+            "failure": to_jsonable_python(state.failure),
         }
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
@@ -1134,6 +1148,14 @@ def show(
         _out.print(
             f"[yellow]waiting ({card.kind}):[/] {card.tool_name} {json.dumps(card.args)} "
             f"· call {card.tool_call_id}",
+            highlight=False,
+        )
+    failure = state.failure
+    if failure is not None:
+        _out.print(
+            f"[red]the last turn failed:[/] {failure.error_type} · reference "
+            f"{failure.reference} · {_when(failure.at)} UTC (the server's log has its "
+            f"traceback under that reference)",
             highlight=False,
         )
 

@@ -425,7 +425,12 @@ async def test_interrupting_a_running_turn_ends_its_stream(server: Server) -> No
     response = await server.client.post(f"/sessions/{session_id}/interrupt", headers=ANA)
     assert (response.status_code, response.json()) == (202, {"interrupted": True})
     events = await server.events(session_id, after)
-    assert events[-1].data == {"type": "run-failed", "reason": "interrupted", "error": IsStr()}
+    assert events[-1].data == {
+        "type": "run-failed",
+        "reason": "interrupted",
+        "error": IsStr(),
+        "reference": None,  # no failure to look up: it was interrupted
+    }
 
     response = await server.client.post(f"/sessions/{session_id}/interrupt", headers=ANA)
     assert response.status_code == 409
