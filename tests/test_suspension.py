@@ -702,6 +702,23 @@ def test_no_deadline_is_only_had_by_asking_for_none():
         Runtime(pending_ttl=-1)
 
 
+async def test_one_model_numbers_its_calls_per_session():
+    def refund_each_time(request: ModelRequest) -> Any:
+        return [
+            call("orders.lookup", order_id="A1"),
+            call("orders.refund", order_id="A1", amount=5),
+        ]
+
+    model = FunctionModel(refund_each_time)
+    engine = Engine(
+        Agent("support", tools=TOOLS), store=MemoryStore(), runtime=Runtime(model=model)
+    )
+    for session in ("s1", "s2"):  # a fresh session's first card is not call_4
+        events = await events_of(engine.submit(session, "refund A1"))
+        assert events[-1].pending == ["call_2"]
+        assert [p.id for p in call_parts(await engine.session(session))] == ["call_1", "call_2"]
+
+
 async def test_past_max_approvals_further_gated_calls_are_told_to_stop():
     engine, _ = engine_for(
         [

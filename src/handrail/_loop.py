@@ -317,6 +317,7 @@ async def _agent_loop(
                 hosted_tools=agent.hosted_tools,
                 tool_choice=tool_choice,
                 output_schema=agent.output_schema,
+                session_id=state.session_id,
             )
             if runtime.compaction is not None:
                 await _compact(request, runtime.compaction, model, state)
