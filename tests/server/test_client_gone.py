@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from handrail import Agent, ApprovalCardPart, Engine, Runtime, tool
 from handrail.models import ModelRequest
 from handrail.server import create_app
+from handrail.server._auth import Caller
+from handrail.server._ui_stream import chat_session
 from handrail.store import MemoryStore
 from handrail.testing import FunctionModel, call
 
 from .conftest import ANA, authenticator, frames
 from .test_connections import serving
 
-release = asyncio.Event()
+release: dict[str, asyncio.Event] = {}  # the event the `hold` tool waits for, per test
 
 
 @tool(name="hold")
 async def hold() -> str:
     """Work a while (until the test lets it finish)."""
-    await release.wait()
+    await release["hold"].wait()
     return "held"
 
 
@@ -41,8 +45,43 @@ def answer(request: ModelRequest) -> Any:
     return f"Could not open it: {calls[-1].result.error}"  # type: ignore[union-attr]
 
 
-async def test_a_client_call_expires_soon_after_its_app_was_closed_and_the_turn_goes_on():
-    release.clear()
+async def _closed_mid_turn_over_rest(client: httpx.AsyncClient) -> str:
+    """A turn with client tools, its event stream in the same response, left mid-turn."""
+    session = (await client.post("/sessions", headers=ANA)).json()["id"]
+    seen: list[str] = []
+    async with client.stream(
+        "POST",
+        f"/sessions/{session}/turns?client=true",
+        json={"text": "open example.com"},
+        headers={**ANA, "Accept": "text/event-stream"},
+    ) as stream:
+        async for frame in frames(stream):
+            seen.append(frame.data["type"])
+            if frame.data["type"] == "tool-call-started":
+                break  # the app is closed while a tool runs
+    assert "run-suspended" not in seen
+    return str(session)
+
+
+async def _closed_mid_turn_over_the_ui_stream(client: httpx.AsyncClient) -> str:
+    """The AI SDK's `useChat` with client tools, its stream left mid-turn."""
+    user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "open example.com"}]}
+    body = {"id": "c-gone", "messages": [user], "handrail": {"clientTools": True}}
+    async with client.stream("POST", "/chat", json=body, headers=ANA) as stream:
+        assert stream.status_code == 200
+        async for line in stream.aiter_lines():
+            if '"type":"tool-input-available"' in line.replace(" ", ""):
+                break  # the tab is closed while a tool runs
+    return chat_session(Caller("acme", "ana"), "c-gone")
+
+
+@pytest.mark.parametrize(
+    "closed_mid_turn", [_closed_mid_turn_over_rest, _closed_mid_turn_over_the_ui_stream]
+)
+async def test_a_client_call_expires_soon_after_its_app_was_closed_and_the_turn_goes_on(
+    closed_mid_turn: Callable[[httpx.AsyncClient], Awaitable[str]],
+) -> None:
+    release["hold"] = asyncio.Event()  # of this test's loop
     engine = Engine(
         Agent("desk", tools=[hold, open_tab]),
         store=MemoryStore(),
@@ -59,20 +98,8 @@ async def test_a_client_call_expires_soon_after_its_app_was_closed_and_the_turn_
         serving(app) as port,
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
     ):
-        session = (await client.post("/sessions", headers=ANA)).json()["id"]
-        seen: list[str] = []
-        async with client.stream(
-            "POST",
-            f"/sessions/{session}/turns?client=true",
-            json={"text": "open example.com"},
-            headers={**ANA, "Accept": "text/event-stream"},
-        ) as stream:
-            async for frame in frames(stream):
-                seen.append(frame.data["type"])
-                if frame.data["type"] == "tool-call-started":
-                    break  # the app is closed while a tool runs
-        assert "run-suspended" not in seen
-        release.set()  # the turn goes on to the client call, with nobody to run it
+        session = await closed_mid_turn(client)
+        release["hold"].set()  # the turn goes on to the client call, with nobody to run it
         async with asyncio.timeout(10):
             while True:
                 view = (await client.get(f"/sessions/{session}", headers=ANA)).json()
