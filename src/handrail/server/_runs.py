@@ -307,7 +307,7 @@ class Runs:
         listeners = self._listeners.setdefault(session_id, set())
         listeners.add(queue)  # before reading the log, so that nothing falls in between
         self._left.discard(session_id)  # a client came back in time
-        ended_turn = False  # the last batch its reader took ended the turn
+        mid_turn = False  # the last batch its reader took did not end the turn
         try:
             await self._listen()  # and notices of other processes' events, too
             last = after
@@ -330,7 +330,7 @@ class Runs:
                 if batch:
                     last = batch[-1][0]
                     yield batch
-                    ended_turn = batch[-1][1].get("type") in TERMINAL
+                    mid_turn = batch[-1][1].get("type") not in TERMINAL
                 if ended or self._closed:
                     return
                 if len(page) == _PAGE:
@@ -353,7 +353,7 @@ class Runs:
                     if batch:
                         last = batch[-1][0]
                         yield batch
-                        ended_turn = batch[-1][1].get("type") in TERMINAL
+                        mid_turn = batch[-1][1].get("type") not in TERMINAL
                     if ended or self._closed:
                         return
                     # Let the next events gather: a write per event (a model streams a token
@@ -368,14 +368,15 @@ class Runs:
             if not listeners:
                 self._listeners.pop(session_id, None)
                 self._handed.pop(session_id, None)
-                if not ended_turn and not self._closed:
+                if mid_turn and not self._closed:  # its reader left in the middle of a turn
                     self._gone(session_id)
 
     def _gone(self, session_id: str) -> None:
-        """The last stream of the session closed before its reader had the turn's end.
+        """The last stream of the session closed in the middle of a turn.
 
-        Its client went away: once the turn stops (now, if it has), the calls it waits for
-        that client to run get `client_grace` seconds (`Engine.client_left`).
+        Its reader had events of the turn, not its end: its client went away. Once the turn
+        stops (now, if it has), the calls it waits for that client to run get
+        `client_grace` seconds (`Engine.client_left`).
         """
         if session_id in self._tasks:
             self._left.add(session_id)  # `_drive` sees to it as the turn stops
