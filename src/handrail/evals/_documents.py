@@ -369,7 +369,9 @@ async def _retrieval(
         ranked: dict[int, list[Evidence]] = {}
         for k in cutoffs:
             began = time.perf_counter()
-            ranked[k] = await library.retrieve(question.question, top_k=k, min_relevance=0.0)
+            ranked[k] = await library.retrieve(
+                question.question, top_k=k, min_relevance=0.0
+            )
             latencies.append(time.perf_counter() - began)
         began = time.perf_counter()
         evidence = await library.retrieve(
