@@ -591,10 +591,13 @@ class _ChatView:
                 self.end_text()
                 if stop == "cut":
                     out.print(Text(f"✂ the answer was cut off ({finish})", style="yellow"))
-            case RunFailed(reason=reason, error=error):
+            case RunFailed(reason=reason, error=error, reference=reference):
                 self.idle()
                 self.end_text()
-                out.print(Text(f"✗ the turn failed ({reason}): {error or ''}", style="bold red"))
+                where = f" (reference {reference})" if reference else ""
+                out.print(
+                    Text(f"✗ the turn failed ({reason}): {error or ''}{where}", style="bold red")
+                )
             case _:
                 pass
 
