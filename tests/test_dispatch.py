@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -580,15 +581,39 @@ async def test_streaming_tools_report_progress_and_their_last_value_is_the_outpu
     assert calls(state)[0].result == ToolResult(data={"exported": 2}, summary="2 rows")
 
 
-async def test_a_tool_exception_becomes_an_error_result_and_the_loop_goes_on():
+async def test_a_tool_exception_becomes_an_error_result_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+):
     @tool
     def explode() -> None:
         """Boom."""
         raise ValueError("the warehouse API is down")
 
-    events, state = await run(Agent("a", tools=[explode]), [[call("explode")], "sorry"])
-    assert calls(state)[0].result == ToolResult.failure("ValueError: the warehouse API is down")
+    with caplog.at_level(logging.ERROR, logger="handrail"):
+        events, state = await run(
+            Agent("a", tools=[explode]),
+            [[call("explode")], "sorry"],
+            state=RunState(session_id="s1"),
+        )
+    error = calls(state)[0].result.error or ""  # type: ignore[union-attr]
+    assert error.startswith("ValueError: the warehouse API is down (reference ")
+    reference = error.removesuffix(")").rsplit(" ", 1)[1]
     assert events[-1].type == "run-completed"
+    # Logged once, with its traceback, the session, the call and the same reference.
+    (record,) = caplog.records
+    assert (record.name, record.levelname) == ("handrail.tools", "ERROR")
+    assert record.getMessage() == (
+        f"Tool 'explode' raised (reference {reference}, session 's1', call call_1): "
+        f"ValueError: the warehouse API is down"
+    )
+    assert (record.reference, record.session_id, record.call_id, record.tool) == (  # type: ignore[attr-defined]
+        reference,
+        "s1",
+        "call_1",
+        "explode",
+    )
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+    assert 'in explode\n    raise ValueError("the warehouse API is down")' in caplog.text
 
 
 async def test_model_retry_sends_its_message_back_as_is():
@@ -749,7 +774,8 @@ async def test_a_failing_result_hook_is_a_tool_error():
         [[call("text.echo", text="x")], "ok"],
         transform_tool_result=broken,
     )
-    assert calls(state)[0].result.error == "a result hook failed: RuntimeError: hook bug"  # type: ignore[union-attr]
+    error = calls(state)[0].result.error or ""  # type: ignore[union-attr]
+    assert error.startswith("a result hook failed: RuntimeError: hook bug (reference ")
 
 
 async def test_a_summary_function_writes_the_ui_line_and_its_failure_is_contained():

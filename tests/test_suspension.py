@@ -15,6 +15,7 @@ from handrail import (
     Approve,
     AskPerson,
     ClientResult,
+    Deadlines,
     Domain,
     Engine,
     InvalidDecisionError,
@@ -153,7 +154,7 @@ async def test_a_gated_call_suspends_and_resumes_in_the_same_turn_without_a_new_
         "Refund?",
         {"order_id": "A1", "amount": 84.0},
     )
-    assert (card.created_at, card.expires_at) == (1_000.0, None)
+    assert (card.created_at, card.expires_at) == (1_000.0, 1_000.0 + 24 * 3600)  # by default
     part = call_parts(state)[0]
     assert part.status == "waiting"
     assert part.result is not None and not part.result.ok
@@ -619,6 +620,103 @@ async def test_an_expired_call_is_stale_then_swept_into_an_error_the_model_recov
     assert "Nobody decided on this call before its deadline" in (part.result.error or "")  # type: ignore[union-attr]
     assert effects == []
     model.assert_complete()
+
+
+async def test_every_waiting_card_has_a_deadline_by_default_and_a_sweep_expires_it():
+    clock = Clock()
+    engine, model = engine_for(
+        [
+            [
+                call("orders.refund", order_id="A1", amount=5),
+                call("ask_size", question="?"),
+                call("open_tab", url="https://x"),
+            ],
+            "Nothing was done in time.",
+        ],
+        clock=clock,
+    )
+    await suspended(engine, client=True)
+    deadlines = {c.kind: c.expires_at for c in (await engine.session("s1")).pending.values()}
+    day, quarter = 24 * 3600, 15 * 60
+    assert deadlines == {
+        "approval": 1_000.0 + day,
+        "elicitation": 1_000.0 + day,
+        "client_exec": 1_000.0 + quarter,
+    }
+    clock.now = 1_000.0 + quarter
+    assert await engine.expire_due() == ["s1"]  # the client call only
+    assert [c.kind for c in (await engine.session("s1")).pending.values()] == [
+        "approval",
+        "elicitation",
+    ]
+    clock.now = 1_000.0 + day
+    assert await engine.expire_due() == ["s1"]
+    events = await events_of(engine.resume("s1"))
+    assert events[-1].type == "run-completed"
+    parts = call_parts(await engine.session("s1"))
+    assert [p.status for p in parts] == ["failed", "failed", "failed"]
+    errors = [p.result.error or "" for p in parts]  # type: ignore[union-attr]
+    assert all("Nobody decided on this call before its deadline" in e for e in errors[:2])
+    assert "The app was closed before it could run 'open_tab'" in errors[2]
+    assert effects == []
+    model.assert_complete()
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("tool", None),  # the tool's own None wins over everything
+        ("agent", 1_030.0),
+        ("domain", 1_045.0),
+        ("runtime", 1_007.0),
+    ],
+)
+async def test_a_deadline_is_set_by_the_tool_the_agent_the_domain_or_the_runtime(
+    where: str, expected: float | None
+):
+    forever = tool(name="orders.refund", permission="write", expires_after=None)(refund.function)
+    tools = [forever if where == "tool" else refund]
+    kwargs: dict[str, Any] = {}
+    if where in ("tool", "agent"):
+        kwargs["expires_after"] = 30
+    agent = Agent("support", tools=tools, **kwargs)
+    domain = Domain(
+        agents=[agent],
+        **({"expires_after": Deadlines(approval=45)} if where != "runtime" else {}),
+    )
+    engine, _ = engine_for(
+        [[call("orders.refund", order_id="A1", amount=5)]],
+        agents=domain,
+        pending_ttl=Deadlines(approval=7),
+    )
+    await suspended(engine)
+    card = (await engine.session("s1")).pending["call_1"]
+    assert card.expires_at == expected
+
+
+def test_no_deadline_is_only_had_by_asking_for_none():
+    assert Runtime(pending_ttl=None).pending_ttl is None
+    with pytest.raises(UserError, match=r"expires_after: give a positive number of seconds"):
+        Agent("support", expires_after=0)
+    with pytest.raises(UserError, match=r"pending_ttl=...\): give a positive number"):
+        Runtime(pending_ttl=-1)
+
+
+async def test_one_model_numbers_its_calls_per_session():
+    def refund_each_time(request: ModelRequest) -> Any:
+        return [
+            call("orders.lookup", order_id="A1"),
+            call("orders.refund", order_id="A1", amount=5),
+        ]
+
+    model = FunctionModel(refund_each_time)
+    engine = Engine(
+        Agent("support", tools=TOOLS), store=MemoryStore(), runtime=Runtime(model=model)
+    )
+    for session in ("s1", "s2"):  # a fresh session's first card is not call_4
+        events = await events_of(engine.submit(session, "refund A1"))
+        assert events[-1].pending == ["call_2"]
+        assert [p.id for p in call_parts(await engine.session(session))] == ["call_1", "call_2"]
 
 
 async def test_past_max_approvals_further_gated_calls_are_told_to_stop():

@@ -247,7 +247,16 @@ async def test_failures_carry_an_error_type():
     spans = by_name(exporter)
     tool_span = spans["execute_tool orders.lookup"]
     assert attrs(tool_span)["error.type"] == "tool_error"
-    assert tool_span.status.description == "LookupError: no such order"
+    description = tool_span.status.description or ""
+    assert description.startswith("LookupError: no such order (reference ")
+    (raised,) = tool_span.events  # what the tool raised, with the reference the model read
+    assert raised.name == "exception"
+    event = dict(raised.attributes or {})
+    assert (event["exception.type"], event["exception.message"]) == ("LookupError", "no such order")
+    assert 'raise LookupError("no such order")' in str(event["exception.stacktrace"])
+    assert (
+        description == f"LookupError: no such order (reference {event['handrail.error.reference']})"
+    )
     assert attrs(spans["chat scripted"])["error.type"] == "ModelError"
     assert attrs(spans["invoke_agent a"])["error.type"] == "ModelError"
     assert attrs(spans["handrail.turn"])["error.type"] == "ModelError"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._deadlines import Deadlines
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
 from .agent import Agent
 from .audit import AuditEntry
@@ -138,6 +139,7 @@ __all__ = [
     "ConflictError",
     "ContextFullError",
     "ContextStore",
+    "Deadlines",
     "Decider",
     "Decision",
     "DecisionNotAllowedError",

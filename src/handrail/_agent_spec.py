@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from pydantic import TypeAdapter
 
+from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
 from .exceptions import UserError
 from .models import Model, ToolDefinition
 from .models._infer import as_model
@@ -57,6 +58,7 @@ class AgentSpec(Generic[OutputT]):
         nudge: str = DEFAULT_NUDGE,
         scratch: bool = False,
         continue_on_length: int = 0,
+        expires_after: Expiry | Inherit = INHERIT,
     ) -> None:
         if max_iterations < 1:
             raise UserError(f"Agent {name!r}: max_iterations must be at least 1.")
@@ -73,6 +75,8 @@ class AgentSpec(Generic[OutputT]):
         if continue_on_length < 0:
             raise UserError(f"Agent {name!r}: continue_on_length cannot be negative.")
         self.continue_on_length = continue_on_length
+        check_expiry(expires_after, f"Agent {name!r}: expires_after")
+        self.expires_after = expires_after
         self.nudge = nudge.replace("{n}", str(min_tool_calls))
         self.tools: dict[str, Tool[Any]] = {}
         for t in tools:
@@ -99,8 +103,9 @@ class AgentSpec(Generic[OutputT]):
         tools: Sequence[Tool[Any]] | None = None,
         output_schema: dict[str, Any] | None = None,
         scratch: bool | None = None,
+        expires_after: Expiry | Inherit = INHERIT,
     ) -> Self:
-        """A copy of this agent with other tools, output schema or scratch setting."""
+        """A copy of this agent with other tools, output schema, scratch setting or deadline."""
         clone = copy.copy(self)
         if tools is not None:
             clone.tools = {}
@@ -112,6 +117,8 @@ class AgentSpec(Generic[OutputT]):
             clone.output_schema = output_schema
         if scratch is not None:
             clone.scratch = scratch
+        if not isinstance(expires_after, Inherit):
+            clone.expires_after = expires_after
         return clone
 
     def instructions_for(self, state: RunState) -> str | None:

@@ -245,7 +245,9 @@ async def _agent_loop(
             "gen_ai.operation.name": "chat",
             **tracing.model_attributes(model, state.session_id),
         }
-    dispatcher = Dispatcher(agent.tools, state, runtime, name, journal, trace)
+    dispatcher = Dispatcher(
+        agent.tools, state, runtime, name, journal, trace, expires_after=agent.expires_after
+    )
     progress = state.progress
     if progress is None or progress.agent != name:
         progress = state.progress = Progress(agent=name)
@@ -315,6 +317,7 @@ async def _agent_loop(
                 hosted_tools=agent.hosted_tools,
                 tool_choice=tool_choice,
                 output_schema=agent.output_schema,
+                session_id=state.session_id,
             )
             if runtime.compaction is not None:
                 await _compact(request, runtime.compaction, model, state)

@@ -16,6 +16,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from ._loop import (
     _jsonable_output,
     _model_for,
 )
+from ._redact import log_failure, new_reference
 from .domain import RouteDecision, Router
 from .events import AgentCompleted, Event, RunCompleted, RunFailed, RunStarted, RunSuspended
 from .exceptions import ModelError, StoreError, TurnCutOffError, TurnSuspendedError, UserError
@@ -36,12 +38,14 @@ from .messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Model
 from .recovery import Journal
 from .runtime import Runtime
-from .state import Progress, RouteChoice, RunState
+from .state import Failure, Progress, RouteChoice, RunState
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 __all__ = ["RouteDecision", "Router", "check_resumable", "run_turn"]
+
+_log = logging.getLogger("handrail.runs")
 
 
 def check_resumable(
@@ -275,10 +279,21 @@ async def _steps(
                 raise
             raise error from exc
         state.end_turn()  # it failed
-        run._result = AgentResult(
-            outcome="failed", state=state, error=f"{type(error).__name__}: {error}"
+        reference = new_reference()
+        log_failure(
+            _log,
+            "The turn failed",
+            error,
+            reference=reference,
+            session_id=state.session_id,
+            run_id=state.run_id or None,
         )
-        yield RunFailed(reason="error", error=run._result.error)
+        detail = f"{type(error).__name__}: {error}"
+        state.failure = Failure(
+            error_type=type(error).__name__, reference=reference, at=runtime.clock()
+        )
+        run._result = AgentResult(outcome="failed", state=state, error=detail)
+        yield RunFailed(reason="error", error=detail, reference=reference)
         return
     except BaseException:
         if journal is None:  # nothing can recover a bare run: end the turn as it stands

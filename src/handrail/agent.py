@@ -50,6 +50,9 @@ class Agent(AgentSpec[OutputT]):
             pieces joined). 0 (the default): a cut answer ends the turn as it is, marked
             `stop_reason="cut"` (and `finish_reason="length"`) on the result and on
             `run-completed`. Tool calls of a cut response are never run, whatever this says.
+        expires_after: how long this agent's waiting calls accept a decision, for tools that
+            set none: seconds, a `Deadlines` (by kind of card), or None (no deadline). Default
+            (`INHERIT`): the domain's, else the runtime's `pending_ttl`.
     """
 
     def run_stream(

@@ -45,6 +45,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "The handrail command", needs="typer and rich", extra="server"
     ) from error
 
+from ._logs import configure_logging
 from ._loop import AgentRun
 from .apps import _ACCEPTED as ACCEPTED_APPS
 from .apps import import_app, open_app
@@ -276,6 +277,7 @@ def serve(
     worker_id: Annotated[str | None, _setting("worker_id")] = None,
     max_body_size: Annotated[int | None, _setting("max_body_size", min=1)] = None,
     log_level: Annotated[str | None, _setting("log_level")] = None,
+    log_format: Annotated[str | None, _setting("log_format")] = None,
     shutdown_grace: Annotated[float | None, _setting("shutdown_grace", min=0)] = None,
     sweep_interval: Annotated[float | None, _setting("sweep_interval", min=0)] = None,
     retention_days: Annotated[float | None, _setting("retention_days", min=0)] = None,
@@ -338,6 +340,7 @@ def serve(
             "worker_id": worker_id,
             "max_body_size": max_body_size,
             "log_level": log_level,
+            "log_format": log_format,
             "shutdown_grace": shutdown_grace,
             "sweep_interval": sweep_interval,
             "retention_days": retention_days,
@@ -350,6 +353,8 @@ def serve(
             "audit_roles": audit_roles,
         }
     )
+    if settings.log_format == "json":  # what loading the app logs is one object a line too
+        configure_logging("json")
     found = import_app(target)  # a name that does not import fails here, in one line
     if not isinstance(found, Engine) and not callable(found):
         raise CliError(f"{target} is a {type(found).__name__}; it must be {ACCEPTED_APPS}.")
@@ -372,6 +377,7 @@ def serve(
         "port": port,
         "shutdown_grace": settings.shutdown_grace,
         "log_level": settings.log_level,
+        "log_format": settings.log_format,
         "header_timeout": header_timeout,
         "body_timeout": body_timeout,
         "idle_timeout": idle_timeout,
@@ -725,10 +731,13 @@ class _ChatView:
                 self.end_text()
                 if stop == "cut":
                     out.print(Text(f"✂ the answer was cut off ({finish})", style="yellow"))
-            case RunFailed(reason=reason, error=error):
+            case RunFailed(reason=reason, error=error, reference=reference):
                 self.idle()
                 self.end_text()
-                out.print(Text(f"✗ the turn failed ({reason}): {error or ''}", style="bold red"))
+                where = f" (reference {reference})" if reference else ""
+                out.print(
+                    Text(f"✗ the turn failed ({reason}): {error or ''}{where}", style="bold red")
+                )
             case _:
                 pass
 
@@ -1702,6 +1711,7 @@ def show(
             "first": page[0][0] if page else 0,
             "earlier": earlier,
             "pending": to_jsonable_python(list(state.pending.values())),
+            "failure": to_jsonable_python(state.failure),
         }
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
@@ -1728,6 +1738,14 @@ def show(
         _out.print(
             f"[yellow]waiting ({card.kind}):[/] {card.tool_name} {json.dumps(card.args)} "
             f"· call {card.tool_call_id}",
+            highlight=False,
+        )
+    failure = state.failure
+    if failure is not None:
+        _out.print(
+            f"[red]the last turn failed:[/] {failure.error_type} · reference "
+            f"{failure.reference} · {_when(failure.at)} UTC (the server's log has its "
+            f"traceback under that reference)",
             highlight=False,
         )
 

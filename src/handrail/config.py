@@ -30,8 +30,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any
 
+from ._logs import LogFormat
 from .exceptions import ConfigError
 from .worker import name_worker
 
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT", "LogFormat", "Setting", "Settings", "flag_help"]
 
-LogFormat: TypeAlias = Literal["text", "json"]
 
 DEFAULT = "default"
 """The source of a value nobody set."""

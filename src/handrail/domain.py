@@ -15,6 +15,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, Field
 
 from ._agent_spec import AgentSpec
+from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
 from .exceptions import UserError
 from .policy import DecisionPolicy
 from .tools import Permission, Tool
@@ -68,6 +69,9 @@ class Domain:
         policies: who may decide calls, by tool permission (`{"destructive":
             DecisionPolicy(roles={"it-admin"})}`), for tools that declare no
             `decision_policy=` of their own (`handrail.policy`).
+        expires_after: how long waiting calls accept a decision, for agents and tools that
+            set none: seconds, a `Deadlines` (by kind of card), or None (no deadline). Default
+            (`INHERIT`): the runtime's `pending_ttl` (`Deadlines()`).
     """
 
     agents: Sequence[AgentSpec[Any]]
@@ -76,8 +80,10 @@ class Domain:
     supervisor: AgentSpec[Any] | None = None
     initial_state: BaseModel | type[BaseModel] | None = None
     policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
+    expires_after: Expiry | Inherit = INHERIT
 
     def __post_init__(self) -> None:
+        check_expiry(self.expires_after, "Domain: expires_after")
         unknown = sorted(set(self.policies) - set(_PERMISSIONS))
         if unknown:
             raise UserError(

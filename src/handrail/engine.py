@@ -36,6 +36,7 @@ from ._captured import (
     captured_actions,
     run_actions,
 )
+from ._deadlines import CLIENT_GRACE, ttl_for
 from ._loop import AgentResult, AgentRun
 from ._random import token_hex
 from ._redact import public_event
@@ -594,7 +595,7 @@ class Engine:
             self.domain.tools(),
             card_id=self.runtime.ids("batch"),
             now=self.runtime.clock(),
-            ttl=self.runtime.pending_ttl,
+            ttl=ttl_for("batch", self.domain.expires_after, self.runtime.pending_ttl),
         )
         message.parts.append(card)
         state.pending[card.tool_call_id] = card
@@ -966,6 +967,39 @@ class Engine:
                     self.tally["expired"] += len(expired)
                     changed.append(summary.id)
         return changed
+
+    async def client_left(self, session_id: str, *, grace: float = CLIENT_GRACE) -> list[str]:
+        """The client of the session's turn went away: its `client` calls expire after `grace`.
+
+        A server calls it when the stream of a turn started with client tools closes before
+        the turn ended (and no other stream of it is open). Each waiting `client_exec` card
+        whose deadline is later gets `now + grace` instead (time to reconnect and answer);
+        past it, a sweep expires the call, and the model reads that the app was closed before
+        it could run it.
+
+        Returns:
+            The ids of the calls whose deadline was brought forward.
+        """
+        async with self._lock(session_id):
+            record = await self.store.load(session_id)
+            if record is None:
+                return []
+            state = _decode(record)
+            due = self.runtime.clock() + grace
+            cut = [
+                card
+                for card in state.pending.values()
+                if card.kind == "client_exec" and (card.expires_at is None or card.expires_at > due)
+            ]
+            if not cut:
+                return []
+            for card in cut:
+                card.expires_at = due
+            try:
+                await self._save(record, state, record.status)
+            except ConflictError:  # it changed meanwhile (decided, resumed): nothing to do
+                return []
+        return [card.tool_call_id for card in cut]
 
     async def prune(
         self,

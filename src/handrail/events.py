@@ -286,6 +286,9 @@ class RunFailed:
     is back; nothing is lost)."""
     error: str | None = None
     """What went wrong, for a person."""
+    reference: str | None = None
+    """For `error`: the short reference the failure is logged under, with its traceback (a
+    person quotes it to the operator; `handrail sessions show` shows it too)."""
     type: Literal["run-failed"] = "run-failed"
 
 

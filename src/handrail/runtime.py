@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ._agent_spec import AgentSpec
+from ._deadlines import Deadlines, Expiry, Inherit, check_expiry
 from ._random import token_hex
 from .domain import Domain
 from .exceptions import ConfigError, ModelRetry
@@ -92,9 +93,12 @@ class Runtime(Generic[DepsT]):
     max_approvals_per_turn: int | None = None
     """Past this many calls waiting for approval in one turn, further gated calls get a tool
     error telling the model to stop and summarise (None: no cap)."""
-    pending_ttl: float | None = None
-    """Seconds a waiting call accepts a decision, unless its tool says otherwise (None:
-    forever). An expired call resolves to a tool error the model can recover from."""
+    pending_ttl: Expiry = field(default_factory=Deadlines)
+    """How long a waiting call accepts a decision (or a client's result), unless its tool,
+    agent or domain says otherwise (`expires_after=`): seconds, a `Deadlines` (by kind of card;
+    the default: a day for a person, fifteen minutes for a client), or None (no deadline:
+    only when asked for). An expired call resolves to a tool error the model can recover
+    from; the sweeps (`Engine.expire_due`, a served process, `handrail worker`) enforce it."""
     dedup: bool = True
     """Reuse the result of a `read` call identical to an earlier one of the same turn, with no
     side-effecting call in between (see `Tool(dedup=...)`); False: every call runs."""
@@ -106,6 +110,7 @@ class Runtime(Generic[DepsT]):
     """Rewrite each result before the model sees it (redaction, truncation)."""
 
     def __post_init__(self) -> None:
+        check_expiry(self.pending_ttl, "Runtime(pending_ttl=...)")
         if self.model is not None:
             self.model = as_model(self.model, where="Runtime(model=...)")
 
@@ -212,12 +217,16 @@ def build_runtime(
                 "is" if len(blind) == 1 else "are",
             )
 
+    expiry = domain.expires_after  # the domain's deadline, for agents that set none
+
     def rebuilt(agent: AgentSpec[Any]) -> AgentSpec[Any]:
+        if isinstance(agent.expires_after, Inherit) and not isinstance(expiry, Inherit):
+            agent = agent.replace(expires_after=expiry)
         if wrap_tools is None and mode == "live":
             return agent
         return agent.replace(tools=[wrap(t) for t in agent.tools.values()])
 
-    if wrap_tools is not None or mode != "live":
+    if wrap_tools is not None or mode != "live" or not isinstance(expiry, Inherit):
         domain = dataclasses.replace(
             domain,
             agents=[rebuilt(a) for a in domain.agents],

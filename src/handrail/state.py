@@ -32,7 +32,7 @@ from .exceptions import UserError
 from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
 from .models import Usage
 
-__all__ = ["Progress", "RouteChoice", "RunState", "Summary"]
+__all__ = ["Failure", "Progress", "RouteChoice", "RunState", "Summary"]
 
 SCHEMA_VERSION = 2
 
@@ -83,6 +83,20 @@ class Progress:
     trace: str = ""
     """The suspended turn's span as a W3C `traceparent`, when it was traced: the trace of its
     resumption links to it (`handrail.tracing`)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Failure:
+    """Why the session's last turn failed (`run-failed` with reason `error`)."""
+
+    error_type: str
+    """The class of the exception that failed it (`ModelHTTPError`). What it said stays in
+    the operator's log, under `reference`: it may quote a key, a host or the system prompt,
+    and a session's stored form is exported and handed around."""
+    reference: str
+    """The reference the failure is logged under, with its traceback (the user was shown it)."""
+    at: float
+    """When, in seconds since the epoch."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -172,6 +186,9 @@ class RunState:
     undecided cards in `messages` (they are the record), rebuilt by `load`."""
     progress: Progress | None = None
     """Where the turn in flight is (running, or suspended); None between turns."""
+    failure: Failure | None = None
+    """Why the last turn failed with an error, if it did (cleared when the next one starts):
+    what `handrail sessions show` shows, with the reference the user was given."""
     client_connected: bool = False
     """Whether a client that can run `client` tools is attached to this run (not stored:
     set by whoever drives the run). Without one, a client tool fails fast."""
@@ -194,6 +211,7 @@ class RunState:
         to the history first (see `end_turn`), so nothing is lost.
         """
         self.turn += 1
+        self.failure = None
         self.keep_scratch()
         self.turn_start = self.base + len(self.messages)
         self.turn_iterations = 0
@@ -363,6 +381,8 @@ class RunState:
             doc["captures"] = self.captures
         if self.scratch_at:
             doc["scratch_at"] = self.scratch_at
+        if self.failure is not None:
+            doc["failure"] = self.failure
         return _DOC.dump_python(doc, mode="json")  # type: ignore[no-any-return]
 
     @classmethod
@@ -443,6 +463,7 @@ class RunState:
             domain_state=doc.get("domain_state"),
             summary=doc.get("summary"),
             captures=doc.get("captures", 0),
+            failure=doc.get("failure"),
         )
         if inline:  # messages that came inside the document are all to be written
             state.clean = base
@@ -501,6 +522,7 @@ class _Doc(TypedDict):
     domain_state: NotRequired[Any]
     summary: NotRequired[Summary | None]
     captures: NotRequired[int]
+    failure: NotRequired[Failure]
 
 
 _DOC: TypeAdapter[_Doc] = TypeAdapter(_Doc)

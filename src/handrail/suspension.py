@@ -726,6 +726,12 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
             ),
             summary=f"rejected{who}" + (f": {card.reason}" if card.reason else ""),
         )
+    if decision == "expire" and card.kind == "client_exec":
+        return ToolResult.failure(
+            f"The app was closed before it could run {part.name!r} (no client answered "
+            f"before the deadline), so it did not run. Tell the user it is still to be done: "
+            f"it needs the app open, or another way."
+        )
     if decision == "expire":
         return ToolResult.failure(
             "Nobody decided on this call before its deadline, so it did not run. Tell the "

@@ -31,7 +31,9 @@ is the model's name without that prefix (`gpt-4o-mini`).
 
 A failed span has an error status and `error.type`: the exception's class name
 (`ModelError`), `tool_error` for a tool call whose result is an error, `max_iterations` or
-`interrupted` for a turn that stopped there.
+`interrupted` for a turn that stopped there. A tool that raised also has an `exception` event
+on its `execute_tool` span (`exception.type`, `exception.message`, `exception.stacktrace`)
+with `handrail.error.reference`, the reference the model read and the log names.
 
 Messages, instructions, tool definitions, tool arguments and results and a reviewer's
 amendments are recorded only with `Tracing(capture_content=True)` (`gen_ai.input.messages`,
@@ -139,6 +141,14 @@ class Tracing:
         trace = self._trace
         span.set_status(trace.Status(trace.StatusCode.ERROR, error))
         span.set_attribute("error.type", error_type)
+
+    def exception(self, span: Span, error: BaseException, reference: str) -> None:
+        """Record what a tool raised on its span, as an `exception` event.
+
+        The event has the exception's type, message and stack trace, and the
+        `handrail.error.reference` that the model read and the log names.
+        """
+        span.record_exception(error, attributes={"handrail.error.reference": reference})
 
     def current(self, span: Span) -> Any:
         """A context manager that makes `span` current (and does not end it).

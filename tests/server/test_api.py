@@ -104,7 +104,8 @@ async def test_the_pending_card_is_read_with_the_session(server: Server) -> None
         ("user", CUSTOMER_MESSAGE)
     ]
     (card,) = body["pending"]
-    assert card | {"created_at": None} == {
+    assert card["expires_at"] == card["created_at"] + 24 * 3600  # the default deadline
+    assert card | {"created_at": None, "expires_at": None} == {
         "type": "approval",
         "tool_call_id": call_id,
         "tool_name": "orders.refund",
@@ -424,7 +425,12 @@ async def test_interrupting_a_running_turn_ends_its_stream(server: Server) -> No
     response = await server.client.post(f"/sessions/{session_id}/interrupt", headers=ANA)
     assert (response.status_code, response.json()) == (202, {"interrupted": True})
     events = await server.events(session_id, after)
-    assert events[-1].data == {"type": "run-failed", "reason": "interrupted", "error": IsStr()}
+    assert events[-1].data == {
+        "type": "run-failed",
+        "reason": "interrupted",
+        "error": IsStr(),
+        "reference": None,  # no failure to look up: it was interrupted
+    }
 
     response = await server.client.post(f"/sessions/{session_id}/interrupt", headers=ANA)
     assert response.status_code == 409
@@ -846,16 +852,20 @@ async def test_every_error_names_its_request_and_an_unexpected_one_is_json(
 
     monkeypatch.setattr(server.app.state.runs.engine.store, "list", broken)
     app = server.app
-    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    # Answered and logged by the app: not raised again for the server to log a second time.
+    transport = httpx.ASGITransport(app, raise_app_exceptions=True)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        with caplog.at_level("ERROR", logger="handrail.server"):
+        with caplog.at_level("ERROR"):
             response = await client.get("/sessions", headers=ANA)
     assert response.status_code == 500
     error = response.json()["error"]
     assert error["type"] == "internal_error" and "10.0.0.7" not in error["message"]
     rid = error["request_id"]
     assert response.headers["x-request-id"] == rid
-    assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert rid in record.getMessage() and record.exc_info is not None
+    assert (record.reference, record.request_id) == (rid, rid)  # type: ignore[attr-defined]
+    assert 'raise RuntimeError("internal detail: db at 10.0.0.7")' in caplog.text
 
 
 async def test_another_tenants_decision_is_refused_before_any_wait(server: Server) -> None:

@@ -21,9 +21,11 @@ REQUEST = b"GET /sessions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer key-an
 
 
 @contextlib.asynccontextmanager
-async def serving(**options: Any) -> AsyncIterator[int]:
-    """The support desk under uvicorn as `serve` configures it, on a free port; the port."""
-    app = create_app(build_scenario().engine, authenticator=authenticator(), poll_interval=0.05)
+async def serving(app: Any = None, **options: Any) -> AsyncIterator[int]:
+    """`app` (the support desk by default) under uvicorn as `serve` configures it, on a free
+    port; the port."""
+    if app is None:
+        app = create_app(build_scenario().engine, authenticator=authenticator(), poll_interval=0.05)
     options = {"header_timeout": 0.3, "body_timeout": 0.3, "idle_timeout": 0.3, **options}
     config = server_config(app, port=0, log_level="warning", lifespan="on", **options)
     server = uvicorn.Server(config)

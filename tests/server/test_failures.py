@@ -69,3 +69,13 @@ async def test_a_providers_error_never_reaches_the_tenant(
     (record,) = [r for r in caplog.records if reference in r.getMessage()]
     assert "gateway.internal.corp" in record.getMessage()  # the operator gets the detail...
     assert KEY not in record.getMessage() and "Authorization: Bearer ***" in record.getMessage()
+    # ... once (the event log names the reference it was logged under), with its traceback,
+    # the session and the reference as fields, and no secret in the traceback either.
+    assert event["reference"] == reference
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [getattr(r, "reference", r.getMessage()) for r in failures] == [reference]
+    assert record.session_id == session  # type: ignore[attr-defined]
+    assert record.exc_info is not None and record.exc_text is not None
+    assert "Traceback (most recent call last)" in record.exc_text
+    assert "handrail.exceptions.ModelHTTPError: openai: HTTP 400" in record.exc_text
+    assert KEY not in caplog.text

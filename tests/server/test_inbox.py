@@ -127,7 +127,8 @@ async def test_each_caller_sees_the_cards_it_may_decide_and_no_other_organisatio
     bo = await api.inbox(BO)
     assert bo["next"] is None
     [card] = bo["cards"]
-    assert card | {"tool_call_id": None, "created_at": None} == {
+    assert card["expires_at"] == card["created_at"] + 24 * 3600  # the default deadline
+    assert card | {"tool_call_id": None, "created_at": None, "expires_at": None} == {
         "session_id": wipe_ana,
         "tool_call_id": None,
         "tool": "laptops.wipe",

@@ -72,6 +72,9 @@ class ModelRequest:
     """`none` asks for a final answer without tool calls."""
     output_schema: dict[str, Any] | None = None
     """JSON Schema the final answer must follow (structured output), if any."""
+    session_id: str | None = None
+    """The session the call is made for, when there is one (not sent to a provider: the
+    test models number their calls per session with it)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -51,6 +51,7 @@ def call(
         name: the tool to call.
         args: the arguments as a dict (or give them as keyword arguments).
         id: the tool call id; by default the model numbers its calls `call_1`, `call_2`, ...
+            in each session (a new session's first call is `call_1` again)
         **kwargs: the arguments, when `args` is not given.
     """
     payload = {**(args or {}), **kwargs}
@@ -86,7 +87,7 @@ class FunctionModel:
     ) -> None:
         self._function = function
         self._name = name
-        self._call_ids = 0
+        self._call_ids: dict[str | None, int] = {}  # calls numbered so far, by session
         self.calls: list[ModelRequest] = []
 
     provider = "handrail.testing"
@@ -108,7 +109,7 @@ class FunctionModel:
         step = self._function(request)
         if inspect.isawaitable(step):
             step = await step
-        response = self._to_response(step)
+        response = self._to_response(step, request.session_id)
         for part in response.parts:
             if isinstance(part, TextPart):
                 for word in _WORDS.findall(part.text):
@@ -118,7 +119,13 @@ class FunctionModel:
                     yield ReasoningChunk(text=word)
         yield response
 
-    def _to_response(self, step: Step) -> ModelResponse:
+    def _next_id(self, session_id: str | None) -> str:
+        """`call_1`, `call_2`, ... within a session: a new session's first call is `call_1`."""
+        number = self._call_ids.get(session_id, 0) + 1
+        self._call_ids[session_id] = number
+        return f"call_{number}"
+
+    def _to_response(self, step: Step, session_id: str | None = None) -> ModelResponse:
         if isinstance(step, ModelResponse):
             return step
         if isinstance(step, str | TextPart | ReasoningPart | ToolCallPart):
@@ -135,14 +142,10 @@ class FunctionModel:
                 # A call the provider ran (`hosted_call`), result and all: a fresh copy.
                 hosted = copy.deepcopy(item)
                 if not hosted.id:
-                    self._call_ids += 1
-                    hosted.id = f"call_{self._call_ids}"
+                    hosted.id = self._next_id(session_id)
                 parts.append(hosted)
             elif isinstance(item, ToolCallPart):
-                call_id = item.id
-                if not call_id:
-                    self._call_ids += 1
-                    call_id = f"call_{self._call_ids}"
+                call_id = item.id or self._next_id(session_id)
                 # A fresh part each time: a script may be replayed, parts are mutated by dispatch.
                 parts.append(
                     ToolCallPart(
@@ -179,4 +182,5 @@ def _snapshot(request: ModelRequest) -> ModelRequest:
         hosted_tools=request.hosted_tools,
         tool_choice=request.tool_choice,
         output_schema=request.output_schema,
+        session_id=request.session_id,
     )

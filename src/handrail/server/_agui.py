@@ -17,6 +17,7 @@ import pydantic_core
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._redact import log_failure, new_reference
 from ..events import (
     ApprovalRequired,
     ClientExecRequired,
@@ -148,10 +149,16 @@ class _Endpoint:
 
             async for chunk in pump(api, caller, session_id, Cursor(after), translate):
                 yield chunk
-        except Exception:
-            _log.exception("The AG-UI stream of session %r failed", session_id)
+        except Exception as error:
+            reference = new_reference()
+            log_failure(
+                _log, "The AG-UI stream failed", error, reference=reference, session_id=session_id
+            )
             yield _encode(
-                agui.RunErrorEvent(message="The stream failed on the server.", code="stream_failed")
+                agui.RunErrorEvent(
+                    message=f"The stream failed on the server (reference {reference}).",
+                    code="stream_failed",
+                )
             )
         finally:
             api.limits.close_stream(caller)

@@ -21,6 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .._deadlines import CLIENT_GRACE
+from .._redact import log_failure
 from ..apps import AppTarget, open_app
 from ..audit import AuditEntry
 from ..engine import Engine
@@ -59,7 +61,7 @@ from ._bodies import (
     TurnAccepted,
     TurnBody,
 )
-from ._errors import EXCEPTION_HANDLERS, ApiError
+from ._errors import EXCEPTION_HANDLERS, ApiError, App
 from ._headers import SecurityHeaders, request_id
 from ._limits import Limits
 from ._openapi import Operation, openapi
@@ -98,6 +100,7 @@ def create_app(
     retention: float | None = None,
     limits: Limits | None = None,
     audit_roles: Collection[str] | None = AUDIT_ROLES,
+    client_grace: float = CLIENT_GRACE,
 ) -> Starlette:
     """The HTTP API of an engine, as an ASGI app (run it with uvicorn: `handrail serve`).
 
@@ -155,6 +158,9 @@ def create_app(
             its export): a caller needs one of them (`auditor` by default), or gets 403. None:
             every member of the organisation may (its decisions' reasons and amended values
             included).
+        client_grace: seconds a `client` call still waits once every stream of its turn
+            closed before the turn's end (the app was closed; it may reconnect): then it
+            expires (with sweeps), and the model reads that the app was closed.
 
     Raises:
         UserError: neither or both of `engine` and `lifespan`, or `engine` is not an Engine.
@@ -179,7 +185,9 @@ def create_app(
                 "its database can rewrite the trail undetected. Set HANDRAIL_AUDIT_KEY=ID:SECRET "
                 "(`handrail audit keygen`) for every process using the store; docs/audit.md."
             )
-        return Runs(engine, poll_interval=poll_interval, tick=ping_interval)
+        return Runs(
+            engine, poll_interval=poll_interval, tick=ping_interval, client_grace=client_grace
+        )
 
     fixed = runs_of(engine) if engine is not None else None
     api = _Api(engine, fixed, authenticator, max_body_size, ping_interval, send_timeout, limits)
@@ -246,7 +254,7 @@ def create_app(
             if sweeps is not None:
                 await sweeps
 
-    app = Starlette(
+    app = App(
         routes=routes,
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=opened,
@@ -716,8 +724,15 @@ class _Api(Api):
                                     yield keep_alive
                             yield chunk
                             self.limits.sent(caller, len(chunk))
-                except Exception:
-                    _log.exception("request %s: the stream of session %r failed", rid, session_id)
+                except Exception as failure:
+                    log_failure(
+                        _log,
+                        f"request {rid}: the event stream failed",
+                        failure,
+                        reference=rid,
+                        request_id=rid,
+                        session_id=session_id,
+                    )
                     error = {
                         "type": "error",
                         "error": {

@@ -6,10 +6,14 @@ import logging
 from collections.abc import Mapping
 
 from pydantic import ValidationError
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._logs import escape as _escape
+from .._redact import log_failure
 from ..exceptions import (
     ArgumentsChangedError,
     DecisionNotAllowedError,
@@ -27,7 +31,7 @@ from ..exceptions import (
 from ._headers import request_id, security_headers
 from ._runs import TurnInProgressError
 
-__all__ = ["EXCEPTION_HANDLERS", "ApiError", "http_message"]
+__all__ = ["EXCEPTION_HANDLERS", "ApiError", "App", "http_message"]
 
 _log = logging.getLogger("handrail.server")
 
@@ -189,15 +193,22 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    """A failure nobody foresaw: JSON all the same, and the detail only in the log."""
+    """A failure nobody foresaw: JSON all the same, and the detail only in the log.
+
+    Logged once, here, with its traceback, under the request id the answer names (its
+    `reference`); Starlette raises it again for the server to log, which `App` stops.
+    """
     rid = request_id(request.scope)
-    _log.error(
-        "request %s: %s %r failed unexpectedly",
-        rid,
-        request.method,
-        request.url.path,
-        exc_info=(type(exc), exc, exc.__traceback__),
+    session_id = request.path_params.get("session_id")
+    log_failure(
+        _log,
+        f"request {rid}: {request.method} {_escape(request.url.path)!r} failed unexpectedly",
+        exc,
+        reference=rid,
+        request_id=rid,
+        session_id=session_id if isinstance(session_id, str) else None,
     )
+    request.scope[_ANSWERED] = exc
     return error_response(
         request,
         500,
@@ -206,6 +217,32 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
         # Answered by Starlette's outermost middleware, past the one that adds these.
         headers=security_headers(request.scope),
     )
+
+
+_ANSWERED = "handrail.answered"
+"""The scope key under which `_unexpected` leaves the exception it logged and answered."""
+
+
+class App(Starlette):
+    """The API's Starlette app: a failure it has answered (500, logged) is not raised again.
+
+    Starlette's outermost middleware answers an unexpected exception with the app's handler
+    and then raises it again, for the server to log: it would be in the log twice, the
+    second time without the request id. Here the raise stops once the handler has logged it.
+    """
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """Starlette's stack, under a layer that drops what the handler answered."""
+        stack = super().build_middleware_stack()
+
+        async def answered(scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                await stack(scope, receive, send)
+            except Exception as exc:
+                if scope.get(_ANSWERED) is not exc:
+                    raise
+
+        return answered
 
 
 EXCEPTION_HANDLERS = {

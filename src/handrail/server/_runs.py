@@ -26,7 +26,9 @@ import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
+from .._deadlines import CLIENT_GRACE
 from .._loop import AgentRun
+from .._redact import log_failure, new_reference
 from ..engine import Engine, Resolution
 from ..events import EVENT, RunFailed
 from ..exceptions import (
@@ -88,6 +90,8 @@ class Runs:
             next one (the first events of a stream go at once).
         tick: seconds of quiet after which a stream yields an empty batch (the server sends
             keep-alives then); None: `poll_interval`.
+        client_grace: seconds a `client` call waits once the last stream of its turn closed
+            before the turn's end (the client went away): `Engine.client_left`.
     """
 
     def __init__(
@@ -98,8 +102,12 @@ class Runs:
         queue_size: int = 256,
         coalesce: float = 0.05,
         tick: float | None = None,
+        client_grace: float = CLIENT_GRACE,
     ):
         self.engine = engine
+        self.client_grace = client_grace
+        self._left: set[str] = set()  # turns running here whose last stream closed early
+        self._chores: set[asyncio.Task[None]] = set()
         if poll_interval is None:
             shared = getattr(engine.store, "cross_process_events", False)
             poll_interval = 60.0 if shared else 1.0
@@ -192,6 +200,9 @@ class Runs:
                     self._end(session_id)
                 elif self._starting or len(self._tasks) > 1:
                     await self._pacer.wait(1 if self._starting else _SHARE)
+            if session_id in self._left and session_id not in self._listeners:
+                self._left.discard(session_id)
+                await self._client_left(session_id)
         except Exception as error:
             if not begun:
                 if not started.done():
@@ -203,9 +214,15 @@ class Runs:
                 _log.warning("The turn of session %r was cut off: %s", session_id, error)
                 failed = RunFailed(reason="cut-off", error=_CUT_OFF)
             else:
-                _log.exception("The turn of session %r failed", session_id)
+                reference = new_reference()
+                log_failure(
+                    _log, "The turn failed on the server", error,
+                    reference=reference, session_id=session_id,
+                )  # fmt: skip
                 failed = RunFailed(
-                    reason="error", error="The server failed while running this turn."
+                    reason="error",
+                    error="The server failed while running this turn.",
+                    reference=reference,
                 )
             try:
                 await self._append(session_id, EVENT.dump_python(failed, mode="json"))
@@ -289,6 +306,8 @@ class Runs:
         queue: asyncio.Queue[Logged] = asyncio.Queue(self.queue_size)
         listeners = self._listeners.setdefault(session_id, set())
         listeners.add(queue)  # before reading the log, so that nothing falls in between
+        self._left.discard(session_id)  # a client came back in time
+        mid_turn = False  # the last batch its reader took did not end the turn
         try:
             await self._listen()  # and notices of other processes' events, too
             last = after
@@ -311,6 +330,7 @@ class Runs:
                 if batch:
                     last = batch[-1][0]
                     yield batch
+                    mid_turn = batch[-1][1].get("type") not in TERMINAL
                 if ended or self._closed:
                     return
                 if len(page) == _PAGE:
@@ -333,6 +353,7 @@ class Runs:
                     if batch:
                         last = batch[-1][0]
                         yield batch
+                        mid_turn = batch[-1][1].get("type") not in TERMINAL
                     if ended or self._closed:
                         return
                     # Let the next events gather: a write per event (a model streams a token
@@ -347,6 +368,36 @@ class Runs:
             if not listeners:
                 self._listeners.pop(session_id, None)
                 self._handed.pop(session_id, None)
+                if mid_turn and not self._closed:  # its reader left in the middle of a turn
+                    self._gone(session_id)
+
+    def _gone(self, session_id: str) -> None:
+        """The last stream of the session closed in the middle of a turn.
+
+        Its reader had events of the turn, not its end: its client went away. Once the turn
+        stops (now, if it has), the calls it waits for that client to run get
+        `client_grace` seconds (`Engine.client_left`).
+        """
+        if session_id in self._tasks:
+            self._left.add(session_id)  # `_drive` sees to it as the turn stops
+            return
+        task = asyncio.create_task(self._client_left(session_id), name="handrail client left")
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _client_left(self, session_id: str) -> None:
+        try:
+            cut = await self.engine.client_left(session_id, grace=self.client_grace)
+        except Exception:
+            _log.exception("Could not bring forward the client calls of session %r", session_id)
+            return
+        if cut:
+            _log.info(
+                "The client of session %r went away: %s expire in %g s unless it comes back",
+                session_id,
+                ", ".join(cut),
+                self.client_grace,
+            )
 
     async def _listen(self) -> None:
         """Make sure the store's event notices are read (once subscribed, or failed to)."""
@@ -451,6 +502,10 @@ class Runs:
             if late:
                 await asyncio.wait(late)
         self._closed = True
+        for chore in list(self._chores):
+            chore.cancel()
+        if self._chores:
+            await asyncio.wait(self._chores)
         notices, self._notices = self._notices, None
         if notices is not None:
             notices.cancel()

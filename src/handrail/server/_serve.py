@@ -16,13 +16,14 @@ import signal
 import socket
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
+from .._logs import ControlEscaper, LogFormat, configure_logging
+from .._logs import escape as _escape
 from ..exceptions import HandrailError, UserError
 from ._auth import reload_key_files
 from ._connections import guarded_protocol
@@ -42,7 +43,6 @@ __all__ = [
 _SECRET = re.compile(
     r"([?&](?:key|api_key|apikey|token|access_token|password|secret)=)[^&#\s]*", re.IGNORECASE
 )
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _log = logging.getLogger("handrail.server")
 
 
@@ -64,73 +64,14 @@ class AccessLogScrubber(logging.Filter):
         return True
 
 
-class ControlEscaper(logging.Filter):
-    r"""Escapes control characters in every log line (`\n` as `\x0a`): no forged lines.
+def escape_logs(log_format: LogFormat = "text") -> None:
+    """Set up the server's logs (`serve` calls it): `handrail._logs.configure_logging`.
 
-    A message can carry what a client or a provider sent (an error's text, a header), and a
-    newline in it would start a line that looks like the server's own. The message is
-    formatted, escaped and kept with no arguments; a traceback keeps its lines, each escaped.
-    uvicorn's access log is left to `AccessLogScrubber`, whose formatter needs its arguments.
+    `text`: control characters escaped in every line (`ControlEscaper` on uvicorn's loggers'
+    handlers and the root logger's), and a handler for `handrail`'s own lines when nothing
+    would show them. `json`: one JSON object a line, for every logger.
     """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Escape the record's message (and traceback); never drops a record."""
-        if record.name == "uvicorn.access":
-            return True
-        message = record.getMessage()
-        if _CONTROL.search(message):
-            record.msg, record.args = _escape(message), None
-        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
-            record.exc_text = "".join(_traceback(record.exc_info[1])).rstrip("\n")
-        return True
-
-
-def _escape(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def _traceback(error: BaseException) -> list[str]:
-    """`error`'s traceback, as `logging` writes it, with its messages escaped.
-
-    The frames' lines are the server's own code and keep their lines; what an exception says
-    (which may quote a client or a provider) is escaped, in every chained exception too.
-    """
-    lines: list[str] = []
-    cause, context = error.__cause__, error.__context__
-    if cause is not None:
-        lines += [*_traceback(cause), "\nThe above exception was the direct cause of the "
-                  "following exception:\n\n"]  # fmt: skip
-    elif context is not None and not error.__suppress_context__:
-        lines += [*_traceback(context), "\nDuring handling of the above exception, another "
-                  "exception occurred:\n\n"]  # fmt: skip
-    summary = traceback.TracebackException.from_exception(error, limit=None)
-    if summary.stack:
-        lines += ["Traceback (most recent call last):\n", *summary.stack.format()]
-    lines += [_escape(line.rstrip("\n")) + "\n" for line in summary.format_exception_only()]
-    return lines
-
-
-def escape_logs() -> None:
-    """Escape control characters in every log line the server writes (`serve` calls it).
-
-    Adds `ControlEscaper` to the handlers of uvicorn's loggers and of the root logger, and,
-    when nothing would show `handrail`'s own log lines (no handler on its way up), a handler
-    that writes them to stderr as uvicorn writes its own.
-    """
-    escaper = ControlEscaper()
-    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")]
-    loggers.append(logging.getLogger())
-    handrail = logging.getLogger("handrail")
-    if not handrail.hasHandlers():
-        ours = logging.StreamHandler()
-        ours.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-        handrail.addHandler(ours)
-        handrail.setLevel(logging.INFO)
-        loggers.append(handrail)
-    for logger in loggers:
-        for handler in logger.handlers:
-            if not any(isinstance(f, ControlEscaper) for f in handler.filters):
-                handler.addFilter(escaper)
+    configure_logging(log_format)
 
 
 class _Server(uvicorn.Server):
@@ -240,6 +181,7 @@ def serve(
     max_connections: int | None = 1_000,
     max_client_connections: int | None = 250,
     reserved_connections: int | None = None,
+    log_format: LogFormat = "text",
     **uvicorn_options: Any,
 ) -> None:
     """Serve `app` (from `create_app`) with uvicorn until Ctrl-C or SIGTERM.
@@ -266,6 +208,8 @@ def serve(
         reserved_connections: of `max_connections`, how many only connections that showed a
             valid credential may hold (None: a fifth): past the rest, a new connection
             closes the oldest idle one that never did.
+        log_format: `text` (uvicorn's lines) or `json` (one JSON object a line, for log
+            shippers): `handrail._logs.configure_logging`.
         uvicorn_options: more of `uvicorn.Config`'s options (`log_level`, ...).
     """
     config = server_config(
@@ -283,7 +227,7 @@ def serve(
     )
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
-    escape_logs()
+    escape_logs(log_format)
     server = _Server(config, app, shutdown_grace)
     try:
         server.run()
@@ -347,8 +291,8 @@ def serve_workers(
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    escape_logs()
     config = uvicorn.Config("handrail:unused", host=host, port=port)  # to bind, as uvicorn does
+    escape_logs(options.get("log_format", "text"))  # after uvicorn's own set-up
     sock = config.bind_socket()
     context = multiprocessing.get_context("spawn")
     settings = {"host": host, "port": port, "shutdown_grace": shutdown_grace, **options}
@@ -418,6 +362,9 @@ def _worker_main(
     factory: AppFactory, index: int, sock: socket.socket, settings: dict[str, Any]
 ) -> None:
     """A worker process: make its app, and serve it on the socket the supervisor bound."""
+    settings = dict(settings)
+    log_format = settings.pop("log_format", "text")
+    escape_logs(log_format)  # what the app's factory logs, too
     try:
         app = factory(index)
         config = server_config(app, **settings)
@@ -426,7 +373,7 @@ def _worker_main(
         sys.exit(_STARTUP_FAILURE)
     tune_gc()
     logging.getLogger("uvicorn.access").addFilter(AccessLogScrubber())
-    escape_logs()
+    escape_logs(log_format)
     server = _Server(config, app, settings.get("shutdown_grace", 5.0))
     try:
         server.run(sockets=[sock])

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._redact import log_failure, new_reference
 from ..events import (
     ApprovalRequired,
     ClientExecRequired,
@@ -220,9 +221,14 @@ class _Endpoint:
                 if not more and not api.runs.running(session_id):
                     break
             yield _DONE
-        except Exception:
-            _log.exception("The UI message stream of session %r failed", session_id)
-            yield _encode({"type": "error", "errorText": "The stream failed on the server."})
+        except Exception as error:
+            reference = _stream_failed(error, session_id)
+            yield _encode(
+                {
+                    "type": "error",
+                    "errorText": f"The stream failed on the server (reference {reference}).",
+                }
+            )
         finally:
             api.limits.close_stream(caller)
 
@@ -252,9 +258,9 @@ class _Endpoint:
             async for chunk in pump(api, caller, session_id, Cursor(after), out.frames):
                 yield chunk
             yield _DONE
-        except Exception:
-            _log.exception("The UI message stream of session %r failed", session_id)
-            yield _encode(_error("The stream failed on the server."))
+        except Exception as error:
+            reference = _stream_failed(error, session_id)
+            yield _encode(_error(f"The stream failed on the server (reference {reference})."))
         finally:
             api.limits.close_stream(caller)
 
@@ -616,3 +622,16 @@ def _sources(event: ToolCallCompleted) -> Iterator[dict[str, Any]]:
         if isinstance(source.get("title"), str):
             chunk["title"] = source["title"]
         yield chunk
+
+
+def _stream_failed(error: Exception, session_id: str) -> str:
+    """Log a UI message stream's failure, once; the reference its client is shown."""
+    reference = new_reference()
+    log_failure(
+        _log,
+        "The UI message stream failed",
+        error,
+        reference=reference,
+        session_id=session_id,
+    )
+    return reference

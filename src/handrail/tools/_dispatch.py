@@ -42,12 +42,15 @@ import asyncio
 import difflib
 import functools
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pydantic_core
 
+from .._deadlines import INHERIT, Expiry, Inherit, ttl_for
+from .._redact import log_failure, new_reference
 from .._tool_result import ToolResult
 from ..events import (
     Event,
@@ -88,6 +91,7 @@ _NOT_HEADLESS = {
     "provider": "Tool {name!r} cannot be captured.",
 }
 Emit = Callable[[Event], None]
+_log = logging.getLogger("handrail.tools")
 _Final: TypeAlias = None  # what `_prepare` returns for a part that is already final or waiting
 
 
@@ -107,7 +111,7 @@ class _Copy:
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("answer", "asked", "fault", "key", "kwargs", "log_id", "part", "tool")
+    __slots__ = ("answer", "asked", "error", "fault", "key", "kwargs", "log_id", "part", "tool")
 
     def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
         self.part = part
@@ -118,6 +122,7 @@ class _Ready:
         self.answer: ApprovalCardPart | None = None  # the answered question, on a rerun
         self.asked: str | None = None  # the question it raised (`AskPerson`) as it ran
         self.fault: Exception | None = None  # the journal could not log its start or result
+        self.error: tuple[Exception, str] | None = None  # what the tool raised, its reference
 
 
 class Dispatcher:
@@ -131,6 +136,8 @@ class Dispatcher:
         journal: where side effects are recorded before they happen (the engine's); None
             keeps no record.
         trace: the agent's span, when the runtime traces: each execution gets a child span.
+        expires_after: the agent's deadline for waiting calls (its domain's folded in), for
+            tools that set none; then the runtime's `pending_ttl`.
     """
 
     def __init__(
@@ -141,8 +148,11 @@ class Dispatcher:
         agent: str,
         journal: Journal | None = None,
         trace: Span | None = None,
+        *,
+        expires_after: Expiry | Inherit = INHERIT,
     ) -> None:
         self.tools = tools
+        self.expires_after = expires_after
         self.state = state
         self.runtime = runtime
         self.agent = agent
@@ -333,10 +343,11 @@ class Dispatcher:
             except ModelRetry as exc:
                 return self._fail(part, exc.message)
             except Exception as exc:
+                reference = self._raised(part, exc, f"The revalidate hook of {part.name!r} raised")
                 return self._fail(
                     part,
                     f"Tool {part.name!r}: the approved call no longer holds: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"{type(exc).__name__}: {exc} (reference {reference})",
                 )
         part.args = final
         if tool.executor == "client":
@@ -573,7 +584,7 @@ class Dispatcher:
         else:
             kind = "client_exec"
         now = self.runtime.clock()
-        ttl = tool.expires_after if tool.expires_after is not None else self.runtime.pending_ttl
+        ttl = ttl_for(kind, tool.expires_after, self.expires_after, self.runtime.pending_ttl)
         card = ApprovalCardPart(
             tool_call_id=part.id,
             tool_name=part.name,
@@ -689,6 +700,8 @@ class Dispatcher:
         try:
             with tracing.current(span):  # the tool's own spans nest under this one
                 await self._execute_untraced(ready, emit)
+            if ready.error is not None:
+                tracing.exception(span, *ready.error)
         except BaseException as exc:
             tracing.fail(span, f"{type(exc).__name__}: {exc}", type(exc).__name__)
             raise
@@ -735,7 +748,9 @@ class Dispatcher:
                 else f"TimeoutError: {exc}"
             )
         except Exception as exc:
-            result = ToolResult.failure(f"{type(exc).__name__}: {exc}")
+            reference = self._raised(part, exc, f"Tool {part.name!r} raised")
+            ready.error = (exc, reference)
+            result = ToolResult.failure(f"{type(exc).__name__}: {exc} (reference {reference})")
         await self._finish(part, tool, result, ready.key)
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
         if self.journal is not None and tool.permission != "read":
@@ -745,6 +760,22 @@ class Dispatcher:
                 ready.fault = fault
                 return  # not completed on record: the turn's recovery settles it from the log
         emit(completed_event(part))
+
+    def _raised(self, part: ToolCallPart, error: Exception, what: str) -> str:
+        """Log what the application's code raised for `part`, once; its reference."""
+        reference = new_reference()
+        log_failure(
+            _log,
+            what,
+            error,
+            reference=reference,
+            session_id=self.state.session_id,
+            call_id=part.id,
+            tool=part.name,
+            agent=self.agent,
+            run_id=self.state.run_id or None,
+        )
+        return reference
 
     async def _finish(
         self, part: ToolCallPart, tool: Tool[Any] | None, result: ToolResult, key: str | None
@@ -827,7 +858,10 @@ class Dispatcher:
             if runtime.transform_tool_result is not None:
                 result = runtime.transform_tool_result(part, result)
         except Exception as exc:
-            return ToolResult.failure(f"a result hook failed: {type(exc).__name__}: {exc}")
+            reference = self._raised(part, exc, f"A result hook failed on {part.name!r}")
+            return ToolResult.failure(
+                f"a result hook failed: {type(exc).__name__}: {exc} (reference {reference})"
+            )
         return result
 
 

@@ -29,9 +29,10 @@ import docstring_parser
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
+from .._deadlines import INHERIT, Expiry, Inherit, check_expiry
 from .._tool_result import ToolResult
 from ..context import ContextStore, check_path
-from ..exceptions import PathError, ToolDefinitionError
+from ..exceptions import PathError, ToolDefinitionError, UserError
 from ..messages import Executor, Message
 from ..policy import DecisionPolicy
 from ._arguments import NOT_FINITE, not_finite, validate_arguments
@@ -124,7 +125,7 @@ class ToolOptions(TypedDict, total=False):
     sequential: bool
     prompt: str | None
     revalidate: Callable[[ToolContext[Any], dict[str, Any]], Any] | None
-    expires_after: float | None
+    expires_after: Expiry | Inherit
     dedup: bool
     parameters: Mapping[str, Any] | None
     hosted: HostedTool | None
@@ -206,9 +207,11 @@ class Tool(Generic[DepsT]):
         revalidate: `(ctx, args) -> None`, sync or async: runs just before an approved call
             executes, against the state of that moment (the world may have changed while the
             call waited); raise `ModelRetry` (or any exception) to refuse with a message.
-        expires_after: seconds a pending decision on this tool's calls is accepted; after
-            that the call resolves to an "expired" tool error. Default: the runtime's
-            `pending_ttl` (None: never).
+        expires_after: how long this tool's waiting calls accept a decision (or the
+            client's result): seconds, a `Deadlines` (seconds by kind of card), or None for
+            no deadline at all; after it the call resolves to an "expired" tool error.
+            Default (`INHERIT`): the agent's, else the domain's, else the runtime's
+            `pending_ttl` (`Deadlines()`: a day for a person, fifteen minutes for a client).
         dedup: a `read` call identical to an earlier one of the same turn, with no
             side-effecting call in between, reuses its result instead of running again
             (that is what stops a model from looping on one lookup). False: every call runs
@@ -253,7 +256,7 @@ class Tool(Generic[DepsT]):
         sequential: bool = False,
         prompt: str | None = None,
         revalidate: Callable[[ToolContext[Any], dict[str, Any]], Any] | None = None,
-        expires_after: float | None = None,
+        expires_after: Expiry | Inherit = INHERIT,
         dedup: bool = True,
         parameters: Mapping[str, Any] | None = None,
         hosted: HostedTool | None = None,
@@ -363,7 +366,9 @@ class Tool(Generic[DepsT]):
                 f"{label}: revalidate= checks an approved call before it runs, so it needs "
                 f"approval='required'; drop revalidate= or gate the tool."
             )
-        if expires_after is not None and not (self.gated or executor in ("human", "client")):
+        if not isinstance(expires_after, Inherit) and not (
+            self.gated or executor in ("human", "client")
+        ):
             raise ToolDefinitionError(
                 f"{label}: expires_after= bounds how long a call waits for a decision, and "
                 f"this tool never waits; drop it, or gate the tool."
@@ -371,7 +376,6 @@ class Tool(Generic[DepsT]):
         for option, seconds in (
             ("timeout", timeout),
             ("cache_ttl", cache_ttl),
-            ("expires_after", expires_after),
         ):
             if seconds is not None and not seconds > 0:  # `not >` also refuses NaN
                 raise ToolDefinitionError(
@@ -403,6 +407,10 @@ class Tool(Generic[DepsT]):
         self.sequential = sequential
         self.prompt = prompt
         self.revalidate = revalidate
+        try:
+            check_expiry(expires_after, f"{label}: expires_after")
+        except UserError as exc:
+            raise ToolDefinitionError(str(exc)) from None
         self.expires_after = expires_after
         self.dedup = dedup
         # Only what cannot change the world, runs here and needs nobody is ever reused.
