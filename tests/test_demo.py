@@ -220,7 +220,7 @@ def test_python_m_handrail_demo_runs_offline_and_rejects_when_nobody_can_answer(
     # Then policy questions, answered from the shop's documents (Markdown and PDF):
     assert "Ingested refunds.md and shipping.pdf" in out
     assert "costs 12.50 euros" in out and "(Source: shipping.pdf, page 1.)" in out
-    assert "✓ documents.answer → confidence 0.83 · sources shipping.pdf p. 1" in out
+    assert "✓ documents.answer → confidence 0.69 · sources shipping.pdf p. 1" in out
     assert "documents.answer asks a person" in out  # one they cannot answer
     assert "Your colleague Ana answered (played by the demo)." in out
     assert "(My colleague Ana answered this.)" in out

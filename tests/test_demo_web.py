@@ -33,7 +33,7 @@ def test_serve_prints_the_page_url_with_the_key_it_made(
     )
     result = CliRunner().invoke(app, ["serve", "handrail.demo.web:engine", "--port", "8123"])
     assert result.exit_code == 0, result.output
-    bearer = re.search(r"Bearer (\S+)`", result.output)
+    bearer = re.search(r"Authorization: Bearer (\S+)", result.output)
     url = re.search(r"Open the web page: (http://127\.0\.0\.1:8123/#key=(\S+))", result.output)
     assert bearer is not None and url is not None
     assert url.group(2) == bearer.group(1)
@@ -41,6 +41,7 @@ def test_serve_prints_the_page_url_with_the_key_it_made(
         "host": "127.0.0.1",
         "port": 8123,
         "log_level": "info",
+        "log_format": "text",
         "shutdown_grace": 5.0,
         "header_timeout": 10.0,
         "body_timeout": 30.0,

@@ -267,7 +267,7 @@ def counting_library(path: Path) -> tuple[Library, CountingIndex]:
 async def answers(library: Library) -> list[list[tuple[str, int | None]]]:
     out = []
     for question in QUESTIONS:
-        found = await library.retrieve(question, min_relevance=0.0, neighbours=False)
+        found = await library.retrieve(question, min_relevance=0.0)
         out.append([(item.chunk.id, item.keyword_rank) for item in found])
     return out
 
