@@ -138,9 +138,19 @@ async def test_a_refund_asks_for_approval_and_runs_with_the_amended_amount() -> 
     }
     assert second["error"] is None
     assert second["message"]["id"] == first["message"]["id"]  # the same message goes on
-    assert _tool(second, "orders.refund")["state"] == "output-available"
+    ran = _tool(second, "orders.refund")
+    assert ran["state"] == "output-available"
+    # The part shows the arguments that ran, and the card their digest (not the proposal's).
+    amended = {"order_id": "A1042", "amount": 40.0, "reason": "damaged on arrival"}
+    assert ran["input"] == amended
+    assert _card(second, ran["toolCallId"])["args"] == amended
+    assert _card(second, ran["toolCallId"])["digest"] != card["digest"]
+    assert _types(second).count("tool-input-available") == 1
     assert _refunds(scenario) == ["€40.00"]
     assert "40" in _text(second)
+    (_, assistant) = final["final"]["messages"]
+    (part,) = [p for p in assistant["parts"] if p["type"] == "tool-orders.refund"]
+    assert part["input"] == amended  # one part, updated in place
     assert [m["role"] for m in final["final"]["messages"]] == ["user", "assistant"]
 
 
