@@ -185,17 +185,24 @@ async def test_an_edit_of_a_field_that_is_not_amendable_is_an_error_and_nothing_
             {"message": CUSTOMER_MESSAGE},
             {"approve": True, "edits": {"order_id": "B2001"}},
         ]
-        first, second, _ = await _chat(url, "c-refused", steps)
+        first, second, final = await _chat(url, "c-refused", steps)
+        state = await scenario.engine.session(
+            chat_session(ANA_CALLER, "c-refused"), org_id="acme", user_id="ana"
+        )
+        # As docs/ai-sdk.md says: the same part, sent again with an edit it allows.
+        retry: list[dict[str, Any]] = [{"retry": True, "edits": {"amount": 40}}]
+        (retried, _) = await _chat(url, "c-refused", retry, **final["final"])
     call_id = _tool(first, "orders.refund")["toolCallId"]
     assert second["status"] == "error"
     assert second["error"].startswith("not_amendable: ")
     assert "order_id cannot be amended (amendable: amount); nothing was decided" in second["error"]
     assert _types(second) == ["error"]
-    state = await scenario.engine.session(
-        chat_session(ANA_CALLER, "c-refused"), org_id="acme", user_id="ana"
-    )
     assert list(state.pending) == [call_id]  # still waiting: never a silent denial
-    assert _refunds(scenario) == []
+    assert _tool(second, "orders.refund")["state"] == "approval-responded"
+    assert retried["error"] is None and retried["status"] == "ready"
+    assert _tool(retried, "orders.refund")["state"] == "output-available"
+    assert _tool(retried, "orders.refund")["input"]["amount"] == 40
+    assert _refunds(scenario) == ["€40.00"]
 
 
 @node

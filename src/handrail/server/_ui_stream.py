@@ -36,7 +36,7 @@ from ..events import (
     ToolCallStarted,
     UsageEvent,
 )
-from ..exceptions import HandrailError
+from ..exceptions import ArgumentsChangedError, HandrailError
 from ..messages import ApprovalCardPart
 from ..state import RunState
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject, args_digest
@@ -245,6 +245,8 @@ class _Endpoint:
                 return
             except HandrailError as error:
                 message = http_message(error, endpoints=False)
+                if isinstance(error, ArgumentsChangedError):
+                    yield _changed(error, body)
                 yield _encode(_error(f"{type(error).__name__}: {message}")) + _DONE
                 return
             out = _Chunks(scratch_agents(api), known)
@@ -453,6 +455,20 @@ def _decision(
         given = approval.get("reason")
         return Reject(reason=given if isinstance(given, str) else None, by=by)
     return chat_approval(card, edited, digest, field=f"handrail.edits[{call!r}]", by=by)
+
+
+def _changed(error: ArgumentsChangedError, body: ChatRequest) -> bytes:
+    """The call's card as it stands now, in the message the client sent its answer in.
+
+    Sent before the error chunk of an approval made on arguments another approver changed
+    since: the client shows the current `args` and sends them back with their `digest`.
+    The tool part is left as it is (`approval-responded`), so sending again retries.
+    """
+    call_id = error.tool_call_id
+    card = _held(body.messages).cards.get(call_id, {"toolCallId": call_id})
+    card = {**card, "args": error.current_args, "digest": error.digest}
+    start = {"type": "start", "messageId": body.messages[-1].id}
+    return _encode(start) + _encode({"type": "data-handrail-card", "id": call_id, "data": card})
 
 
 def _encode(chunk: dict[str, Any]) -> bytes:
