@@ -457,7 +457,7 @@ async def test_edits_of_a_call_that_is_rejected_are_refused_and_nothing_is_decid
 async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension() -> None:
     gate = asyncio.Event()
 
-    @tool(name="shop.pay", approval="required")
+    @tool(name="shop.pay", approval="required", amendable=["amount"])
     async def pay(amount: float) -> dict[str, float]:
         """Pay, once approved (it waits for the test's go)."""
         await gate.wait()
@@ -488,7 +488,8 @@ async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension(
             "approval": {"id": request["approvalId"], "approved": True},
         }
         assistant = {"id": "turn-1", "role": "assistant", "parts": [part]}
-        body = {"id": "c", "messages": [user, assistant]}
+        edits = {request["toolCallId"]: {"amount": 7}}  # approved with an amendment
+        body = {"id": "c", "messages": [user, assistant], "handrail": {"edits": edits}}
         async with client.stream("POST", "/chat", json=body) as approved:
             lines = approved.aiter_lines()
             assert json.loads((await anext(lines))[6:]) == {"type": "start", "messageId": "turn-1"}
@@ -511,6 +512,18 @@ async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension(
     assert resumed[-1]["type"] == "finish"
     assert "tool-input-start" not in [c["type"] for c in resumed]  # the client holds the call
     assert after.status_code == 204  # the turn ended: nothing to resume
+    # Both streams say the amended input ran: the replay announced 5, then updates it to 7.
+    for stream in (replayed, resumed):
+        inputs = [c["input"] for c in stream if c["type"] == "tool-input-available"]
+        assert inputs[-1] == {"amount": 7}
+        cards = [c["data"] for c in stream if c["type"] == "data-handrail-card"]
+        assert cards == [] or cards[-1]["args"] == {"amount": 7}
+    assert [c["input"] for c in replayed if c["type"] == "tool-input-available"] == [
+        {"amount": 5},
+        {"amount": 7},
+    ]
+    opened = [c["type"] for c in replayed[types.index("tool-approval-request") :]]
+    assert "start-step" not in opened[: opened.index("tool-output-available")]
 
 
 async def test_chat_streams_count_against_the_organisations_stream_bandwidth() -> None:
