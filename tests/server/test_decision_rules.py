@@ -437,3 +437,41 @@ async def test_ui_stream_an_approval_of_what_the_card_showed_is_refused_after_an
         (step, _) = await _node("ui_stream_client.mjs", {**spec, **carry, "steps": [approve]})
         assert step["error"] is None, step
     assert paid == [999999]
+    # ana's tool part shows what bo's amendment made of the call, not the 500 it first showed
+    [part] = [p for p in step["message"]["parts"] if p["type"] == "tool-pay"]
+    assert part["state"] == "output-available"
+    assert part["input"] == {"to": "acme-supplies", "amount": 999999}
+    assert _ui_card(step)["digest"] == now["digest"]
+
+
+@node
+async def test_ui_stream_a_refused_stale_approval_is_retried_by_sending_the_current_card() -> None:
+    paid.clear()
+    app = _app(_engine(PAY_500))
+    async with serving(app) as url:
+        spec = {"url": url, "chatId": "c-retry"}
+        first, final = await _node("ui_stream_client.mjs", {**spec, "steps": [{"message": "pay"}]})
+        shown = _ui_card(first)
+        now = await _amend_as_bo(url, 999999)
+        # ana approves what she was shown: refused; the part stays approval-responded, the
+        # card now shows bo's arguments and their digest, and sending again with them runs it.
+        steps = [
+            {"approve": True, "handrail": {"digests": {shown["toolCallId"]: shown["digest"]}}},
+            {"retry": True, "card": True},
+        ]
+        refused, retried, last = await _node(
+            "ui_stream_client.mjs", {**spec, "messages": final["final"]["messages"], "steps": steps}
+        )
+    assert refused["status"] == "error"
+    assert refused["error"].startswith("ArgumentsChangedError: ")
+    assert "amount: 500.0 -> 999999.0" in refused["error"]
+    [part] = [p for p in refused["message"]["parts"] if p["type"] == "tool-pay"]
+    assert part["state"] == "approval-responded"
+    [card] = [p["data"] for p in refused["message"]["parts"] if p["type"] == "data-handrail-card"]
+    assert card["args"] == now["args"] and card["digest"] == now["digest"]
+    assert card["kind"] == "approval" and card["amendable"] == ["amount"]
+    assert retried["error"] is None, retried
+    assert paid == [999999]
+    [part] = [p for p in retried["message"]["parts"] if p["type"] == "tool-pay"]
+    assert part["state"] == "output-available" and part["input"]["amount"] == 999999
+    assert [m["role"] for m in last["final"]["messages"]] == ["user", "assistant"]

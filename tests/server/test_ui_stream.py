@@ -138,9 +138,19 @@ async def test_a_refund_asks_for_approval_and_runs_with_the_amended_amount() -> 
     }
     assert second["error"] is None
     assert second["message"]["id"] == first["message"]["id"]  # the same message goes on
-    assert _tool(second, "orders.refund")["state"] == "output-available"
+    ran = _tool(second, "orders.refund")
+    assert ran["state"] == "output-available"
+    # The part shows the arguments that ran, and the card their digest (not the proposal's).
+    amended = {"order_id": "A1042", "amount": 40.0, "reason": "damaged on arrival"}
+    assert ran["input"] == amended
+    assert _card(second, ran["toolCallId"])["args"] == amended
+    assert _card(second, ran["toolCallId"])["digest"] != card["digest"]
+    assert _types(second).count("tool-input-available") == 1
     assert _refunds(scenario) == ["€40.00"]
     assert "40" in _text(second)
+    (_, assistant) = final["final"]["messages"]
+    (part,) = [p for p in assistant["parts"] if p["type"] == "tool-orders.refund"]
+    assert part["input"] == amended  # one part, updated in place
     assert [m["role"] for m in final["final"]["messages"]] == ["user", "assistant"]
 
 
@@ -175,17 +185,24 @@ async def test_an_edit_of_a_field_that_is_not_amendable_is_an_error_and_nothing_
             {"message": CUSTOMER_MESSAGE},
             {"approve": True, "edits": {"order_id": "B2001"}},
         ]
-        first, second, _ = await _chat(url, "c-refused", steps)
+        first, second, final = await _chat(url, "c-refused", steps)
+        state = await scenario.engine.session(
+            chat_session(ANA_CALLER, "c-refused"), org_id="acme", user_id="ana"
+        )
+        # As docs/ai-sdk.md says: the same part, sent again with an edit it allows.
+        retry: list[dict[str, Any]] = [{"retry": True, "edits": {"amount": 40}}]
+        (retried, _) = await _chat(url, "c-refused", retry, **final["final"])
     call_id = _tool(first, "orders.refund")["toolCallId"]
     assert second["status"] == "error"
     assert second["error"].startswith("not_amendable: ")
     assert "order_id cannot be amended (amendable: amount); nothing was decided" in second["error"]
     assert _types(second) == ["error"]
-    state = await scenario.engine.session(
-        chat_session(ANA_CALLER, "c-refused"), org_id="acme", user_id="ana"
-    )
     assert list(state.pending) == [call_id]  # still waiting: never a silent denial
-    assert _refunds(scenario) == []
+    assert _tool(second, "orders.refund")["state"] == "approval-responded"
+    assert retried["error"] is None and retried["status"] == "ready"
+    assert _tool(retried, "orders.refund")["state"] == "output-available"
+    assert _tool(retried, "orders.refund")["input"]["amount"] == 40
+    assert _refunds(scenario) == ["€40.00"]
 
 
 @node
@@ -440,7 +457,7 @@ async def test_edits_of_a_call_that_is_rejected_are_refused_and_nothing_is_decid
 async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension() -> None:
     gate = asyncio.Event()
 
-    @tool(name="shop.pay", approval="required")
+    @tool(name="shop.pay", approval="required", amendable=["amount"])
     async def pay(amount: float) -> dict[str, float]:
         """Pay, once approved (it waits for the test's go)."""
         await gate.wait()
@@ -471,7 +488,8 @@ async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension(
             "approval": {"id": request["approvalId"], "approved": True},
         }
         assistant = {"id": "turn-1", "role": "assistant", "parts": [part]}
-        body = {"id": "c", "messages": [user, assistant]}
+        edits = {request["toolCallId"]: {"amount": 7}}  # approved with an amendment
+        body = {"id": "c", "messages": [user, assistant], "handrail": {"edits": edits}}
         async with client.stream("POST", "/chat", json=body) as approved:
             lines = approved.aiter_lines()
             assert json.loads((await anext(lines))[6:]) == {"type": "start", "messageId": "turn-1"}
@@ -494,6 +512,18 @@ async def test_reconnecting_to_a_resumed_turn_replays_it_through_its_suspension(
     assert resumed[-1]["type"] == "finish"
     assert "tool-input-start" not in [c["type"] for c in resumed]  # the client holds the call
     assert after.status_code == 204  # the turn ended: nothing to resume
+    # Both streams say the amended input ran: the replay announced 5, then updates it to 7.
+    for stream in (replayed, resumed):
+        inputs = [c["input"] for c in stream if c["type"] == "tool-input-available"]
+        assert inputs[-1] == {"amount": 7}
+        cards = [c["data"] for c in stream if c["type"] == "data-handrail-card"]
+        assert cards == [] or cards[-1]["args"] == {"amount": 7}
+    assert [c["input"] for c in replayed if c["type"] == "tool-input-available"] == [
+        {"amount": 5},
+        {"amount": 7},
+    ]
+    opened = [c["type"] for c in replayed[types.index("tool-approval-request") :]]
+    assert "start-step" not in opened[: opened.index("tool-output-available")]
 
 
 async def test_chat_streams_count_against_the_organisations_stream_bandwidth() -> None:

@@ -11,6 +11,10 @@
 //                                          lastAssistantMessageIsCompleteWithApprovalResponses)
 //   {output: value} | {errorText: "..."}   addToolOutput on the call waiting for the client
 //                                          (a client tool, or a person's question), then send
+//   {retry: true, edits?, card?}           after a refused answer (the part stays
+//                                          approval-responded): sendMessage() again, with
+//                                          edits merged into the part's input (card: into the
+//                                          data-handrail-card's current args, naming its digest)
 //   {resume: true}                         resumeStream() (GET {api}/{chatId}/stream)
 // Prints a JSON line per step ({step, chunks, error, status, message}), then
 // {final: {messages}}, to go on in another process.
@@ -118,6 +122,18 @@ for (const step of spec.steps) {
       await chat.addToolOutput(step.errorText !== undefined
         ? { state: "output-error", tool, toolCallId: part.toolCallId, errorText: step.errorText }
         : { tool, toolCallId: part.toolCallId, output: step.output });
+      await chat.sendMessage();
+    } else if (step.retry) {
+      const part = waiting("approval-responded");
+      const id = part.toolCallId;
+      const card = chat.lastMessage.parts.find(
+        (p) => p.type === "data-handrail-card" && p.id === id,
+      )?.data;
+      const base = step.card ? card.args : part.input;
+      if (step.edits !== undefined || step.card) {
+        extension.edits = { [id]: { ...base, ...(step.edits ?? {}) } };
+      }
+      if (step.card) extension.digests = { [id]: card.digest };
       await chat.sendMessage();
     } else if (step.resume) {
       await chat.resumeStream();

@@ -36,10 +36,10 @@ from ..events import (
     ToolCallStarted,
     UsageEvent,
 )
-from ..exceptions import HandrailError
+from ..exceptions import ArgumentsChangedError, HandrailError
 from ..messages import ApprovalCardPart
 from ..state import RunState
-from ..suspension import Answer, Approve, ClientResult, Decision, Reject
+from ..suspension import Answer, Approve, ClientResult, Decision, Reject, args_digest
 from ._auth import Caller
 from ._chats import (
     ChatRefusal,
@@ -207,7 +207,7 @@ class _Endpoint:
     ) -> AsyncGenerator[bytes, None]:
         api = self.api
         api.limits.open_stream(caller)
-        out = _Chunks(scratch_agents(api), set())
+        out = _Chunks(scratch_agents(api), _Held())
         cursor = Cursor(start)
         try:
             yield _encode({"type": "start", "messageId": _turn_message_id(start)})
@@ -245,6 +245,8 @@ class _Endpoint:
                 return
             except HandrailError as error:
                 message = http_message(error, endpoints=False)
+                if isinstance(error, ArgumentsChangedError):
+                    yield _changed(error, body)
                 yield _encode(_error(f"{type(error).__name__}: {message}")) + _DONE
                 return
             out = _Chunks(scratch_agents(api), known)
@@ -266,13 +268,13 @@ class _Endpoint:
 
     async def _start(
         self, caller: Caller, session_id: str, body: ChatRequest
-    ) -> tuple[int | None, str, set[str]]:
+    ) -> tuple[int | None, str, _Held]:
         """Start what the request asks for.
 
         Returns:
             The number of the event before the turn's first (None: decisions were recorded,
             calls are still pending), the id of the assistant message the stream writes,
-            and the tool calls the client holds already.
+            and the tool calls (their inputs and cards) the client holds already.
         """
         api = self.api
         if body.trigger == "regenerate-message":
@@ -282,12 +284,7 @@ class _Endpoint:
                 "send a new message instead.",
             )
         state = await chat_state(api, caller, session_id)
-        known = {
-            part["toolCallId"]
-            for message in body.messages
-            for part in message.parts
-            if _is_tool(part) and isinstance(part.get("toolCallId"), str)
-        }
+        known = _held(body.messages)
         client = body.handrail.client_tools
         last = body.messages[-1]
         if last.role == "assistant":
@@ -306,6 +303,28 @@ class _Endpoint:
         after = await start_turn(api, caller, session_id, text=text, client=client)
         assert after is not None
         return after, _turn_message_id(after), known
+
+
+class _Held:
+    """What the client holds of the turn's tool calls: each one's input, and its card."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, Any] = {}  # tool call id -> the input its part shows
+        self.cards: dict[str, dict[str, Any]] = {}  # tool call id -> its data-handrail-card
+
+
+def _held(messages: list[UIMessageBody]) -> _Held:
+    """The tool calls the client's messages hold (their tool parts and handrail cards)."""
+    held = _Held()
+    for message in messages:
+        for part in message.parts:
+            call_id = part.get("toolCallId")
+            if _is_tool(part) and isinstance(call_id, str):
+                held.inputs[call_id] = part.get("input")
+            card = part.get("data")
+            if part.get("type") == "data-handrail-card" and isinstance(card, dict):
+                held.cards[str(part.get("id"))] = card
+    return held
 
 
 def _turn_message_id(after: int) -> str:
@@ -438,6 +457,20 @@ def _decision(
     return chat_approval(card, edited, digest, field=f"handrail.edits[{call!r}]", by=by)
 
 
+def _changed(error: ArgumentsChangedError, body: ChatRequest) -> bytes:
+    """The call's card as it stands now, in the message the client sent its answer in.
+
+    Sent before the error chunk of an approval made on arguments another approver changed
+    since: the client shows the current `args` and sends them back with their `digest`.
+    The tool part is left as it is (`approval-responded`), so sending again retries.
+    """
+    call_id = error.tool_call_id
+    card = _held(body.messages).cards.get(call_id, {"toolCallId": call_id})
+    card = {**card, "args": error.current_args, "digest": error.digest}
+    start = {"type": "start", "messageId": body.messages[-1].id}
+    return _encode(start) + _encode({"type": "data-handrail-card", "id": call_id, "data": card})
+
+
 def _encode(chunk: dict[str, Any]) -> bytes:
     r"""One SSE frame (`data:` and the chunk's JSON, ending in a bare `\n\n`)."""
     return b"data: %b\n\n" % pydantic_core.to_json(chunk)
@@ -458,9 +491,9 @@ def _suspended(pending: list[str]) -> dict[str, Any]:
 class _Chunks:
     """Turns handrail events into UI message chunks, keeping which parts and steps are open."""
 
-    def __init__(self, scratch: set[str], announced: set[str]) -> None:
+    def __init__(self, scratch: set[str], held: _Held) -> None:
         self.scratch = scratch  # agents whose text is working, not the reply: reasoning
-        self.announced = announced  # tool calls the client holds
+        self.held = held  # the tool calls the client holds (their inputs and cards)
         self.text: str | None = None  # the open text part
         self.reasoning: str | None = None  # the open reasoning part
         self.step: Literal["none", "open", "closed"] = "none"
@@ -512,6 +545,7 @@ class _Chunks:
         elif isinstance(event, ToolCallStarted):
             yield from self.close()
             yield from self._announce(event.tool_call_id, event.name, event.args, event)
+            yield from self._amended(event)
         elif isinstance(event, ApprovalRequired | InputRequired | ClientExecRequired):
             yield from self.close()
             yield from self._announce(event.tool_call_id, event.name, event.args, event)
@@ -548,9 +582,9 @@ class _Chunks:
     def _announce(
         self, tool_call_id: str, name: str, args: Any, event: Event
     ) -> Iterator[dict[str, Any]]:
-        if tool_call_id in self.announced:
+        if tool_call_id in self.held.inputs:
             return
-        self.announced.add(tool_call_id)
+        self.held.inputs[tool_call_id] = args
         if self.step == "none":
             yield from self._open_step()
         common: dict[str, Any] = {"toolCallId": tool_call_id, "toolName": name}
@@ -561,6 +595,27 @@ class _Chunks:
             text = pydantic_core.to_json(args).decode()
             yield {"type": "tool-input-delta", "toolCallId": tool_call_id, "inputTextDelta": text}
         yield {"type": "tool-input-available", **common, "input": args}
+
+    def _amended(self, event: ToolCallStarted) -> Iterator[dict[str, Any]]:
+        """The input that runs, when it is not the one the client's part shows (amended).
+
+        A second `tool-input-available` for the call updates its part in place (`useChat`
+        finds it in the current step: no `start-step` comes before it), and the call's card
+        follows with the arguments and their digest.
+        """
+        call_id, args = event.tool_call_id, event.args
+        if args is None or self.held.inputs.get(call_id) == args:
+            return
+        self.held.inputs[call_id] = args
+        common: dict[str, Any] = {"toolCallId": call_id, "toolName": event.name}
+        if event.executor == "provider":
+            common["providerExecuted"] = True
+        yield {"type": "tool-input-available", **common, "input": args}
+        card = self.held.cards.get(call_id)
+        if card is not None:
+            card = {**card, "args": args, "digest": args_digest(event.name, args)}
+            self.held.cards[call_id] = card
+            yield {"type": "data-handrail-card", "id": call_id, "data": card}
 
     def _card(
         self, event: ApprovalRequired | InputRequired | ClientExecRequired
@@ -584,6 +639,7 @@ class _Chunks:
             card["outputSchema"] = event.output_schema
         else:
             card |= {"kind": "client_exec", "args": event.args}
+        self.held.cards[event.tool_call_id] = card
         yield {"type": "data-handrail-card", "id": event.tool_call_id, "data": card}
 
     def _result(self, event: ToolCallCompleted) -> dict[str, Any]:
