@@ -120,7 +120,7 @@ class Terminal:
             stdout=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         self.jobs.append(job)
-        log = re.search(r"2> (\S+)", text)
+        log = re.search(r"> (\S+)", text)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert job.poll() is None, f"{where}: exited {job.returncode}"
