@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +34,7 @@ BLOCK = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```\n", re.S | re.M)
 PORT = "8000"
 
 pytestmark = pytest.mark.skipif(
-    not all(Path(f"/usr/bin/{tool}").exists() for tool in ("curl", "jq")),
+    not all(shutil.which(tool) for tool in ("curl", "jq")),
     reason="the tutorial's HTTP part uses curl and jq",
 )
 
