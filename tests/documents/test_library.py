@@ -623,3 +623,23 @@ async def test_clear_empties_the_library_and_the_next_ingest_starts_over(
     report = await ingested.ingest(docs)
     assert (report.ingested, report.unchanged) == (4, 0)
     assert report.chunks_total == report.chunks_written
+
+
+def test_a_long_heading_path_keeps_the_title_and_nearest_heading_within_its_room() -> None:
+    from handrail.documents import Chunk
+    from handrail.documents._chunker import EMBEDDING_PREFIX_WORD_PIECES, count_word_pieces
+    from handrail.documents._library import _embedding_text
+
+    headings = ("Configuring the server", *[f"Section {n} about subsystem {n}" for n in range(8)])
+    chunk = Chunk(
+        id="c:0", source="manual.html", text="Set the option to 5.", index=0, start=0, end=20,
+        headings=(*headings, "Timeouts"), metadata={"title": "The Product Manual"},
+    )  # fmt: skip
+    prefix, text = _embedding_text(chunk).split("\n")
+    assert text == "Set the option to 5."
+    assert prefix.startswith("The Product Manual > ") and prefix.endswith(" > Timeouts")
+    assert count_word_pieces(prefix) <= EMBEDDING_PREFIX_WORD_PIECES
+    short = Chunk(
+        id="c:1", source="m.html", text="x", index=1, start=0, end=1, headings=("A", "B", "C")
+    )
+    assert _embedding_text(short) == "A > B > C\nx"
