@@ -306,11 +306,12 @@ async def test_identical_call_later_in_the_turn_reuses_the_result_and_is_marked(
     assert [e.reused_from for e in completed] == [None, "call_1", None]
 
 
-async def test_when_every_call_repeats_the_model_is_asked_for_its_answer():
-    model = ScriptedModel([[call("math.add", a=1)], [call("math.add", a=1)], "done"])
+async def test_when_every_call_keeps_repeating_the_model_is_asked_for_its_answer():
+    # (tests/test_reuse.py has the rest: a repeat alone never stops the model acting)
+    model = ScriptedModel([[call("math.add", a=1)]] * 4 + ["done"])
     agent = Agent("a", tools=[add])
     await agent.run("go", runtime=Runtime(model=model))
-    assert [r.tool_choice for r in model.calls] == ["auto", "auto", "none"]
+    assert [r.tool_choice for r in model.calls] == ["auto", "auto", "auto", "auto", "none"]
 
 
 async def test_identical_calls_in_one_response_run_once():
@@ -502,7 +503,8 @@ async def test_tool_calls_made_when_asked_for_none_are_not_run():
             "3, I think.",
         ]
     )
-    run_ = Agent("a", tools=[counted]).run_stream("go", runtime=Runtime(model=model))
+    runtime = Runtime(model=model, max_reused_responses=1)
+    run_ = Agent("a", tools=[counted]).run_stream("go", runtime=runtime)
     events = [e async for e in run_]
     assert runs == [1]
     assert [r.tool_choice for r in model.calls] == ["auto", "auto", "none", "none"]

@@ -71,10 +71,11 @@ _UNFINISHED: dict[str, str] = {
 _FINISHED = frozenset({"stop", "tool_call", None})
 """The finish reasons of a response that may be acted on (None: a model that does not say)."""
 _NO_TOOLS = (
-    "Not run: this request asked for an answer without tool calls, because every call of your "
-    "previous response repeated one already made this turn (their results are above). Answer "
-    "with what you have."
+    "Not run: this request asked for an answer without tool calls, because {count} of your "
+    "responses in a row only repeated calls already made this turn (their results are above, "
+    "marked as reused). Answer with what you have."
 )
+"""The result of each call made when asked for none (`Runtime.max_reused_responses`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -259,6 +260,8 @@ async def _agent_loop(
     turn_cap = runtime.max_turn_iterations
     tool_choice: Literal["auto", "none"] = "auto"
     insist = False  # the model called tools although asked not to: ask again without them
+    reused = 0  # responses in a row whose every call was reused
+    reuse_cap = runtime.max_reused_responses
     pieces: list[Message] = []  # an answer in pieces: cut (`continue_on_length`) or paused
     continued = 0  # how many times a cut answer was continued
     partial: list[str] = []
@@ -292,8 +295,10 @@ async def _agent_loop(
                         outcome="completed", state=state, output=output, stop_reason="ends-turn"
                     )
                     return
-                # Every call repeated one already made: ask for the answer instead of looping.
-                repeated = all(p.reused_from for p in calls)
+                # A response that only repeated reads gets their results and may go on acting;
+                # only a model that keeps repeating itself is asked for its answer instead.
+                reused = reused + 1 if all(p.reused_from for p in calls) else 0
+                repeated = reuse_cap is not None and reused >= reuse_cap
                 tool_choice = "none" if insist or repeated else "auto"
                 insist = False
             if progress.iterations >= agent.max_iterations:
@@ -414,7 +419,7 @@ async def _agent_loop(
                 continue
 
             if calls:
-                refusal = _refusal(response, tool_choice)
+                refusal = _refusal(response, tool_choice, reuse_cap)
                 if refusal is not None:  # never acted on: each call gets why, as its result
                     for part in calls:
                         part.status = "failed"
@@ -525,7 +530,7 @@ def _fresh_call_id(ids: Callable[[str], str], state: RunState) -> str:
             return fresh
 
 
-def _refusal(response: ModelResponse, tool_choice: str) -> str | None:
+def _refusal(response: ModelResponse, tool_choice: str, reused: int | None) -> str | None:
     """Why the tool calls of `response` must not run, or None when they may.
 
     A response the provider did not finish (cut by its token limit or its filter, or ended
@@ -543,7 +548,7 @@ def _refusal(response: ModelResponse, tool_choice: str) -> str | None:
             f"it). Send it again, complete; if it was long, make it shorter."
         )
     if tool_choice == "none":
-        return _NO_TOOLS
+        return _NO_TOOLS.format(count=reused)
     return None
 
 

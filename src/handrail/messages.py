@@ -129,7 +129,8 @@ class ToolCallPart:
     and its result, as received (JSON), sent back unchanged on the next request to the same
     provider. `result` and `digest` hold handrail's projection of them."""
     reused_from: str | None = None
-    """Set when the result was reused from an identical call earlier this turn (its id)."""
+    """Set when the result was reused from an identical call earlier this turn (its id); the
+    model reads a "[Reused: ...]" line before the result."""
     cached: bool = False
     """The result came from the idempotent-tool cache."""
     started_at: float | None = None

@@ -102,6 +102,12 @@ class Runtime(Generic[DepsT]):
     dedup: bool = True
     """Reuse the result of a `read` call identical to an earlier one of the same turn, with no
     side-effecting call in between (see `Tool(dedup=...)`); False: every call runs."""
+    max_reused_responses: int | None = 3
+    """Model responses in a row whose every call was reused (see `dedup`) after which the
+    next request asks for an answer without tools (`tool_choice="none"`). Until then a
+    response that only repeated reads gets their results, marked as reused, and the model
+    goes on acting (a repeated read is never a reason to stop it writing). None: never asked
+    (`max_iterations` and `max_turn_iterations` still bound the turn)."""
     transform_args: Callable[[Tool[Any], dict[str, Any]], dict[str, Any]] | None = None
     """Domain hook: rewrite a call's parsed arguments before binding and validation."""
     on_tool_result: Callable[[ToolCallPart, ToolResult], Awaitable[None] | None] | None = None
@@ -111,6 +117,11 @@ class Runtime(Generic[DepsT]):
 
     def __post_init__(self) -> None:
         check_expiry(self.pending_ttl, "Runtime(pending_ttl=...)")
+        if self.max_reused_responses is not None and self.max_reused_responses < 1:
+            raise ConfigError(
+                f"Runtime(max_reused_responses=...) must be at least 1 (or None), "
+                f"not {self.max_reused_responses}."
+            )
         if self.model is not None:
             self.model = as_model(self.model, where="Runtime(model=...)")
 

@@ -1157,3 +1157,43 @@ async def test_a_structured_answer_given_whole_in_content_block_start_is_the_ans
 
     assert out[-1].parts == [TextPart(text='{"city":"Oslo","degrees":21}')]
     assert out[:-1] == [TextChunk(text='{"city":"Oslo","degrees":21}')]
+
+
+async def test_a_reused_result_tells_the_model_it_was_not_run_again(
+    fake: FakeProviders, anthropic_model
+):
+    ran: list[str] = []
+
+    @tool(name="weather.today")
+    def get_weather(city: str) -> str:
+        """Today's weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}"
+
+    fake.script(
+        anthropic_stream(
+            [tool_block("toolu_1", "weather_today", '{"city": "Oslo"}')], stop_reason="tool_use"
+        ),
+        anthropic_stream(
+            [tool_block("toolu_2", "weather_today", '{"city": "Oslo"}')], stop_reason="tool_use"
+        ),
+        anthropic_stream([text_block("Sunny.")]),
+    )
+    result = await Agent("forecaster", tools=[get_weather]).run(
+        "Weather?", runtime=Runtime(model=anthropic_model, ids=sequential_ids())
+    )
+
+    assert ran == ["Oslo"] and result.output == "Sunny."
+    assert fake.requests[2].body["tool_choice"] == {"type": "auto"}  # it may go on acting
+    results = [
+        block["content"]
+        for message in fake.requests[2].body["messages"]
+        if message["role"] == "user"
+        for block in message["content"]
+        if block["type"] == "tool_result"
+    ]
+    assert results == [
+        "Sunny in Oslo",
+        "[Reused: this call repeats call toolu_1 of this turn and was not run again; this is "
+        "that call's result.]\nSunny in Oslo",
+    ]

@@ -11,13 +11,18 @@ from collections.abc import Iterable
 
 from ..messages import ToolCallPart
 
-__all__ = ["AWAITING_DECISION", "ToolNames", "result_text"]
+__all__ = ["AWAITING_DECISION", "REUSED", "ToolNames", "result_text"]
 
 AWAITING_DECISION = (
     "This call has not run yet: it is waiting for a decision (a person's approval or answer, "
     "or a client's result). Do not assume an outcome."
 )
 """What the model reads for a call that has no result yet."""
+REUSED = (
+    "[Reused: this call repeats call {call_id} of this turn and was not run again; this is "
+    "that call's result.]\n"
+)
+"""What the model reads before a reused result (the call's `reused_from`)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
@@ -73,9 +78,13 @@ def result_text(part: ToolCallPart) -> tuple[str, bool]:
     """What the model reads as the result of `part`, and whether it is an error.
 
     A call without a final result (waiting for a person or a client) is never presented as
-    if it had run: the model reads `AWAITING_DECISION`.
+    if it had run: the model reads `AWAITING_DECISION`. A reused result (an identical read
+    earlier this turn, `reused_from`) says so first: the call was not run again.
     """
     result = part.result
     if result is None or part.status in ("pending", "running", "waiting"):
         return AWAITING_DECISION, False
-    return result.model_text(), not result.ok
+    text = result.model_text()
+    if part.reused_from:
+        text = REUSED.format(call_id=part.reused_from) + text
+    return text, not result.ok
