@@ -599,3 +599,45 @@ async def test_a_provider_run_search_is_a_provider_executed_tool_part_with_its_s
         ("https://example.org/handrail", "Handrail <docs>")
     ]
     assert _text(step) == "handrail is an engine for agents that act."
+
+
+@node
+async def test_a_reused_result_names_the_call_it_repeats_and_the_write_after_it_runs() -> None:
+    notes: list[str] = []
+
+    @tool(name="orders.get")
+    def get_order(order_id: str) -> str:
+        """Look an order up."""
+        return f"{order_id}: pending"
+
+    @tool(name="orders.note", permission="write", approval="auto")
+    def note(order_id: str) -> str:
+        """Note an order."""
+        notes.append(order_id)
+        return "noted"
+
+    model = ScriptedModel(
+        [
+            [call("orders.get", order_id="A1")],
+            [call("orders.get", order_id="A1")],
+            [call("orders.note", order_id="A1")],
+            "Noted.",
+        ]
+    )
+    engine = Engine(
+        Agent("clerk", tools=[get_order, note]), runtime=Runtime(model=model, ids=sequential_ids())
+    )
+    async with serving(_app(engine)) as url:
+        (step, _final) = await _chat(url, "c-reuse", [{"message": "Note A1"}])
+    assert step["error"] is None
+    outputs = [
+        (p["type"], p["state"], p["output"].get("reused_from"))
+        for p in step["message"]["parts"]
+        if p["type"].startswith("tool-")
+    ]
+    assert outputs == [
+        ("tool-orders.get", "output-available", None),
+        ("tool-orders.get", "output-available", "call_1"),
+        ("tool-orders.note", "output-available", None),
+    ]
+    assert notes == ["A1"] and _text(step) == "Noted."

@@ -310,6 +310,7 @@ class _Translator:
                 "digest": event.digest,
                 "error": event.error,
                 "executor": event.executor,  # `provider`: the model provider ran it
+                "reused_from": event.reused_from,  # not run again: that call's result
             }
             yield agui.ToolCallResultEvent(
                 message_id=f"{event.tool_call_id}-result",

@@ -653,6 +653,8 @@ class _Chunks:
             text = event.error or event.summary or f"The call {event.status}."
             return {"type": "tool-output-error", **common, "errorText": text}
         output = {"status": event.status, "summary": event.summary, "digest": event.digest}
+        if event.reused_from:  # not run again: the result of that earlier, identical call
+            output["reused_from"] = event.reused_from
         return {"type": "tool-output-available", **common, "output": output}
 
 
