@@ -537,3 +537,47 @@ def test_a_long_history_is_drawn_from_its_latest_messages_and_paged_back(
     expect(page.locator(".bubble.user")).to_have_count(70)
     expect(page.locator(".bubble.user").first).to_have_text(re.compile("question 0"))
     expect(page.get_by_role("button", name=re.compile("Show earlier"))).to_have_count(0)
+
+
+# -- reused reads -------------------------------------------------------------------------------
+
+
+def test_a_reused_read_is_shown_as_not_run_again_and_the_write_after_it_runs(
+    serve: Serve, new_page: NewPage
+) -> None:
+    notes: list[str] = []
+
+    @tool(name="orders.get")
+    def get_order(order_id: str) -> str:
+        """Look an order up."""
+        return f"{order_id}: pending"
+
+    @tool(name="orders.note", permission="write", approval="auto")
+    def note(order_id: str) -> str:
+        """Note an order."""
+        notes.append(order_id)
+        return "noted"
+
+    steps: list[Step] = [
+        call("orders.get", order_id="A1"),
+        call("orders.get", order_id="A1"),  # the same read: reused
+        call("orders.note", order_id="A1"),
+        "Noted A1.",
+    ]
+
+    def answer(request: ModelRequest) -> Step:
+        return steps.pop(0)
+
+    agent = Agent("clerk", tools=[get_order, note])
+    served = serve(Engine(agent, store=MemoryStore(), runtime=Runtime(model=FunctionModel(answer))))
+    page = signed_in(new_page, served)
+    send(page, "Note A1")
+    expect(reply(page)).to_have_text("Noted A1.")
+    assert notes == ["A1"]
+    for drawn in ("streamed", "reloaded"):  # then drawn again from the stored session
+        if drawn == "reloaded":
+            page.reload()
+        lines = page.locator(".call.line")
+        expect(lines).to_have_count(3)
+        expect(lines.nth(1).locator(".call-reused")).to_have_text("reused, not run again")
+        expect(page.locator(".call-reused")).to_have_count(1)

@@ -203,6 +203,7 @@ function apply(event) {
         summary: event.summary,
         error: event.error,
         executor: event.executor,
+        reused: event.reused_from || undefined,
       });
       return;
     case "approval-required":
@@ -323,6 +324,8 @@ function callLine(call) {
   ];
   const args = describe(merged.args);
   if (args) parts.push(" ", el("span", { class: "call-args", text: args }));
+  // A repeated read got the result of the identical call before it: it did not run again.
+  if (merged.reused) parts.push(" ", el("span", { class: "call-reused", text: "reused, not run again" }));
   // An answer from documents carries its citations: listed under the line, not in it.
   let digest = merged.digest;
   let citations = null;
@@ -431,6 +434,7 @@ function renderMessage(message, agentOf) {
         summary: part.result && part.result.summary,
         error: part.status === "failed" && part.result ? part.result.error : undefined,
         executor: part.executor,
+        reused: part.reused_from || undefined,
       });
     } else if (part.type === "approval" && part.decision && !message.parts.some((p) => p.id === part.tool_call_id)) {
       note(decidedText(part), `decided ${part.decision}`);
