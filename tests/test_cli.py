@@ -287,6 +287,12 @@ def chat_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
         "    raise AssertionError('a person answers')\n"
         "model = ScriptedModel([call('ask_size', question='S or M?'), 'Noted.'])\n"
         "sizes = Engine(Agent('shop', tools=[ask_size]), runtime=Runtime(model=model))\n"
+        "@tool\n"
+        "def stock(sku: str) -> str:\n"
+        "    '''Stock of an item.'''\n"
+        "    return '3 left'\n"
+        "again = ScriptedModel([call('stock', sku='M1'), call('stock', sku='M1'), 'Three.'])\n"
+        "reads = Engine(Agent('shop', tools=[stock]), runtime=Runtime(model=again))\n"
     )
     monkeypatch.chdir(tmp_path)
     yield "chatapp"
@@ -295,6 +301,13 @@ def chat_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 def chat(*args: str, input: str | None = None) -> Any:
     return runner.invoke(app, ["chat", *args], input=input)
+
+
+def test_chat_marks_a_reused_read_as_not_run_again(chat_module: str) -> None:
+    result = chat("chatapp:reads", input="How many M1?\n")
+    assert result.exit_code == 0, result.output
+    lines = [line[line.index("✓") :] for line in result.output.splitlines() if "stock →" in line]
+    assert lines == ["✓ stock → done", "✓ stock → done (reused, not run again)"]
 
 
 def test_chat_streams_the_reply_and_amends_the_card_field_by_field(chat_module: str) -> None:

@@ -261,13 +261,18 @@ def _digest_item(key: str, value: Any) -> str:
 
 
 def outcome_line(done: ToolCallCompleted) -> str:
-    """A finished call in a few words: its digest, else its summary, or what went wrong."""
+    """A finished call in a few words: its digest, else its summary, or what went wrong.
+
+    A reused read (`reused_from`) says it was not run again.
+    """
     if done.status == "rejected":
         return done.summary or "rejected"
     if not done.ok:
         return done.error or "failed"
     if isinstance(done.digest, dict):
-        return " · ".join(_digest_item(k, v) for k, v in done.digest.items())
-    if done.digest is not None:
-        return _json(done.digest)
-    return done.summary or "done"
+        line = " · ".join(_digest_item(k, v) for k, v in done.digest.items())
+    elif done.digest is not None:
+        line = _json(done.digest)
+    else:
+        line = done.summary or "done"
+    return f"{line} (reused, not run again)" if done.reused_from else line
