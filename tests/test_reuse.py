@@ -292,3 +292,22 @@ async def test_a_write_between_repeats_ends_reuse_and_the_streak() -> None:
     )
     assert {r.tool_choice for r in model.calls} == {"auto"}
     assert RAN == [("orders.get", "A1"), ("orders.cancel", "A1"), ("orders.get", "A1")]
+
+
+async def test_a_repeated_read_then_a_gated_write_waits_for_approval_live() -> None:
+    model = ScriptedModel(
+        [
+            [call("orders.get", order_id="A1")],
+            [call("orders.get", order_id="A1")],
+            [call("orders.refund", order_id="A1")],
+        ]
+    )
+    result = await Agent("clerk", tools=TOOLS).run(
+        "Refund A1", runtime=Runtime(model=model, ids=sequential_ids())
+    )
+    model.assert_complete()
+    calls = parts(result.state.messages)
+    assert result.outcome == "suspended"
+    assert result.pending == [calls[-1].id]  # the refund has its card, as any gated call
+    assert (calls[-1].name, calls[-1].status) == ("orders.refund", "waiting")
+    assert refused(calls) == []
