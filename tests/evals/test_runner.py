@@ -399,6 +399,43 @@ def test_capture_mode_records_actions_and_asserts_them() -> None:
     ]
 
 
+def test_a_captured_call_is_captured_not_called() -> None:
+    from handrail.demo.support_desk import support_domain
+
+    base = {
+        "turns": "Hi, my order A1042 arrived damaged. Can I get a refund?",
+        "mode": "capture",
+        "mocks": {
+            "orders.lookup": {"output": {"order": "A1042", "total_cents": 8400}},
+            "policy.refunds": {"output": {"refund": "full"}},
+        },
+        "model": {"function": "handrail.demo.support_desk:script"},
+    }
+    honest = Scenario.model_validate(
+        {
+            **base,
+            "name": "honest",
+            "expect": {
+                "called": ["orders.lookup"],  # a read runs, even headless
+                "not_called": "orders.refund",  # captured: it did not run
+                "captured": {"count": 1, "actions": ["orders.refund"]},
+            },
+        }
+    )
+    claims = Scenario.model_validate(
+        {**base, "name": "claims", "expect": {"called": ["orders.refund"]}}
+    )
+    result = run(honest, claims, domain=support_domain)
+    assert result.scenarios[0].failures == []
+    assert result.scenarios[1].failures == [
+        Failure(
+            assertion="called",
+            reason="no call of orders.refund (calls: orders.lookup, policy.refunds); a call of "
+            "orders.refund was captured (proposed, not run): assert it with captured",
+        )
+    ]
+
+
 CANCEL_THEN_ANSWER = [
     [{"call": "orders.cancel", "args": {"order_id": "A1"}}],
     [{"output": {"order_id": "A1", "urgent": False}}],
