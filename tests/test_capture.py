@@ -212,8 +212,8 @@ async def test_an_applied_batch_tells_the_history_and_the_next_turn_what_really_
     told = state.messages[-1]
     assert told.role == "system"
     assert told.text.splitlines() == [
-        f"Batch {card_id} was decided and applied. What really happened (the calls proposed "
-        f"earlier did not run then; their predicted results were not results):",
+        f"Batch {card_id} was decided: 1 of 2 action(s) applied. What really happened (the "
+        f"calls proposed earlier did not run then; their predicted results were not results):",
         '- action 0 (orders.create): applied; real output: {"item": "mug", "order_id": "ORD-1"}',
         "- action 1 (orders.add_note): skipped, not done (no note)",
         "Temporary ids now stand for: temp_0 = ORD-1.",
@@ -432,6 +432,21 @@ async def test_a_batch_cut_off_mid_way_never_runs_an_action_twice() -> None:
     assert [name for name, _ in RAN] == ["orders.create", "orders.add_note"]  # nothing again
     assert events[-1].output.startswith("Applied 1 of 2 action(s); action 1 (orders.add_note)")
     assert "may have run before the worker applying it stopped" in events[-1].output
+
+
+async def test_a_rejected_batch_tells_the_history_nothing_was_done() -> None:
+    engine, card_id = await proposed()
+    await engine.resolve("s1", card_id, Reject(reason="not now"))
+    events = [e async for e in engine.resume("s1")]
+    assert events[-1].output == (
+        "Applied 0 of 2 action(s); skipped: action 0 (orders.create), action 1 (orders.add_note)."
+    )
+    told = (await engine.session("s1")).messages[-1]
+    assert told.role == "system" and told.text.splitlines()[1:] == [
+        "- action 0 (orders.create): skipped, not done (not now)",
+        "- action 1 (orders.add_note): skipped, not done (not now)",
+    ]
+    assert RAN == []
 
 
 async def test_an_expired_batch_applies_nothing() -> None:

@@ -1521,9 +1521,11 @@ def _named(action: CapturedAction) -> str:
 
 def _outcome_text(card_id: str, report: ApplyReport) -> str:
     """What applying a batch really did, for the history the next turn's model reads."""
+    applied = len(report.applied)
     lines = [
-        f"Batch {card_id} was decided and applied. What really happened (the calls proposed "
-        f"earlier did not run then; their predicted results were not results):"
+        f"Batch {card_id} was decided: {applied} of {len(report.actions)} action(s) applied. "
+        f"What really happened (the calls proposed earlier did not run then; their predicted "
+        f"results were not results):"
     ]
     for action in report.actions:
         head = f"- action {action.local_index} ({action.tool})"
