@@ -422,11 +422,25 @@ def test_a_captured_call_is_captured_not_called() -> None:
             },
         }
     )
+    prompts: list[str] = []
+
+    def grade(request: Any) -> str:
+        prompts.append(request.messages[-1].text)
+        return '{"passed": true, "reason": "ok"}'
+
+    honest.expect.judge = Judge(rubric="Be right.", model=ModelSpec(function=grade))
     claims = Scenario.model_validate(
         {**base, "name": "claims", "expect": {"called": ["orders.refund"]}}
     )
     result = run(honest, claims, domain=support_domain)
     assert result.scenarios[0].failures == []
+    # The judge reads the captured call apart from the calls made, as not run.
+    made, captured = (
+        prompts[0]
+        .split("\n\nTool calls the agent made:\n")[1]
+        .split("\n\nCalls captured to be applied later (proposed, not run):\n")
+    )
+    assert "orders.refund" not in made and captured.startswith("- orders.refund {")
     assert result.scenarios[1].failures == [
         Failure(
             assertion="called",

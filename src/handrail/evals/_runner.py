@@ -193,7 +193,8 @@ async def _run(
             calls = [(c.tool, c.args) for c in seen.calls]
             turns = [(t.text, t.answer) for t in seen.turns]
             asked = [(p.tool, p.args, p.decision) for p in seen.proposals]
-            found = await judge(rubric.rubric, turns, calls, judge_model, asked)
+            captured = [(a.tool, a.args) for a in seen.actions]
+            found = await judge(rubric.rubric, turns, calls, judge_model, asked, captured)
         except Exception as exc:
             why = str(exc) if isinstance(exc, _NoJudge) else f"{type(exc).__name__}: {exc}"
             failures.append(Failure(assertion="judge", reason=why))
