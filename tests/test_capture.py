@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ from handrail import (
     StaleResolutionError,
     UserError,
     apply,
-    build_runtime,
     temp_id,
     tool,
 )
@@ -152,29 +150,78 @@ async def test_local_indexes_grow_across_agents_iterations_and_turns() -> None:
     assert [a.local_index for a in two.actions] == [3, 4, 5]  # never reused in a session
 
 
-async def test_a_gated_tool_without_mint_fails_with_a_clear_tool_error_and_is_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    with caplog.at_level(logging.INFO, logger="handrail"):
-
-        @tool(name="orders.wipe", permission="destructive")
-        def wipe(order_id: str) -> str:
-            """Wipe."""
-            return "gone"
-
-        build_runtime(Agent("a", tools=[wipe]), mode="capture")
-    assert "'orders.wipe' is gated and has no mint=, so it cannot be captured" in caplog.text
-    assert "Capture mode: orders.wipe is gated with no mint=" in caplog.text
-
+async def test_a_gated_tool_without_mint_is_captured_with_an_opaque_placeholder() -> None:
     model = ScriptedModel(
-        [[call("orders.cancel", order_id="A1"), call("ask.person", question="?")], "ok"]
+        [
+            [call("orders.cancel", order_id="A1"), call("ask.person", question="?")],
+            [call("orders.add_note", order_id="A1", note="cancel ref temp_0")],
+            "Proposed cancelling A1.",
+        ]
     )
-    result = await engine_for(model).run_headless("s1", "cancel A1")
-    assert result.actions == []
+    result = await engine_for(model).run_headless("s1", "cancel A1", propose=True)
+    assert result.outcome == "suspended" and result.card is not None  # queued on the card
+    assert [(a.tool, a.local_index, a.predicted_output) for a in result.actions] == [
+        ("orders.cancel", 0, "temp_0"),
+        ("orders.add_note", 1, {"note_id": "temp_1", "order_id": "A1"}),
+    ]
     assert RAN == []
-    cancel_error, ask_error = _calls(model)
-    assert "has no mint= to predict its output" in cancel_error
-    assert "headless run (capture mode) with nobody to ask" in ask_error
+    cancelled, asked = model.calls[1].messages[-1].parts
+    seen = cancelled.result.model_text()  # type: ignore[union-attr]
+    assert seen.startswith("Proposed, not done yet: queued for approval as action 0")
+    assert "temp_0 (a placeholder for the whole output, unknown until it runs" in seen
+    assert "headless run (capture mode) with nobody to ask" in asked.result.error  # type: ignore[union-attr,operator]
+
+    report = await apply(result.actions, TOOLS)
+    assert report.ok and report.ids["temp_0"] == "cancelled"
+    assert RAN[0] == ("orders.cancel", {"order_id": "A1"})
+    assert RAN[1][1]["note"] == "cancel ref cancelled"  # the placeholder chained on
+
+
+async def test_the_model_reads_a_captured_call_as_a_proposal_not_a_result() -> None:
+    model = chained_model()
+    await engine_for(model).run_headless("s1", "Order a mug for A1 and note it")
+    created = model.calls[2].messages[-1].parts[0].result  # type: ignore[union-attr]
+    assert created.data == {"order_id": "temp_0", "item": "mug"}  # type: ignore[union-attr]
+    assert created.model_text() == (  # type: ignore[union-attr]
+        "Proposed, not done yet: queued for approval as action 0 of this run's batch; nothing "
+        "has run, and it runs only if the batch is applied (a person may skip it), so do not "
+        'say it is done: say it is proposed. Predicted result: {"order_id":"temp_0","item":"mug"}'
+    )
+
+
+async def test_an_applied_batch_tells_the_history_and_the_next_turn_what_really_happened() -> None:
+    model = ScriptedModel(
+        [
+            [call("orders.create", item="mug")],
+            [call("orders.add_note", order_id="temp_0", note="gift")],
+            "Proposed: order a mug, and note it.",
+            "Your mug is ordered as ORD-1; the note was skipped.",
+        ]
+    )
+    engine = engine_for(model)
+    card_id = (await engine.run_headless("s1", "go", propose=True)).card
+    assert card_id is not None
+    await engine.resolve(
+        "s1",
+        card_id,
+        Approve(by="bo", actions={1: ActionChoice(approve=False, reason="no note")}),
+    )
+    events = [e async for e in engine.resume("s1")]
+    assert events[-1].output == "Applied 1 of 2 action(s); skipped: action 1 (orders.add_note)."
+    state = await engine.session("s1")
+    told = state.messages[-1]
+    assert told.role == "system"
+    assert told.text.splitlines() == [
+        f"Batch {card_id} was decided: 1 of 2 action(s) applied. What really happened (the "
+        f"calls proposed earlier did not run then; their predicted results were not results):",
+        '- action 0 (orders.create): applied; real output: {"item": "mug", "order_id": "ORD-1"}',
+        "- action 1 (orders.add_note): skipped, not done (no note)",
+        "Temporary ids now stand for: temp_0 = ORD-1.",
+    ]
+
+    async for _ in engine.submit("s1", "What happened?"):
+        pass
+    assert any(m.text == told.text for m in model.calls[-1].messages)  # the next turn reads it
 
 
 def _calls(model: ScriptedModel) -> list[str]:
@@ -297,7 +344,7 @@ async def test_one_batch_card_lists_every_action_and_approving_it_applies_them()
         "tool-call-completed",
         "run-completed",
     ]
-    assert events[-1].output == "Applied 2 of 2 action(s)."
+    assert events[-1].output == "Applied 2 of 2 action(s)."  # nothing skipped or failed
     assert [name for name, _ in RAN] == ["orders.create", "orders.add_note"]
     assert RAN[1][1]["order_id"] == "ORD-1"
     after = await engine.session("s1")
@@ -385,6 +432,21 @@ async def test_a_batch_cut_off_mid_way_never_runs_an_action_twice() -> None:
     assert [name for name, _ in RAN] == ["orders.create", "orders.add_note"]  # nothing again
     assert events[-1].output.startswith("Applied 1 of 2 action(s); action 1 (orders.add_note)")
     assert "may have run before the worker applying it stopped" in events[-1].output
+
+
+async def test_a_rejected_batch_tells_the_history_nothing_was_done() -> None:
+    engine, card_id = await proposed()
+    await engine.resolve("s1", card_id, Reject(reason="not now"))
+    events = [e async for e in engine.resume("s1")]
+    assert events[-1].output == (
+        "Applied 0 of 2 action(s); skipped: action 0 (orders.create), action 1 (orders.add_note)."
+    )
+    told = (await engine.session("s1")).messages[-1]
+    assert told.role == "system" and told.text.splitlines()[1:] == [
+        "- action 0 (orders.create): skipped, not done (not now)",
+        "- action 1 (orders.add_note): skipped, not done (not now)",
+    ]
+    assert RAN == []
 
 
 async def test_an_expired_batch_applies_nothing() -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "batch_card",
     "captured_actions",
     "learn_ids",
+    "proposed_text",
     "run_actions",
     "substitute",
     "temp_id",
@@ -50,6 +51,19 @@ _WHOLE = re.compile(r"temp_\d+")
 def temp_id(local_index: int) -> str:
     """The temporary id of the action with this local index: `temp_0`, `temp_1`, ..."""
     return f"temp_{local_index}"
+
+
+def proposed_text(local_index: int, predicted: str) -> str:
+    """What the model reads for a captured call: a proposal, not a result.
+
+    Nothing ran: the call waits to be applied (or approved on the run's batch card), and a
+    person may skip it, so the model must not report it as done.
+    """
+    return (
+        f"Proposed, not done yet: queued for approval as action {local_index} of this run's "
+        f"batch; nothing has run, and it runs only if the batch is applied (a person may skip "
+        f"it), so do not say it is done: say it is proposed. Predicted result: {predicted}"
+    )
 
 
 class CapturedAction(BaseModel):

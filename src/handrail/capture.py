@@ -2,7 +2,8 @@
 
 In capture mode (`Engine(..., mode="capture")`, `Engine.run_headless`) a gated tool does not
 run. Its pure `mint(args, local_index)` predicts the output, with temporary ids (`temp_0`,
-`temp_1`, ...: `temp_id(local_index)`), the model sees that prediction, and the call is
+`temp_1`, ...: `temp_id(local_index)`; without `mint`, just `temp_id(local_index)`), the model
+reads it as a proposal ("Proposed, not done yet: ..."), and the call is
 recorded as a `CapturedAction`. Later calls can chain on the temporary ids
 (`orders.add_note(order_id="temp_0")`). Read-only tools run for real.
 

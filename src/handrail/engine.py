@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import weakref
@@ -56,7 +57,7 @@ from .exceptions import (
 )
 from .gate import Gate, TurnRequest, admit
 from .inbox import Inbox, PendingCard, PendingPage, deciding_tools
-from .messages import ApprovalCardPart, CardKind, ToolCallPart
+from .messages import ApprovalCardPart, CardKind, Message, TextPart, ToolCallPart
 from .models import Model
 from .models._infer import as_model
 from .policy import Decider
@@ -645,6 +646,15 @@ class Engine:
             yield completed_event(part)
         card.output = {"actions": [a.model_dump(mode="json") for a in report.actions]}
         summary = _report_text(report)
+        # What really happened goes into the history, where people and the next turn's
+        # model read it beside the proposals (whose predicted results were never results).
+        state.messages.append(
+            Message(
+                id=self.runtime.ids("msg"),
+                role="system",
+                parts=[TextPart(text=_outcome_text(card.tool_call_id, report), synthetic=True)],
+            )
+        )
         state.progress = None
         await self._save(record, state, "completed" if report.ok else "failed")
         run._result = AgentResult(outcome="completed", state=state, output=summary)
@@ -1493,16 +1503,45 @@ def _batch_to_apply(state: RunState) -> ApprovalCardPart | None:
 
 
 def _report_text(report: ApplyReport) -> str:
-    applied, skipped, failed = len(report.applied), len(report.skipped), report.failed
-    text = f"Applied {applied} of {len(report.actions)} action(s)"
-    if skipped:
-        text += f"; {skipped} skipped"
+    """One line: how many actions were applied, and which were skipped, failed, or not run."""
+    text = f"Applied {len(report.applied)} of {len(report.actions)} action(s)"
+    if report.skipped:
+        text += "; skipped: " + ", ".join(_named(a) for a in report.skipped)
+    failed = report.failed
     if failed is not None:
-        text += (
-            f"; action {failed.local_index} ({failed.tool}) failed: {failed.error}; "
-            f"{len(report.not_run)} did not run"
-        )
+        text += f"; action {failed.local_index} ({failed.tool}) failed: {failed.error}"
+        if report.not_run:
+            text += "; did not run: " + ", ".join(_named(a) for a in report.not_run)
     return text + "."
+
+
+def _named(action: CapturedAction) -> str:
+    return f"action {action.local_index} ({action.tool})"
+
+
+def _outcome_text(card_id: str, report: ApplyReport) -> str:
+    """What applying a batch really did, for the history the next turn's model reads."""
+    applied = len(report.applied)
+    lines = [
+        f"Batch {card_id} was decided: {applied} of {len(report.actions)} action(s) applied. "
+        f"What really happened (the calls proposed earlier did not run then; their predicted "
+        f"results were not results):"
+    ]
+    for action in report.actions:
+        head = f"- action {action.local_index} ({action.tool})"
+        if action.status == "applied":
+            output = json.dumps(action.output, ensure_ascii=False, sort_keys=True, default=str)
+            lines.append(f"{head}: applied; real output: {output}")
+        elif action.status == "skipped":
+            lines.append(f"{head}: skipped, not done ({action.error or 'a person skipped it'})")
+        elif action.status == "failed":
+            lines.append(f"{head}: failed, not done: {action.error}")
+        else:
+            lines.append(f"{head}: not run (an earlier action failed)")
+    if report.ids:
+        real = ", ".join(f"{temp} = {value}" for temp, value in report.ids.items())
+        lines.append(f"Temporary ids now stand for: {real}.")
+    return "\n".join(lines)
 
 
 def _decided_digest(card: ApprovalCardPart) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from .tools import Permission, Tool, ToolResult
     from .tracing import Tracing
 
-_log = logging.getLogger("handrail")
 
 __all__ = [
     "Assembly",
@@ -212,21 +210,6 @@ def build_runtime(
         if mode == "mock" and tool.executor == "server":
             return tool.mocked(_no_mock(tool.name))
         return tool
-
-    if mode == "capture":
-        blind = sorted(
-            t.name
-            for agent in everyone
-            for t in agent.tools.values()
-            if t.gated and t.executor == "server" and t.mint is None
-        )
-        if blind:
-            _log.warning(
-                "Capture mode: %s %s gated with no mint=, so a headless run cannot capture "
-                "their calls (they fail with a tool error).",
-                ", ".join(blind),
-                "is" if len(blind) == 1 else "are",
-            )
 
     expiry = domain.expires_after  # the domain's deadline, for agents that set none
 

@@ -252,7 +252,10 @@ def test_a_batch_card_is_decided_row_by_row_and_reports_what_it_applied(
     expect(report.nth(1)).to_contain_text("order_id: ORD-2")
     expect(report.nth(1)).to_contain_text("quantity: 3")
     expect(report.nth(2)).to_contain_text("skipped")
-    expect(page.locator(".line.decided")).to_have_text("Approved by ana: 3 actions")
+    # the decision counts what was approved of what was proposed, and names what was skipped
+    expect(page.locator(".line.decided")).to_have_text(
+        "Approved by ana: 2 of 3 actions; skipped: orders.add_note"
+    )
     expect(lines.nth(0).locator(".call-status")).to_have_text("✓ applied")
     expect(lines.nth(2).locator(".call-status")).to_have_text("⊘ skipped")
     shoot(page, "batch-applied")

@@ -615,3 +615,52 @@ def test_indexes_count_the_waiting_calls_in_the_order_the_model_proposed_them() 
         run_suite(Suite(name="t", domain=agent, scenarios=[scenario]))
     ).scenarios
     assert result.failures == []
+
+
+def test_expect_refused_expects_a_refused_amendment_or_an_invalid_decision() -> None:
+    refused_amendment = {
+        "approve": 0,
+        "amend": {"order_id": "Z9"},
+        "expect_refused": "cannot be amended",
+        "by": "bo",
+    }
+    invalid = {"answer": 0, "output": 1, "expect_refused": "one of approve, reject", "by": "bo"}
+    then = {"approve": 0, "amend": {"amount": 40}}
+    got = failures(
+        {"decisions": [refused_amendment, invalid, then, *OTHERS]},
+        outcome="completed",
+        called=[{"tool": "orders.refund", "args": {"order_id": "A1", "amount": 40}}],
+    )
+    assert got == []
+    # Refused, and nothing recorded: the call still waits, and a later turn decides it.
+    got = failures(
+        {"decisions": [refused_amendment, *OTHERS]},
+        {"decisions": [then]},
+        outcome="completed",
+        proposed=[{"tool": "orders.refund", "decision": "amended"}],
+    )
+    assert got == []
+
+
+def test_an_expected_refusal_that_is_not_one_or_not_for_those_words_fails() -> None:
+    wrong_words = {
+        "approve": 0,
+        "amend": {"order_id": "Z9"},
+        "expect_refused": "four eyes",
+        "by": "bo",
+    }
+    assert failures({"decisions": [wrong_words, *OTHERS]}) == [
+        (
+            "run",
+            "turn 2: decisions[0] (approve [0] by bo): refused, but not for 'four eyes': "
+            "Call call_1 (orders.refund): order_id cannot be amended (amendable: amount).",
+        )
+    ]
+    valid = {"approve": 0, "expect_refused": True, "by": "bo"}
+    assert failures({"decisions": [valid, *OTHERS]}) == [
+        (
+            "run",
+            "turn 2: decisions[0] (approve [0] by bo): expected a refusal, but the policy let bo "
+            "make it, and it was recorded",
+        )
+    ]

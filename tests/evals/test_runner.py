@@ -399,6 +399,57 @@ def test_capture_mode_records_actions_and_asserts_them() -> None:
     ]
 
 
+def test_a_captured_call_is_captured_not_called() -> None:
+    from handrail.demo.support_desk import support_domain
+
+    base = {
+        "turns": "Hi, my order A1042 arrived damaged. Can I get a refund?",
+        "mode": "capture",
+        "mocks": {
+            "orders.lookup": {"output": {"order": "A1042", "total_cents": 8400}},
+            "policy.refunds": {"output": {"refund": "full"}},
+        },
+        "model": {"function": "handrail.demo.support_desk:script"},
+    }
+    honest = Scenario.model_validate(
+        {
+            **base,
+            "name": "honest",
+            "expect": {
+                "called": ["orders.lookup"],  # a read runs, even headless
+                "not_called": "orders.refund",  # captured: it did not run
+                "captured": {"count": 1, "actions": ["orders.refund"]},
+            },
+        }
+    )
+    prompts: list[str] = []
+
+    def grade(request: Any) -> str:
+        prompts.append(request.messages[-1].text)
+        return '{"passed": true, "reason": "ok"}'
+
+    honest.expect.judge = Judge(rubric="Be right.", model=ModelSpec(function=grade))
+    claims = Scenario.model_validate(
+        {**base, "name": "claims", "expect": {"called": ["orders.refund"]}}
+    )
+    result = run(honest, claims, domain=support_domain)
+    assert result.scenarios[0].failures == []
+    # The judge reads the captured call apart from the calls made, as not run.
+    made, captured = (
+        prompts[0]
+        .split("\n\nTool calls the agent made:\n")[1]
+        .split("\n\nCalls captured to be applied later (proposed, not run):\n")
+    )
+    assert "orders.refund" not in made and captured.startswith("- orders.refund {")
+    assert result.scenarios[1].failures == [
+        Failure(
+            assertion="called",
+            reason="no call of orders.refund (calls: orders.lookup, policy.refunds); a call of "
+            "orders.refund was captured (proposed, not run): assert it with captured",
+        )
+    ]
+
+
 CANCEL_THEN_ANSWER = [
     [{"call": "orders.cancel", "args": {"order_id": "A1"}}],
     [{"output": {"order_id": "A1", "urgent": False}}],

@@ -70,7 +70,7 @@ class Transcript:
     """The turns that ran."""
     calls: list[Call] = field(default_factory=list)
     """Every tool call that was made, in order: the ones that ran, and the waiting ones a
-    person answered or a client ran (not the ones rejected, or still waiting)."""
+    person answered or a client ran (not the ones rejected, still waiting, or captured)."""
     proposals: list[Proposal] = field(default_factory=list)
     """Every call that waited for a decision, in the order they asked."""
     approvals: list[str] = field(default_factory=list)
@@ -179,6 +179,10 @@ def _proposed(wanted: ProposalExpectation, seen: Transcript, fail: Any) -> None:
 
 def _unmade(wanted: ToolCallExpectation, seen: Transcript) -> str:
     """Why a call the model proposed is not among the calls made, when it is not."""
+    if any(a.tool == wanted.tool for a in seen.actions):
+        return (
+            f"; a call of {wanted.tool} was captured (proposed, not run): assert it with captured"
+        )
     fates = [p.decision for p in seen.proposals if p.tool == wanted.tool]
     fates = [f for f in fates if f in ("rejected", "undecided")]
     if not fates:

@@ -43,6 +43,7 @@ async def judge(
     calls: Sequence[tuple[str, dict[str, object] | None]],
     model: Model,
     proposals: Sequence[tuple[str, dict[str, object] | None, str]] = (),
+    captured: Sequence[tuple[str, dict[str, object] | None]] = (),
 ) -> Verdict:
     """Ask `model` whether the conversation meets `rubric`.
 
@@ -53,6 +54,7 @@ async def judge(
         model: the judge's model.
         proposals: (tool, arguments as proposed, decision) of every call that waited for a
             person's (or a client's) decision.
+        captured: (tool, arguments) of every call a headless run captured (proposed, not run).
 
     Returns:
         The verdict; a judge that gives none is a failed verdict saying why.
@@ -69,6 +71,9 @@ async def judge(
             f"- {name} {json.dumps(args, ensure_ascii=False)}: {decision}"
             for name, args, decision in proposals
         ]
+    if captured:
+        lines += ["", "Calls captured to be applied later (proposed, not run):"]
+        lines += [f"- {name} {json.dumps(args, ensure_ascii=False)}" for name, args in captured]
     runtime: Runtime[None] = Runtime(model=model, ids=sequential_ids())
     try:
         result = await _JUDGE.run("\n".join(lines), runtime=runtime)

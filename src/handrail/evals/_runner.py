@@ -193,7 +193,8 @@ async def _run(
             calls = [(c.tool, c.args) for c in seen.calls]
             turns = [(t.text, t.answer) for t in seen.turns]
             asked = [(p.tool, p.args, p.decision) for p in seen.proposals]
-            found = await judge(rubric.rubric, turns, calls, judge_model, asked)
+            captured = [(a.tool, a.args) for a in seen.actions]
+            found = await judge(rubric.rubric, turns, calls, judge_model, asked, captured)
         except Exception as exc:
             why = str(exc) if isinstance(exc, _NoJudge) else f"{type(exc).__name__}: {exc}"
             failures.append(Failure(assertion="judge", reason=why))
@@ -261,6 +262,7 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
     made: dict[str, Proposal] = {}  # answered calls: made once their answer settles them
     amended: set[str] = set()  # calls an approval amended, while they wait for more approvals
     started: set[str] = set()
+    captured: set[str] = set()  # calls capture mode recorded instead of running
     first = scenario.turns[0]
     for number, turn in enumerate(scenario.turns, 1):
         if suspended != turn.deciding:
@@ -297,6 +299,8 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
             record.answer = headless.text
             record.output = _jsonable(headless.output)
             seen.actions += [Call(tool=a.tool, args=dict(a.args)) for a in headless.actions]
+            # A captured call did not run: it is an action (`captured`), not a call made.
+            captured.update(a.call_id for a in headless.actions)
         else:
             if turn.text is not None:
                 run = engine.submit(
@@ -320,6 +324,8 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
             record.answer = json.dumps(record.output, ensure_ascii=False, sort_keys=True)
         for event in events:
             if isinstance(event, ToolCallStarted):
+                if event.tool_call_id in captured:
+                    continue
                 started.add(event.tool_call_id)
                 seen.calls.append(Call(tool=event.name, args=event.args))
             elif isinstance(event, ToolCallCompleted):
@@ -422,13 +428,20 @@ async def _decide(
             refused = next((c for c in group if c.card.tool_name == exc.tool_name), lead)
             _refused(engine, turn, refused, exc)
             continue  # refused, as expected: nothing was recorded, and the call still waits
-        except (InvalidDecisionError, StaleResolutionError) as exc:
+        except InvalidDecisionError as exc:
+            if not lead.refused:
+                raise _Undecidable(str(exc)) from None
+            _invalid(lead, exc)
+            continue  # refused, as expected: nothing was recorded, and the call still waits
+        except StaleResolutionError as exc:
             raise _Undecidable(str(exc)) from None
-        if lead.refused and lead.by is not None:
-            raise _Undecidable(
-                f"{lead.label}: expected a refusal, but the policy let {lead.by.user_id} make "
-                f"it, and it was recorded"
+        if lead.refused:
+            why = (
+                f"the policy let {lead.by.user_id} make it"
+                if lead.by is not None
+                else "it was a valid decision"
             )
+            raise _Undecidable(f"{lead.label}: expected a refusal, but {why}, and it was recorded")
         for choice in group:
             _fate(choice, resolution.decided, seen, made, amended)
         ready = resolution.ready
@@ -532,6 +545,17 @@ def _refused(engine: Engine, turn: Turn, choice: _Choice, exc: DecisionNotAllowe
             f"{choice.label} was refused: {exc} (if the suite expects that, add "
             f"expect_refused: true to the decision)"
         )
+    words = choice.refused
+    if isinstance(words, str) and words.lower() not in str(exc).lower():
+        raise _Undecidable(f"{choice.label}: refused, but not for {words!r}: {exc}")
+
+
+def _invalid(choice: _Choice, exc: InvalidDecisionError) -> None:
+    """Accept a decision the engine refused as invalid (a refused amendment, say), as expected.
+
+    Raises:
+        _Undecidable: the refusal was not for the words expected.
+    """
     words = choice.refused
     if isinstance(words, str) and words.lower() not in str(exc).lower():
         raise _Undecidable(f"{choice.label}: refused, but not for {words!r}: {exc}")

@@ -231,7 +231,8 @@ class DecisionSpec(_Strict):
 
     `answer` answers an elicitation (a `human` tool), a tool's question (`AskPerson`) or a
     `client` tool (its result, as the client would post it). `by` names who decides, so the
-    call's `DecisionPolicy` is checked; `expect_refused` asserts that it refuses them.
+    call's `DecisionPolicy` is checked; `expect_refused` asserts that the engine refuses the
+    decision (the policy, a refused amendment, an invalid decision).
     """
 
     approve: str | StrictInt | None = None
@@ -250,8 +251,9 @@ class DecisionSpec(_Strict):
     """Who decides (default: the turn's `by`, else the scenario's user, trusted only where
     no decision policy applies)."""
     expect_refused: StrictBool | str = False
-    """The call's policy must refuse this decision (`true`), naming these words (a string,
-    e.g. `four eyes`); nothing is recorded, and the call still waits."""
+    """The engine must refuse this decision (`true`): the call's policy, a refused amendment
+    or an invalid decision; a string names words the refusal contains (e.g. `four eyes`).
+    Nothing is recorded, and the call still waits."""
 
     @field_validator("expect_refused")
     @classmethod
@@ -344,7 +346,7 @@ class Turn(_Strict):
     """With `decide` or `decisions`: who decides (a decision's own `by` wins). Default: the
     scenario's user, trusted only where no decision policy applies."""
     expect_refused: StrictBool | str = False
-    """With `decide`: the policy must refuse each of these decisions (see `DecisionSpec`)."""
+    """With `decide`: the engine must refuse each of these decisions (see `DecisionSpec`)."""
     route: str | None = None
     """The route to take (default: the supervisor chooses)."""
     org_id: str | None = None

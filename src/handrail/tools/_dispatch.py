@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pydantic_core
 
+from .._captured import proposed_text, temp_id
 from .._deadlines import INHERIT, Expiry, Inherit, ttl_for
 from .._redact import log_failure, new_reference
 from .._tool_result import ToolResult
@@ -498,27 +499,30 @@ class Dispatcher:
         if tool.executor != "server":
             self._fail(part, _NOT_HEADLESS[tool.executor].format(name=part.name))
             return
-        if tool.mint is None:
-            self._fail(
-                part,
-                f"Tool {part.name!r} was not run: this is a headless run (capture mode), which "
-                f"records gated calls instead of running them, and this tool has no mint= to "
-                f"predict its output. Tell the user it needs a person to do it.",
-            )
-            return
         state = self.state
         index = state.captures
-        try:
-            result = tool.to_result(tool.mint(dict(part.args), index))
-        except Exception as exc:
-            self._fail(part, f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}")
-            return
-        if not result.ok:
-            self._fail(part, f"Tool {part.name!r}: mint predicted: {result.error}")
-            return
+        if tool.mint is None:
+            # Nothing predicts its output: an opaque placeholder stands for all of it.
+            result = ToolResult(data=temp_id(index))
+            predicted = (
+                f"{temp_id(index)} (a placeholder for the whole output, unknown until it runs: "
+                f"pass it on to refer to what this call produces)"
+            )
+        else:
+            try:
+                result = tool.to_result(tool.mint(dict(part.args), index))
+            except Exception as exc:
+                self._fail(part, f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}")
+                return
+            if not result.ok:
+                self._fail(part, f"Tool {part.name!r}: mint predicted: {result.error}")
+                return
+            predicted = result.model_text()
         state.captures = index + 1
         if result.summary is None:
             result.summary = f"captured as action {index}: not run yet"
+        # The model reads a proposal, never a result: nothing ran, and it may never run.
+        result.markdown = proposed_text(index, predicted)
         part.result = result
         part.captured = index
         part.status = "running"  # `run` finishes it (steps 8-11) without executing it

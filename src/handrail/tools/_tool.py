@@ -7,7 +7,6 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +54,6 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 _INPUT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 # A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
 _RAW_INPUT_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
-_log = logging.getLogger("handrail.tools")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -195,7 +193,8 @@ class Tool(Generic[DepsT]):
         digest: output -> small JSON projection for the UI (pure).
         summary: output -> the one-line UI summary of a successful call (pure), when the
             tool does not return a `ToolResult` with its own.
-        mint: `(args, local_index) -> predicted output`, for capture mode (pure).
+        mint: `(args, local_index) -> predicted output`, for capture mode (pure); without
+            it a captured call predicts an opaque placeholder, `temp_id(local_index)`.
         ends_turn: the agent's loop stops after this tool's result.
         idempotent: running twice with the same arguments has the effect of running once;
             crash recovery may re-run it, and `cache_ttl` may cache it.
@@ -394,12 +393,6 @@ class Tool(Generic[DepsT]):
         self.summary = summary
         self.mint = mint
         self.capture = False  # set on the copies capture mode runs (`for_capture`)
-        if self.gated and executor == "server" and mint is None:
-            _log.info(
-                "%s is gated and has no mint=, so it cannot be captured: in a headless run "
-                "(capture mode) its calls fail with a tool error.",
-                label,
-            )
         self.ends_turn = ends_turn
         self.idempotent = idempotent
         self.cache_ttl = cache_ttl

@@ -489,9 +489,15 @@ function decidedText(card) {
   const who = card.decided_by ? ` by ${card.decided_by}` : "";
   const verbs = { approve: "Approved", reject: "Rejected", answer: "Answered", client_result: "Ran in the client", skip: "Skipped", expire: "Expired" };
   if (card.kind === "batch") {
-    // Its actions' decisions are drawn with the report of what was applied.
-    const count = (card.args.actions || []).length;
-    return `${verbs[card.decision] || card.decision}${who}: ${count} action${count === 1 ? "" : "s"}${card.reason ? `: “${card.reason}”` : ""}`;
+    // What was approved, out of what was proposed, and what was skipped (by name): the
+    // report of what was applied is drawn under it.
+    const plan = (card.output && card.output.actions) || (card.amended_args && card.amended_args.actions) || card.args.actions || [];
+    const count = plan.length;
+    const skipped = card.decision === "approve" ? plan.filter((a) => a.status === "skipped") : [];
+    const of = card.decision === "approve" && skipped.length ? `${count - skipped.length} of ` : "";
+    let text = `${verbs[card.decision] || card.decision}${who}: ${of}${count} action${count === 1 ? "" : "s"}`;
+    if (skipped.length) text += `; skipped: ${skipped.map((a) => a.tool).join(", ")}`;
+    return text + (card.reason ? `: “${card.reason}”` : "");
   }
   let text = `${verbs[card.decision] || card.decision}${who}: ${card.tool_name}`;
   const changed = Object.entries(card.amended_args || {}).filter(
