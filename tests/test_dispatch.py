@@ -951,7 +951,8 @@ async def test_a_provider_tool_called_as_a_function_is_not_run_nor_stamped_as_ru
     assert (part.status, part.executor) == ("failed", "provider")
     assert part.result == ToolResult.failure(
         "Tool 'web_search' is run by the model provider, not called as a function: this call "
-        "did not run. Use the tool the provider offers under that name."
+        "did not run. Use the tool the provider offers under that name.",
+        code="not_available",
     )
 
 

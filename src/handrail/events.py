@@ -156,6 +156,8 @@ class ToolCallCompleted:
     """The UI projection of the output."""
     error: str | None = None
     """The error, when it failed."""
+    code: str | None = None
+    """Why it failed, for programs (a `ToolErrorCode`, or the tool's own code)."""
     reused_from: str | None = None
     """Set when an identical earlier call's result was reused."""
     duration_ms: float | None = None

@@ -301,3 +301,16 @@ async def test_a_provider_run_search_arrives_as_a_tool_call_with_its_result() ->
     assert content["executor"] == "provider" and content["summary"] == "searched the web: 1 source"
     assert content["digest"]["sources"] == found["sources"]
     assert _reply(step) == "Ok."
+
+
+async def test_a_failed_call_s_result_carries_its_code_and_a_summary() -> None:
+    model = ScriptedModel([[call("orders.delete", order_id="A1")], "I cannot delete orders."])
+    engine = Engine(Agent("support", tools=[]), runtime=Runtime(model=model, ids=sequential_ids()))
+    app = create_app(engine, authenticator=authenticator(), static_dir=None)
+    async with serving(app) as url:
+        (step, _) = await _client(url, "t-codes", [{"message": "Delete A1"}])
+    assert step["error"] is None
+    (result,) = [e for e in step["events"] if e["type"] == "TOOL_CALL_RESULT"]
+    content = json.loads(result["content"])
+    assert (content["ok"], content["code"]) == (False, "unknown_tool")
+    assert content["summary"] == "Unknown tool 'orders.delete'. Available tools: none."

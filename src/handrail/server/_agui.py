@@ -309,6 +309,7 @@ class _Translator:
                 "summary": event.summary,
                 "digest": event.digest,
                 "error": event.error,
+                "code": event.code,
                 "executor": event.executor,  # `provider`: the model provider ran it
             }
             yield agui.ToolCallResultEvent(

@@ -651,7 +651,10 @@ class _Chunks:
             return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
         if not event.ok:
             text = event.error or event.summary or f"The call {event.status}."
-            return {"type": "tool-output-error", **common, "errorText": text}
+            chunk = {"type": "tool-output-error", **common, "errorText": text}
+            if event.code is not None:  # `useChat` keeps it on the part (`toolMetadata`)
+                chunk["toolMetadata"] = {"code": event.code}
+            return chunk
         output = {"status": event.status, "summary": event.summary, "digest": event.digest}
         return {"type": "tool-output-available", **common, "output": output}
 

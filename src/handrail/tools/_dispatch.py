@@ -311,11 +311,13 @@ class Dispatcher:
         """Look the tool up, bind (from `bound`, else the context) and validate again."""
         tool = self.tools.get(part.name)
         if tool is None:
-            return self._fail(part, _unknown_tool(part.name, self.tools))
+            return self._fail(part, _unknown_tool(part.name, self.tools), "unknown_tool")
         try:
             validated = tool.validate(part.args, self.state.context, bound)
         except Exception as exc:
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
+            )
         return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, part.args))
 
     async def _approved(
@@ -325,15 +327,22 @@ class Dispatcher:
         try:
             validated = tool.validate(args, self.state.context)
         except (ArgumentsError, PathError) as exc:
-            return self._fail(part, f"Tool {part.name!r}: the approved call no longer holds: {exc}")
+            return self._fail(
+                part,
+                f"Tool {part.name!r}: the approved call no longer holds: {exc}",
+                "invalid_arguments",
+            )
         except Exception as exc:
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
+            )
         final = tool.stored_args(validated)
         if card.args_digest != args_digest(part.name, final):
             return self._fail(
                 part,
                 f"Refused to run {part.name!r}: its arguments are not the ones that were "
                 f"approved (the approval's digest does not match). Ask for approval again.",
+                "policy_denied",
             )
         if tool.revalidate is not None:
             try:
@@ -341,13 +350,14 @@ class Dispatcher:
                 if inspect.isawaitable(checked):
                     await checked
             except ModelRetry as exc:
-                return self._fail(part, exc.message)
+                return self._fail(part, exc.message, exc.code or "invalid_arguments")
             except Exception as exc:
                 reference = self._raised(part, exc, f"The revalidate hook of {part.name!r} raised")
                 return self._fail(
                     part,
                     f"Tool {part.name!r}: the approved call no longer holds: "
                     f"{type(exc).__name__}: {exc} (reference {reference})",
+                    "invalid_arguments",
                 )
         part.args = final
         if tool.executor == "client":
@@ -408,7 +418,7 @@ class Dispatcher:
             part.args = parse_arguments(part.raw_args)
         except ArgumentsError as exc:
             self.state.usage.invalid_tool_calls += 1
-            self._fail(part, f"Tool {part.name!r}: {exc}")
+            self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
             return False
         return True
 
@@ -422,13 +432,14 @@ class Dispatcher:
         state = self.state
         tool = self.tools.get(part.name)
         if tool is None:  # the allow-list: only the agent's tools exist for its model
-            return self._fail(part, _unknown_tool(part.name, self.tools))
+            return self._fail(part, _unknown_tool(part.name, self.tools), "unknown_tool")
         part.executor = tool.executor
         if tool.executor == "provider":  # a function call: the provider did not run it
             return self._fail(
                 part,
                 f"Tool {part.name!r} is run by the model provider, not called as a function: "
                 f"this call did not run. Use the tool the provider offers under that name.",
+                "not_available",
             )
         try:
             args = part.args
@@ -437,11 +448,15 @@ class Dispatcher:
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
             validated = tool.validate(args, state.context, bound)  # 4. validate
         except ArgumentsError as exc:
-            return self._fail(part, f"Tool {part.name!r}: {exc}")
+            return self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
         except PathError as exc:
-            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r} could not bind its arguments: {exc}", "invalid_arguments"
+            )
         except Exception as exc:  # a user hook failed: still data, never a crash
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
+            )
         part.args = tool.stored_args(validated)
         part.bound = bound
         kwargs = tool.arguments(validated)
@@ -453,6 +468,7 @@ class Dispatcher:
                 part,
                 f"Tool {part.name!r} needs permission {tool.permission!r}, which this run "
                 f"does not allow (allowed: {', '.join(sorted(allowed))}).",
+                "permission_denied",
             )
 
         # 6. dedup and the idempotent cache
@@ -496,7 +512,7 @@ class Dispatcher:
     def _capture(self, part: ToolCallPart, tool: Tool[Any]) -> None:
         """Capture mode: record a gated call with its predicted output instead of running it."""
         if tool.executor != "server":
-            self._fail(part, _NOT_HEADLESS[tool.executor].format(name=part.name))
+            self._fail(part, _NOT_HEADLESS[tool.executor].format(name=part.name), "not_available")
             return
         if tool.mint is None:
             self._fail(
@@ -504,6 +520,7 @@ class Dispatcher:
                 f"Tool {part.name!r} was not run: this is a headless run (capture mode), which "
                 f"records gated calls instead of running them, and this tool has no mint= to "
                 f"predict its output. Tell the user it needs a person to do it.",
+                "not_available",
             )
             return
         state = self.state
@@ -511,10 +528,16 @@ class Dispatcher:
         try:
             result = tool.to_result(tool.mint(dict(part.args), index))
         except Exception as exc:
-            self._fail(part, f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}")
+            self._fail(
+                part, f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}", "tool_error"
+            )
             return
         if not result.ok:
-            self._fail(part, f"Tool {part.name!r}: mint predicted: {result.error}")
+            self._fail(
+                part,
+                f"Tool {part.name!r}: mint predicted: {result.error}",
+                result.code or "tool_error",
+            )
             return
         state.captures = index + 1
         if result.summary is None:
@@ -527,7 +550,7 @@ class Dispatcher:
         """Make a call wait for a person or a client, unless it cannot (then it fails)."""
         state, runtime = self.state, self.runtime
         if tool.executor == "client" and not state.client_connected:
-            self._fail(part, _NO_CLIENT.format(name=part.name))
+            self._fail(part, _NO_CLIENT.format(name=part.name), "not_available")
             return
         if tool.gated:
             cap = runtime.max_approvals_per_turn
@@ -537,6 +560,7 @@ class Dispatcher:
                     f"Not asked: this turn already has {cap} call(s) waiting for approval, the "
                     f"most it allows. Stop calling tools that need approval; summarise what "
                     f"you have done and what still needs a decision.",
+                    "policy_denied",
                 )
                 return
             state.approvals += 1
@@ -544,8 +568,8 @@ class Dispatcher:
         return None
 
     @staticmethod
-    def _fail(part: ToolCallPart, error: str) -> _Final:
-        part.result = ToolResult.failure(error)
+    def _fail(part: ToolCallPart, error: str, code: str) -> _Final:
+        part.result = ToolResult.failure(error, code=code)
         part.status = "failed"
         return None
 
@@ -622,7 +646,11 @@ class Dispatcher:
         )
         tool = self.tools.get(part.name)
         if tool is not None and tool.executor != "server":
-            self._fail(part, f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.")
+            self._fail(
+                part,
+                f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.",
+                "not_available",
+            )
             return part
         ready = self._rerun(part, bound)  # look the tool up, bind and validate, as for a rerun
         if ready is not None:
@@ -634,6 +662,7 @@ class Dispatcher:
                     part,
                     f"Tool {part.name!r} asked a person a question while it was "
                     f"applied; a captured action must run without one.",
+                    "not_available",
                 )
         return part
 
@@ -739,13 +768,16 @@ class Dispatcher:
             part.duration_ms = (time.perf_counter() - begun) * 1000.0
             return
         except ModelRetry as exc:
-            result = ToolResult.failure(exc.message)
+            result = ToolResult.failure(exc.message, code=exc.code or "tool_error")
         except TimeoutError as exc:
-            result = ToolResult.failure(
-                f"Tool {part.name!r} timed out after {tool.timeout:g} s; it may be slow or "
-                f"stuck. Try again later or with a smaller request."
+            result = (
+                ToolResult.failure(
+                    f"Tool {part.name!r} timed out after {tool.timeout:g} s; it may be slow or "
+                    f"stuck. Try again later or with a smaller request.",
+                    code="timed_out",
+                )
                 if tool.timeout is not None
-                else f"TimeoutError: {exc}"
+                else ToolResult.failure(f"TimeoutError: {exc}")
             )
         except Exception as exc:
             reference = self._raised(part, exc, f"Tool {part.name!r} raised")
@@ -797,6 +829,8 @@ class Dispatcher:
             if tool.cache_ttl is not None and key is not None:
                 state.tool_cache[key] = (part.started_at or 0.0) + tool.cache_ttl, result
         result = await self._hooks(part, result)  # 10. result hooks
+        if not result.ok and result.code is None:  # a failed result the tool made, no code
+            result.code = "tool_error"
         part.result = result  # 11. stamp
         part.status = "completed" if result.ok else "failed"
         state.usage.tool_calls += 1
@@ -860,7 +894,8 @@ class Dispatcher:
         except Exception as exc:
             reference = self._raised(part, exc, f"A result hook failed on {part.name!r}")
             return ToolResult.failure(
-                f"a result hook failed: {type(exc).__name__}: {exc} (reference {reference})"
+                f"a result hook failed: {type(exc).__name__}: {exc} (reference {reference})",
+                code="tool_error",
             )
         return result
 
@@ -879,9 +914,10 @@ def completed_event(part: ToolCallPart) -> ToolCallCompleted:
         name=part.name,
         ok=result.ok,
         status=part.status,
-        summary=result.summary,
+        summary=result.display_summary(),
         digest=part.digest,
         error=result.error,
+        code=None if result.ok else result.code,
         reused_from=part.reused_from,
         duration_ms=part.duration_ms,
         executor=part.executor,
