@@ -45,6 +45,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pydantic_core
@@ -111,10 +112,29 @@ class _Copy:
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("answer", "asked", "error", "fault", "key", "kwargs", "log_id", "part", "tool")
+    __slots__ = (
+        "answer",
+        "asked",
+        "error",
+        "fault",
+        "key",
+        "kwargs",
+        "log_id",
+        "part",
+        "tool",
+        "warnings",
+    )
 
-    def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
+    def __init__(
+        self,
+        part: ToolCallPart,
+        tool: Tool[Any],
+        kwargs: dict[str, Any],
+        key: str,
+        warnings: list[str] | None = None,
+    ):
         self.part = part
+        self.warnings = warnings or None  # what the tool's `normalize` noted, for the model
         self.tool = tool
         self.kwargs = kwargs
         self.key = key
@@ -324,8 +344,9 @@ class Dispatcher:
         self, part: ToolCallPart, tool: Tool[Any], card: ApprovalCardPart
     ) -> _Ready | _Final:
         args = card.amended_args if card.amended_args is not None else part.args
+        warnings: list[str] = []
         try:
-            validated = tool.validate(args, self.state.context)
+            validated = tool.validate(args, self.state.context, warnings=warnings)
         except (ArgumentsError, PathError) as exc:
             return self._fail(
                 part,
@@ -366,7 +387,7 @@ class Dispatcher:
             part.status = "waiting"
             return None
         part.status = "running"
-        return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, final))
+        return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, final), warnings)
 
     async def _execute_ready(
         self,
@@ -446,7 +467,8 @@ class Dispatcher:
             if runtime.transform_args is not None:  # 2. domain transform
                 args = runtime.transform_args(tool, dict(args))
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
-            validated = tool.validate(args, state.context, bound)  # 4. validate
+            warnings: list[str] = []
+            validated = tool.validate(args, state.context, bound, warnings)  # 4. validate
         except ArgumentsError as exc:
             return self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
         except PathError as exc:
@@ -503,7 +525,7 @@ class Dispatcher:
             self._hold(part, tool)
             return None
         part.status = "running"
-        ready = _Ready(part, tool, kwargs, key)
+        ready = _Ready(part, tool, kwargs, key, warnings)
         if reusable:
             state.turn_calls[key] = part
             planned[key] = ready
@@ -783,6 +805,8 @@ class Dispatcher:
             reference = self._raised(part, exc, f"Tool {part.name!r} raised")
             ready.error = (exc, reference)
             result = ToolResult.failure(f"{type(exc).__name__}: {exc} (reference {reference})")
+        if ready.warnings:  # what `normalize` repaired reaches the model with the result
+            result = replace(result, warnings=[*(result.warnings or []), *ready.warnings])
         await self._finish(part, tool, result, ready.key)
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
         if self.journal is not None and tool.permission != "read":
