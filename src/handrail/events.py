@@ -188,6 +188,8 @@ class ApprovalRequired:
     digest: str | None = None
     """The digest of `args`: an approval names it (`Approve(digest=...)`) to approve
     exactly these arguments."""
+    agent: str | None = None
+    """The agent that proposed the call (None for a batch card: a headless run's actions)."""
     type: Literal["approval-required"] = "approval-required"
 
 

@@ -265,6 +265,7 @@ def card_event(card: ApprovalCardPart, tool: Tool[Any] | None) -> Event:
         amendable=list(card.amendable),
         kind=card.kind,
         digest=args_digest(card.tool_name, now),
+        agent=card.agent,
     )
 
 

@@ -401,6 +401,7 @@ def _interrupt(card: ApprovalCardPart, api: Api) -> agui.Interrupt:
             "handrail": {
                 "kind": card.kind,
                 "tool": card.tool_name,
+                "agent": card.agent,
                 "args": stands.args,
                 "digest": stands.digest,
                 "proposedArgs": card.args,

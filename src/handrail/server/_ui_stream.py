@@ -633,6 +633,7 @@ class _Chunks:
                 "args": event.args,
                 "digest": event.digest,
                 "amendable": event.amendable,
+                "agent": event.agent,
             }
         elif isinstance(event, InputRequired):
             card |= {"kind": "input", "prompt": event.prompt, "args": event.args}

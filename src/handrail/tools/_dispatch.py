@@ -639,6 +639,7 @@ class Dispatcher:
             amendable=list(tool.amendable) if kind == "approval" else [],
             kind=kind,
             executor=tool.executor,
+            agent=self.agent,
             created_at=now,
             expires_at=None if ttl is None else now + ttl,
         )
