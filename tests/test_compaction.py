@@ -30,6 +30,7 @@ from handrail.compaction import (
     SUMMARY_HEADING,
     Compacted,
     Compaction,
+    Retention,
     Summary,
     compact,
 )
@@ -485,6 +486,53 @@ async def test_big_outputs_older_than_their_retention_are_shown_as_their_summary
     assert result.messages[9:] == messages[9:]
     assert dumped(messages) == history
     assert summarizer.calls == []
+
+
+@pytest.mark.parametrize(
+    ("retention", "full"),
+    [
+        (Retention(last=2), [3, 4]),  # the count: the tool's two latest outputs
+        (Retention(turns=3), [1, 2, 3, 4]),  # the age: three turns back
+        (Retention(turns=3, last=2), [3, 4]),  # whichever comes first
+        (Retention(turns=1, last=4), [3, 4]),
+        (Retention(evict=False), [0, 1, 2, 3, 4]),  # never evicted
+    ],
+)
+async def test_a_tool_s_retention_takes_an_age_a_count_or_never_evicts(
+    retention: Retention, full: list[int]
+):
+    big = {"id": "A0", "lines": [f"line {i}: cups and filters" for i in range(60)]}
+    messages = [m for t in range(5) for m in turn(t, data=big)]
+    for t in range(5):  # another tool's big outputs, evicted after their turn (retention 0)
+        messages[3 * t + 1].parts.append(
+            ToolCallPart(
+                id=f"doc{t}", name="docs.read", status="completed", result=ToolResult(data=big)
+            )
+        )
+    config = Compaction(
+        max_tokens=tokens(messages) - 1,
+        summarizer=writer("S"),
+        tool_retention=0,
+        retention_by_tool={"orders.lookup": retention},
+    )
+
+    result = await compact(request(messages), config=config, model=MODEL)
+
+    kept = [
+        t
+        for t in range(5)
+        if result.messages[3 * t + 1].parts[0].result.data == big  # type: ignore[union-attr]
+    ]
+    assert kept == full
+    assert result.messages[1].parts[1].result.data is None  # type: ignore[union-attr]
+    assert not result.over_budget
+
+
+def test_a_retention_is_checked_when_it_is_made():
+    with pytest.raises(ConfigError, match=r"Retention\(last=-1\): it cannot be negative"):
+        Retention(last=-1)
+    with pytest.raises(ConfigError, match="never evicted has no limits"):
+        Retention(turns=2, evict=False)
 
 
 async def test_a_big_failure_keeps_being_an_error_when_shortened():
