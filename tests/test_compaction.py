@@ -26,6 +26,7 @@ from handrail import (
     ToolResult,
 )
 from handrail.compaction import (
+    KEPT_HEADING,
     SUMMARIZER_INSTRUCTIONS,
     SUMMARY_HEADING,
     Compacted,
@@ -526,6 +527,46 @@ async def test_a_tool_s_retention_takes_an_age_a_count_or_never_evicts(
     assert kept == full
     assert result.messages[1].parts[1].result.data is None  # type: ignore[union-attr]
     assert not result.over_budget
+
+
+async def test_a_never_evicted_output_is_kept_word_for_word_when_its_turn_is_summarised():
+    messages = conversation(6)
+    messages[1].parts.append(
+        ToolCallPart(
+            id="policy",
+            name="docs.read",
+            args={"doc": "refunds"},
+            status="completed",
+            result=ToolResult(data="Refunds within 30 days."),
+        )
+    )
+    config = Compaction(
+        max_tokens=200,
+        summarizer=writer("S1", "S2"),
+        keep_recent_turns=2,
+        retention_by_tool={"docs.read": Retention(evict=False)},
+    )
+
+    first = await compact(request(messages), config=config, model=MODEL)
+
+    assert first.summary is not None
+    assert first.summary.kept == ['docs.read({"doc":"refunds"}): Refunds within 30 days.']
+    shown = first.messages[0].parts[0].text  # type: ignore[union-attr]
+    assert shown.endswith(
+        f'{KEPT_HEADING}\n- docs.read({{"doc":"refunds"}}): Refunds within 30 days.'
+    )
+    assert all(p.id != "policy" for m in first.messages for p in m.tool_calls)
+    stored = TypeAdapter(Summary).validate_json(TypeAdapter(Summary).dump_json(first.summary))
+    assert stored == first.summary
+    old = TypeAdapter(Summary).validate_python(
+        {"text": "S", "upto": "a0", "messages": 3, "tokens": 1}
+    )
+    assert old.kept == []  # a summary stored before `kept` loads
+
+    longer = [*messages, *turn(6), *turn(7)]
+    again = await compact(request(longer), config=config, model=MODEL, summary=first.summary)
+    assert again.summary is not None and again.summary is not first.summary
+    assert again.summary.kept == first.summary.kept  # carried into the next summary
 
 
 def test_a_retention_is_checked_when_it_is_made():

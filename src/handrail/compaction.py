@@ -41,6 +41,7 @@ from .state import Summary
 from .tokens import count_text, count_tokens
 
 __all__ = [
+    "KEPT_HEADING",
     "SUMMARIZER_INSTRUCTIONS",
     "SUMMARY_HEADING",
     "Compacted",
@@ -68,6 +69,9 @@ whole conversation. Write plain, concise text in the conversation's language; no
 SUMMARY_HEADING = "Summary of the earlier conversation, which was compacted to save space:"
 """The first line of the synthetic user message that carries the summary in the view."""
 
+KEPT_HEADING = "Tool outputs from the earlier conversation, kept word for word:"
+"""The heading of the never-evicted outputs the summary message carries after the summary."""
+
 _OUTPUT_TOOL = "final_output"  # a structured-output schema costs about what a tool does
 _PROMPT_FRAMING = 32  # tokens of the summarizer prompt's headings and tags
 _CLIPPED = " [... clipped: {} tokens in all]"
@@ -92,8 +96,8 @@ class Retention:
     last: int | None = None
     """The count: only the tool's `last` most recent outputs stay in full."""
     evict: bool = True
-    """False: the tool's outputs are never shortened, whatever their age or number (they
-    still leave the view when their turn is summarised)."""
+    """False: the tool's outputs are never shortened, whatever their age or number, and
+    when their turn is summarised the summary keeps them word for word (`Summary.kept`)."""
 
     def __post_init__(self) -> None:
         for name, value in (("turns", self.turns), ("last", self.last)):
@@ -275,6 +279,10 @@ async def compact(
             upto=messages[cut - 1].id,
             messages=base + cut,
             tokens=count_text(text, model),
+            kept=[
+                *(summary.kept if summary is not None else []),
+                *_kept(messages[start:cut], config),
+            ],
         )
         start = cut
         view = turns.view(start, summary)
@@ -454,8 +462,21 @@ def _shortened(
     return dataclasses.replace(part, result=short)
 
 
+def _kept(messages: list[Message], config: Compaction) -> list[str]:
+    """The outputs of never-evicted tools in `messages`, as the summary keeps them."""
+    kept = []
+    for message in messages:
+        for part in message.tool_calls:
+            retention = config.retention_by_tool.get(part.name)
+            if isinstance(retention, Retention) and not retention.evict and part.result:
+                kept.append(f"{part.name}({tool_arguments(part)}): {part.result.model_text()}")
+    return kept
+
+
 def _summary_message(summary: Summary) -> Message:
     text = f"{SUMMARY_HEADING}\n\n{summary.text}"
+    if summary.kept:
+        text += f"\n\n{KEPT_HEADING}\n" + "\n".join(f"- {line}" for line in summary.kept)
     return Message(
         id=f"summary-{summary.upto}", role="user", parts=[TextPart(text=text, synthetic=True)]
     )
