@@ -26,10 +26,12 @@ from handrail import (
     ToolResult,
 )
 from handrail.compaction import (
+    KEPT_HEADING,
     SUMMARIZER_INSTRUCTIONS,
     SUMMARY_HEADING,
     Compacted,
     Compaction,
+    Retention,
     Summary,
     compact,
 )
@@ -485,6 +487,93 @@ async def test_big_outputs_older_than_their_retention_are_shown_as_their_summary
     assert result.messages[9:] == messages[9:]
     assert dumped(messages) == history
     assert summarizer.calls == []
+
+
+@pytest.mark.parametrize(
+    ("retention", "full"),
+    [
+        (Retention(last=2), [3, 4]),  # the count: the tool's two latest outputs
+        (Retention(turns=3), [1, 2, 3, 4]),  # the age: three turns back
+        (Retention(turns=3, last=2), [3, 4]),  # whichever comes first
+        (Retention(turns=1, last=4), [3, 4]),
+        (Retention(evict=False), [0, 1, 2, 3, 4]),  # never evicted
+    ],
+)
+async def test_a_tool_s_retention_takes_an_age_a_count_or_never_evicts(
+    retention: Retention, full: list[int]
+):
+    big = {"id": "A0", "lines": [f"line {i}: cups and filters" for i in range(60)]}
+    messages = [m for t in range(5) for m in turn(t, data=big)]
+    for t in range(5):  # another tool's big outputs, evicted after their turn (retention 0)
+        messages[3 * t + 1].parts.append(
+            ToolCallPart(
+                id=f"doc{t}", name="docs.read", status="completed", result=ToolResult(data=big)
+            )
+        )
+    config = Compaction(
+        max_tokens=tokens(messages) - 1,
+        summarizer=writer("S"),
+        tool_retention=0,
+        retention_by_tool={"orders.lookup": retention},
+    )
+
+    result = await compact(request(messages), config=config, model=MODEL)
+
+    kept = [
+        t
+        for t in range(5)
+        if result.messages[3 * t + 1].parts[0].result.data == big  # type: ignore[union-attr]
+    ]
+    assert kept == full
+    assert result.messages[1].parts[1].result.data is None  # type: ignore[union-attr]
+    assert not result.over_budget
+
+
+async def test_a_never_evicted_output_is_kept_word_for_word_when_its_turn_is_summarised():
+    messages = conversation(6)
+    messages[1].parts.append(
+        ToolCallPart(
+            id="policy",
+            name="docs.read",
+            args={"doc": "refunds"},
+            status="completed",
+            result=ToolResult(data="Refunds within 30 days."),
+        )
+    )
+    config = Compaction(
+        max_tokens=200,
+        summarizer=writer("S1", "S2"),
+        keep_recent_turns=2,
+        retention_by_tool={"docs.read": Retention(evict=False)},
+    )
+
+    first = await compact(request(messages), config=config, model=MODEL)
+
+    assert first.summary is not None
+    assert first.summary.kept == ['docs.read({"doc":"refunds"}): Refunds within 30 days.']
+    shown = first.messages[0].parts[0].text  # type: ignore[union-attr]
+    assert shown.endswith(
+        f'{KEPT_HEADING}\n- docs.read({{"doc":"refunds"}}): Refunds within 30 days.'
+    )
+    assert all(p.id != "policy" for m in first.messages for p in m.tool_calls)
+    stored = TypeAdapter(Summary).validate_json(TypeAdapter(Summary).dump_json(first.summary))
+    assert stored == first.summary
+    old = TypeAdapter(Summary).validate_python(
+        {"text": "S", "upto": "a0", "messages": 3, "tokens": 1}
+    )
+    assert old.kept == []  # a summary stored before `kept` loads
+
+    longer = [*messages, *turn(6), *turn(7)]
+    again = await compact(request(longer), config=config, model=MODEL, summary=first.summary)
+    assert again.summary is not None and again.summary is not first.summary
+    assert again.summary.kept == first.summary.kept  # carried into the next summary
+
+
+def test_a_retention_is_checked_when_it_is_made():
+    with pytest.raises(ConfigError, match=r"Retention\(last=-1\): it cannot be negative"):
+        Retention(last=-1)
+    with pytest.raises(ConfigError, match="never evicted has no limits"):
+        Retention(turns=2, evict=False)
 
 
 async def test_a_big_failure_keeps_being_an_error_when_shortened():

@@ -953,7 +953,8 @@ async def test_a_provider_tool_called_as_a_function_is_not_run_nor_stamped_as_ru
     assert (part.status, part.executor) == ("failed", "provider")
     assert part.result == ToolResult.failure(
         "Tool 'web_search' is run by the model provider, not called as a function: this call "
-        "did not run. Use the tool the provider offers under that name."
+        "did not run. Use the tool the provider offers under that name.",
+        code="not_available",
     )
 
 
@@ -1059,3 +1060,21 @@ async def test_a_repair_that_still_fails_reports_the_remaining_problems():
 async def test_null_and_boolean_arguments_are_named(raw: str, kind: str):
     _, state = await run(Agent("a", tools=[add]), [[call_raw("math.add", raw)], "done"])
     assert (calls(state)[0].result.error or "").endswith(f"not a JSON {kind}")  # type: ignore[union-attr]
+
+
+async def test_warnings_a_normalize_returns_reach_the_model_with_the_result():
+    def upper(args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        fixed = str(args["order_id"]).upper()
+        return {**args, "order_id": fixed}, [f"order_id {args['order_id']!r} read as {fixed!r}"]
+
+    @tool(normalize=upper)
+    def status(order_id: str) -> str:
+        """An order's status."""
+        return f"{order_id}: shipped"
+
+    _, state = await run(Agent("a", tools=[status]), [[call("status", order_id="a1")], "ok"])
+    (part,) = calls(state)
+    assert part.args == {"order_id": "A1"}
+    assert part.result is not None and part.result.warnings == ["order_id 'a1' read as 'A1'"]
+    assert part.result.model_text() == ("A1: shipped\n\nWarnings:\n- order_id 'a1' read as 'A1'")
+    assert RunState.load(state.dump()).messages[-2].tool_calls[0].result == part.result

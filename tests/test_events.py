@@ -170,6 +170,7 @@ def test_an_event_is_flat_json_with_its_type():
         "amendable": [],
         "kind": "approval",
         "digest": None,
+        "agent": None,
     }
 
 

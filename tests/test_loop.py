@@ -279,7 +279,8 @@ async def test_interrupting_mid_tool_pairs_every_call_with_an_interrupted_result
     assert hung.status == "interrupted"
     assert hung.result == ToolResult.failure(
         "interrupted before it finished: the run was cancelled, so this call may or may not "
-        "have taken effect"
+        "have taken effect",
+        code="interrupted",
     )
     assert quick.status == "completed"
     assert_valid_history(run.result.state)

@@ -166,6 +166,8 @@ def test_a_tool_call_and_its_result_travel_together_in_one_part():
                         "summary": "A1: shipped",
                         "markdown": None,
                         "error": None,
+                        "code": None,
+                        "warnings": None,
                     },
                     "digest": {"status": "shipped"},
                     "executor": "server",

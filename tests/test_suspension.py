@@ -578,7 +578,10 @@ async def test_a_turn_suspended_in_the_second_agent_of_a_route_resumes_there():
     )
     events = await suspended(engine)
     assert [e.agent for e in events if e.type == "agent-started"] == ["planner", "executor"]
+    (asked,) = [e for e in events if e.type == "approval-required"]
+    assert asked.agent == "executor"  # the agent that proposed the call, not the route's first
     state = await engine.session("s1")
+    assert state.pending["call_1"].agent == "executor"
     assert state.progress is not None
     assert (state.progress.agent, state.progress.step, state.progress.route) == (
         "executor",

@@ -423,7 +423,12 @@ async def _agent_loop(
                 if refusal is not None:  # never acted on: each call gets why, as its result
                     for part in calls:
                         part.status = "failed"
-                        part.result = ToolResult.failure(refusal)
+                        part.result = ToolResult.failure(
+                            refusal,
+                            code="incomplete_response"
+                            if response.finish_reason not in _FINISHED
+                            else "tools_not_allowed",
+                        )
                         part.started_at = runtime.clock()
                         yield completed_event(part)
                     insist = tool_choice == "none"
@@ -592,7 +597,7 @@ def _repair(history: list[Message], partial: list[str], message_id: str, agent: 
     for part in history[-1].parts:
         if isinstance(part, ToolCallPart) and part.status in ("pending", "running"):
             part.status = "interrupted"
-            part.result = ToolResult.failure(_INTERRUPTED)
+            part.result = ToolResult.failure(_INTERRUPTED, code="interrupted")
 
 
 def _jsonable_output(output: Any) -> Any:

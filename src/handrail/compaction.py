@@ -41,10 +41,12 @@ from .state import Summary
 from .tokens import count_text, count_tokens
 
 __all__ = [
+    "KEPT_HEADING",
     "SUMMARIZER_INSTRUCTIONS",
     "SUMMARY_HEADING",
     "Compacted",
     "Compaction",
+    "Retention",
     "Summary",
     "compact",
 ]
@@ -67,10 +69,54 @@ whole conversation. Write plain, concise text in the conversation's language; no
 SUMMARY_HEADING = "Summary of the earlier conversation, which was compacted to save space:"
 """The first line of the synthetic user message that carries the summary in the view."""
 
+KEPT_HEADING = "Tool outputs from the earlier conversation, kept word for word:"
+"""The heading of the never-evicted outputs the summary message carries after the summary."""
+
 _OUTPUT_TOOL = "final_output"  # a structured-output schema costs about what a tool does
 _PROMPT_FRAMING = 32  # tokens of the summarizer prompt's headings and tags
 _CLIPPED = " [... clipped: {} tokens in all]"
 _UNSETTLED = frozenset({"pending", "running", "waiting"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Retention:
+    """How long one tool's big outputs stay in full: by age, by count, or for good.
+
+    An output is shortened to its summary line once it is older than `turns` turns, or once
+    it is not among the tool's `last` most recent outputs (the current turn's count too):
+    whichever comes first of those given. Neither given: in full until it is summarised.
+
+    Raises:
+        ConfigError: a negative number, or `evict=False` with a limit.
+    """
+
+    turns: int | None = None
+    """The age: turns before the current one an output stays in full (0: only the current
+    turn's)."""
+    last: int | None = None
+    """The count: only the tool's `last` most recent outputs stay in full."""
+    evict: bool = True
+    """False: the tool's outputs are never shortened, whatever their age or number, and
+    when their turn is summarised the summary keeps them word for word (`Summary.kept`)."""
+
+    def __post_init__(self) -> None:
+        for name, value in (("turns", self.turns), ("last", self.last)):
+            if value is not None and value < 0:
+                raise ConfigError(f"Retention({name}={value}): it cannot be negative.")
+        if not self.evict and (self.turns is not None or self.last is not None):
+            raise ConfigError("Retention(evict=False): an output never evicted has no limits.")
+
+    def expired(self, age: int, rank: int) -> bool:
+        """Whether an output is past this retention.
+
+        `age`: the turns back it is; `rank`: 0 for its tool's latest output, 1 for the one
+        before, ...
+        """
+        if not self.evict:
+            return False
+        return (self.turns is not None and age > self.turns) or (
+            self.last is not None and rank >= self.last
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,8 +143,9 @@ class Compaction:
     """Turns a big tool output stays in full: an output from a turn more than this many turns
     before the current one (0: any earlier turn) is shown as its `ToolResult.summary` line.
     None keeps outputs in full until they are summarised."""
-    retention_by_tool: Mapping[str, int | None] = field(default_factory=dict)
-    """`tool_retention` for particular tools, by name (None: in full until summarised)."""
+    retention_by_tool: Mapping[str, int | Retention | None] = field(default_factory=dict)
+    """`tool_retention` for particular tools, by name: turns (None: in full until
+    summarised), or a `Retention` (an age and a count, or never evicted)."""
     big_output_tokens: int = 200
     """Only outputs of more tokens than this are ever replaced by their summary line."""
     instructions: str = SUMMARIZER_INSTRUCTIONS
@@ -111,7 +158,11 @@ class Compaction:
             "keep_recent_turns": self.keep_recent_turns,
             "big_output_tokens": self.big_output_tokens,
             "tool_retention": self.tool_retention,
-            **{f"retention_by_tool[{k!r}]": v for k, v in self.retention_by_tool.items()},
+            **{
+                f"retention_by_tool[{k!r}]": v
+                for k, v in self.retention_by_tool.items()
+                if not isinstance(v, Retention)
+            },
         }
         for name, value in checks.items():
             if value is not None and value < 0:
@@ -228,6 +279,10 @@ async def compact(
             upto=messages[cut - 1].id,
             messages=base + cut,
             tokens=count_text(text, model),
+            kept=[
+                *(summary.kept if summary is not None else []),
+                *_kept(messages[start:cut], config),
+            ],
         )
         start = cut
         view = turns.view(start, summary)
@@ -249,7 +304,17 @@ class _Turns:
     What the stored summary covers (before `start`) is out of play.
     """
 
-    __slots__ = ("_config", "_model", "_pruned", "current", "messages", "pinned", "start", "starts")
+    __slots__ = (
+        "_config",
+        "_model",
+        "_pruned",
+        "current",
+        "messages",
+        "pinned",
+        "ranks",
+        "start",
+        "starts",
+    )
 
     def __init__(
         self, messages: list[Message], start: int, config: Compaction, model: Model
@@ -265,6 +330,13 @@ class _Turns:
         self._config = config
         self._model = model
         self._pruned: dict[int, Message] = {}
+        # Each output's rank among its tool's, the latest first (for `Retention.last`).
+        self.ranks: dict[int, int] = {}
+        seen: dict[str, int] = {}
+        for message in reversed(messages):
+            for part in reversed(message.tool_calls):
+                self.ranks[id(part)] = seen.get(part.name, 0)
+                seen[part.name] = seen.get(part.name, 0) + 1
 
     def cuts(self, keep: int) -> list[int]:
         """Where the view may start, earliest first: each one a turn's start.
@@ -292,7 +364,7 @@ class _Turns:
         if pruned is None:
             age = len(self.starts) - bisect.bisect_right(self.starts, index)
             pruned = self._pruned[index] = _pruned(
-                self.messages[index], age, self._config, self._model
+                self.messages[index], age, self._config, self._model, self.ranks
             )
         return pruned
 
@@ -345,14 +417,16 @@ def _unsettled(message: Message) -> bool:
     )
 
 
-def _pruned(message: Message, age: int, config: Compaction, model: Model) -> Message:
+def _pruned(
+    message: Message, age: int, config: Compaction, model: Model, ranks: Mapping[int, int]
+) -> Message:
     """`message` without its reasoning and with its expired big outputs shortened (a copy)."""
     parts: list[Part] = []
     for part in message.parts:
         if isinstance(part, ReasoningPart):
             continue
         if isinstance(part, ToolCallPart):
-            part = _shortened(part, age, config, model) or part
+            part = _shortened(part, age, config, model, ranks.get(id(part), 0)) or part
         parts.append(part)
     if len(parts) == len(message.parts) and all(map(operator.is_, parts, message.parts)):
         return message
@@ -360,14 +434,16 @@ def _pruned(message: Message, age: int, config: Compaction, model: Model) -> Mes
 
 
 def _shortened(
-    part: ToolCallPart, age: int, config: Compaction, model: Model
+    part: ToolCallPart, age: int, config: Compaction, model: Model, rank: int = 0
 ) -> ToolCallPart | None:
     """A copy of `part` whose output is its summary line, when retention says so."""
     result = part.result
     if result is None or part.status in _UNSETTLED:
         return None
     retention = config.retention_by_tool.get(part.name, config.tool_retention)
-    if retention is None or age <= retention:
+    if not isinstance(retention, Retention):
+        retention = Retention(turns=retention)
+    if not retention.expired(age, rank):
         return None
     text = result.model_text()
     tokens = count_text(text, model)
@@ -386,8 +462,21 @@ def _shortened(
     return dataclasses.replace(part, result=short)
 
 
+def _kept(messages: list[Message], config: Compaction) -> list[str]:
+    """The outputs of never-evicted tools in `messages`, as the summary keeps them."""
+    kept = []
+    for message in messages:
+        for part in message.tool_calls:
+            retention = config.retention_by_tool.get(part.name)
+            if isinstance(retention, Retention) and not retention.evict and part.result:
+                kept.append(f"{part.name}({tool_arguments(part)}): {part.result.model_text()}")
+    return kept
+
+
 def _summary_message(summary: Summary) -> Message:
     text = f"{SUMMARY_HEADING}\n\n{summary.text}"
+    if summary.kept:
+        text += f"\n\n{KEPT_HEADING}\n" + "\n".join(f"- {line}" for line in summary.kept)
     return Message(
         id=f"summary-{summary.upto}", role="user", parts=[TextPart(text=text, synthetic=True)]
     )

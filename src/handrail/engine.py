@@ -637,7 +637,8 @@ class Engine:
                 part.result = ToolResult.failure(
                     f"Action {action.local_index} ({action.tool}) may have run before the "
                     f"worker applying it stopped; its effect is unknown, so it is not run "
-                    f"again. Check whether it happened."
+                    f"again. Check whether it happened.",
+                    code="interrupted",
                 )
             part.status = "completed" if part.result.ok else "failed"
             return part

@@ -156,6 +156,8 @@ class ToolCallCompleted:
     """The UI projection of the output."""
     error: str | None = None
     """The error, when it failed."""
+    code: str | None = None
+    """Why it failed, for programs (a `ToolErrorCode`, or the tool's own code)."""
     reused_from: str | None = None
     """Set when an identical earlier call's result was reused."""
     duration_ms: float | None = None
@@ -186,6 +188,8 @@ class ApprovalRequired:
     digest: str | None = None
     """The digest of `args`: an approval names it (`Approve(digest=...)`) to approve
     exactly these arguments."""
+    agent: str | None = None
+    """The agent that proposed the call (None for a batch card: a headless run's actions)."""
     type: Literal["approval-required"] = "approval-required"
 
 

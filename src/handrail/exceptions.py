@@ -513,11 +513,17 @@ class ModelRetry(Exception):
     """Raised by a tool to send `message` back to the model as a recoverable tool error.
 
     Not a `HandrailError`: it is a signal to the engine, not a failure of the run.
+
+    Args:
+        message: what the model reads.
+        code: the failed result's `code`, for programs (`"out_of_stock"`); `tool_error` when
+            unset.
     """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code
 
 
 class AskPerson(Exception):

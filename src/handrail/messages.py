@@ -178,6 +178,9 @@ class ApprovalCardPart:
     """What is being asked."""
     executor: Executor = "server"
     """Who runs the tool (a gated `client` tool is asked twice: approval, then its result)."""
+    agent: str | None = None
+    """The agent that proposed the call (None on a batch card, and on a card stored before
+    cards named it)."""
     decision: DecisionKind | None = None
     """The decision, once made."""
     decided_by: str | None = None

@@ -150,6 +150,7 @@ def reconcile(
             prompt=RECOVERY_PROMPT,
             kind="recovery",
             executor=part.executor,
+            agent=message.agent,
             created_at=now,
         )
         part.status = "waiting"

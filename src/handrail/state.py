@@ -55,6 +55,10 @@ class Summary:
     """How many messages it covers: the first `messages` of the history."""
     tokens: int
     """Its size in tokens, for the model it was written for."""
+    kept: list[str] = field(default_factory=list)
+    """The outputs of never-evicted tools (`Retention(evict=False)`) from the turns it
+    covers, each as `name(args): text the model read`: the view shows them after the
+    summary, word for word."""
 
 
 @dataclass(kw_only=True, slots=True)

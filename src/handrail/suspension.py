@@ -265,6 +265,7 @@ def card_event(card: ApprovalCardPart, tool: Tool[Any] | None) -> Event:
         amendable=list(card.amendable),
         kind=card.kind,
         digest=args_digest(card.tool_name, now),
+        agent=card.agent,
     )
 
 
@@ -274,7 +275,7 @@ def placeholder(card: ApprovalCardPart) -> ToolResult:
         f"No result yet: this call is {_WAITING[card.kind]}. It has not run; its real "
         f"result will replace this text."
     )
-    return ToolResult(ok=False, error=text, summary=_WAITING[card.kind])
+    return ToolResult(ok=False, error=text, summary=_WAITING[card.kind], code="pending")
 
 
 def decide(
@@ -694,13 +695,15 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
     if tool is None and card.decision not in ("reject", "expire"):
         return ToolResult.failure(
             f"Tool {part.name!r} no longer exists, so the {card.decision} decision on this "
-            f"call cannot be carried out; it did not run."
+            f"call cannot be carried out; it did not run.",
+            code="not_available",
         )
     decision: DecisionKind | None = card.decision
     if decision == "reject" and card.kind == "recovery":
         return ToolResult.failure(
             "This call may have run before a crash, and a person chose not to retry it, so "
-            "its effect is unknown. Tell the user to check whether it happened."
+            "its effect is unknown. Tell the user to check whether it happened.",
+            code="rejected",
         )
     if decision == "reject" and card.kind == "question":
         who = f" ({card.decided_by})" if card.decided_by else ""
@@ -712,6 +715,7 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
                 f"answer{why}. The call did not finish; tell the user."
             ),
             summary=f"declined{who}" + (f": {card.reason}" if card.reason else ""),
+            code="rejected",
         )
     if decision == "answer" and card.kind == "question":
         return None  # the tool runs again, with the answer
@@ -725,17 +729,20 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
                 f"unless the user asks; tell the user what was not done."
             ),
             summary=f"rejected{who}" + (f": {card.reason}" if card.reason else ""),
+            code="rejected",
         )
     if decision == "expire" and card.kind == "client_exec":
         return ToolResult.failure(
             f"The app was closed before it could run {part.name!r} (no client answered "
             f"before the deadline), so it did not run. Tell the user it is still to be done: "
-            f"it needs the app open, or another way."
+            f"it needs the app open, or another way.",
+            code="expired",
         )
     if decision == "expire":
         return ToolResult.failure(
             "Nobody decided on this call before its deadline, so it did not run. Tell the "
-            "user it is still to be done, or ask again."
+            "user it is still to be done, or ask again.",
+            code="expired",
         )
     if decision == "answer" and card.kind == "recovery":
         who = f" by {card.decided_by}" if card.decided_by else ""
@@ -744,7 +751,9 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
         return ToolResult(data=card.output)
     if decision == "client_result":
         if card.reason is not None:
-            return ToolResult.failure(f"The client could not run {part.name!r}: {card.reason}")
+            return ToolResult.failure(
+                f"The client could not run {part.name!r}: {card.reason}", code="tool_error"
+            )
         assert tool is not None
         return tool.to_result(card.output)
     return None

@@ -511,3 +511,44 @@ def test_a_decision_needs_a_suspended_turn_before_it() -> None:
 def test_decision_turns_are_validated(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Scenario.model_validate({"name": "s", **fields})
+
+
+def test_tool_errors_assert_the_failed_calls_and_their_codes() -> None:
+    steps = [
+        [
+            {"call": "orders.lookup", "args": {"order": "A1"}},
+            {"call": "orders.track", "args": {"order_id": "A1"}},
+        ],
+        [{"call": "orders.lookup", "args": {"order_id": "A1"}}],
+        [{"output": {"order_id": "A1", "urgent": False}}],
+    ]
+    mocks = {"orders.lookup": {"error": "A1 is archived", "code": "archived"}}
+    passing = scenario(
+        mocks=mocks,
+        model={"scripted": steps},
+        expect={
+            "tool_errors": [
+                {"tool": "orders.lookup", "code": "invalid_arguments"},
+                {"tool": "orders.track", "code": "unknown_tool"},
+                {"tool": "orders.lookup", "code": "archived"},
+            ]
+        },
+    )
+    assert run(passing).passed, run(passing).scenarios[0].failures
+    failing = scenario(
+        mocks=mocks,
+        model={"scripted": steps},
+        expect={"tool_errors": [{"tool": "orders.track", "code": "timed_out"}, "orders.cancel"]},
+    )
+    assert failures(failing) == [
+        ("tool_errors", "orders.track failed with unknown_tool, not timed_out"),
+        (
+            "tool_errors",
+            "no failed call of orders.cancel (failed: orders.lookup, orders.track)",
+        ),
+    ]
+
+
+def test_a_mock_code_needs_an_error() -> None:
+    with pytest.raises(ValueError, match="code goes with error"):
+        scenario(mocks={"orders.lookup": {"output": 1, "code": "archived"}})

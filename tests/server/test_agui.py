@@ -339,3 +339,16 @@ async def test_a_reused_result_says_which_call_it_repeats_and_the_write_after_it
         (True, None),
     ]
     assert notes == ["A1"] and _reply(step) == "Noted."
+
+
+async def test_a_failed_call_s_result_carries_its_code_and_a_summary() -> None:
+    model = ScriptedModel([[call("orders.delete", order_id="A1")], "I cannot delete orders."])
+    engine = Engine(Agent("support", tools=[]), runtime=Runtime(model=model, ids=sequential_ids()))
+    app = create_app(engine, authenticator=authenticator(), static_dir=None)
+    async with serving(app) as url:
+        (step, _) = await _client(url, "t-codes", [{"message": "Delete A1"}])
+    assert step["error"] is None
+    (result,) = [e for e in step["events"] if e["type"] == "TOOL_CALL_RESULT"]
+    content = json.loads(result["content"])
+    assert (content["ok"], content["code"]) == (False, "unknown_tool")
+    assert content["summary"] == "Unknown tool 'orders.delete'. Available tools: none."

@@ -114,6 +114,7 @@ async def test_the_pending_card_is_read_with_the_session(server: Server) -> None
         "amendable": ["amount"],
         "kind": "approval",
         "executor": "server",
+        "agent": "executor",  # the demo's agent that proposed the refund
         "decision": None,
         "decided_by": None,
         "decided_at": None,

@@ -641,3 +641,23 @@ async def test_a_reused_result_names_the_call_it_repeats_and_the_write_after_it_
         ("tool-orders.note", "output-available", None),
     ]
     assert notes == ["A1"] and _text(step) == "Noted."
+
+
+async def test_a_failed_call_is_an_output_error_part_that_keeps_its_code() -> None:
+    model = ScriptedModel([[call("orders.lookup", order="A1")], "Which order?"])
+    engine = Engine(
+        Agent("support", tools=[lookup_order]), runtime=Runtime(model=model, ids=sequential_ids())
+    )
+    async with serving(_app(engine)) as url:
+        (step, _final) = await _chat(url, "c-codes", [{"message": "Where is it?"}])
+    assert step["error"] is None
+    part = _tool(step, "orders.lookup")
+    assert part["state"] == "output-error"
+    assert part["toolMetadata"] == {"code": "invalid_arguments"}
+    assert part["errorText"].startswith("Tool 'orders.lookup'")
+
+
+@tool(name="orders.lookup")
+def lookup_order(order_id: str) -> str:
+    """Look an order up."""
+    return f"{order_id}: shipped"

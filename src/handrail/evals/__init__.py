@@ -49,6 +49,7 @@ from ._suite import (
     StepPart,
     Suite,
     ToolCallExpectation,
+    ToolErrorExpectation,
     Turn,
     UsageSpec,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "SuiteResult",
     "Tally",
     "ToolCallExpectation",
+    "ToolErrorExpectation",
     "Transcript",
     "Turn",
     "TurnRecord",

@@ -14,9 +14,9 @@ from typing import Any
 
 from ._match import mismatch
 from ._result import Failure
-from ._suite import Expect, ProposalExpectation, ToolCallExpectation
+from ._suite import Expect, ProposalExpectation, ToolCallExpectation, ToolErrorExpectation
 
-__all__ = ["Call", "Proposal", "Transcript", "TurnRecord", "check"]
+__all__ = ["Call", "Proposal", "ToolFailure", "Transcript", "TurnRecord", "check"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,6 +63,18 @@ class Proposal:
 
 
 @dataclass(kw_only=True, slots=True)
+class ToolFailure:
+    """A tool call that failed (its result has `ok=False`)."""
+
+    tool: str
+    """The tool's name, as the model called it."""
+    code: str | None
+    """The result's code."""
+    error: str | None
+    """The error the model read."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Transcript:
     """Everything a scenario's run did that an assertion can look at."""
 
@@ -77,6 +89,8 @@ class Transcript:
     """The tools whose calls asked for approval, in order."""
     actions: list[Call] = field(default_factory=list)
     """The actions capture mode recorded, in order."""
+    failures: list[ToolFailure] = field(default_factory=list)
+    """The calls that failed, in order."""
     error: str | None = None
     """What stopped the scenario outside a run (a bad model, a turn after a suspension)."""
 
@@ -112,6 +126,8 @@ def check(
             fail("not_called", f"{hit.tool} was called with {_json(hit.args)}")
     for proposal in expect.proposed:
         _proposed(proposal, seen, fail)
+    for failing in expect.tool_errors:
+        _tool_error(failing, seen, fail)
     if expect.captured is not None:
         _captured(expect, seen, fail)
     if expect.approvals is not None and seen.approvals != expect.approvals:
@@ -175,6 +191,16 @@ def _proposed(wanted: ProposalExpectation, seen: Transcript, fail: Any) -> None:
         fates = list(dict.fromkeys(p.decision for p in fitting))
         found = f"was {fates[0]}" if len(fates) == 1 else f"calls were {', '.join(fates)}"
         fail("proposed", f"{_label(wanted)} {found}, not {wanted.decision}")
+
+
+def _tool_error(wanted: ToolErrorExpectation, seen: Transcript, fail: Any) -> None:
+    same = [f for f in seen.failures if f.tool == wanted.tool]
+    if not same:
+        failed = ", ".join(dict.fromkeys(f.tool for f in seen.failures)) or "none"
+        fail("tool_errors", f"no failed call of {wanted.tool} (failed: {failed})")
+    elif wanted.code is not None and all(f.code != wanted.code for f in same):
+        codes = ", ".join(dict.fromkeys(str(f.code) for f in same))
+        fail("tool_errors", f"{wanted.tool} failed with {codes}, not {wanted.code}")
 
 
 def _unmade(wanted: ToolCallExpectation, seen: Transcript) -> str:

@@ -46,10 +46,10 @@ def _asking(
 
 def _mocked(name: str, mock: Mock) -> Callable[[dict[str, Any]], Any]:
     if mock.error is not None:
-        message = mock.error
+        message, code = mock.error, mock.code
 
         def failing(args: dict[str, Any]) -> Any:
-            raise ModelRetry(message)
+            raise ModelRetry(message, code=code)
 
         return failing
     if mock.outputs is not None:

@@ -44,7 +44,7 @@ from ..runtime import Runtime, sequential_ids
 from ..state import RunState
 from ..store import MemoryStore
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject, current_digest
-from ._check import Call, Proposal, Transcript, TurnRecord, check
+from ._check import Call, Proposal, ToolFailure, Transcript, TurnRecord, check
 from ._config import AgentConfig, configure
 from ._judge import judge
 from ._load import SuiteError, as_domain, check_suite, import_target
@@ -329,6 +329,10 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                 started.add(event.tool_call_id)
                 seen.calls.append(Call(tool=event.name, args=event.args))
             elif isinstance(event, ToolCallCompleted):
+                if not event.ok:
+                    seen.failures.append(
+                        ToolFailure(tool=event.name, code=event.code, error=event.error)
+                    )
                 answered = made.pop(event.tool_call_id, None)
                 if answered is not None and event.tool_call_id not in started:
                     # A person answered it, or the client ran it: made, though not here.

@@ -172,6 +172,8 @@ class Mock(_Strict):
     """What the first, second, ... call returns; a call past the end is a tool error."""
     error: str | None = None
     """Every call fails with this tool error (the model reads it)."""
+    code: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]*$")
+    """With `error`: the failure's code (`out_of_stock`; default `tool_error`)."""
     ask: str | None = Field(default=None, min_length=1)
     """Each call first asks a person this question (a `question` card, answered by a
     decision turn), then runs again and gives its output or error."""
@@ -181,6 +183,8 @@ class Mock(_Strict):
         kinds = [k for k in ("output", "outputs", "error") if k in self.model_fields_set]
         if len(kinds) != 1:
             raise ValueError("a mock is exactly one of output, outputs or error")
+        if self.code is not None and self.error is None:
+            raise ValueError("code goes with error")
         return self
 
 
@@ -440,6 +444,24 @@ class ProposalExpectation(ToolCallExpectation):
     ended (default: any)."""
 
 
+class ToolErrorExpectation(_Strict):
+    """A tool call that must fail: the tool, and the failure's code.
+
+    In YAML a bare tool name (any failure), or `{tool, code}`.
+    """
+
+    tool: str
+    """The tool's name (as the model called it: an unknown tool's too)."""
+    code: str | None = None
+    """The result's `code` (`invalid_arguments`, `rejected`, ... or the tool's own; default:
+    any)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"tool": data} if isinstance(data, str) else data
+
+
 class CapturedExpectation(_Strict):
     """The actions a capture-mode scenario must capture."""
 
@@ -474,6 +496,8 @@ class Expect(_Strict):
     proposed: list[ProposalExpectation] = Field(default_factory=list)
     """Calls that must have waited for a decision (each matched by some waiting call),
     with how they were decided."""
+    tool_errors: list[ToolErrorExpectation] = Field(default_factory=list)
+    """Calls that must fail (each matched by some failed call), with the failure's code."""
     captured: CapturedExpectation | None = None
     """The actions capture mode must record."""
     approvals: list[str] | None = None
@@ -491,7 +515,9 @@ class Expect(_Strict):
     judge: Judge | None = None
     """An LLM judge's verdict must be a pass."""
 
-    @field_validator("called", "not_called", "proposed", "text_contains", mode="before")
+    @field_validator(
+        "called", "not_called", "proposed", "tool_errors", "text_contains", mode="before"
+    )
     @classmethod
     def _listed(cls, value: Any) -> Any:
         return _as_list(value)

@@ -309,6 +309,7 @@ class _Translator:
                 "summary": event.summary,
                 "digest": event.digest,
                 "error": event.error,
+                "code": event.code,
                 "executor": event.executor,  # `provider`: the model provider ran it
                 "reused_from": event.reused_from,  # not run again: that call's result
             }
@@ -401,6 +402,7 @@ def _interrupt(card: ApprovalCardPart, api: Api) -> agui.Interrupt:
             "handrail": {
                 "kind": card.kind,
                 "tool": card.tool_name,
+                "agent": card.agent,
                 "args": stands.args,
                 "digest": stands.digest,
                 "proposedArgs": card.args,

@@ -633,6 +633,7 @@ class _Chunks:
                 "args": event.args,
                 "digest": event.digest,
                 "amendable": event.amendable,
+                "agent": event.agent,
             }
         elif isinstance(event, InputRequired):
             card |= {"kind": "input", "prompt": event.prompt, "args": event.args}
@@ -651,7 +652,10 @@ class _Chunks:
             return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
         if not event.ok:
             text = event.error or event.summary or f"The call {event.status}."
-            return {"type": "tool-output-error", **common, "errorText": text}
+            chunk = {"type": "tool-output-error", **common, "errorText": text}
+            if event.code is not None:  # `useChat` keeps it on the part (`toolMetadata`)
+                chunk["toolMetadata"] = {"code": event.code}
+            return chunk
         output = {"status": event.status, "summary": event.summary, "digest": event.digest}
         if event.reused_from:  # not run again: the result of that earlier, identical call
             output["reused_from"] = event.reused_from

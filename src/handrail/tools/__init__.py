@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._tool_result import ToolResult
+from .._tool_result import ToolErrorCode, ToolResult
 from ._hosted import (
     HostedKind,
     HostedTool,
@@ -22,6 +22,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolDecorator",
+    "ToolErrorCode",
     "ToolOptions",
     "ToolResult",
     "UserLocation",

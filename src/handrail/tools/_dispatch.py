@@ -45,6 +45,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pydantic_core
@@ -112,10 +113,29 @@ class _Copy:
 class _Ready:
     """A call that passed steps 1-6 and will be executed."""
 
-    __slots__ = ("answer", "asked", "error", "fault", "key", "kwargs", "log_id", "part", "tool")
+    __slots__ = (
+        "answer",
+        "asked",
+        "error",
+        "fault",
+        "key",
+        "kwargs",
+        "log_id",
+        "part",
+        "tool",
+        "warnings",
+    )
 
-    def __init__(self, part: ToolCallPart, tool: Tool[Any], kwargs: dict[str, Any], key: str):
+    def __init__(
+        self,
+        part: ToolCallPart,
+        tool: Tool[Any],
+        kwargs: dict[str, Any],
+        key: str,
+        warnings: list[str] | None = None,
+    ):
         self.part = part
+        self.warnings = warnings or None  # what the tool's `normalize` noted, for the model
         self.tool = tool
         self.kwargs = kwargs
         self.key = key
@@ -312,29 +332,39 @@ class Dispatcher:
         """Look the tool up, bind (from `bound`, else the context) and validate again."""
         tool = self.tools.get(part.name)
         if tool is None:
-            return self._fail(part, _unknown_tool(part.name, self.tools))
+            return self._fail(part, _unknown_tool(part.name, self.tools), "unknown_tool")
         try:
             validated = tool.validate(part.args, self.state.context, bound)
         except Exception as exc:
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
+            )
         return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, part.args))
 
     async def _approved(
         self, part: ToolCallPart, tool: Tool[Any], card: ApprovalCardPart
     ) -> _Ready | _Final:
         args = card.amended_args if card.amended_args is not None else part.args
+        warnings: list[str] = []
         try:
-            validated = tool.validate(args, self.state.context)
+            validated = tool.validate(args, self.state.context, warnings=warnings)
         except (ArgumentsError, PathError) as exc:
-            return self._fail(part, f"Tool {part.name!r}: the approved call no longer holds: {exc}")
+            return self._fail(
+                part,
+                f"Tool {part.name!r}: the approved call no longer holds: {exc}",
+                "invalid_arguments",
+            )
         except Exception as exc:
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
+            )
         final = tool.stored_args(validated)
         if card.args_digest != args_digest(part.name, final):
             return self._fail(
                 part,
                 f"Refused to run {part.name!r}: its arguments are not the ones that were "
                 f"approved (the approval's digest does not match). Ask for approval again.",
+                "policy_denied",
             )
         if tool.revalidate is not None:
             try:
@@ -342,13 +372,14 @@ class Dispatcher:
                 if inspect.isawaitable(checked):
                     await checked
             except ModelRetry as exc:
-                return self._fail(part, exc.message)
+                return self._fail(part, exc.message, exc.code or "invalid_arguments")
             except Exception as exc:
                 reference = self._raised(part, exc, f"The revalidate hook of {part.name!r} raised")
                 return self._fail(
                     part,
                     f"Tool {part.name!r}: the approved call no longer holds: "
                     f"{type(exc).__name__}: {exc} (reference {reference})",
+                    "invalid_arguments",
                 )
         part.args = final
         if tool.executor == "client":
@@ -357,7 +388,7 @@ class Dispatcher:
             part.status = "waiting"
             return None
         part.status = "running"
-        return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, final))
+        return _Ready(part, tool, tool.arguments(validated), _call_key(part.name, final), warnings)
 
     async def _execute_ready(
         self,
@@ -409,7 +440,7 @@ class Dispatcher:
             part.args = parse_arguments(part.raw_args)
         except ArgumentsError as exc:
             self.state.usage.invalid_tool_calls += 1
-            self._fail(part, f"Tool {part.name!r}: {exc}")
+            self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
             return False
         return True
 
@@ -423,26 +454,32 @@ class Dispatcher:
         state = self.state
         tool = self.tools.get(part.name)
         if tool is None:  # the allow-list: only the agent's tools exist for its model
-            return self._fail(part, _unknown_tool(part.name, self.tools))
+            return self._fail(part, _unknown_tool(part.name, self.tools), "unknown_tool")
         part.executor = tool.executor
         if tool.executor == "provider":  # a function call: the provider did not run it
             return self._fail(
                 part,
                 f"Tool {part.name!r} is run by the model provider, not called as a function: "
                 f"this call did not run. Use the tool the provider offers under that name.",
+                "not_available",
             )
         try:
             args = part.args
             if runtime.transform_args is not None:  # 2. domain transform
                 args = runtime.transform_args(tool, dict(args))
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
-            validated = tool.validate(args, state.context, bound)  # 4. validate
+            warnings: list[str] = []
+            validated = tool.validate(args, state.context, bound, warnings)  # 4. validate
         except ArgumentsError as exc:
-            return self._fail(part, f"Tool {part.name!r}: {exc}")
+            return self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
         except PathError as exc:
-            return self._fail(part, f"Tool {part.name!r} could not bind its arguments: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r} could not bind its arguments: {exc}", "invalid_arguments"
+            )
         except Exception as exc:  # a user hook failed: still data, never a crash
-            return self._fail(part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}")
+            return self._fail(
+                part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
+            )
         part.args = tool.stored_args(validated)
         part.bound = bound
         kwargs = tool.arguments(validated)
@@ -454,6 +491,7 @@ class Dispatcher:
                 part,
                 f"Tool {part.name!r} needs permission {tool.permission!r}, which this run "
                 f"does not allow (allowed: {', '.join(sorted(allowed))}).",
+                "permission_denied",
             )
 
         # 6. dedup and the idempotent cache
@@ -488,7 +526,7 @@ class Dispatcher:
             self._hold(part, tool)
             return None
         part.status = "running"
-        ready = _Ready(part, tool, kwargs, key)
+        ready = _Ready(part, tool, kwargs, key, warnings)
         if reusable:
             state.turn_calls[key] = part
             planned[key] = ready
@@ -497,7 +535,7 @@ class Dispatcher:
     def _capture(self, part: ToolCallPart, tool: Tool[Any]) -> None:
         """Capture mode: record a gated call with its predicted output instead of running it."""
         if tool.executor != "server":
-            self._fail(part, _NOT_HEADLESS[tool.executor].format(name=part.name))
+            self._fail(part, _NOT_HEADLESS[tool.executor].format(name=part.name), "not_available")
             return
         state = self.state
         index = state.captures
@@ -512,10 +550,18 @@ class Dispatcher:
             try:
                 result = tool.to_result(tool.mint(dict(part.args), index))
             except Exception as exc:
-                self._fail(part, f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}")
+                self._fail(
+                    part,
+                    f"Tool {part.name!r}: mint failed: {type(exc).__name__}: {exc}",
+                    "tool_error",
+                )
                 return
             if not result.ok:
-                self._fail(part, f"Tool {part.name!r}: mint predicted: {result.error}")
+                self._fail(
+                    part,
+                    f"Tool {part.name!r}: mint predicted: {result.error}",
+                    result.code or "tool_error",
+                )
                 return
             predicted = result.model_text()
         state.captures = index + 1
@@ -531,7 +577,7 @@ class Dispatcher:
         """Make a call wait for a person or a client, unless it cannot (then it fails)."""
         state, runtime = self.state, self.runtime
         if tool.executor == "client" and not state.client_connected:
-            self._fail(part, _NO_CLIENT.format(name=part.name))
+            self._fail(part, _NO_CLIENT.format(name=part.name), "not_available")
             return
         if tool.gated:
             cap = runtime.max_approvals_per_turn
@@ -541,6 +587,7 @@ class Dispatcher:
                     f"Not asked: this turn already has {cap} call(s) waiting for approval, the "
                     f"most it allows. Stop calling tools that need approval; summarise what "
                     f"you have done and what still needs a decision.",
+                    "policy_denied",
                 )
                 return
             state.approvals += 1
@@ -548,8 +595,8 @@ class Dispatcher:
         return None
 
     @staticmethod
-    def _fail(part: ToolCallPart, error: str) -> _Final:
-        part.result = ToolResult.failure(error)
+    def _fail(part: ToolCallPart, error: str, code: str) -> _Final:
+        part.result = ToolResult.failure(error, code=code)
         part.status = "failed"
         return None
 
@@ -597,6 +644,7 @@ class Dispatcher:
             amendable=list(tool.amendable) if kind == "approval" else [],
             kind=kind,
             executor=tool.executor,
+            agent=self.agent,
             created_at=now,
             expires_at=None if ttl is None else now + ttl,
         )
@@ -626,7 +674,11 @@ class Dispatcher:
         )
         tool = self.tools.get(part.name)
         if tool is not None and tool.executor != "server":
-            self._fail(part, f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.")
+            self._fail(
+                part,
+                f"Tool {part.name!r} runs elsewhere ({tool.executor}), not here.",
+                "not_available",
+            )
             return part
         ready = self._rerun(part, bound)  # look the tool up, bind and validate, as for a rerun
         if ready is not None:
@@ -638,6 +690,7 @@ class Dispatcher:
                     part,
                     f"Tool {part.name!r} asked a person a question while it was "
                     f"applied; a captured action must run without one.",
+                    "not_available",
                 )
         return part
 
@@ -743,18 +796,23 @@ class Dispatcher:
             part.duration_ms = (time.perf_counter() - begun) * 1000.0
             return
         except ModelRetry as exc:
-            result = ToolResult.failure(exc.message)
+            result = ToolResult.failure(exc.message, code=exc.code or "tool_error")
         except TimeoutError as exc:
-            result = ToolResult.failure(
-                f"Tool {part.name!r} timed out after {tool.timeout:g} s; it may be slow or "
-                f"stuck. Try again later or with a smaller request."
+            result = (
+                ToolResult.failure(
+                    f"Tool {part.name!r} timed out after {tool.timeout:g} s; it may be slow or "
+                    f"stuck. Try again later or with a smaller request.",
+                    code="timed_out",
+                )
                 if tool.timeout is not None
-                else f"TimeoutError: {exc}"
+                else ToolResult.failure(f"TimeoutError: {exc}")
             )
         except Exception as exc:
             reference = self._raised(part, exc, f"Tool {part.name!r} raised")
             ready.error = (exc, reference)
             result = ToolResult.failure(f"{type(exc).__name__}: {exc} (reference {reference})")
+        if ready.warnings:  # what `normalize` repaired reaches the model with the result
+            result = replace(result, warnings=[*(result.warnings or []), *ready.warnings])
         await self._finish(part, tool, result, ready.key)
         part.duration_ms = (time.perf_counter() - begun) * 1000.0
         if self.journal is not None and tool.permission != "read":
@@ -801,6 +859,8 @@ class Dispatcher:
             if tool.cache_ttl is not None and key is not None:
                 state.tool_cache[key] = (part.started_at or 0.0) + tool.cache_ttl, result
         result = await self._hooks(part, result)  # 10. result hooks
+        if not result.ok and result.code is None:  # a failed result the tool made, no code
+            result.code = "tool_error"
         part.result = result  # 11. stamp
         part.status = "completed" if result.ok else "failed"
         state.usage.tool_calls += 1
@@ -864,7 +924,8 @@ class Dispatcher:
         except Exception as exc:
             reference = self._raised(part, exc, f"A result hook failed on {part.name!r}")
             return ToolResult.failure(
-                f"a result hook failed: {type(exc).__name__}: {exc} (reference {reference})"
+                f"a result hook failed: {type(exc).__name__}: {exc} (reference {reference})",
+                code="tool_error",
             )
         return result
 
@@ -883,9 +944,10 @@ def completed_event(part: ToolCallPart) -> ToolCallCompleted:
         name=part.name,
         ok=result.ok,
         status=part.status,
-        summary=result.summary,
+        summary=result.display_summary(),
         digest=part.digest,
         error=result.error,
+        code=None if result.ok else result.code,
         reused_from=part.reused_from,
         duration_ms=part.duration_ms,
         executor=part.executor,

@@ -256,7 +256,7 @@ def hosted_call(
     """
     projection = dict(data)
     summary = hosted_summary(projection, error)
-    result = ToolResult(ok=error is None, data=projection, summary=summary, error=error)
+    result = ToolResult(ok=error is None, data=projection, summary=summary, error=error, code=error)
     return ToolCallPart(
         id=id,
         name=name,

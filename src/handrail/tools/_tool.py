@@ -55,6 +55,11 @@ _INPUT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 # A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
 _RAW_INPUT_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 
+Normalizer: TypeAlias = Callable[
+    [dict[str, Any]], "dict[str, Any] | tuple[dict[str, Any], list[str]]"
+]
+"""A tool's `normalize`: the repaired arguments, or `(arguments, warnings for the model)`."""
+
 
 @dataclass(kw_only=True, slots=True)
 class ToolContext(Generic[DepsT]):
@@ -112,7 +117,7 @@ class ToolOptions(TypedDict, total=False):
     approval: Approval | None
     amendable: Sequence[str]
     bindings: Mapping[str, str] | None
-    normalize: Callable[[dict[str, Any]], dict[str, Any]] | None
+    normalize: Normalizer | None
     digest: Callable[[Any], Any] | None
     summary: Callable[[Any], str] | None
     mint: Callable[[dict[str, Any], int], Any] | None
@@ -189,7 +194,9 @@ class Tool(Generic[DepsT]):
         amendable: argument names a human may change when approving.
         bindings: argument name -> context path (`sys:user_id`, `var:cart.id`): the engine
             fills these arguments; the model never sees or sets them.
-        normalize: lenient repair of the raw argument dict, run before validation.
+        normalize: lenient repair of the raw argument dict, run before validation; it
+            returns the repaired dict, or `(dict, warnings)`: the warnings (a list of
+            strings, "order_id 'a1' read as 'A1'") reach the model with the call's result.
         digest: output -> small JSON projection for the UI (pure).
         summary: output -> the one-line UI summary of a successful call (pure), when the
             tool does not return a `ToolResult` with its own.
@@ -244,7 +251,7 @@ class Tool(Generic[DepsT]):
         approval: Approval | None = None,
         amendable: Sequence[str] = (),
         bindings: Mapping[str, str] | None = None,
-        normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        normalize: Normalizer | None = None,
         digest: Callable[[Any], Any] | None = None,
         summary: Callable[[Any], str] | None = None,
         mint: Callable[[dict[str, Any], int], Any] | None = None,
@@ -435,11 +442,13 @@ class Tool(Generic[DepsT]):
         args: dict[str, Any],
         context: ContextStore,
         bound: Mapping[str, Any] | None = None,
+        warnings: list[str] | None = None,
     ) -> BaseModel:
         """Bind, normalize and validate a call's arguments (steps 3 and 4 of dispatch).
 
         Bound arguments always win over what was sent. They are `bound` when given (what a
-        captured call was captured with); otherwise they are read from `context`.
+        captured call was captured with); otherwise they are read from `context`. The
+        warnings `normalize` returns are appended to `warnings` when given.
 
         Raises:
             ArgumentsError: listing every bad field, after lenient repair.
@@ -449,7 +458,13 @@ class Tool(Generic[DepsT]):
         if self.bindings:
             args = {**args, **(bound if bound is not None else self.bind(context))}
         if self.normalize is not None:
-            args = self.normalize(dict(args))
+            normalized = self.normalize(dict(args))
+            if isinstance(normalized, tuple):
+                args, noted = normalized
+                if warnings is not None:
+                    warnings.extend(str(w) for w in noted)
+            else:
+                args = normalized
         return validate_arguments(self.input_model, args)
 
     def stored_args(self, validated: BaseModel) -> dict[str, Any]:
