@@ -125,11 +125,11 @@ RUN_CASES: dict[str, tuple[list[Any], dict[str, Any]]] = {
     "tools_not_allowed": (
         [
             [call("lookup", order_id="A1")],
-            [call("lookup", order_id="A1")],  # reused: the next request asks for no tools
+            [call("lookup", order_id="A1")],  # reused: at 1, the next request asks for no tools
             [call("broken", order_id="A1")],
             "ok",
         ],
-        {},
+        {"max_reused_responses": 1},
     ),
     "incomplete_response": (
         [cut(ToolCallPart(id="c1", name="lookup", raw_args='{"order_id": "A1"}')), "ok"],
