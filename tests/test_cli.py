@@ -307,7 +307,7 @@ def test_chat_marks_a_reused_read_as_not_run_again(chat_module: str) -> None:
     result = chat("chatapp:reads", input="How many M1?\n")
     assert result.exit_code == 0, result.output
     lines = [line[line.index("✓") :] for line in result.output.splitlines() if "stock →" in line]
-    assert lines == ["✓ stock → done", "✓ stock → done (reused, not run again)"]
+    assert lines == ["✓ stock → 3 left", "✓ stock → 3 left (reused, not run again)"]
 
 
 def test_chat_streams_the_reply_and_amends_the_card_field_by_field(chat_module: str) -> None:

@@ -272,6 +272,7 @@ async def test_a_provider_side_error_is_a_failed_part_with_the_providers_code(
         data={"kind": "web_search", "queries": ["handrail python"], "sources": []},
         summary="web search failed: max_uses_exceeded",
         error="max_uses_exceeded",
+        code="max_uses_exceeded",  # the provider's own code, for programs
     )
     completed = next(e for e in events if isinstance(e, ToolCallCompleted))
     assert (completed.ok, completed.error, completed.executor) == (
