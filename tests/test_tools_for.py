@@ -266,3 +266,37 @@ def test_a_grouped_tool_menu_in_the_instructions() -> None:
     assert model.calls[0].instructions == (
         "You run hosts.\n\nYour tools:\ncapability:\n- hosts.status: Read a host's status."
     )
+
+
+def test_the_server_passes_the_authenticated_caller_s_roles() -> None:
+    import httpx
+
+    from handrail.server import ApiKeyAuthenticator, Caller, create_app
+
+    model = FunctionModel(lambda request: "ok")
+    engine = engine_with(model, tools_for=SRE_ONLY)
+    keys = ApiKeyAuthenticator(
+        {
+            "key-ana": Caller("acme", "ana", frozenset({"sre"})),
+            "key-bo": Caller("acme", "bo", frozenset({"support"})),
+        }
+    )
+    app = create_app(engine, authenticator=keys, static_dir=None)
+
+    async def turns() -> None:
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for who in ("ana", "bo"):
+                headers = {"Authorization": f"Bearer key-{who}", "Accept": "text/event-stream"}
+                made = await client.post("/sessions", headers=headers)
+                session = made.json()["id"]
+                turn = await client.post(
+                    f"/sessions/{session}/turns", json={"text": "hi"}, headers=headers
+                )
+                assert turn.status_code == 200, turn.text
+
+    asyncio.run(turns())
+    assert [tool_names(r) for r in model.calls] == [
+        ["hosts.status", "hosts.restart"],
+        ["hosts.status"],
+    ]
