@@ -105,7 +105,9 @@ def test_a_call_to_a_filtered_tool_is_an_unknown_tool_and_nothing_runs() -> None
     (part,) = calls_of(state)
     assert part.status == "failed" and part.result is not None
     assert part.result.code == "unknown_tool"
-    assert "Available tools: hosts.status." in (part.result.error or "")
+    assert part.result.error == (  # it names the tools the caller has, never a hidden one
+        "Unknown tool 'hosts.restart'. Did you mean 'hosts.status'? Available tools: hosts.status."
+    )
     assert ran == [] and not state.pending  # not run, and no card asks anyone to approve it
 
 
@@ -300,3 +302,10 @@ def test_the_server_passes_the_authenticated_caller_s_roles() -> None:
         ["hosts.status", "hosts.restart"],
         ["hosts.status"],
     ]
+
+
+def test_a_tools_for_that_returns_one_name_as_a_string_is_refused() -> None:
+    agent = Agent("ops", tools=[status], model=ScriptedModel(["ok"]), tools_for=lambda t: "x")
+    result = asyncio.run(agent.run("hi"))
+    assert result.outcome == "failed"
+    assert "tools_for returned the string 'x'" in (result.error or "")

@@ -234,6 +234,9 @@ class AgentSpec(Generic[OutputT]):
 
         A tool filtered out is not shown to the model, and a call to it is an unknown tool.
         Names the agent does not have are ignored (a domain's `tools_for` names every agent's).
+
+        Raises:
+            UserError: `tools_for` returned a string, not a collection of names.
         """
         if self.tools_for is None:
             return self
@@ -247,6 +250,11 @@ class AgentSpec(Generic[OutputT]):
         allowed = self.tools_for(turn)
         if allowed is None:
             return self
+        if isinstance(allowed, str):  # set("a.b") would be its letters
+            raise UserError(
+                f"Agent {self.name!r}: tools_for returned the string {allowed!r}; return a "
+                f"list of tool names (or None for every tool)."
+            )
         names = set(allowed)
         return self.replace(tools=[t for t in self.tools.values() if t.name in names])
 
