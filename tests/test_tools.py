@@ -759,7 +759,7 @@ def test_an_option_like_no_other_lists_them_all():
         tool(lookup, colour="red")  # type: ignore[call-overload]
     assert str(caught.value) == (
         "tool(): unknown option 'colour'; the options: amendable, approval, bindings, "
-        "cache_ttl, decision_policy, dedup, description, digest, ends_turn, executor, "
+        "cache_ttl, category, decision_policy, dedup, description, digest, ends_turn, executor, "
         "expires_after, hosted, idempotent, mint, name, normalize, output_type, parameters, "
         "permission, prompt, revalidate, sequential, summary, timeout."
     )

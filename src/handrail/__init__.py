@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._agent_spec import ToolsFor, TurnInfo, by_role, render_tool_menu
 from ._deadlines import Deadlines
 from ._loop import AgentResult, AgentRun, Interrupt, run_agent
 from .agent import Agent
@@ -208,7 +209,9 @@ __all__ = [
     "ToolErrorCode",
     "ToolProgress",
     "ToolResult",
+    "ToolsFor",
     "TurnCutOffError",
+    "TurnInfo",
     "TurnRefusedError",
     "TurnRequest",
     "TurnSuspendedError",
@@ -221,7 +224,9 @@ __all__ = [
     "__version__",
     "apply",
     "build_runtime",
+    "by_role",
     "code_execution",
+    "render_tool_menu",
     "run_agent",
     "temp_id",
     "tool",

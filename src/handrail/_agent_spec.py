@@ -9,8 +9,9 @@ is told of. `handrail.Agent` is the public class: an `AgentSpec` that can also r
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeAlias, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -23,7 +24,15 @@ from .tools import HostedTool, Tool
 if TYPE_CHECKING:
     from .state import RunState
 
-__all__ = ["CONTINUE_PROMPT", "DEFAULT_NUDGE", "AgentSpec"]
+__all__ = [
+    "CONTINUE_PROMPT",
+    "DEFAULT_NUDGE",
+    "AgentSpec",
+    "ToolsFor",
+    "TurnInfo",
+    "by_role",
+    "render_tool_menu",
+]
 
 OutputT = TypeVar("OutputT")
 
@@ -37,6 +46,83 @@ DEFAULT_NUDGE = (
     "You answered before using your tools. Call at least {n} tool(s) to ground your answer, "
     "then answer."
 )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TurnInfo:
+    """Where a turn stands, as `tools_for` is shown it: the caller, and the agent about to run."""
+
+    agent: str
+    """The agent whose tools are being chosen."""
+    org_id: str | None = None
+    """The caller's organisation (from the session)."""
+    user_id: str | None = None
+    """The caller (from the session)."""
+    roles: frozenset[str] = field(default_factory=frozenset)
+    """The caller's roles, as the turn was given them (`Engine.submit(roles=...)`)."""
+    session_id: str | None = None
+    """The session."""
+    context: Any = None
+    """The turn's own context (the page, the record the user is on), when the app gives one."""
+
+
+ToolsFor: TypeAlias = Callable[[TurnInfo], "Iterable[str] | None"]
+"""Chooses the tools a turn may see and call: the names it allows (None: every tool)."""
+
+
+def by_role(
+    allowed: dict[str, Collection[str]], *, default: Collection[str] | None = None
+) -> ToolsFor:
+    """A `tools_for` from an allow-list per role: a caller sees the union of its roles' tools.
+
+    ```python
+    only = by_role({"sre": ["restart"]}, default=["lookup"])
+    Agent("it", tools=[lookup, restart], tools_for=only)
+    ```
+
+    Args:
+        allowed: role -> the tool names a caller with that role may see and call.
+        default: the names every caller may see, whatever its roles (None: every tool when
+            the caller has none of the roles in `allowed`, else only its roles' tools).
+    """
+    listed = {role: frozenset(names) for role, names in allowed.items()}
+    base = None if default is None else frozenset(default)
+
+    def tools_for(turn: TurnInfo) -> Iterable[str] | None:
+        mine = [names for role, names in listed.items() if role in turn.roles]
+        if base is None and not mine:
+            return None
+        return (base or frozenset()).union(*mine)
+
+    return tools_for
+
+
+CATEGORY_ORDER = ("control", "system", "capability")
+"""The categories `render_tool_menu` lists first, in this order (an app's own come after)."""
+
+
+def render_tool_menu(tools: Iterable[Tool[Any]], *, title: str = "Your tools") -> str:
+    """A menu of `tools` grouped by their `category` (for an agent's instructions).
+
+    The categories `control`, `system` and `capability` come first, then the app's own in
+    alphabetical order, then the tools with no category (under "other"); each line is a tool's
+    name and the first line of its description.
+    """
+    groups: dict[str, list[Tool[Any]]] = {}
+    for t in tools:
+        groups.setdefault(t.category or "other", []).append(t)
+    if not groups:
+        return ""
+    order = [c for c in CATEGORY_ORDER if c in groups]
+    order += sorted(c for c in groups if c not in CATEGORY_ORDER and c != "other")
+    order += ["other"] if "other" in groups else []
+    lines = [f"{title}:"]
+    for category in order:
+        lines.append(f"{category}:")
+        for t in groups[category]:
+            first = t.description.strip().splitlines()[0] if t.description.strip() else ""
+            lines.append(f"- {t.name}: {first}" if first else f"- {t.name}")
+    return "\n".join(lines)
 
 
 class AgentSpec(Generic[OutputT]):
@@ -59,6 +145,8 @@ class AgentSpec(Generic[OutputT]):
         scratch: bool = False,
         continue_on_length: int = 0,
         expires_after: Expiry | Inherit = INHERIT,
+        tools_for: ToolsFor | None = None,
+        tool_menu: bool = False,
     ) -> None:
         if max_iterations < 1:
             raise UserError(f"Agent {name!r}: max_iterations must be at least 1.")
@@ -78,6 +166,8 @@ class AgentSpec(Generic[OutputT]):
         check_expiry(expires_after, f"Agent {name!r}: expires_after")
         self.expires_after = expires_after
         self.nudge = nudge.replace("{n}", str(min_tool_calls))
+        self.tools_for = tools_for
+        self.tool_menu = tool_menu
         self.tools: dict[str, Tool[Any]] = {}
         for t in tools:
             if not isinstance(t, Tool):
@@ -104,9 +194,19 @@ class AgentSpec(Generic[OutputT]):
         output_schema: dict[str, Any] | None = None,
         scratch: bool | None = None,
         expires_after: Expiry | Inherit = INHERIT,
+        tools_for: ToolsFor | None = None,
+        instructions: str | Callable[[RunState], str] | None = None,
     ) -> Self:
-        """A copy of this agent with other tools, output schema, scratch setting or deadline."""
+        """A copy of this agent with some of its declaration changed.
+
+        Its tools, output schema, scratch setting, deadline, tool chooser (`tools_for`) or
+        instructions.
+        """
         clone = copy.copy(self)
+        if tools_for is not None:
+            clone.tools_for = tools_for
+        if instructions is not None:
+            clone.instructions = instructions
         if tools is not None:
             clone.tools = {}
             for t in tools:
@@ -122,9 +222,41 @@ class AgentSpec(Generic[OutputT]):
         return clone
 
     def instructions_for(self, state: RunState) -> str | None:
-        """The system prompt for this state."""
+        """The system prompt for this state (with the tool menu, when `tool_menu` is set)."""
         text = self.instructions(state) if callable(self.instructions) else self.instructions
+        if self.tool_menu:
+            menu = render_tool_menu(self.tools.values())
+            text = f"{text}\n\n{menu}" if text and menu else text or menu
         return text or None
+
+    def for_turn(self, state: RunState) -> Self:
+        """This agent as `state`'s turn may see it: only the tools `tools_for` allows.
+
+        A tool filtered out is not shown to the model, and a call to it is an unknown tool.
+        Names the agent does not have are ignored (a domain's `tools_for` names every agent's).
+
+        Raises:
+            UserError: `tools_for` returned a string, not a collection of names.
+        """
+        if self.tools_for is None:
+            return self
+        turn = TurnInfo(
+            agent=self.name,
+            org_id=state.org_id,
+            user_id=state.user_id,
+            roles=state.roles,
+            session_id=state.session_id,
+        )
+        allowed = self.tools_for(turn)
+        if allowed is None:
+            return self
+        if isinstance(allowed, str):  # set("a.b") would be its letters
+            raise UserError(
+                f"Agent {self.name!r}: tools_for returned the string {allowed!r}; return a "
+                f"list of tool names (or None for every tool)."
+            )
+        names = set(allowed)
+        return self.replace(tools=[t for t in self.tools.values() if t.name in names])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, tools={list(self.tools)})"

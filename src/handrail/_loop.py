@@ -238,6 +238,7 @@ async def _agent_loop(
     """
     interrupt = run._interrupt
     interrupt._enter()
+    agent = agent.for_turn(state)  # only the tools this turn's caller may see and call
     name = agent.name
     ids = runtime.ids
     tracing = runtime.tracing if trace is not None else None

@@ -391,6 +391,29 @@ def _agent_run(
     return AgentRun(traced, interrupt)
 
 
+def _with_routes(router: Router, state: RunState) -> AgentSpec[Any]:
+    """The supervisor, told after its own instructions each route's agents and their tools.
+
+    The tools are those this turn's caller may see (after `tools_for`).
+    """
+    lines = ["The routes, with the tools each agent can use for this caller:"]
+    for route, agents in router.routes.items():
+        steps = []
+        for agent in agents:
+            names = ", ".join(agent.for_turn(state).tools) or "no tools"
+            steps.append(f"{agent.name} ({names})")
+        lines.append(f"- {route}: {' -> '.join(steps)}")
+    listing = "\n".join(lines)
+    supervisor = router.supervisor
+    own = supervisor.instructions
+
+    def instructions(state: RunState) -> str:
+        text = own(state) if callable(own) else own
+        return f"{text}\n\n{listing}" if text else listing
+
+    return supervisor.replace(instructions=instructions)
+
+
 async def _choose(
     router: Router,
     resolve: Callable[[AgentSpec[Any]], Model],
@@ -400,7 +423,7 @@ async def _choose(
     trace: Span | None,
 ) -> AsyncGenerator[Event, None]:
     """Run the supervisor (in scratch) and record the route it chose, or the fallback."""
-    supervisor = router.supervisor
+    supervisor = _with_routes(router, state)
     state.progress = Progress(agent=supervisor.name)
     decision: Any = None
     problem = ""

@@ -53,6 +53,12 @@ class Agent(AgentSpec[OutputT]):
         expires_after: how long this agent's waiting calls accept a decision, for tools that
             set none: seconds, a `Deadlines` (by kind of card), or None (no deadline). Default
             (`INHERIT`): the domain's, else the runtime's `pending_ttl`.
+        tools_for: chooses the tools a turn may see and call from its caller (a function of
+            a `TurnInfo`: org, user, roles) returning the allowed names (None: all); e.g.
+            `by_role({...})`. A tool left out is never shown to the model and a call to it is
+            an `unknown_tool` error. Applied with the domain's (`Domain(tools_for=...)`).
+        tool_menu: append a menu of the turn's tools, grouped by `category`, to the
+            instructions (`render_tool_menu`).
     """
 
     def run_stream(

@@ -854,7 +854,12 @@ class _Chat:
                 )
             )
             run = self.engine.submit(
-                self.session_id, text, org_id=self.org_id, user_id=self.user_id, route=self.route
+                self.session_id,
+                text,
+                org_id=self.org_id,
+                user_id=self.user_id,
+                route=self.route,
+                roles=self.roles,
             )
             await self._play(run)
             await self._settle()

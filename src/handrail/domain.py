@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, Field
 
-from ._agent_spec import AgentSpec
+from ._agent_spec import AgentSpec, ToolsFor
 from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
 from .exceptions import UserError
 from .policy import DecisionPolicy
@@ -72,6 +72,9 @@ class Domain:
         expires_after: how long waiting calls accept a decision, for agents and tools that
             set none: seconds, a `Deadlines` (by kind of card), or None (no deadline). Default
             (`INHERIT`): the runtime's `pending_ttl` (`Deadlines()`).
+        tools_for: chooses the tools each turn may see and call, for every agent (and the
+            routes the supervisor is shown), from the caller (`TurnInfo`): the allowed names,
+            or None for all. An agent's own `tools_for` applies as well (both must allow).
     """
 
     agents: Sequence[AgentSpec[Any]]
@@ -81,6 +84,7 @@ class Domain:
     initial_state: BaseModel | type[BaseModel] | None = None
     policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
     expires_after: Expiry | Inherit = INHERIT
+    tools_for: ToolsFor | None = None
 
     def __post_init__(self) -> None:
         check_expiry(self.expires_after, "Domain: expires_after")

@@ -22,7 +22,15 @@ import logging
 import os
 import weakref
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -265,6 +273,7 @@ class Engine:
         route: str | None = None,
         client: bool = False,
         create: bool = True,
+        roles: Iterable[str] | None = None,
     ) -> AgentRun[Any]:
         """Run one user turn of a session (created on first use) as a stream of events.
 
@@ -281,13 +290,17 @@ class Engine:
             client: whether the caller can run `client` tools (without, they fail fast).
             create: make the session if there is none; False: a `SessionNotFoundError`
                 instead (the server makes sessions only with `POST /sessions`).
+            roles: the caller's roles, which `tools_for` chooses the turn's tools from (kept
+                with the session for the turn's resumption; None: those it has).
         """
         plan: list[AgentSpec[Any]] | Router
         if route is None and self._router is not None:
             plan = self._router  # the supervisor picks
         else:
             plan = self.domain.route(route)
-        return self._drive(session_id, text, plan, org_id, user_id, model, client, create=create)
+        return self._drive(
+            session_id, text, plan, org_id, user_id, model, client, create=create, roles=roles
+        )
 
     def resume(
         self,
@@ -372,6 +385,7 @@ class Engine:
         model: Model | str | None = None,
         route: str | None = None,
         propose: bool = False,
+        roles: Iterable[str] | None = None,
     ) -> HeadlessResult:
         """Run one user turn with nobody present (a cron job, a webhook): in capture mode.
 
@@ -390,6 +404,7 @@ class Engine:
             model: a model for this turn, over the agents' and the runtime's.
             route: the route to take (default: the supervisor's choice, or the default route).
             propose: raise a batch card for the captured actions (when there are any).
+            roles: the roles it acts with, which `tools_for` chooses the turn's tools from.
 
         Returns:
             The final text, the captured actions, the events, and the batch card's id.
@@ -397,7 +412,9 @@ class Engine:
         assembly, router = self._capture_assembly()
         plan = router if route is None and router is not None else assembly.domain.route(route)
         headless = _Headless(propose=propose)
-        run = self._drive(session_id, text, plan, org_id, user_id, model, False, assembly, headless)
+        run = self._drive(
+            session_id, text, plan, org_id, user_id, model, False, assembly, headless, roles=roles
+        )
         events = [event async for event in run]
         result = run.result
         output = result.output
@@ -463,6 +480,7 @@ class Engine:
         *,
         mode: _Mode = "resume",
         create: bool = True,
+        roles: Iterable[str] | None = None,
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
         if model is not None:  # a model string that does not name one is refused now
@@ -474,6 +492,8 @@ class Engine:
             record, state = await self._load(
                 session_id, org_id, user_id, create=create, loaded=(loaded,)
             )
+            if roles is not None and text is not None:  # a new turn: its caller's roles
+                state.roles = frozenset(roles)
             route = plan
             batch = _batch_to_apply(state) if text is None else None
             if batch is not None:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from ._agent_spec import AgentSpec
+from ._agent_spec import AgentSpec, ToolsFor, TurnInfo
 from ._deadlines import Deadlines, Expiry, Inherit, check_expiry
 from ._random import token_hex
 from .domain import Domain
@@ -216,11 +216,14 @@ def build_runtime(
     def rebuilt(agent: AgentSpec[Any]) -> AgentSpec[Any]:
         if isinstance(agent.expires_after, Inherit) and not isinstance(expiry, Inherit):
             agent = agent.replace(expires_after=expiry)
+        if domain.tools_for is not None:  # the domain's choice, and the agent's own
+            agent = agent.replace(tools_for=_both(domain.tools_for, agent.tools_for))
         if wrap_tools is None and mode == "live":
             return agent
         return agent.replace(tools=[wrap(t) for t in agent.tools.values()])
 
-    if wrap_tools is not None or mode != "live" or not isinstance(expiry, Inherit):
+    changes = wrap_tools is not None or mode != "live" or domain.tools_for is not None
+    if changes or not isinstance(expiry, Inherit):
         domain = dataclasses.replace(
             domain,
             agents=[rebuilt(a) for a in domain.agents],
@@ -228,6 +231,22 @@ def build_runtime(
         )
     default = None if model is None else as_model(model, where="build_runtime(model=...)")
     return Assembly(domain=domain, runtime=runtime, mode=mode, default_model=default)
+
+
+def _both(first: ToolsFor, second: ToolsFor | None) -> ToolsFor:
+    """A `tools_for` allowing what both allow (None from either: that one allows all)."""
+    if second is None:
+        return first
+
+    def tools_for(turn: TurnInfo) -> set[str] | None:
+        one, two = first(turn), second(turn)
+        if one is None:
+            return None if two is None else set(two)
+        if two is None:
+            return set(one)
+        return set(one) & set(two)
+
+    return tools_for
 
 
 def _no_mock(name: str) -> Callable[[dict[str, Any]], Any]:

@@ -147,6 +147,9 @@ class RunState:
     """The caller's organisation: scope comes from the session, never from the model."""
     user_id: str | None = None
     """The caller."""
+    roles: frozenset[str] = field(default_factory=frozenset)
+    """The caller's roles, as the latest turn was given them (`Engine.submit(roles=...)`):
+    what `tools_for` chooses the turn's tools from; stored, so a resumed turn keeps them."""
     run_id: str = ""
     """The current run."""
     turn: int = 0
@@ -367,6 +370,7 @@ class RunState:
             "session_id": self.session_id,
             "org_id": self.org_id,
             "user_id": self.user_id,
+            "roles": sorted(self.roles),
             "run_id": self.run_id,
             "turn": self.turn,
             "turn_iterations": self.turn_iterations,
@@ -455,6 +459,7 @@ class RunState:
             session_id=doc["session_id"],
             org_id=doc["org_id"],
             user_id=doc["user_id"],
+            roles=frozenset(doc.get("roles", ())),
             run_id=doc["run_id"],
             turn=doc["turn"],
             turn_iterations=doc["turn_iterations"],
@@ -513,6 +518,7 @@ class _Doc(TypedDict):
     session_id: str | None
     org_id: str | None
     user_id: str | None
+    roles: NotRequired[list[str]]
     run_id: str
     turn: int
     turn_iterations: int

@@ -292,7 +292,12 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
         seen.turns.append(record)
         if turn.text is not None and scenario.mode == "capture":
             headless = await engine.run_headless(
-                session, turn.text, org_id=org_id, user_id=user_id, route=turn.route
+                session,
+                turn.text,
+                org_id=org_id,
+                user_id=user_id,
+                route=turn.route,
+                roles=turn.roles,
             )
             events: list[Event] = list(headless.events)
             record.outcome = headless.outcome
@@ -310,6 +315,7 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                     user_id=user_id,
                     route=turn.route,
                     client=scenario.client,
+                    roles=turn.roles,
                 )
             else:
                 run = engine.resume(session, org_id=org_id, user_id=user_id, client=scenario.client)

@@ -357,6 +357,9 @@ class Turn(_Strict):
     """The caller's organisation (default: the first turn's; the same on every turn)."""
     user_id: str | None = None
     """The caller (default: the first turn's; the same on every turn)."""
+    roles: list[Annotated[str, Field(min_length=1)]] | None = None
+    """The caller's roles for this message turn, which a `tools_for` chooses the turn's tools
+    from (default: the roles the session has, none on the first turn)."""
 
     @field_validator("expect_refused")
     @classmethod

@@ -183,6 +183,7 @@ async def start_turn(
         user_id=caller.user_id,
         client=client,
         create=True,
+        roles=caller.roles,
     )
     api.limits.turn(caller, api.runs.running_for(caller.org_id))
     return await api.runs.start(session_id, run, caller)

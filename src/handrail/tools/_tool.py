@@ -133,6 +133,7 @@ class ToolOptions(TypedDict, total=False):
     parameters: Mapping[str, Any] | None
     hosted: HostedTool | None
     decision_policy: DecisionPolicy | None
+    category: str | None
 
 
 def _check_options(where: str, given: Iterable[str], known: Iterable[str]) -> None:
@@ -233,6 +234,8 @@ class Tool(Generic[DepsT]):
             approvals (`handrail.policy.DecisionPolicy`); for a gated or `human` tool.
             Default: the domain's policy for the tool's permission, else only the person who
             requested the call decides.
+        category: what kind of tool it is, for a grouped tool menu (`render_tool_menu`,
+            `Agent(tool_menu=True)`): `control`, `system`, `capability`, or the app's own.
     """
 
     _declared: tuple[Any, dict[str, Any]]
@@ -267,6 +270,7 @@ class Tool(Generic[DepsT]):
         parameters: Mapping[str, Any] | None = None,
         hosted: HostedTool | None = None,
         decision_policy: DecisionPolicy | None = None,
+        category: str | None = None,
     ) -> None:
         if function is None and name is None:
             raise ToolDefinitionError("A tool needs a function, or at least a name=.")
@@ -302,6 +306,7 @@ class Tool(Generic[DepsT]):
             dataclasses.replace(hosted, name=self.name) if hosted is not None else None
         )
         self.permission: Permission = permission
+        self.category: str | None = category
         self.executor: Executor = executor
         self.approval: Approval = self._check_approval(label, approval)
         self.gated: bool = self.approval == "required"
