@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ._agent_spec import AgentSpec
 from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
-from .exceptions import UserError
+from .exceptions import InvalidContextError, UserError
 from .policy import DecisionPolicy
 from .tools import Permission, Tool
 
@@ -69,6 +69,10 @@ class Domain:
         policies: who may decide calls, by tool permission (`{"destructive":
             DecisionPolicy(roles={"it-admin"})}`), for tools that declare no
             `decision_policy=` of their own (`handrail.policy`).
+        context_model: the per-turn context a turn may carry (`submit(context=...)`, the
+            HTTP body's `context`): a pydantic model it is validated against. Without one, any
+            JSON object is accepted as a dict. Tools read it as `ctx.turn_context`, bindings as
+            `sys:context.<field>`; the model never sees it unless the instructions say so.
         expires_after: how long waiting calls accept a decision, for agents and tools that
             set none: seconds, a `Deadlines` (by kind of card), or None (no deadline). Default
             (`INHERIT`): the runtime's `pending_ttl` (`Deadlines()`).
@@ -81,6 +85,7 @@ class Domain:
     initial_state: BaseModel | type[BaseModel] | None = None
     policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
     expires_after: Expiry | Inherit = INHERIT
+    context_model: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         check_expiry(self.expires_after, "Domain: expires_after")
@@ -165,6 +170,45 @@ class Domain:
         if state is None:
             return None
         return state() if isinstance(state, type) else state.model_copy(deep=True)
+
+    def check_context(self, context: Any) -> Any:
+        """A turn's context validated: a `context_model` instance, a dict, or None.
+
+        Raises:
+            InvalidContextError: it does not fit `context_model` (or, without one, is not a
+                JSON object); the error names the field.
+        """
+        if context is None:
+            return None
+        model = self.context_model
+        if model is None:
+            if isinstance(context, BaseModel):
+                return context.model_dump(mode="json")
+            if not isinstance(context, Mapping):
+                raise InvalidContextError(
+                    f"context: a JSON object, not {type(context).__name__}.", field=""
+                )
+            return dict(context)
+        if isinstance(context, model):
+            return context
+        data = context.model_dump(mode="json") if isinstance(context, BaseModel) else context
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise InvalidContextError(
+                f"context.{where}: {error['msg']} (the domain's context model is {model.__name__})."
+                if where
+                else f"context: {error['msg']} ({model.__name__}).",
+                field=where,
+            ) from None
+
+    def load_context(self, data: Any) -> Any:
+        """A stored per-turn context, as its turn saw it."""
+        if data is None or self.context_model is None:
+            return data
+        return self.context_model.model_validate(data)
 
     def load_state(self, data: Any) -> Any:
         """The domain state from what a session stored."""

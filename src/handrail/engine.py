@@ -265,6 +265,7 @@ class Engine:
         route: str | None = None,
         client: bool = False,
         create: bool = True,
+        context: Any = None,
     ) -> AgentRun[Any]:
         """Run one user turn of a session (created on first use) as a stream of events.
 
@@ -281,13 +282,32 @@ class Engine:
             client: whether the caller can run `client` tools (without, they fail fast).
             create: make the session if there is none; False: a `SessionNotFoundError`
                 instead (the server makes sessions only with `POST /sessions`).
+            context: the per-turn context (the page, the record the user is on, the locale):
+                validated against `Domain(context_model=...)` now, stored with the turn,
+                read by tools (`ctx.turn_context`) and bindings (`sys:context.<field>`),
+                never shown to the model unless the instructions say so.
+
+        Raises:
+            InvalidContextError: `context` does not fit the domain's context model (raised
+                here, before anything is stored).
         """
+        turn_context = self.domain.check_context(context)
         plan: list[AgentSpec[Any]] | Router
         if route is None and self._router is not None:
             plan = self._router  # the supervisor picks
         else:
             plan = self.domain.route(route)
-        return self._drive(session_id, text, plan, org_id, user_id, model, client, create=create)
+        return self._drive(
+            session_id,
+            text,
+            plan,
+            org_id,
+            user_id,
+            model,
+            client,
+            create=create,
+            turn_context=turn_context,
+        )
 
     def resume(
         self,
@@ -372,6 +392,7 @@ class Engine:
         model: Model | str | None = None,
         route: str | None = None,
         propose: bool = False,
+        context: Any = None,
     ) -> HeadlessResult:
         """Run one user turn with nobody present (a cron job, a webhook): in capture mode.
 
@@ -390,14 +411,27 @@ class Engine:
             model: a model for this turn, over the agents' and the runtime's.
             route: the route to take (default: the supervisor's choice, or the default route).
             propose: raise a batch card for the captured actions (when there are any).
+            context: the per-turn context, as for `submit`.
 
         Returns:
             The final text, the captured actions, the events, and the batch card's id.
         """
+        turn_context = self.domain.check_context(context)
         assembly, router = self._capture_assembly()
         plan = router if route is None and router is not None else assembly.domain.route(route)
         headless = _Headless(propose=propose)
-        run = self._drive(session_id, text, plan, org_id, user_id, model, False, assembly, headless)
+        run = self._drive(
+            session_id,
+            text,
+            plan,
+            org_id,
+            user_id,
+            model,
+            False,
+            assembly,
+            headless,
+            turn_context=turn_context,
+        )
         events = [event async for event in run]
         result = run.result
         output = result.output
@@ -463,6 +497,7 @@ class Engine:
         *,
         mode: _Mode = "resume",
         create: bool = True,
+        turn_context: Any = None,
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
         if model is not None:  # a model string that does not name one is refused now
@@ -528,6 +563,8 @@ class Engine:
                         yield event
                     return
             assert route is not None
+            if text is not None:  # a new turn carries its own context (a resumed one, its own)
+                state.turn_context = turn_context
             state.client_connected = client
             journal = _SessionJournal(self, record, state)
             first_capture = state.captures
@@ -1233,6 +1270,7 @@ class Engine:
         # this state sees the session's scope, as its turn did.
         state.context.update_sys(state.sys_values(self.runtime.clock()))
         try:
+            state.turn_context = self.domain.load_context(state.turn_context)
             state.domain_state = self.domain.load_state(state.domain_state)
         except ValidationError as exc:
             raise StoreError(

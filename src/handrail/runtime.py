@@ -106,8 +106,11 @@ class Runtime(Generic[DepsT]):
     response that only repeated reads gets their results, marked as reused, and the model
     goes on acting (a repeated read is never a reason to stop it writing). None: never asked
     (`max_iterations` and `max_turn_iterations` still bound the turn)."""
-    transform_args: Callable[[Tool[Any], dict[str, Any]], dict[str, Any]] | None = None
-    """Domain hook: rewrite a call's parsed arguments before binding and validation."""
+    transform_args: Callable[..., dict[str, Any]] | None = None
+    """Domain hook: rewrite a call's parsed arguments before binding and validation:
+    `transform_args(tool, args)`, or `transform_args(tool, args, ctx)` to read the call's
+    `ToolContext` (the session, its scope, the context store, the per-turn context
+    `ctx.turn_context`) and pre-fill what the session knows. Returns the new arguments."""
     on_tool_result: Callable[[ToolCallPart, ToolResult], Awaitable[None] | None] | None = None
     """Observe each result (logging, metrics) before it is stamped on its part."""
     transform_tool_result: Callable[[ToolCallPart, ToolResult], ToolResult] | None = None

@@ -465,8 +465,12 @@ class Dispatcher:
             )
         try:
             args = part.args
-            if runtime.transform_args is not None:  # 2. domain transform
-                args = runtime.transform_args(tool, dict(args))
+            transform = runtime.transform_args
+            if transform is not None:  # 2. domain transform
+                if _transform_takes_ctx(transform):
+                    args = transform(tool, dict(args), self._context(part, tool))
+                else:
+                    args = transform(tool, dict(args))
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
             warnings: list[str] = []
             validated = tool.validate(args, state.context, bound, warnings)  # 4. validate
@@ -880,6 +884,7 @@ class Dispatcher:
             user_id=state.user_id,
             session_id=state.session_id,
             state=state.domain_state,
+            turn_context=state.turn_context,
             idempotency_key=idempotency_key(state, part),
             answer=None if answer is None else answer.output,
             answered_by=None if answer is None else answer.decided_by,
@@ -959,3 +964,13 @@ def _unknown_tool(name: str, tools: Mapping[str, Tool[Any]]) -> str:
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     available = ", ".join(sorted(tools)) or "none"
     return f"Unknown tool {name!r}.{hint} Available tools: {available}."
+
+
+def _transform_takes_ctx(function: Callable[..., Any]) -> bool:
+    """Whether a `transform_args` hook takes the call's `ToolContext` (a third argument)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)

@@ -97,6 +97,10 @@ class ToolContext(Generic[DepsT]):
     """When the tool asked a person (`raise AskPerson(...)`) and runs again: their answer."""
     answered_by: str | None = None
     """Who gave `answer` (as the decision recorded it), when known."""
+    turn_context: Any = None
+    """The per-turn context the application passed with the turn (`submit(context=...)`,
+    the HTTP body's `context`): a `Domain(context_model=...)` instance, a dict without one,
+    or None. The page, the record the user is on, the locale; the model never sees it."""
     messages: Sequence[Message] = ()
     """The session's conversation up to this call (earlier turns, then this one's messages):
     read it, do not change it. A tool that answers follow-up questions reads it."""

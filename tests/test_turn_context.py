@@ -1,0 +1,160 @@
+"""Per-turn context: what an application tells a turn (the page, the record, the locale)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from handrail import (
+    Agent,
+    Approve,
+    Domain,
+    Engine,
+    InvalidContextError,
+    Runtime,
+    ToolContext,
+    tool,
+)
+from handrail.server import ApiKeyAuthenticator, Caller, create_app
+from handrail.store import MemoryStore, SqliteStore
+from handrail.testing import ScriptedModel, call, sequential_ids
+
+
+class Page(BaseModel):
+    page: str
+    record_id: int
+    locale: str = "en"
+
+
+seen: list[Any] = []
+
+
+@tool(permission="read")
+def where(ctx: ToolContext[Any]) -> str:
+    """Where the user is."""
+    seen.append(ctx.turn_context)
+    return "ok"
+
+
+@tool(permission="write", bindings={"order": "sys:context.record_id"})
+def refund(ctx: ToolContext[Any], order: int) -> str:
+    """Refund the order the user is looking at."""
+    seen.append((order, ctx.turn_context))
+    return f"refunded {order}"
+
+
+def engine_for(steps: list[Any], *, store: Any = None, **domain: Any) -> Engine:
+    runtime = Runtime(model=ScriptedModel(steps), ids=sequential_ids())
+    agents = [Agent("a", tools=[where, refund])]
+    return Engine(Domain(agents=agents, **domain), runtime=runtime, store=store or MemoryStore())
+
+
+async def drain(run: Any) -> list[Any]:
+    return [e async for e in run]
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    seen.clear()
+
+
+async def test_a_tool_reads_the_turns_context_validated_against_the_domains_model() -> None:
+    engine = engine_for([[call("where")], "Done."], context_model=Page)
+    events = await drain(engine.submit("s1", "hi", context={"page": "orders", "record_id": "7"}))
+    assert events[-1].type == "run-completed"
+    assert seen == [Page(page="orders", record_id=7)]
+    state = await engine.session("s1")
+    assert state.turn_context == Page(page="orders", record_id=7)
+    assert all("orders" not in (m.text or "") for m in state.messages)  # not in the chat
+
+
+async def test_without_a_model_the_context_is_a_dict_and_a_non_object_is_refused() -> None:
+    engine = engine_for([[call("where")], "Done."])
+    await drain(engine.submit("s1", "hi", context={"page": "home"}))
+    assert seen == [{"page": "home"}]
+    with pytest.raises(InvalidContextError, match="a JSON object"):
+        engine.submit("s2", "hi", context=["home"])
+
+
+async def test_an_invalid_context_is_a_typed_error_naming_the_field_and_nothing_is_stored() -> None:
+    store = MemoryStore()
+    engine = engine_for(["Done."], store=store, context_model=Page)
+    with pytest.raises(InvalidContextError, match=r"context\.record_id") as info:
+        engine.submit("s1", "hi", context={"page": "orders", "record_id": "seven"})
+    assert info.value.field == "record_id"
+    assert await store.load("s1") is None
+    with pytest.raises(InvalidContextError, match=r"context\.page"):
+        await engine.run_headless("s1", "hi", context={"record_id": 1})
+    assert await store.load("s1") is None
+
+
+async def test_a_binding_reads_the_context_and_a_resumed_turn_after_a_restart_has_it(
+    tmp_path: Any,
+) -> None:
+    path = tmp_path / "s.db"
+    steps = [[call("refund")], "Refunded."]
+    first = engine_for(steps, store=SqliteStore(path), context_model=Page)
+    events = await drain(first.submit("s1", "refund it", context={"page": "o", "record_id": 42}))
+    assert events[-1].type == "run-suspended"
+    (call_id,) = events[-1].pending
+    # a new process: a new engine on the same store
+    second = engine_for(steps[1:], store=SqliteStore(path), context_model=Page)
+    await second.resolve("s1", call_id, Approve())
+    events = await drain(second.resume("s1"))
+    assert events[-1].type == "run-completed"
+    assert seen == [(42, Page(page="o", record_id=42))]
+
+
+async def test_transform_args_receives_the_tool_context_and_the_old_form_still_works() -> None:
+    calls: list[Any] = []
+
+    def with_ctx(t: Any, args: dict[str, Any], ctx: ToolContext[Any]) -> dict[str, Any]:
+        calls.append((t.name, ctx.session_id, ctx.turn_context))
+        return args
+
+    def old(t: Any, args: dict[str, Any]) -> dict[str, Any]:
+        calls.append(t.name)
+        return args
+
+    for hook in (with_ctx, old):
+        runtime = Runtime(
+            model=ScriptedModel([[call("where")], "Done."]),
+            ids=sequential_ids(),
+            transform_args=hook,
+        )
+        engine = Engine(Domain(agents=[Agent("a", tools=[where])]), runtime=runtime)
+        await drain(engine.submit("s1", "hi", context={"page": "p"}))
+    assert calls == [("where", "s1", {"page": "p"}), "where"]
+
+
+async def test_the_http_turn_body_carries_the_context_and_a_bad_one_is_a_422() -> None:
+    engine = engine_for([[call("where")], "Done."], context_model=Page)
+    auth = ApiKeyAuthenticator({"key-ana": Caller("acme", "ana")})
+    app = create_app(engine, authenticator=auth, poll_interval=0.2)
+    ana = {"Authorization": "Bearer key-ana"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
+    ):
+        session_id = (await client.post("/sessions", headers=ana)).json()["id"]
+        bad = await client.post(
+            f"/sessions/{session_id}/turns",
+            json={"text": "hi", "context": {"page": "orders", "record_id": "x"}},
+            headers=ana,
+        )
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"]["type"] == "invalid_context"
+        assert "context.record_id" in bad.json()["error"]["message"]
+        state = await engine.session(session_id, org_id="acme", user_id="ana")
+        assert state.turn == 0 and state.messages == []
+        ok = await client.post(
+            f"/sessions/{session_id}/turns",
+            json={"text": "hi", "context": {"page": "orders", "record_id": 3}},
+            headers=ana,
+        )
+        assert ok.status_code == 202, ok.text
+        await app.state.runs.join(session_id)
+    assert seen == [Page(page="orders", record_id=3)]
