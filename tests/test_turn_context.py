@@ -158,3 +158,47 @@ async def test_the_http_turn_body_carries_the_context_and_a_bad_one_is_a_422() -
         assert ok.status_code == 202, ok.text
         await app.state.runs.join(session_id)
     assert seen == [Page(page="orders", record_id=3)]
+
+
+async def test_the_agui_and_ui_stream_bodies_carry_the_context_and_a_bad_one_is_a_422() -> None:
+    engine = engine_for([[call("where")], "Done.", [call("where")], "Done."], context_model=Page)
+    auth = ApiKeyAuthenticator({"key-ana": Caller("acme", "ana")})
+    app = create_app(engine, authenticator=auth, static_dir=None)
+    ana = {"Authorization": "Bearer key-ana"}
+    user = {"id": "u1", "role": "user", "content": "hi"}
+
+    def agui(context: Any) -> dict[str, Any]:
+        return {
+            "threadId": "t1",
+            "runId": "r1",
+            "state": {},
+            "messages": [user],
+            "tools": [],
+            "context": [],
+            "forwardedProps": {"context": context},
+        }
+
+    def chat(context: Any) -> dict[str, Any]:
+        parts = [{"type": "text", "text": "hi"}]
+        return {"id": "c1", "messages": [{"id": "m1", "role": "user", "parts": parts}], **context}
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
+    ):
+        for path, body in (
+            ("/agui", agui({"page": "p", "record_id": "x"})),
+            ("/chat", chat({"context": {"page": "p", "record_id": "x"}})),
+        ):
+            bad = await client.post(path, json=body, headers=ana)
+            assert bad.status_code == 422, (path, bad.text)
+            assert bad.json()["error"]["type"] == "invalid_context"
+            assert "context.record_id" in bad.json()["error"]["message"]
+        assert await engine.store.list(org_id="acme") == []  # nothing stored
+        ok = await client.post("/agui", json=agui({"page": "a", "record_id": 1}), headers=ana)
+        assert ok.status_code == 200, ok.text
+        ok = await client.post(
+            "/chat", json=chat({"context": {"page": "c", "record_id": 2}}), headers=ana
+        )
+        assert ok.status_code == 200, ok.text
+    assert seen == [Page(page="a", record_id=1), Page(page="c", record_id=2)]
