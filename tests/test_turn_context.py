@@ -21,6 +21,7 @@ from handrail import (
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
 from handrail.store import MemoryStore, SqliteStore
 from handrail.testing import ScriptedModel, call, sequential_ids
+from handrail.tools import Default
 
 
 class Page(BaseModel):
@@ -202,3 +203,37 @@ async def test_the_agui_and_ui_stream_bodies_carry_the_context_and_a_bad_one_is_
         )
         assert ok.status_code == 200, ok.text
     assert seen == [Page(page="a", record_id=1), Page(page="c", record_id=2)]
+
+
+@tool(
+    permission="read",
+    bindings={"order": "sys:context.record_id", "locale": Default("sys:context.locale")},
+)
+def label(order: int, locale: str) -> str:
+    """Label an order."""
+    seen.append((order, locale))
+    return "ok"
+
+
+def test_a_default_binding_stays_in_the_schema_and_is_not_required() -> None:
+    schema = label.definition.parameters
+    assert "order" not in schema["properties"]  # forced: hidden
+    assert "locale" in schema["properties"]  # a default: the model sees it
+    assert "locale" not in schema.get("required", [])
+
+
+async def test_a_default_binding_fills_only_what_the_model_leaves_out() -> None:
+    runtime = Runtime(
+        model=ScriptedModel(
+            [[call("label", order=999)], "One.", [call("label", order=1, locale="fr")], "Two."]
+        ),
+        ids=sequential_ids(),
+    )
+    engine = Engine(Domain(agents=[Agent("a", tools=[label])], context_model=Page), runtime=runtime)
+    await drain(engine.submit("s1", "a", context={"page": "p", "record_id": 5, "locale": "de"}))
+    await drain(engine.submit("s1", "b", context={"page": "p", "record_id": 6, "locale": "de"}))
+    # the forced one replaces the model's value; the default yields to it
+    assert seen == [(5, "de"), (6, "fr")]
+    state = await engine.session("s1")
+    stored = [p.args for m in state.messages for p in m.tool_calls]
+    assert stored == [{"locale": "de"}, {"locale": "fr"}]

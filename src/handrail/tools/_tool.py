@@ -37,7 +37,16 @@ from ..policy import DecisionPolicy
 from ._arguments import NOT_FINITE, not_finite, validate_arguments
 from ._definition import HostedTool, ToolDefinition
 
-__all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolDecorator", "ToolOptions", "tool"]
+__all__ = [
+    "Approval",
+    "Default",
+    "Permission",
+    "Tool",
+    "ToolContext",
+    "ToolDecorator",
+    "ToolOptions",
+    "tool",
+]
 
 DepsT = TypeVar("DepsT")
 _P = ParamSpec("_P")
@@ -54,6 +63,22 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 _INPUT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 # A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
 _RAW_INPUT_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class Default(str):
+    """A default binding: `bindings={"locale": Default("sys:context.locale")}`.
+
+    A forced binding (a plain path) replaces whatever the model sent and is hidden from it.
+    A `Default` stays in the schema the model sees (no longer required): the model may set the
+    argument; when it leaves it out, the path's value fills it (a path that does not resolve
+    then leaves it out too).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Default({str(self)!r})"
+
 
 Normalizer: TypeAlias = Callable[
     [dict[str, Any]], "dict[str, Any] | tuple[dict[str, Any], list[str]]"
@@ -196,8 +221,11 @@ class Tool(Generic[DepsT]):
         approval: `auto` or `required`; default `required` for `write` and `destructive`
             server/client tools. A destructive tool can never be `auto`.
         amendable: argument names a human may change when approving.
-        bindings: argument name -> context path (`sys:user_id`, `var:cart.id`): the engine
-            fills these arguments; the model never sees or sets them.
+        bindings: argument name -> context path (`sys:user_id`, `var:cart.id`,
+            `sys:context.record_id` for the per-turn context): the engine fills these
+            arguments; the model never sees or sets them. A path wrapped in `Default(...)` is
+            a default instead: the argument stays in the schema, and is filled only when the
+            model leaves it out.
         normalize: lenient repair of the raw argument dict, run before validation; it
             returns the repaired dict, or `(dict, warnings)`: the warnings (a list of
             strings, "order_id 'a1' read as 'A1'") reach the model with the call's result.
@@ -327,6 +355,8 @@ class Tool(Generic[DepsT]):
         )
 
         self.bindings: dict[str, str] = dict(bindings or {})
+        self.forced: set[str] = {p for p, path in self.bindings.items() if not _is_default(path)}
+        """The bound arguments the model never sees (every binding that is not a `Default`)."""
         for param, path in self.bindings.items():
             if param not in self.param_names:
                 raise ToolDefinitionError(
@@ -345,7 +375,7 @@ class Tool(Generic[DepsT]):
             )
         self.amendable: tuple[str, ...] = tuple(amendable)
         for field_name in self.amendable:
-            if field_name not in self.param_names or field_name in self.bindings:
+            if field_name not in self.param_names or field_name in self.forced:
                 raise ToolDefinitionError(
                     f"{label}: amendable names {field_name!r}, which is not an argument the "
                     f"model sets (arguments: {', '.join(self.param_names) or 'none'})."
@@ -392,7 +422,7 @@ class Tool(Generic[DepsT]):
                     f"{label}: {option} must be a positive number of seconds."
                 )
         self.bound_fields: set[str] = {
-            field for field, param in self._fields() if param in self.bindings
+            field for field, param in self._fields() if param in self.forced
         }
 
         self.output_type = output_type if output_type is not None else _return_model(signature)
@@ -439,7 +469,15 @@ class Tool(Generic[DepsT]):
         Raises:
             PathError: a binding's path does not resolve.
         """
-        return {param: jsonable(context.get(path)) for param, path in self.bindings.items()}
+        bound: dict[str, Any] = {}
+        for param, path in self.bindings.items():
+            if _is_default(path):
+                value = context.get(path, _ABSENT)
+                if value is not _ABSENT:
+                    bound[param] = jsonable(value)
+            else:
+                bound[param] = jsonable(context.get(path))
+        return bound
 
     def validate(
         self,
@@ -460,7 +498,10 @@ class Tool(Generic[DepsT]):
             Exception: whatever the tool's `normalize` raised.
         """
         if self.bindings:
-            args = {**args, **(bound if bound is not None else self.bind(context))}
+            values = bound if bound is not None else self.bind(context)
+            forced = {p: v for p, v in values.items() if p in self.forced}
+            defaults = {p: v for p, v in values.items() if p not in self.forced}
+            args = {**defaults, **args, **forced}
         if self.normalize is not None:
             normalized = self.normalize(dict(args))
             if isinstance(normalized, tuple):
@@ -583,13 +624,14 @@ class Tool(Generic[DepsT]):
         schema = self.input_model.model_json_schema()
         schema.pop("title", None)
         properties: dict[str, Any] = schema.get("properties", {})
-        for param in self.bindings:
+        for param in self.forced:
             properties.pop(param, None)
         for prop in properties.values():
             if isinstance(prop, dict):
                 prop.pop("title", None)
         if "required" in schema:
             schema["required"] = [r for r in schema["required"] if r not in self.bindings]
+            # (a default binding stays visible, but the model may leave it out)
             if not schema["required"]:
                 del schema["required"]
         return schema
@@ -812,3 +854,10 @@ def _return_model(signature: inspect.Signature | None) -> Any:
     if isinstance(returns, type) and issubclass(returns, BaseModel):
         return returns
     return None
+
+
+_ABSENT: Any = object()
+
+
+def _is_default(path: str) -> bool:
+    return isinstance(path, Default)
