@@ -16,6 +16,7 @@ from handrail import (
     InvalidContextError,
     Runtime,
     ToolContext,
+    UserError,
     tool,
 )
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
@@ -237,3 +238,43 @@ async def test_a_default_binding_fills_only_what_the_model_leaves_out() -> None:
     state = await engine.session("s1")
     stored = [p.args for m in state.messages for p in m.tool_calls]
     assert stored == [{"locale": "de"}, {"locale": "fr"}]
+
+
+class Cart(BaseModel):
+    customer: int
+    items: list[str] = []
+
+
+def cart_for(context: Page | None) -> Cart:
+    return Cart(customer=context.record_id if context is not None else 0)
+
+
+@tool(permission="write", approval="auto")
+def add(ctx: ToolContext[Any], item: str) -> str:
+    """Add an item to the cart."""
+    ctx.state.items.append(item)
+    return f"cart of {ctx.state.customer}: {ctx.state.items}"
+
+
+async def test_the_initial_state_is_built_from_the_first_turns_context(tmp_path: Any) -> None:
+    path = tmp_path / "s.db"
+
+    def engine(steps: list[Any]) -> Engine:
+        domain = Domain(
+            agents=[Agent("a", tools=[add])], context_model=Page, initial_state=cart_for
+        )
+        runtime = Runtime(model=ScriptedModel(steps), ids=sequential_ids())
+        return Engine(domain, runtime=runtime, store=SqliteStore(path))
+
+    first = engine([[call("add", item="tea")], "Added."])
+    await drain(first.submit("s1", "tea", context={"page": "cart", "record_id": 8}))
+    # a later turn's context does not rebuild it; a restarted engine loads it typed
+    second = engine([[call("add", item="jam")], "Added."])
+    await drain(second.submit("s1", "jam", context={"page": "cart", "record_id": 9}))
+    state = await second.session("s1")
+    assert state.domain_state == Cart(customer=8, items=["tea", "jam"])
+
+
+def test_an_initial_state_function_must_say_what_it_returns() -> None:
+    with pytest.raises(UserError, match="annotated to return a model"):
+        Domain(agents=[Agent("a")], initial_state=lambda context: Cart(customer=1))

@@ -565,6 +565,8 @@ class Engine:
             assert route is not None
             if text is not None:  # a new turn carries its own context (a resumed one, its own)
                 state.turn_context = turn_context
+                if state.turn == 0 and state.progress is None and self.domain.state_from_context:
+                    state.domain_state = self.domain.first_state(turn_context)
             state.client_connected = client
             journal = _SessionJournal(self, record, state)
             first_capture = state.captures
