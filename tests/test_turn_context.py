@@ -21,7 +21,7 @@ from handrail import (
 )
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
 from handrail.store import MemoryStore, SqliteStore
-from handrail.testing import ScriptedModel, call, sequential_ids
+from handrail.testing import FunctionModel, ScriptedModel, call, sequential_ids
 from handrail.tools import Default
 
 
@@ -278,3 +278,25 @@ async def test_the_initial_state_is_built_from_the_first_turns_context(tmp_path:
 def test_an_initial_state_function_must_say_what_it_returns() -> None:
     with pytest.raises(UserError, match="annotated to return a model"):
         Domain(agents=[Agent("a")], initial_state=lambda context: Cart(customer=1))
+
+
+async def test_instructions_read_the_context_and_agent_run_takes_one() -> None:
+    prompts: list[Any] = []
+
+    def answer(request: Any) -> Any:
+        prompts.append(request.instructions)
+        return "Done."
+
+    def instructions(state: Any, context: Any) -> str:
+        return f"The user is on the {context['page']} page." if context else "Nowhere."
+
+    agent = Agent("a", instructions=instructions, tools=[where])
+    runtime = Runtime(model=FunctionModel(answer), ids=sequential_ids())
+    result = await agent.run("hi", runtime=runtime, context={"page": "orders"})
+    assert result.state.turn_context == {"page": "orders"}
+    await agent.run("again", state=result.state, runtime=runtime)  # a turn without one
+    assert prompts == ["The user is on the orders page.", "Nowhere."]
+    # the one-argument form still works
+    plain = Agent("b", instructions=lambda state: f"turn {state.turn}")
+    await plain.run("hi", runtime=runtime)
+    assert prompts[-1] == "turn 1"

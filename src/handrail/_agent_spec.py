@@ -9,6 +9,7 @@ is told of. `handrail.Agent` is the public class: an `AgentSpec` that can also r
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
@@ -49,7 +50,7 @@ class AgentSpec(Generic[OutputT]):
         self,
         name: str,
         *,
-        instructions: str | Callable[[RunState], str] = "",
+        instructions: str | Callable[[RunState], str] | Callable[[RunState, Any], str] = "",
         tools: Sequence[Tool[Any]] = (),
         model: Model | str | None = None,
         max_iterations: int = 10,
@@ -123,8 +124,12 @@ class AgentSpec(Generic[OutputT]):
 
     def instructions_for(self, state: RunState) -> str | None:
         """The system prompt for this state."""
-        text = self.instructions(state) if callable(self.instructions) else self.instructions
-        return text or None
+        instructions: Any = self.instructions
+        if not callable(instructions):
+            return str(instructions) or None
+        if _positional(instructions) >= 2:  # instructions(state, context)
+            return str(instructions(state, state.turn_context)) or None
+        return str(instructions(state)) or None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, tools={list(self.tools)})"
@@ -138,3 +143,14 @@ def _definitions(tools: dict[str, Tool[Any]]) -> list[ToolDefinition]:
 def _hosted(tools: dict[str, Tool[Any]]) -> list[HostedTool]:
     """The tools the model provider runs itself."""
     return [t.hosted for t in tools.values() if t.hosted is not None]
+
+
+def _positional(function: Callable[..., Any]) -> int:
+    """How many positional arguments `function` takes (99 for `*args`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return 99
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
