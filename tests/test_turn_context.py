@@ -300,3 +300,28 @@ async def test_instructions_read_the_context_and_agent_run_takes_one() -> None:
     plain = Agent("b", instructions=lambda state: f"turn {state.turn}")
     await plain.run("hi", runtime=runtime)
     assert prompts[-1] == "turn 1"
+
+
+async def test_the_model_is_chosen_per_organisation_below_the_agent_and_the_turn() -> None:
+    def named(name: str) -> FunctionModel:
+        return FunctionModel(lambda request: f"from {name}")
+
+    plain, pinned = Agent("plain"), Agent("pinned", model=named("agent"))
+    engine = Engine(
+        Domain(agents=[plain, pinned], routes={"p": ["plain"], "a": ["pinned"]}),
+        runtime=Runtime(model=named("runtime"), ids=sequential_ids()),
+        model=named("engine"),
+        org_models={"acme": named("acme")},
+    )
+
+    async def answer(org: str, route: str, model: Any = None) -> str:
+        run = engine.submit(
+            f"{org}-{route}-{model is not None}", "hi", org_id=org, route=route, model=model
+        )
+        events = await drain(run)
+        return str(events[-1].output)
+
+    assert await answer("globex", "p") == "from engine"
+    assert await answer("acme", "p") == "from acme"
+    assert await answer("acme", "a") == "from agent"
+    assert await answer("acme", "a", named("turn")) == "from turn"

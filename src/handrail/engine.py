@@ -191,6 +191,9 @@ class Engine:
             while a turn runs); a dead worker's sessions are taken over after it.
         mode: `live`, or `mock` for evals and tests (see `build_runtime`).
         model: the default model for agents that name none (over `runtime.model`).
+        org_models: organisation id -> the model its turns use, for agents that name none
+            (over `model`). The order, highest first: the turn's `model=`, the agent's, the
+            organisation's, the engine's `model=`, `runtime.model` (docs/engine.md).
         wrap_tools: replaces tools with mocks or wrappers (see `build_runtime`).
         store_retry: how a store call that failed for a moment is retried (`StoreRetry`);
             when the store stays away, the turn is left for recovery, as a crash leaves it.
@@ -212,6 +215,7 @@ class Engine:
         wrap_tools: WrapTools | None = None,
         store_retry: StoreRetry | None = None,
         gate: Gate | None = None,
+        org_models: Mapping[str, Model | str] | None = None,
     ) -> None:
         if not lease_ttl > 0:
             raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
@@ -219,6 +223,10 @@ class Engine:
             domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
         )
         self._config = (domain, self.assembly.default_model, wrap_tools)
+        self.org_models: dict[str, Model] = {
+            org: as_model(m, where=f"Engine(org_models={{{org!r}: ...}})")
+            for org, m in (org_models or {}).items()
+        }
         self._headless: tuple[Assembly, Router | None] | None = None
         self.domain = self.assembly.domain
         self.runtime: Runtime[Any] = self.assembly.runtime
@@ -576,7 +584,9 @@ class Engine:
                 state=state,
                 runtime=self.runtime,
                 journal=journal,
-                models=lambda agent: parts.model_for(agent, model),
+                models=lambda agent: parts.model_for(
+                    agent, model, org=self.org_models.get(state.org_id or "")
+                ),
             )
             self._running[session_id] = inner
             try:

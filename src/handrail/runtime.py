@@ -149,13 +149,19 @@ class Assembly:
     default_model: Model | None = None
     """The engine's default model (over the runtime's)."""
 
-    def model_for(self, agent: AgentSpec[Any], override: Model | str | None = None) -> Model:
-        """The model `agent` uses: the per-turn override, else the agent's, else the default.
+    def model_for(
+        self,
+        agent: AgentSpec[Any],
+        override: Model | str | None = None,
+        *,
+        org: Model | str | None = None,
+    ) -> Model:
+        """The model `agent` uses: the turn's, the agent's, the organisation's, the default.
 
         Raises:
             ConfigError: none of them is set.
         """
-        model = override or agent.model or self.default_model or self.runtime.model
+        model = override or agent.model or org or self.default_model or self.runtime.model
         if model is None:
             raise ConfigError(
                 f"Agent {agent.name!r} has no model: pass model= to the Agent, to the "
