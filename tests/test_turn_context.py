@@ -325,3 +325,25 @@ async def test_the_model_is_chosen_per_organisation_below_the_agent_and_the_turn
     assert await answer("acme", "p") == "from acme"
     assert await answer("acme", "a") == "from agent"
     assert await answer("acme", "a", named("turn")) == "from turn"
+
+
+def _currency(args: dict[str, Any], context: Any) -> dict[str, Any]:
+    if "currency" not in args and context is not None:
+        args["currency"] = {"de": "EUR", "en": "GBP"}[context.locale]
+    return args
+
+
+@tool(permission="read", normalize=_currency)
+def price(item: str, currency: str) -> str:
+    """Price an item."""
+    seen.append((item, currency))
+    return "ok"
+
+
+async def test_normalize_may_read_the_context() -> None:
+    runtime = Runtime(
+        model=ScriptedModel([[call("price", item="tea")], "Done."]), ids=sequential_ids()
+    )
+    engine = Engine(Domain(agents=[Agent("a", tools=[price])], context_model=Page), runtime=runtime)
+    await drain(engine.submit("s1", "hi", context={"page": "p", "record_id": 1, "locale": "de"}))
+    assert seen == [("tea", "EUR")]

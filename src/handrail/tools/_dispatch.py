@@ -334,7 +334,9 @@ class Dispatcher:
         if tool is None:
             return self._fail(part, _unknown_tool(part.name, self.tools), "unknown_tool")
         try:
-            validated = tool.validate(part.args, self.state.context, bound)
+            validated = tool.validate(
+                part.args, self.state.context, bound, turn_context=self.state.turn_context
+            )
         except Exception as exc:
             return self._fail(
                 part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
@@ -347,7 +349,9 @@ class Dispatcher:
         args = card.amended_args if card.amended_args is not None else part.args
         warnings: list[str] = []
         try:
-            validated = tool.validate(args, self.state.context, warnings=warnings)
+            validated = tool.validate(
+                args, self.state.context, warnings=warnings, turn_context=self.state.turn_context
+            )
         except (ArgumentsError, PathError) as exc:
             return self._fail(
                 part,
@@ -473,7 +477,9 @@ class Dispatcher:
                     args = transform(tool, dict(args))
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
             warnings: list[str] = []
-            validated = tool.validate(args, state.context, bound, warnings)  # 4. validate
+            validated = tool.validate(  # 4. validate
+                args, state.context, bound, warnings, turn_context=state.turn_context
+            )
         except ArgumentsError as exc:
             return self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
         except PathError as exc:

@@ -80,10 +80,9 @@ class Default(str):
         return f"Default({str(self)!r})"
 
 
-Normalizer: TypeAlias = Callable[
-    [dict[str, Any]], "dict[str, Any] | tuple[dict[str, Any], list[str]]"
-]
-"""A tool's `normalize`: the repaired arguments, or `(arguments, warnings for the model)`."""
+Normalizer: TypeAlias = Callable[..., "dict[str, Any] | tuple[dict[str, Any], list[str]]"]
+"""A tool's `normalize`: `normalize(args)`, or `normalize(args, context)` to read the turn's
+per-turn context; returns the repaired arguments, or `(arguments, warnings for the model)`."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -229,6 +228,8 @@ class Tool(Generic[DepsT]):
         normalize: lenient repair of the raw argument dict, run before validation; it
             returns the repaired dict, or `(dict, warnings)`: the warnings (a list of
             strings, "order_id 'a1' read as 'A1'") reach the model with the call's result.
+            `normalize(args, context)` (two parameters) also gets the turn's per-turn
+            context (None without one).
         digest: output -> small JSON projection for the UI (pure).
         summary: output -> the one-line UI summary of a successful call (pure), when the
             tool does not return a `ToolResult` with its own.
@@ -430,6 +431,7 @@ class Tool(Generic[DepsT]):
             TypeAdapter(self.output_type) if self.output_type is not None else None
         )
         self.normalize = normalize
+        self._normalize_reads_context = normalize is not None and _positional(normalize) >= 2
         self.digest = digest
         self.summary = summary
         self.mint = mint
@@ -485,6 +487,7 @@ class Tool(Generic[DepsT]):
         context: ContextStore,
         bound: Mapping[str, Any] | None = None,
         warnings: list[str] | None = None,
+        turn_context: Any = None,
     ) -> BaseModel:
         """Bind, normalize and validate a call's arguments (steps 3 and 4 of dispatch).
 
@@ -503,7 +506,11 @@ class Tool(Generic[DepsT]):
             defaults = {p: v for p, v in values.items() if p not in self.forced}
             args = {**defaults, **args, **forced}
         if self.normalize is not None:
-            normalized = self.normalize(dict(args))
+            normalized = (
+                self.normalize(dict(args), turn_context)
+                if self._normalize_reads_context
+                else self.normalize(dict(args))
+            )
             if isinstance(normalized, tuple):
                 args, noted = normalized
                 if warnings is not None:
@@ -861,3 +868,14 @@ _ABSENT: Any = object()
 
 def _is_default(path: str) -> bool:
     return isinstance(path, Default)
+
+
+def _positional(function: Callable[..., Any]) -> int:
+    """How many positional arguments `function` takes (99 for `*args`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return 99
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
