@@ -347,3 +347,22 @@ async def test_normalize_may_read_the_context() -> None:
     engine = Engine(Domain(agents=[Agent("a", tools=[price])], context_model=Page), runtime=runtime)
     await drain(engine.submit("s1", "hi", context={"page": "p", "record_id": 1, "locale": "de"}))
     assert seen == [("tea", "EUR")]
+
+
+async def test_a_turn_without_a_context_never_reads_the_previous_turns() -> None:
+    @tool(permission="read", bindings={"page": "sys:context.page"})
+    def page(page: str) -> str:
+        """The page."""
+        seen.append(page)
+        return page
+
+    agent = Agent("a", tools=[page])
+    runtime = Runtime(
+        model=ScriptedModel([[call("page")], "One.", [call("page")], "Two."]),
+        ids=sequential_ids(),
+    )
+    first = await agent.run("hi", runtime=runtime, context={"page": "orders"})
+    second = await agent.run("again", state=first.state, runtime=runtime)
+    assert seen == ["orders"]  # the second call could not bind: no stale page
+    (_, failed) = [p for m in second.state.messages for p in m.tool_calls]
+    assert failed.result is not None and failed.result.code == "invalid_arguments"

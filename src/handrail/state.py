@@ -212,8 +212,8 @@ class RunState:
         scope = {"org_id": self.org_id, "user_id": self.user_id, "session_id": self.session_id}
         values: dict[str, Any] = {k: v for k, v in scope.items() if v is not None}
         values["now"] = datetime.fromtimestamp(now, tz=UTC).isoformat()
-        if self.turn_context is not None:
-            values["context"] = _jsonable(self.turn_context)
+        # Always set: a turn without a context never reads the one of a turn before it.
+        values["context"] = None if self.turn_context is None else _jsonable(self.turn_context)
         return values
 
     def new_turn(self) -> None:
