@@ -309,3 +309,24 @@ def test_a_tools_for_that_returns_one_name_as_a_string_is_refused() -> None:
     result = asyncio.run(agent.run("hi"))
     assert result.outcome == "failed"
     assert "tools_for returned the string 'x'" in (result.error or "")
+
+
+def test_the_page_the_user_is_on_chooses_the_tools_through_the_turn_s_context() -> None:
+    def on_page(turn: TurnInfo) -> list[str]:
+        page = (turn.context or {}).get("page")
+        return ["hosts.status", "hosts.restart"] if page == "hosts" else ["hosts.status"]
+
+    model = FunctionModel(lambda request: "ok")
+    engine = engine_with(model, tools_for=on_page)
+
+    async def both() -> None:
+        await drain(engine.submit("s1", "hi", context={"page": "hosts"}))
+        await drain(engine.submit("s2", "hi", context={"page": "billing"}))
+        await drain(engine.submit("s3", "hi"))
+
+    asyncio.run(both())
+    assert [tool_names(r) for r in model.calls] == [
+        ["hosts.status", "hosts.restart"],
+        ["hosts.status"],
+        ["hosts.status"],
+    ]

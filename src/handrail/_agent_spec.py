@@ -9,6 +9,7 @@ is told of. `handrail.Agent` is the public class: an `AgentSpec` that can also r
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeAlias, TypeVar
@@ -135,7 +136,7 @@ class AgentSpec(Generic[OutputT]):
         self,
         name: str,
         *,
-        instructions: str | Callable[[RunState], str] = "",
+        instructions: str | Callable[[RunState], str] | Callable[[RunState, Any], str] = "",
         tools: Sequence[Tool[Any]] = (),
         model: Model | str | None = None,
         max_iterations: int = 10,
@@ -223,7 +224,13 @@ class AgentSpec(Generic[OutputT]):
 
     def instructions_for(self, state: RunState) -> str | None:
         """The system prompt for this state (with the tool menu, when `tool_menu` is set)."""
-        text = self.instructions(state) if callable(self.instructions) else self.instructions
+        instructions: Any = self.instructions
+        if not callable(instructions):
+            text = str(instructions)
+        elif _positional(instructions) >= 2:  # instructions(state, context)
+            text = str(instructions(state, state.turn_context))
+        else:
+            text = str(instructions(state))
         if self.tool_menu:
             menu = render_tool_menu(self.tools.values())
             text = f"{text}\n\n{menu}" if text and menu else text or menu
@@ -246,6 +253,7 @@ class AgentSpec(Generic[OutputT]):
             user_id=state.user_id,
             roles=state.roles,
             session_id=state.session_id,
+            context=state.turn_context,
         )
         allowed = self.tools_for(turn)
         if allowed is None:
@@ -270,3 +278,14 @@ def _definitions(tools: dict[str, Tool[Any]]) -> list[ToolDefinition]:
 def _hosted(tools: dict[str, Tool[Any]]) -> list[HostedTool]:
     """The tools the model provider runs itself."""
     return [t.hosted for t in tools.values() if t.hosted is not None]
+
+
+def _positional(function: Callable[..., Any]) -> int:
+    """How many positional arguments `function` takes (99 for `*args`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return 99
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)

@@ -405,10 +405,9 @@ def _with_routes(router: Router, state: RunState) -> AgentSpec[Any]:
         lines.append(f"- {route}: {' -> '.join(steps)}")
     listing = "\n".join(lines)
     supervisor = router.supervisor
-    own = supervisor.instructions
 
     def instructions(state: RunState) -> str:
-        text = own(state) if callable(own) else own
+        text = supervisor.instructions_for(state) or ""
         return f"{text}\n\n{listing}" if text else listing
 
     return supervisor.replace(instructions=instructions)

@@ -12,12 +12,12 @@ from ._agent_spec import CONTINUE_PROMPT as CONTINUE_PROMPT
 from ._agent_spec import DEFAULT_NUDGE as DEFAULT_NUDGE
 from ._agent_spec import AgentSpec
 from ._turn import run_turn
+from .state import RunState
 
 if TYPE_CHECKING:
     from ._loop import AgentResult, AgentRun
     from .models import Model
     from .runtime import Runtime
-    from .state import RunState
 
 __all__ = ["Agent"]
 
@@ -32,7 +32,10 @@ class Agent(AgentSpec[OutputT]):
 
     Args:
         name: identifies the agent in events, history and routes.
-        instructions: the system prompt, or a function of the run state that returns it.
+        instructions: the system prompt, or a function that returns it: of the run state
+            (`instructions(state)`), or of the run state and the turn's per-turn context
+            (`instructions(state, context)`, the context as `submit(context=...)` gave it,
+            None without one): the only way the model sees that context.
         tools: what the agent may call (its allow-list); names must be unique.
         model: the agent's model; when None the runtime's default is used.
         max_iterations: model calls this agent may make in one turn (default 10); reaching
@@ -68,6 +71,7 @@ class Agent(AgentSpec[OutputT]):
         state: RunState | None = None,
         runtime: Runtime[Any] | None = None,
         model: Model | str | None = None,
+        context: Any = None,
     ) -> AgentRun[OutputT]:
         """Run one user turn of this agent alone, as a stream of events.
 
@@ -80,7 +84,15 @@ class Agent(AgentSpec[OutputT]):
             state: the session state to continue (a new one when None).
             runtime: dependencies, hooks, clock and ids (defaults when None).
             model: a per-turn model override (before the agent's and the runtime's).
+            context: the per-turn context (the page, the record the user is on): kept on the
+                state (`state.turn_context`) for this turn, read by tools
+                (`ctx.turn_context`), bindings (`sys:context.<field>`) and
+                `instructions(state, context)`; never shown to the model otherwise. An agent
+                has no domain to validate it: it is taken as given.
         """
+        if prompt is not None:  # a new turn carries its own context
+            state = state if state is not None else RunState()
+            state.turn_context = context
         run: AgentRun[OutputT] = run_turn(self, prompt, state=state, runtime=runtime, model=model)
         return run
 
@@ -91,6 +103,8 @@ class Agent(AgentSpec[OutputT]):
         state: RunState | None = None,
         runtime: Runtime[Any] | None = None,
         model: Model | str | None = None,
+        context: Any = None,
     ) -> AgentResult[OutputT]:
         """Run one user turn to its end and return the result (see `run_stream`)."""
-        return await self.run_stream(prompt, state=state, runtime=runtime, model=model).finish()
+        run = self.run_stream(prompt, state=state, runtime=runtime, model=model, context=context)
+        return await run.finish()

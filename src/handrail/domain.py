@@ -8,15 +8,15 @@ which re-exports `Domain`). A supervisor agent picks each turn's route with a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, get_args, get_type_hints
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ._agent_spec import AgentSpec, ToolsFor
 from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
-from .exceptions import UserError
+from .exceptions import InvalidContextError, UserError
 from .policy import DecisionPolicy
 from .tools import Permission, Tool
 
@@ -64,11 +64,18 @@ class Domain:
             of the conversation. Without one, turns take the default route (or the one
             `submit` names).
         initial_state: the domain's typed state for a new session (a pydantic model
-            instance, or a model class whose defaults make one); tools read and change it as
-            `ctx.state`, and it is stored with the session.
+            instance, or a model class whose defaults make one, or a function of the first
+            turn's per-turn context that returns one, `initial_state(context)`, annotated with
+            its return type); tools read and change it as `ctx.state`, and it is stored with
+            the session. A function is called when the session's first turn starts, with that
+            turn's context (None when it carries none).
         policies: who may decide calls, by tool permission (`{"destructive":
             DecisionPolicy(roles={"it-admin"})}`), for tools that declare no
             `decision_policy=` of their own (`handrail.policy`).
+        context_model: the per-turn context a turn may carry (`submit(context=...)`, the
+            HTTP body's `context`): a pydantic model it is validated against. Without one, any
+            JSON object is accepted as a dict. Tools read it as `ctx.turn_context`, bindings as
+            `sys:context.<field>`; the model never sees it unless the instructions say so.
         expires_after: how long waiting calls accept a decision, for agents and tools that
             set none: seconds, a `Deadlines` (by kind of card), or None (no deadline). Default
             (`INHERIT`): the runtime's `pending_ttl` (`Deadlines()`).
@@ -81,10 +88,11 @@ class Domain:
     routes: Mapping[str, Sequence[str]] = field(default_factory=dict)
     default_route: str | None = None
     supervisor: AgentSpec[Any] | None = None
-    initial_state: BaseModel | type[BaseModel] | None = None
+    initial_state: BaseModel | type[BaseModel] | Callable[[Any], BaseModel] | None = None
     policies: Mapping[str, DecisionPolicy] = field(default_factory=dict)
     expires_after: Expiry | Inherit = INHERIT
     tools_for: ToolsFor | None = None
+    context_model: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         check_expiry(self.expires_after, "Domain: expires_after")
@@ -132,9 +140,25 @@ class Domain:
                     f"give it a name of its own."
                 )
         state = self.initial_state
-        self.state_type: type[BaseModel] | None = (
-            None if state is None else state if isinstance(state, type) else type(state)
-        )
+        self.state_type: type[BaseModel] | None
+        if state is None:
+            self.state_type = None
+        elif isinstance(state, type):
+            self.state_type = state
+        elif isinstance(state, BaseModel):
+            self.state_type = type(state)
+        else:
+            try:
+                kind = get_type_hints(state).get("return") if callable(state) else None
+            except Exception:  # an annotation that does not resolve here
+                kind = None
+            if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+                raise UserError(
+                    "Domain: initial_state is a pydantic model, a model class, or a function "
+                    "of the first turn's context annotated to return a model "
+                    "(`def initial_state(context: Page | None) -> Cart: ...`)."
+                )
+            self.state_type = kind
 
     def tools(self) -> dict[str, Tool[Any]]:
         """Every tool of the domain's agents, by name (what a batch card's actions may call)."""
@@ -163,12 +187,81 @@ class Domain:
             default=self.default_route,
         )
 
+    @property
+    def state_from_context(self) -> bool:
+        """Whether the domain state is built from the first turn's context."""
+        state = self.initial_state
+        return state is not None and not isinstance(state, (type, BaseModel))
+
     def new_state(self) -> Any:
-        """The domain state of a new session (a copy of `initial_state`)."""
+        """The domain state of a new session: a copy of `initial_state`.
+
+        None when it is built from the first turn's context, until that turn starts
+        (`first_state`).
+        """
         state = self.initial_state
         if state is None:
             return None
-        return state() if isinstance(state, type) else state.model_copy(deep=True)
+        if isinstance(state, type):
+            return state()
+        if isinstance(state, BaseModel):
+            return state.model_copy(deep=True)
+        return None
+
+    def first_state(self, context: Any) -> Any:
+        """The domain state built from the session's first turn's `context`.
+
+        Raises:
+            UserError: `initial_state(context)` did not return a `state_type`.
+        """
+        build: Any = self.initial_state
+        assert self.state_from_context and self.state_type is not None
+        state = build(context)
+        if not isinstance(state, self.state_type):
+            raise UserError(
+                f"Domain: initial_state(context) returned {type(state).__name__}, "
+                f"not {self.state_type.__name__}."
+            )
+        return state
+
+    def check_context(self, context: Any) -> Any:
+        """A turn's context validated: a `context_model` instance, a dict, or None.
+
+        Raises:
+            InvalidContextError: it does not fit `context_model` (or, without one, is not a
+                JSON object); the error names the field.
+        """
+        if context is None:
+            return None
+        model = self.context_model
+        if model is None:
+            if isinstance(context, BaseModel):
+                return context.model_dump(mode="json")
+            if not isinstance(context, Mapping):
+                raise InvalidContextError(
+                    f"context: a JSON object, not {type(context).__name__}.", field=""
+                )
+            return dict(context)
+        if isinstance(context, model):
+            return context
+        data = context.model_dump(mode="json") if isinstance(context, BaseModel) else context
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise InvalidContextError(
+                f"context.{where}: {error['msg']} (the domain's context model is {model.__name__})."
+                if where
+                else f"context: {error['msg']} ({model.__name__}).",
+                field=where,
+            ) from None
+
+    def load_context(self, data: Any) -> Any:
+        """A stored per-turn context, as its turn saw it."""
+        if data is None or self.context_model is None:
+            return data
+        return self.context_model.model_validate(data)
 
     def load_state(self, data: Any) -> Any:
         """The domain state from what a session stored."""

@@ -199,6 +199,9 @@ class Engine:
             while a turn runs); a dead worker's sessions are taken over after it.
         mode: `live`, or `mock` for evals and tests (see `build_runtime`).
         model: the default model for agents that name none (over `runtime.model`).
+        org_models: organisation id -> the model its turns use, for agents that name none
+            (over `model`). The order, highest first: the turn's `model=`, the agent's, the
+            organisation's, the engine's `model=`, `runtime.model` (docs/engine.md).
         wrap_tools: replaces tools with mocks or wrappers (see `build_runtime`).
         store_retry: how a store call that failed for a moment is retried (`StoreRetry`);
             when the store stays away, the turn is left for recovery, as a crash leaves it.
@@ -220,6 +223,7 @@ class Engine:
         wrap_tools: WrapTools | None = None,
         store_retry: StoreRetry | None = None,
         gate: Gate | None = None,
+        org_models: Mapping[str, Model | str] | None = None,
     ) -> None:
         if not lease_ttl > 0:
             raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
@@ -227,6 +231,10 @@ class Engine:
             domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
         )
         self._config = (domain, self.assembly.default_model, wrap_tools)
+        self.org_models: dict[str, Model] = {
+            org: as_model(m, where=f"Engine(org_models={{{org!r}: ...}})")
+            for org, m in (org_models or {}).items()
+        }
         self._headless: tuple[Assembly, Router | None] | None = None
         self.domain = self.assembly.domain
         self.runtime: Runtime[Any] = self.assembly.runtime
@@ -274,6 +282,7 @@ class Engine:
         client: bool = False,
         create: bool = True,
         roles: Iterable[str] | None = None,
+        context: Any = None,
     ) -> AgentRun[Any]:
         """Run one user turn of a session (created on first use) as a stream of events.
 
@@ -292,14 +301,32 @@ class Engine:
                 instead (the server makes sessions only with `POST /sessions`).
             roles: the caller's roles, which `tools_for` chooses the turn's tools from (kept
                 with the session for the turn's resumption; None: those it has).
+            context: the per-turn context (the page, the record the user is on, the locale):
+                validated against `Domain(context_model=...)` now, stored with the turn,
+                read by tools (`ctx.turn_context`) and bindings (`sys:context.<field>`),
+                never shown to the model unless the instructions say so.
+
+        Raises:
+            InvalidContextError: `context` does not fit the domain's context model (raised
+                here, before anything is stored).
         """
+        turn_context = self.domain.check_context(context)
         plan: list[AgentSpec[Any]] | Router
         if route is None and self._router is not None:
             plan = self._router  # the supervisor picks
         else:
             plan = self.domain.route(route)
         return self._drive(
-            session_id, text, plan, org_id, user_id, model, client, create=create, roles=roles
+            session_id,
+            text,
+            plan,
+            org_id,
+            user_id,
+            model,
+            client,
+            create=create,
+            turn_context=turn_context,
+            roles=roles,
         )
 
     def resume(
@@ -386,6 +413,7 @@ class Engine:
         route: str | None = None,
         propose: bool = False,
         roles: Iterable[str] | None = None,
+        context: Any = None,
     ) -> HeadlessResult:
         """Run one user turn with nobody present (a cron job, a webhook): in capture mode.
 
@@ -405,15 +433,27 @@ class Engine:
             route: the route to take (default: the supervisor's choice, or the default route).
             propose: raise a batch card for the captured actions (when there are any).
             roles: the roles it acts with, which `tools_for` chooses the turn's tools from.
+            context: the per-turn context, as for `submit`.
 
         Returns:
             The final text, the captured actions, the events, and the batch card's id.
         """
+        turn_context = self.domain.check_context(context)
         assembly, router = self._capture_assembly()
         plan = router if route is None and router is not None else assembly.domain.route(route)
         headless = _Headless(propose=propose)
         run = self._drive(
-            session_id, text, plan, org_id, user_id, model, False, assembly, headless, roles=roles
+            session_id,
+            text,
+            plan,
+            org_id,
+            user_id,
+            model,
+            False,
+            assembly,
+            headless,
+            turn_context=turn_context,
+            roles=roles,
         )
         events = [event async for event in run]
         result = run.result
@@ -481,6 +521,7 @@ class Engine:
         mode: _Mode = "resume",
         create: bool = True,
         roles: Iterable[str] | None = None,
+        turn_context: Any = None,
     ) -> AgentRun[Any]:
         parts = assembly or self.assembly
         if model is not None:  # a model string that does not name one is refused now
@@ -548,6 +589,10 @@ class Engine:
                         yield event
                     return
             assert route is not None
+            if text is not None:  # a new turn carries its own context (a resumed one, its own)
+                state.turn_context = turn_context
+                if state.turn == 0 and state.progress is None and self.domain.state_from_context:
+                    state.domain_state = self.domain.first_state(turn_context)
             state.client_connected = client
             journal = _SessionJournal(self, record, state)
             first_capture = state.captures
@@ -557,7 +602,9 @@ class Engine:
                 state=state,
                 runtime=self.runtime,
                 journal=journal,
-                models=lambda agent: parts.model_for(agent, model),
+                models=lambda agent: parts.model_for(
+                    agent, model, org=self.org_models.get(state.org_id or "")
+                ),
             )
             self._running[session_id] = inner
             try:
@@ -1253,6 +1300,7 @@ class Engine:
         # this state sees the session's scope, as its turn did.
         state.context.update_sys(state.sys_values(self.runtime.clock()))
         try:
+            state.turn_context = self.domain.load_context(state.turn_context)
             state.domain_state = self.domain.load_state(state.domain_state)
         except ValidationError as exc:
             raise StoreError(

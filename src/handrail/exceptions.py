@@ -61,6 +61,7 @@ __all__ = [
     "HandrailError",
     "HostedToolError",
     "IncompleteResponseError",
+    "InvalidContextError",
     "InvalidDecisionError",
     "MaxIterationsError",
     "MissingExtraError",
@@ -131,6 +132,18 @@ class PathError(UserError):
 
 class ContextFullError(PathError):
     """A session-scoped value does not fit under the context store's size cap."""
+
+
+class InvalidContextError(UserError):
+    """A per-turn context that does not fit the domain's `context_model`; nothing was stored.
+
+    `field` names the first field at fault (dotted, `record.id`), or is empty when the
+    context as a whole is wrong (not a JSON object).
+    """
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidDecisionError(UserError):

@@ -106,8 +106,11 @@ class Runtime(Generic[DepsT]):
     response that only repeated reads gets their results, marked as reused, and the model
     goes on acting (a repeated read is never a reason to stop it writing). None: never asked
     (`max_iterations` and `max_turn_iterations` still bound the turn)."""
-    transform_args: Callable[[Tool[Any], dict[str, Any]], dict[str, Any]] | None = None
-    """Domain hook: rewrite a call's parsed arguments before binding and validation."""
+    transform_args: Callable[..., dict[str, Any]] | None = None
+    """Domain hook: rewrite a call's parsed arguments before binding and validation:
+    `transform_args(tool, args)`, or `transform_args(tool, args, ctx)` to read the call's
+    `ToolContext` (the session, its scope, the context store, the per-turn context
+    `ctx.turn_context`) and pre-fill what the session knows. Returns the new arguments."""
     on_tool_result: Callable[[ToolCallPart, ToolResult], Awaitable[None] | None] | None = None
     """Observe each result (logging, metrics) before it is stamped on its part."""
     transform_tool_result: Callable[[ToolCallPart, ToolResult], ToolResult] | None = None
@@ -146,13 +149,19 @@ class Assembly:
     default_model: Model | None = None
     """The engine's default model (over the runtime's)."""
 
-    def model_for(self, agent: AgentSpec[Any], override: Model | str | None = None) -> Model:
-        """The model `agent` uses: the per-turn override, else the agent's, else the default.
+    def model_for(
+        self,
+        agent: AgentSpec[Any],
+        override: Model | str | None = None,
+        *,
+        org: Model | str | None = None,
+    ) -> Model:
+        """The model `agent` uses: the turn's, the agent's, the organisation's, the default.
 
         Raises:
             ConfigError: none of them is set.
         """
-        model = override or agent.model or self.default_model or self.runtime.model
+        model = override or agent.model or org or self.default_model or self.runtime.model
         if model is None:
             raise ConfigError(
                 f"Agent {agent.name!r} has no model: pass model= to the Agent, to the "

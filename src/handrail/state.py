@@ -180,6 +180,12 @@ class RunState:
     domain_state: Any = None
     """The domain's typed state (`Domain(initial_state=...)`): tools read and change it as
     `ctx.state`; stored with the session as JSON."""
+    turn_context: Any = None
+    """The per-turn context the application passed with the turn (`submit(context=...)`):
+    the page, the record the user is on, the locale. Validated against
+    `Domain(context_model=...)` (a dict without one); tools read it as `ctx.turn_context`,
+    bindings as `sys:context.<field>`. Stored with the session, so a resumed turn has it;
+    the model never sees it unless the application puts it in the instructions."""
     call_ids: set[str] = field(default_factory=set)
     """Every tool call id of the loaded messages: a new call whose id is taken (some servers
     number their calls per response) gets a fresh one, so the tool-call log never mixes two
@@ -209,6 +215,8 @@ class RunState:
         scope = {"org_id": self.org_id, "user_id": self.user_id, "session_id": self.session_id}
         values: dict[str, Any] = {k: v for k, v in scope.items() if v is not None}
         values["now"] = datetime.fromtimestamp(now, tz=UTC).isoformat()
+        # Always set: a turn without a context never reads the one of a turn before it.
+        values["context"] = None if self.turn_context is None else _jsonable(self.turn_context)
         return values
 
     def new_turn(self) -> None:
@@ -383,6 +391,8 @@ class RunState:
             "domain_state": self.domain_state,
             "summary": self.summary,
         }
+        if self.turn_context is not None:
+            doc["turn_context"] = _jsonable(self.turn_context)
         if messages:
             doc["messages"] = self.messages
         if self.captures:
@@ -470,6 +480,7 @@ class RunState:
             scratch_at=doc.get("scratch_at", {}),
             route=doc.get("route"),
             domain_state=doc.get("domain_state"),
+            turn_context=doc.get("turn_context"),
             summary=doc.get("summary"),
             captures=doc.get("captures", 0),
             failure=doc.get("failure"),
@@ -530,9 +541,17 @@ class _Doc(TypedDict):
     scratch_at: NotRequired[dict[str, int]]
     route: NotRequired[RouteChoice | None]
     domain_state: NotRequired[Any]
+    turn_context: NotRequired[Any]
     summary: NotRequired[Summary | None]
     captures: NotRequired[int]
     failure: NotRequired[Failure]
 
 
 _DOC: TypeAdapter[_Doc] = TypeAdapter(_Doc)
+
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+
+
+def _jsonable(value: Any) -> Any:
+    """A per-turn context (a pydantic model, a dict) as JSON-compatible data."""
+    return _ANY.dump_python(value, mode="json")

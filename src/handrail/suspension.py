@@ -669,7 +669,9 @@ def amend(
             f"{label}: {', '.join(forbidden)} cannot be amended (amendable: {allowed})."
         )
     try:
-        validated = tool.validate({**args, **changes}, state.context, bound)
+        validated = tool.validate(
+            {**args, **changes}, state.context, bound, turn_context=state.turn_context
+        )
     except (ArgumentsError, PathError) as exc:
         raise InvalidDecisionError(f"{label}: the amended arguments are not valid: {exc}") from None
     return tool.stored_args(validated)

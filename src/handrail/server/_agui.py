@@ -99,6 +99,7 @@ class _Endpoint:
             text = users[-1] if users else None
             await api.admit(caller, via="agui", session_id=session_id, text=text)
             api.limits.turn(caller, api.runs.running_for(caller.org_id))
+            api.engine.domain.check_context(turn_context(body))  # a bad one: 422, before the 200
         return EventStream(
             self._frames(caller, session_id, body),
             ping=api.ping_interval,
@@ -192,7 +193,19 @@ class _Endpoint:
                 f"({', '.join(state.pending)}).",
             )
         text = new_user_text([_text(m) for m in body.messages if m.role == "user"], state)
-        return await start_turn(api, caller, session_id, text=text, client=client), set()
+        context = turn_context(body)
+        after = await start_turn(api, caller, session_id, text=text, client=client, context=context)
+        return after, set()
+
+
+def turn_context(body: agui.RunAgentInput) -> Any:
+    """The per-turn context a run carries: `forwardedProps.context` (a JSON object).
+
+    AG-UI's own `context` list is text for the agent's model; handrail's per-turn context is
+    the application's, never shown to the model, so it travels in `forwardedProps`.
+    """
+    props = body.forwarded_props
+    return props.get("context") if isinstance(props, dict) else None
 
 
 def _text(message: Any) -> str:

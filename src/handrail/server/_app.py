@@ -674,6 +674,7 @@ class _Api(Api):
             client=client,
             create=False,  # the engine checks the session is the caller's as it loads it
             roles=caller.roles,  # what `tools_for` chooses the turn's tools from
+            context=body.context,  # validated here: a bad one is a 422, nothing stored
         )
         self.limits.turn(caller, self.runs.running_for(org_id))
         after = await self.runs.start(session_id, run, caller)

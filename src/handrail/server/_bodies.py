@@ -54,6 +54,13 @@ class TurnBody(_Strict):
 
     text: str = Field(min_length=1, description="The user's message.")
     route: str | None = Field(None, description="The domain's route to take (default: its own).")
+    context: dict[str, Any] | None = Field(
+        None,
+        description="The per-turn context (the page, the record the user is on, the locale): "
+        "validated against the domain's context model (422 `invalid_context` naming the "
+        "field), stored with the turn, read by tools and bindings, never shown to the model "
+        "unless the instructions say so.",
+    )
 
 
 class ResolveItem(_Strict):

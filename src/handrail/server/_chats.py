@@ -165,6 +165,7 @@ async def start_turn(
     text: str | None = None,
     decisions: Mapping[str, Decision] | None = None,
     client: bool = False,
+    context: Any = None,
 ) -> int | None:
     """Start what a chat request asks for: a turn for `text`, or record `decisions`.
 
@@ -184,6 +185,7 @@ async def start_turn(
         client=client,
         create=True,
         roles=caller.roles,
+        context=context,
     )
     api.limits.turn(caller, api.runs.running_for(caller.org_id))
     return await api.runs.start(session_id, run, caller)

@@ -17,6 +17,7 @@ from .._redact import log_failure
 from ..exceptions import (
     ArgumentsChangedError,
     DecisionNotAllowedError,
+    InvalidContextError,
     InvalidDecisionError,
     SessionBusyError,
     SessionCorruptError,
@@ -82,6 +83,7 @@ _STATUS: dict[type[Exception], tuple[int, str]] = {
     DecisionNotAllowedError: (403, "decision_not_allowed"),
     SessionBusyError: (409, "session_busy"),
     TurnInProgressError: (409, "turn_in_progress"),
+    InvalidContextError: (422, "invalid_context"),
     InvalidDecisionError: (422, "invalid_decision"),
     TurnRefusedError: (403, "turn_refused"),  # the app's gate: its reason is the message
     UserError: (409, "conflict"),  # what the engine refuses in this state (e.g. suspended)

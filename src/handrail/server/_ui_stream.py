@@ -117,6 +117,12 @@ class ChatRequest(BaseModel):
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     message_id: str | None = Field(None, alias="messageId")
     handrail: HandrailExtension = Field(default_factory=HandrailExtension)
+    context: dict[str, Any] | None = Field(
+        None,
+        description="The per-turn context (the page, the record the user is on), as "
+        "`sendMessage(message, {body: {context}})` sends it: validated against the domain's "
+        "context model (422 `invalid_context`), never shown to the model.",
+    )
 
 
 def chat_session(caller: Caller, chat_id: str) -> str:
@@ -169,6 +175,7 @@ class _Endpoint:
             text = _text(body.messages[-1])
             await api.admit(caller, via="ui-stream", session_id=session_id, text=text)
             api.limits.turn(caller, api.runs.running_for(caller.org_id))
+            api.engine.domain.check_context(body.context)  # a bad one: 422, before the 200
         return EventStream(
             self._frames(caller, session_id, body),
             ping=api.ping_interval,
@@ -300,7 +307,9 @@ class _Endpoint:
             )
         users = [_text(m) for m in body.messages if m.role == "user"]
         text = new_user_text(users, state)
-        after = await start_turn(api, caller, session_id, text=text, client=client)
+        after = await start_turn(
+            api, caller, session_id, text=text, client=client, context=body.context
+        )
         assert after is not None
         return after, _turn_message_id(after), known
 

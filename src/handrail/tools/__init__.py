@@ -12,10 +12,20 @@ from ._hosted import (
     web_fetch,
     web_search,
 )
-from ._tool import Approval, Permission, Tool, ToolContext, ToolDecorator, ToolOptions, tool
+from ._tool import (
+    Approval,
+    Default,
+    Permission,
+    Tool,
+    ToolContext,
+    ToolDecorator,
+    ToolOptions,
+    tool,
+)
 
 __all__ = [
     "Approval",
+    "Default",
     "HostedKind",
     "HostedTool",
     "Permission",

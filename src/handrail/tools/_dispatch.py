@@ -334,7 +334,9 @@ class Dispatcher:
         if tool is None:
             return self._fail(part, _unknown_tool(part.name, self.tools), "unknown_tool")
         try:
-            validated = tool.validate(part.args, self.state.context, bound)
+            validated = tool.validate(
+                part.args, self.state.context, bound, turn_context=self.state.turn_context
+            )
         except Exception as exc:
             return self._fail(
                 part, f"Tool {part.name!r}: {type(exc).__name__}: {exc}", "invalid_arguments"
@@ -347,7 +349,9 @@ class Dispatcher:
         args = card.amended_args if card.amended_args is not None else part.args
         warnings: list[str] = []
         try:
-            validated = tool.validate(args, self.state.context, warnings=warnings)
+            validated = tool.validate(
+                args, self.state.context, warnings=warnings, turn_context=self.state.turn_context
+            )
         except (ArgumentsError, PathError) as exc:
             return self._fail(
                 part,
@@ -465,11 +469,17 @@ class Dispatcher:
             )
         try:
             args = part.args
-            if runtime.transform_args is not None:  # 2. domain transform
-                args = runtime.transform_args(tool, dict(args))
+            transform = runtime.transform_args
+            if transform is not None:  # 2. domain transform
+                if _transform_takes_ctx(transform):
+                    args = transform(tool, dict(args), self._context(part, tool))
+                else:
+                    args = transform(tool, dict(args))
             bound = tool.bind(state.context) if tool.bindings else None  # 3. bind
             warnings: list[str] = []
-            validated = tool.validate(args, state.context, bound, warnings)  # 4. validate
+            validated = tool.validate(  # 4. validate
+                args, state.context, bound, warnings, turn_context=state.turn_context
+            )
         except ArgumentsError as exc:
             return self._fail(part, f"Tool {part.name!r}: {exc}", "invalid_arguments")
         except PathError as exc:
@@ -880,6 +890,7 @@ class Dispatcher:
             user_id=state.user_id,
             session_id=state.session_id,
             state=state.domain_state,
+            turn_context=state.turn_context,
             idempotency_key=idempotency_key(state, part),
             answer=None if answer is None else answer.output,
             answered_by=None if answer is None else answer.decided_by,
@@ -959,3 +970,13 @@ def _unknown_tool(name: str, tools: Mapping[str, Tool[Any]]) -> str:
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     available = ", ".join(sorted(tools)) or "none"
     return f"Unknown tool {name!r}.{hint} Available tools: {available}."
+
+
+def _transform_takes_ctx(function: Callable[..., Any]) -> bool:
+    """Whether a `transform_args` hook takes the call's `ToolContext` (a third argument)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)

@@ -37,7 +37,16 @@ from ..policy import DecisionPolicy
 from ._arguments import NOT_FINITE, not_finite, validate_arguments
 from ._definition import HostedTool, ToolDefinition
 
-__all__ = ["Approval", "Permission", "Tool", "ToolContext", "ToolDecorator", "ToolOptions", "tool"]
+__all__ = [
+    "Approval",
+    "Default",
+    "Permission",
+    "Tool",
+    "ToolContext",
+    "ToolDecorator",
+    "ToolOptions",
+    "tool",
+]
 
 DepsT = TypeVar("DepsT")
 _P = ParamSpec("_P")
@@ -55,10 +64,25 @@ _INPUT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 # A schema given as is (parameters=) is the callee's to enforce: every argument passes through.
 _RAW_INPUT_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
 
-Normalizer: TypeAlias = Callable[
-    [dict[str, Any]], "dict[str, Any] | tuple[dict[str, Any], list[str]]"
-]
-"""A tool's `normalize`: the repaired arguments, or `(arguments, warnings for the model)`."""
+
+class Default(str):
+    """A default binding: `bindings={"locale": Default("sys:context.locale")}`.
+
+    A forced binding (a plain path) replaces whatever the model sent and is hidden from it.
+    A `Default` stays in the schema the model sees (no longer required): the model may set the
+    argument; when it leaves it out, the path's value fills it (a path that does not resolve
+    then leaves it out too).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Default({str(self)!r})"
+
+
+Normalizer: TypeAlias = Callable[..., "dict[str, Any] | tuple[dict[str, Any], list[str]]"]
+"""A tool's `normalize`: `normalize(args)`, or `normalize(args, context)` to read the turn's
+per-turn context; returns the repaired arguments, or `(arguments, warnings for the model)`."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,6 +121,10 @@ class ToolContext(Generic[DepsT]):
     """When the tool asked a person (`raise AskPerson(...)`) and runs again: their answer."""
     answered_by: str | None = None
     """Who gave `answer` (as the decision recorded it), when known."""
+    turn_context: Any = None
+    """The per-turn context the application passed with the turn (`submit(context=...)`,
+    the HTTP body's `context`): a `Domain(context_model=...)` instance, a dict without one,
+    or None. The page, the record the user is on, the locale; the model never sees it."""
     messages: Sequence[Message] = ()
     """The session's conversation up to this call (earlier turns, then this one's messages):
     read it, do not change it. A tool that answers follow-up questions reads it."""
@@ -193,11 +221,16 @@ class Tool(Generic[DepsT]):
         approval: `auto` or `required`; default `required` for `write` and `destructive`
             server/client tools. A destructive tool can never be `auto`.
         amendable: argument names a human may change when approving.
-        bindings: argument name -> context path (`sys:user_id`, `var:cart.id`): the engine
-            fills these arguments; the model never sees or sets them.
+        bindings: argument name -> context path (`sys:user_id`, `var:cart.id`,
+            `sys:context.record_id` for the per-turn context): the engine fills these
+            arguments; the model never sees or sets them. A path wrapped in `Default(...)` is
+            a default instead: the argument stays in the schema, and is filled only when the
+            model leaves it out.
         normalize: lenient repair of the raw argument dict, run before validation; it
             returns the repaired dict, or `(dict, warnings)`: the warnings (a list of
             strings, "order_id 'a1' read as 'A1'") reach the model with the call's result.
+            `normalize(args, context)` (two parameters) also gets the turn's per-turn
+            context (None without one).
         digest: output -> small JSON projection for the UI (pure).
         summary: output -> the one-line UI summary of a successful call (pure), when the
             tool does not return a `ToolResult` with its own.
@@ -328,6 +361,8 @@ class Tool(Generic[DepsT]):
         )
 
         self.bindings: dict[str, str] = dict(bindings or {})
+        self.forced: set[str] = {p for p, path in self.bindings.items() if not _is_default(path)}
+        """The bound arguments the model never sees (every binding that is not a `Default`)."""
         for param, path in self.bindings.items():
             if param not in self.param_names:
                 raise ToolDefinitionError(
@@ -346,7 +381,7 @@ class Tool(Generic[DepsT]):
             )
         self.amendable: tuple[str, ...] = tuple(amendable)
         for field_name in self.amendable:
-            if field_name not in self.param_names or field_name in self.bindings:
+            if field_name not in self.param_names or field_name in self.forced:
                 raise ToolDefinitionError(
                     f"{label}: amendable names {field_name!r}, which is not an argument the "
                     f"model sets (arguments: {', '.join(self.param_names) or 'none'})."
@@ -393,7 +428,7 @@ class Tool(Generic[DepsT]):
                     f"{label}: {option} must be a positive number of seconds."
                 )
         self.bound_fields: set[str] = {
-            field for field, param in self._fields() if param in self.bindings
+            field for field, param in self._fields() if param in self.forced
         }
 
         self.output_type = output_type if output_type is not None else _return_model(signature)
@@ -401,6 +436,7 @@ class Tool(Generic[DepsT]):
             TypeAdapter(self.output_type) if self.output_type is not None else None
         )
         self.normalize = normalize
+        self._normalize_reads_context = normalize is not None and _positional(normalize) >= 2
         self.digest = digest
         self.summary = summary
         self.mint = mint
@@ -440,7 +476,15 @@ class Tool(Generic[DepsT]):
         Raises:
             PathError: a binding's path does not resolve.
         """
-        return {param: jsonable(context.get(path)) for param, path in self.bindings.items()}
+        bound: dict[str, Any] = {}
+        for param, path in self.bindings.items():
+            if _is_default(path):
+                value = context.get(path, _ABSENT)
+                if value is not _ABSENT:
+                    bound[param] = jsonable(value)
+            else:
+                bound[param] = jsonable(context.get(path))
+        return bound
 
     def validate(
         self,
@@ -448,6 +492,7 @@ class Tool(Generic[DepsT]):
         context: ContextStore,
         bound: Mapping[str, Any] | None = None,
         warnings: list[str] | None = None,
+        turn_context: Any = None,
     ) -> BaseModel:
         """Bind, normalize and validate a call's arguments (steps 3 and 4 of dispatch).
 
@@ -461,9 +506,16 @@ class Tool(Generic[DepsT]):
             Exception: whatever the tool's `normalize` raised.
         """
         if self.bindings:
-            args = {**args, **(bound if bound is not None else self.bind(context))}
+            values = bound if bound is not None else self.bind(context)
+            forced = {p: v for p, v in values.items() if p in self.forced}
+            defaults = {p: v for p, v in values.items() if p not in self.forced}
+            args = {**defaults, **args, **forced}
         if self.normalize is not None:
-            normalized = self.normalize(dict(args))
+            normalized = (
+                self.normalize(dict(args), turn_context)
+                if self._normalize_reads_context
+                else self.normalize(dict(args))
+            )
             if isinstance(normalized, tuple):
                 args, noted = normalized
                 if warnings is not None:
@@ -584,13 +636,14 @@ class Tool(Generic[DepsT]):
         schema = self.input_model.model_json_schema()
         schema.pop("title", None)
         properties: dict[str, Any] = schema.get("properties", {})
-        for param in self.bindings:
+        for param in self.forced:
             properties.pop(param, None)
         for prop in properties.values():
             if isinstance(prop, dict):
                 prop.pop("title", None)
         if "required" in schema:
             schema["required"] = [r for r in schema["required"] if r not in self.bindings]
+            # (a default binding stays visible, but the model may leave it out)
             if not schema["required"]:
                 del schema["required"]
         return schema
@@ -813,3 +866,21 @@ def _return_model(signature: inspect.Signature | None) -> Any:
     if isinstance(returns, type) and issubclass(returns, BaseModel):
         return returns
     return None
+
+
+_ABSENT: Any = object()
+
+
+def _is_default(path: str) -> bool:
+    return isinstance(path, Default)
+
+
+def _positional(function: Callable[..., Any]) -> int:
+    """How many positional arguments `function` takes (99 for `*args`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return 99
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
