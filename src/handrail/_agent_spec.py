@@ -9,7 +9,6 @@ is told of. `handrail.Agent` is the public class: an `AgentSpec` that can also r
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeAlias, TypeVar
@@ -21,6 +20,7 @@ from .exceptions import UserError
 from .models import Model, ToolDefinition
 from .models._infer import as_model
 from .tools import HostedTool, Tool
+from .tools._tool import positional_count
 
 if TYPE_CHECKING:
     from .state import RunState
@@ -227,7 +227,7 @@ class AgentSpec(Generic[OutputT]):
         instructions: Any = self.instructions
         if not callable(instructions):
             text = str(instructions)
-        elif _positional(instructions) >= 2:  # instructions(state, context)
+        elif positional_count(instructions) >= 2:  # instructions(state, context)
             text = str(instructions(state, state.turn_context))
         else:
             text = str(instructions(state))
@@ -278,14 +278,3 @@ def _definitions(tools: dict[str, Tool[Any]]) -> list[ToolDefinition]:
 def _hosted(tools: dict[str, Tool[Any]]) -> list[HostedTool]:
     """The tools the model provider runs itself."""
     return [t.hosted for t in tools.values() if t.hosted is not None]
-
-
-def _positional(function: Callable[..., Any]) -> int:
-    """How many positional arguments `function` takes (99 for `*args`)."""
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
-        return 99
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)

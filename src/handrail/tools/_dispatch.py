@@ -73,7 +73,7 @@ from ..runtime import Runtime
 from ..state import RunState
 from ..suspension import args_digest, card_event, placeholder, settle
 from ._arguments import ArgumentsError, parse_arguments
-from ._tool import Tool, ToolContext, jsonable
+from ._tool import Tool, ToolContext, jsonable, positional_count
 
 __all__ = ["Dispatcher", "completed_event"]
 
@@ -974,9 +974,4 @@ def _unknown_tool(name: str, tools: Mapping[str, Tool[Any]]) -> str:
 
 def _transform_takes_ctx(function: Callable[..., Any]) -> bool:
     """Whether a `transform_args` hook takes the call's `ToolContext` (a third argument)."""
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    return positional_count(function) >= 3

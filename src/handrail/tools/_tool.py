@@ -436,7 +436,7 @@ class Tool(Generic[DepsT]):
             TypeAdapter(self.output_type) if self.output_type is not None else None
         )
         self.normalize = normalize
-        self._normalize_reads_context = normalize is not None and _positional(normalize) >= 2
+        self._normalize_reads_context = normalize is not None and positional_count(normalize) >= 2
         self.digest = digest
         self.summary = summary
         self.mint = mint
@@ -875,7 +875,7 @@ def _is_default(path: str) -> bool:
     return isinstance(path, Default)
 
 
-def _positional(function: Callable[..., Any]) -> int:
+def positional_count(function: Callable[..., Any]) -> int:
     """How many positional arguments `function` takes (99 for `*args`)."""
     try:
         parameters = inspect.signature(function).parameters.values()
