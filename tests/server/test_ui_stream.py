@@ -643,6 +643,7 @@ async def test_a_reused_result_names_the_call_it_repeats_and_the_write_after_it_
     assert notes == ["A1"] and _text(step) == "Noted."
 
 
+@node
 async def test_a_failed_call_is_an_output_error_part_that_keeps_its_code() -> None:
     model = ScriptedModel([[call("orders.lookup", order="A1")], "Which order?"])
     engine = Engine(
