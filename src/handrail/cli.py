@@ -1072,7 +1072,7 @@ async def _work(target: str, settings: _WorkerSettings) -> None:
     try:
         async with (
             open_app(target) as engine,
-            _over_store(engine, settings.db, settings.dsn, settings.schema),
+            _over_store(engine, _store_of(settings.db, settings.dsn, settings.schema)),
         ):
             if isinstance(engine.store, MemoryStore):
                 raise CliError(
@@ -1104,23 +1104,17 @@ async def _work(target: str, settings: _WorkerSettings) -> None:
             loop.remove_signal_handler(sig)
 
 
+def _store_of(db: Path | None, dsn: str | None, schema: str) -> SessionStore | None:
+    """The store `--db`/`--dsn` name, made as every command makes it (`Settings.store`)."""
+    return Settings.resolve({"db": db, "dsn": dsn, "schema": schema}).store()
+
+
 @contextlib.asynccontextmanager
-async def _over_store(
-    engine: Engine, db: Path | None, dsn: str | None, schema: str
-) -> AsyncIterator[None]:
-    """The store `--db`/`--dsn` name, in place of the app's while this runs (closed after)."""
-    if not dsn and db is None:
+async def _over_store(engine: Engine, store: SessionStore | None) -> AsyncIterator[None]:
+    """`store` in place of the app's while this runs, closed after; None: the app's own."""
+    if store is None:
         yield
         return
-    if dsn:
-        from .store import PostgresStore
-
-        store: SessionStore = PostgresStore(dsn, schema=schema)
-    else:
-        from .store import SqliteStore
-
-        assert db is not None
-        store = SqliteStore(db)
     own, engine.store = engine.store, store
     try:
         yield
@@ -1271,7 +1265,7 @@ async def _one_turn(
     from .store import MemoryStore
 
     loop = asyncio.get_running_loop()
-    async with open_app(target) as engine, _over_store(engine, db, dsn, schema):
+    async with open_app(target) as engine, _over_store(engine, _store_of(db, dsn, schema)):
         if route is not None and route not in engine.domain.routes:
             routes = ", ".join(engine.domain.routes) or "none"
             _usage(f"--route {route!r}: the app has no such route (routes: {routes}).")
