@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
+
+import handrail.server
+
 from .conftest import ANA, Server
 from .test_api import suspended
+
+JS_TYPES = {"text/javascript", "application/javascript"}
 
 
 async def test_the_domain_describes_agents_and_the_schemas_of_tools(server: Server) -> None:
@@ -64,7 +72,31 @@ async def test_the_page_is_served_at_the_root(server: Server) -> None:
     page = await server.client.get("/")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
-    assert '<script src="app.js" defer></script>' in page.text
-    script = await server.client.get("/app.js")
-    assert script.status_code == 200
-    assert "/events?after=" in script.text
+    assert '<script type="module" src="js/main.js"></script>' in page.text
+    # every module the page imports is served, as JavaScript (a module needs the type)
+    modules = ["main", "api", "dom", "state", "stream", "sessions", "conversation", "cards"]
+    modules += ["forms", "inbox", "audit"]
+    for name in modules:
+        script = await server.client.get(f"/js/{name}.js")
+        assert script.status_code == 200, name
+        assert script.headers["content-type"].split(";")[0] in JS_TYPES, name
+        assert "script-src 'self'" in script.headers["content-security-policy"]
+    stream = await server.client.get("/js/stream.js")
+    assert "/events?after=" in stream.text
+    assert (await server.client.get("/app.js")).status_code == 404  # split into the modules
+
+
+def test_the_wheel_ships_every_module_the_page_imports() -> None:
+    static = Path(handrail.server.__file__).parent / "static"
+    imported = set()
+    for module in (static / "js").glob("*.js"):
+        imported |= set(re.findall(r'from "\./([a-z_]+\.js)"', module.read_text()))
+    assert imported == {p.name for p in (static / "js").glob("*.js")} - {"main.js"}
+    # hatchling puts every file of src/handrail in the wheel but those git ignores
+    ignored = subprocess.run(
+        ["git", "check-ignore", "index.html", "style.css", *(f"js/{n}" for n in sorted(imported))],
+        cwd=static,
+        capture_output=True,
+        text=True,
+    )
+    assert ignored.returncode == 1, ignored.stdout  # 1: none of them is ignored

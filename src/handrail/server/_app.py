@@ -41,12 +41,15 @@ from ._bodies import (
     AgentBody,
     AuditBody,
     AuditQuery,
+    AuditVerifyBody,
+    CallOutcomeBody,
     ClientQuery,
     DecisionPolicyBody,
     DomainBody,
     EventsQuery,
     InterruptBody,
     ListQuery,
+    MeBody,
     MessagesBody,
     MessagesQuery,
     PendingBody,
@@ -65,6 +68,7 @@ from ._errors import EXCEPTION_HANDLERS, ApiError, App
 from ._headers import SecurityHeaders, request_id
 from ._limits import Limits
 from ._openapi import Operation, openapi
+from ._page import Titles, call_outcome, verify_trail
 from ._runs import Runs
 from ._sse import EventStream, error_frame, frame
 from ._ui_stream import ui_stream_operations
@@ -192,6 +196,7 @@ def create_app(
     fixed = runs_of(engine) if engine is not None else None
     api = _Api(engine, fixed, authenticator, max_body_size, ping_interval, send_timeout, limits)
     api.audit_roles = None if audit_roles is None else frozenset(audit_roles)
+    api.titles = Titles()
     operations = [
         *api.operations(),
         agui_operation(api),  # AG-UI clients: docs/agui.md
@@ -340,6 +345,8 @@ class _Api(Api):
 
     audit_roles: frozenset[str] | None = AUDIT_ROLES
     """The roles that may read the audit trail, one of them (None: every member)."""
+    titles: Titles
+    """The sessions' titles, read once each (`GET /sessions`)."""
 
     def operations(self) -> list[Operation]:
         """Every endpoint, with what OpenAPI says about it."""
@@ -382,6 +389,17 @@ class _Api(Api):
                       query=AuditQuery, response=AuditBody, errors=(403,),
                       ndjson="with `Accept: application/x-ndjson`, every entry after `after` "
                       "as JSON lines (an export, streamed a page at a time)"),
+            Operation("GET", "/audit/verify", self.verify_audit,
+                      "Verify the caller's organisation's audit trail, as `handrail audit "
+                      "verify` does (with the server's keys); needs an audit role",
+                      response=AuditVerifyBody, errors=(403,)),
+            Operation("GET", f"{session}/calls/{{tool_call_id}}", self.call_outcome,
+                      "What came of a decided call, for whoever decided it (or the "
+                      "session's owner): its status, result or failure",
+                      response=CallOutcomeBody, errors=(404, 422)),
+            Operation("GET", "/me", self.me,
+                      "The caller: organisation, user, roles, and whether it may read the "
+                      "audit trail", response=MeBody),
             Operation("GET", "/pending", self.list_pending,
                       "The inbox: the cards of the caller's organisation that it may decide "
                       "(its own sessions' too), with filters; deciding one is a resolve",
@@ -451,22 +469,30 @@ class _Api(Api):
         record = await self.store.load(session_id)
         if record is None:  # deleted in between
             raise ApiError(404, "not_found", f"No session {session_id!r} for this caller.")
+        title = (await self.titles.of(self.store, [session_id]))[session_id]
         return SessionBody(
-            **self._summary(record).model_dump(),
+            **self._summary(record, title).model_dump(),
             messages=state.messages,
             first=state.base,
             pending=[PendingCardPart.of(card) for card in state.pending.values()],
             scratch=state.scratch,
         )
 
-    def _summary(self, record: Any) -> SessionSummaryBody:
+    def _summary(self, record: Any, title: str | None = None) -> SessionSummaryBody:
         return SessionSummaryBody(
             id=record.id,
             status=record.status,
             running=self.runs.running(record.id),
             created_at=record.created_at,
             updated_at=record.updated_at,
+            user_id=record.user_id,
+            title=title,
         )
+
+    async def _summaries(self, records: list[Any]) -> list[SessionSummaryBody]:
+        """`records` as the API lists them, each with its title."""
+        titles = await self.titles.of(self.store, (r.id for r in records))
+        return [self._summary(r, titles[r.id]) for r in records]
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -497,14 +523,14 @@ class _Api(Api):
             limit=query.limit,
             offset=query.offset,
         )
-        return _json(SessionsBody(sessions=[self._summary(s) for s in found]))
+        return _json(SessionsBody(sessions=await self._summaries(found)))
 
     async def _to_decide(self, caller: Caller, query: ListQuery) -> list[SessionSummaryBody]:
         """A page of the org's suspended sessions: others' with a call `caller` may decide."""
         found = await self.engine.inbox.sessions(
             caller.org_id, caller.decider(), offset=query.offset, limit=query.limit, own=False
         )
-        return [self._summary(summary) for summary in found]
+        return await self._summaries(found)
 
     async def list_pending(self, request: Request) -> Response:
         """`GET /pending`: a page of the cards of the organisation the caller may decide."""
@@ -553,6 +579,7 @@ class _Api(Api):
                 409, "turn_in_progress", "A turn of this session is running: interrupt it first."
             )
         await self.store.delete(session_id)
+        self.titles.forget(session_id)
         return Response(status_code=204)
 
     async def export_session(self, request: Request) -> Response:
@@ -561,8 +588,11 @@ class _Api(Api):
         document = await self.store.export(session_id)
         return Response(document, media_type="application/json")
 
-    async def read_audit(self, request: Request) -> Response:
-        """`GET /audit`: the caller's organisation's trail, a page (or every entry, as lines)."""
+    def _may_audit(self, caller: Caller) -> bool:
+        return self.audit_roles is None or bool(self.audit_roles & caller.roles)
+
+    async def _auditor(self, request: Request) -> Caller:
+        """The caller, if one of its roles may read the audit trail (else 403)."""
         caller = await self._caller(request)
         roles = self.audit_roles
         if roles is not None and not roles & caller.roles:
@@ -578,6 +608,11 @@ class _Api(Api):
                 else "Reading the audit trail over HTTP is turned off on this server (no "
                 "role may: audit_roles is empty); use `handrail audit` on the store.",
             )
+        return caller
+
+    async def read_audit(self, request: Request) -> Response:
+        """`GET /audit`: the caller's organisation's trail, a page (or every entry, as lines)."""
+        caller = await self._auditor(request)
         query = self._query(request, AuditQuery)
         filters: dict[str, Any] = {
             "session_id": query.session_id,
@@ -612,6 +647,56 @@ class _Api(Api):
             if len(page) < _AUDIT_PAGE:
                 return
             page = await self.store.audit(org_id, after=page[-1].seq, limit=_AUDIT_PAGE, **filters)
+
+    async def verify_audit(self, request: Request) -> Response:
+        """`GET /audit/verify`: whether the organisation's trail holds together."""
+        caller = await self._auditor(request)
+        return _json(await verify_trail(self.store, caller.org_id))
+
+    async def me(self, request: Request) -> Response:
+        """`GET /me`: the caller, and what the page may offer it (the audit view)."""
+        caller = await self._caller(request)
+        body = MeBody(
+            org_id=caller.org_id,
+            user_id=caller.user_id,
+            roles=sorted(caller.roles),
+            audit=self._may_audit(caller),
+        )
+        return _json(body)
+
+    async def call_outcome(self, request: Request) -> Response:
+        """`GET /sessions/{id}/calls/{call_id}`: what came of a call, for who decided it.
+
+        The session's owner reads it, and so does anyone who decided or approved the call
+        (a colleague, who cannot read the session once nothing waits for them) or may decide
+        it now; anyone else gets the 404 of a session that is not theirs.
+        """
+        caller = await self._caller(request)
+        session_id = _session_id(request)
+        call_id: str = request.path_params["tool_call_id"]
+        if len(call_id) > _SESSION_ID_MAX or _CONTROL.search(call_id):
+            raise ApiError(422, "invalid_request", f"Not a tool call id: {call_id[:40]!r}.")
+        found = await self.store.summary(session_id)
+        if found is None or found.org_id != caller.org_id:
+            raise SessionNotFoundError.for_caller(session_id)
+        state = await self.engine.session(session_id, org_id=found.org_id, user_id=found.user_id)
+        running = self.runs.running(session_id)
+        waiting = state.pending.get(call_id)
+        approved_by = PendingCardPart.of(waiting).approved_by if waiting is not None else []
+        outcome = call_outcome(
+            state, call_id, approved_by=approved_by, session_status=found.status, running=running
+        )
+        owner = found.user_id == caller.user_id
+        if outcome is None:
+            if owner:
+                raise ApiError(404, "not_found", f"No decision card for call {call_id!r}.")
+            raise SessionNotFoundError.for_caller(session_id)
+        body, deciders = outcome
+        if not (owner or caller.user_id in deciders) and not (
+            waiting is not None and self.engine.decidable(state, caller.decider())
+        ):
+            raise SessionNotFoundError.for_caller(session_id)
+        return _json(body)
 
     async def describe_domain(self, request: Request) -> Response:
         """`GET /domain`: the agents (which keep to scratch) and the tools, with their schemas."""

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from ..audit import AuditEntry, AuditKind
+from ..audit import AuditEntry, AuditKind, AuditProblem
 from ..engine import PendingCard
-from ..messages import ApprovalCardPart, CardKind, Message
+from ..messages import ApprovalCardPart, CardKind, Message, ToolCallStatus
 from ..store import SessionStatus
 from ..suspension import ArgChange, Decision, card_state
 
@@ -18,11 +18,14 @@ __all__ = [
     "AgentBody",
     "AuditBody",
     "AuditQuery",
+    "AuditVerifyBody",
+    "CallOutcomeBody",
     "ClientQuery",
     "DomainBody",
     "ErrorBody",
     "EventsQuery",
     "ListQuery",
+    "MeBody",
     "MessagesBody",
     "MessagesQuery",
     "ResolutionBody",
@@ -174,6 +177,14 @@ class SessionSummaryBody(BaseModel):
     running: bool = Field(description="A turn of the session is running on this server.")
     created_at: float
     updated_at: float
+    user_id: str | None = Field(
+        None, description="Whose session it is: who wrote its user messages (its requester)."
+    )
+    title: str | None = Field(
+        None,
+        description="A name for people: the session's first user message, trimmed to 80 "
+        "characters (null until it has one).",
+    )
 
 
 class AuditBody(BaseModel):
@@ -182,6 +193,57 @@ class AuditBody(BaseModel):
     entries: list[AuditEntry] = Field(description="The entries, in the order of their `seq`.")
     after: int | None = Field(
         description="Pass as `after` for the next page (None: this page is the last)."
+    )
+
+
+class AuditVerifyBody(BaseModel):
+    """Whether the organisation's trail holds together (`handrail audit verify`'s check)."""
+
+    holds: bool = Field(description="No problem of severity `error` (warnings may remain).")
+    count: int = Field(description="The entries checked: the whole trail.")
+    keyed: int = Field(description="Of them, those hashed with a key.")
+    last: str = Field(description="The anchor of the last entry, `SEQ:HASH` (keep it away).")
+    problems: list[AuditProblem] = Field(
+        description="Where it does not hold, in the trail's order (`handrail.audit.verify`)."
+    )
+
+
+class MeBody(BaseModel):
+    """The caller, as the server knows it."""
+
+    org_id: str
+    user_id: str
+    roles: list[str]
+    audit: bool = Field(description="It may read the organisation's audit trail (`GET /audit`).")
+
+
+class CallOutcomeBody(BaseModel):
+    """What came of a decided call, for whoever decided it (and the session's owner)."""
+
+    tool_call_id: str
+    tool_name: str
+    kind: CardKind
+    decision: str | None = Field(description="The decision, once made (null: still waiting).")
+    decided_by: list[str] = Field(
+        description="Who decided: every approver of the arguments that ran, when several did."
+    )
+    approved_by: list[str] = Field(
+        description="While it waits: who approved its current arguments so far."
+    )
+    status: ToolCallStatus | None = Field(
+        description="The call's status (null for a batch card: see `output`)."
+    )
+    summary: str | None = Field(None, description="Its result's summary, once it ran.")
+    error: str | None = Field(None, description="Why it failed, when it did.")
+    digest: Any = Field(None, description="Its result's digest, once it ran.")
+    output: Any = Field(
+        None, description="A batch card's report once applied, or the answer given."
+    )
+    session_status: SessionStatus
+    running: bool = Field(description="A turn of the session runs on this server now.")
+    done: bool = Field(
+        description="Decided, and nothing more will change: the call ran, failed or was "
+        "rejected (or the turn ended without running it)."
     )
 
 
