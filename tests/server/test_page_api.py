@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import re
+import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import handrail.server
+from handrail.demo.support_desk import CUSTOMER_MESSAGE
+from handrail.server._page import title_of
 
-from .conftest import ANA, Server
-from .test_api import suspended
+from .conftest import ANA, BOB, Server
+from .test_api import JSON, approve, suspended
+from .test_audit import CY, audited
+
+__all__ = ["audited"]  # a fixture, imported to be used here
 
 JS_TYPES = {"text/javascript", "application/javascript"}
 
@@ -100,3 +107,103 @@ def test_the_wheel_ships_every_module_the_page_imports() -> None:
         text=True,
     )
     assert ignored.returncode == 1, ignored.stdout  # 1: none of them is ignored
+
+
+# -- who the caller is, sessions' titles -----------------------------------------------------
+
+
+async def test_me_names_the_caller_and_whether_it_may_read_the_trail(server: Server) -> None:
+    me = (await server.client.get("/me", headers=ANA)).json()
+    assert me == {"org_id": "acme", "user_id": "ana", "roles": [], "audit": False}
+    assert (await server.client.get("/me")).status_code == 401
+
+
+async def test_sessions_are_titled_by_their_first_message_and_name_their_owner(
+    server: Server,
+) -> None:
+    empty = await server.new_session()
+    session_id, _ = await suspended(server)
+    listed = {
+        s["id"]: s for s in (await server.client.get("/sessions", headers=ANA)).json()["sessions"]
+    }
+    assert listed[session_id]["title"] == CUSTOMER_MESSAGE  # under 80 characters: whole
+    assert listed[empty]["title"] is None  # nothing written yet
+    assert listed[session_id]["user_id"] == "ana"
+    view = (await server.client.get(f"/sessions/{session_id}", headers=ANA)).json()
+    assert (view["title"], view["user_id"]) == (CUSTOMER_MESSAGE, "ana")
+
+
+def test_a_title_is_the_first_persons_message_on_one_line_cut_at_80() -> None:
+    def user(text: str, synthetic: bool = False) -> dict[str, Any]:
+        return {"role": "user", "parts": [{"type": "text", "text": text, "synthetic": synthetic}]}
+
+    long = "word " * 40
+    assert title_of([user("handover note", synthetic=True), user("  my\n laptop  ")]) == (
+        "my laptop"
+    )
+    cut = title_of([user(long)])
+    assert cut is not None and len(cut) == 80 and cut.endswith("word…")
+    assert title_of([{"role": "system", "parts": [{"type": "text", "text": "be kind"}]}]) is None
+
+
+# -- what came of a decision -----------------------------------------------------------------
+
+
+async def test_the_outcome_of_a_decided_call_is_read_back_by_its_owner_only(
+    server: Server,
+) -> None:
+    session_id, call_id = await suspended(server)
+    url = f"/sessions/{session_id}/calls/{call_id}"
+    waiting = (await server.client.get(url, headers=ANA)).json()
+    assert (waiting["decision"], waiting["done"], waiting["status"]) == (None, False, "waiting")
+    decided = await server.client.post(
+        f"/sessions/{session_id}/resolve", headers={**ANA, **JSON}, json=approve(call_id)
+    )
+    assert decided.status_code == 200
+    await server.join(session_id)
+    outcome = (await server.client.get(url, headers=ANA)).json()
+    assert (outcome["decision"], outcome["decided_by"]) == ("approve", ["ana"])
+    assert (outcome["status"], outcome["done"], outcome["error"]) == ("completed", True, None)
+    assert outcome["tool_name"] == "orders.refund"
+    assert outcome["digest"] == {"refund": "R0001", "order": "A1042", "amount": "€84.00"}
+    # another organisation's caller, an unknown call: the same 404 as for a stranger
+    assert (await server.client.get(url, headers=BOB)).status_code == 404
+    unknown = await server.client.get(f"/sessions/{session_id}/calls/nope", headers=ANA)
+    assert unknown.status_code == 404
+    bad = await server.client.get(f"/sessions/{session_id}/calls/a%01b", headers=ANA)
+    assert bad.status_code == 422
+
+
+# -- the trail's check -----------------------------------------------------------------------
+
+
+async def test_verify_says_the_trail_holds_then_names_an_edited_entry(
+    audited: tuple[Server, Path],
+) -> None:
+    server, path = audited
+    session_id, call_id = await suspended(server)
+    await server.client.post(
+        f"/sessions/{session_id}/resolve", headers={**ANA, **JSON}, json=approve(call_id)
+    )
+    await server.join(session_id)
+    holds = (await server.client.get("/audit/verify", headers=ANA)).json()
+    assert (holds["holds"], holds["count"], holds["keyed"], holds["problems"]) == (
+        True,
+        2,
+        2,
+        [],
+    )
+    assert holds["last"].startswith("2:")
+    refused = await server.client.get("/audit/verify", headers=CY)  # no audit role
+    assert refused.status_code == 403
+    assert refused.json()["error"]["type"] == "audit_role_required"
+
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "UPDATE handrail_audit SET entry = replace(entry, 'ana', 'eve') "
+            "WHERE org_id = 'acme' AND seq = 1"
+        )
+    broken = (await server.client.get("/audit/verify", headers=ANA)).json()
+    assert broken["holds"] is False
+    (problem,) = broken["problems"]
+    assert (problem["seq"], problem["kind"], problem["severity"]) == (1, "edited", "error")
