@@ -9,6 +9,7 @@ line that says so.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import threading
@@ -33,12 +34,17 @@ ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("HANDRAIL_SCREENSHOTS") or ROOT / "test-artifacts" / "browser")
+"""Where the screenshots go: `HANDRAIL_SCREENSHOTS`, else test-artifacts/browser/."""
+AXE = ROOT / "js" / "node_modules" / "axe-core" / "axe.min.js"
+"""axe-core, pinned in js/package.json (`npm ci --prefix js`)."""
 KEYS = {
     "key-ana": Caller("acme", "ana"),
     "key-bob": Caller("globex", "bob"),
     "key-bo": Caller("acme", "bo", frozenset({"it-admin"})),
     "key-cy": Caller("acme", "cy", frozenset({"it-admin"})),
+    "key-di": Caller("acme", "di", frozenset({"auditor"})),
 }
 
 try:
@@ -174,3 +180,28 @@ def shoot(request: pytest.FixtureRequest) -> Callable[[Page, str], Path]:
         return path
 
     return take
+
+
+@pytest.fixture
+def axe() -> Callable[[Page], list[str]]:
+    """Run axe-core on a page: its serious and critical violations, one line each.
+
+    axe is evaluated in the page through the DevTools protocol (the page's CSP allows no
+    script but its own).
+    """
+    if not AXE.is_file():
+        pytest.skip(f"AXE-CORE IS NOT INSTALLED ({AXE}): npm ci --prefix js")
+    source = AXE.read_text()
+
+    def check(page: Page) -> list[str]:
+        if not page.evaluate("() => typeof window.axe === 'object'"):
+            page.evaluate(source)
+        violations = page.evaluate(
+            """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
+                .filter((v) => v.impact === "serious" || v.impact === "critical")
+                .map((v) => `${v.impact} ${v.id}: ${v.help} `
+                     + `(${v.nodes.map((n) => n.target.join(" ")).join(", ")})`)"""
+        )
+        return list(violations)
+
+    return check

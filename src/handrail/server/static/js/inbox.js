@@ -33,14 +33,9 @@ const title = (c) => (c.kind === "batch" ? `${c.args.actions.length} actions` : 
 function line(c) {
   const approved = (c.approved_by || []).length;
   const changed = Object.keys(c.changes || {}).length > 0;
-  // The accessible name says it all in one go; the spans lay it out for the eye.
-  const label = [
-    title(c),
-    `from ${c.requester || "?"}`,
-    changed ? "changed by an approver" : null,
-    approved ? `${approved} approved` : null,
-    c.created_at ? when(c.created_at) : null,
-  ].filter(Boolean).join(", ");
+  // The spans lay the line out for the eye; the hidden commas make it one phrase to a screen
+  // reader ("pay, from ana, 1 approved, ...").
+  const comma = () => el("span", { class: "visually-hidden", text: ", " });
   return el(
     "li",
     {},
@@ -51,15 +46,15 @@ function line(c) {
         class: "inbox-card",
         "data-session": c.session_id,
         "data-call": c.tool_call_id,
-        "aria-label": label,
         "aria-current": c.session_id === page.sessionId ? "true" : undefined,
         onclick: () => select(c.session_id),
       },
       el("span", { class: "inbox-tool", text: title(c) }),
+      comma(),
       el("span", { class: "inbox-who", text: `from ${c.requester || "?"}` }),
-      changed ? el("span", { class: "badge changed", text: "changed" }) : null,
-      approved ? el("span", { class: "badge", text: `${approved} approved` }) : null,
-      el("span", { class: "when", text: when(c.created_at) }),
+      changed ? [comma(), el("span", { class: "badge changed", text: "changed" })] : null,
+      approved ? [comma(), el("span", { class: "badge", text: `${approved} approved` })] : null,
+      c.created_at ? [comma(), el("span", { class: "when", text: when(c.created_at) })] : null,
     ),
   );
 }

@@ -1,0 +1,189 @@
+"""What a person reads on a card they decide with others, in chromium.
+
+Ana asks to pay a supplier; the payment needs two people with the role it-admin. Bo, who had
+the page open, hears of the new card, opens it from "To decide" and reads Ana's message as
+hers; he lowers the amount and approves, and his card then says it waits for one more, with
+no buttons. Cy sees what Bo changed (the diff of the arguments), approves, and reads what came
+of it: paid. Ana reads that both approved. Di, an auditor, reads the trail and that it holds;
+the others get no audit view. axe-core finds no serious or critical violation on the card, the
+inbox and the audit view, and each is saved as a screenshot.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from handrail import Agent, DecisionPolicy, Domain, Engine, Runtime, tool
+from handrail.audit import AuditKey
+from handrail.models import ModelRequest
+from handrail.store import MemoryStore
+from handrail.testing import FunctionModel, Step, call
+
+from .conftest import Served
+
+pytestmark = pytest.mark.browser
+
+Serve = Callable[[Engine], Served]
+NewPage = Callable[..., Page]
+Shoot = Callable[[Page, str], Any]
+Axe = Callable[[Page], list[str]]
+
+paid: list[float] = []
+
+
+@tool(
+    name="pay",
+    permission="destructive",
+    amendable=["amount"],
+    decision_policy=DecisionPolicy(roles={"it-admin"}, approvals=2),
+    digest=lambda paid: paid,  # what people see of the result
+)
+def pay(to: str, amount: float) -> str:
+    """Pay a supplier."""
+    paid.append(amount)
+    return f"paid {amount:g} to {to}"
+
+
+def pay_script(request: ModelRequest) -> Step:
+    if request.messages[-1].role == "user":
+        return call("pay", to="acme-supplies", amount=500)
+    return "Paid."
+
+
+def signed_in(new_page: NewPage, served: Served, key: str) -> Page:
+    page = new_page()
+    page.goto(f"{served.url}/#key={key}")
+    expect(page.get_by_label("Message")).to_be_visible()
+    return page
+
+
+def test_two_approvers_read_who_asked_what_is_needed_what_changed_and_what_came_of_it(
+    serve: Serve, new_page: NewPage, shoot: Shoot, axe: Axe
+) -> None:
+    paid.clear()
+    engine = Engine(
+        Domain(agents=[Agent("desk", tools=[pay])]),
+        store=MemoryStore(audit_key=AuditKey("k1", b"k" * 32)),
+        runtime=Runtime(model=FunctionModel(pay_script)),
+    )
+    served = serve(engine)
+    bo = signed_in(new_page, served, "key-bo")  # his page is open before the card exists
+    expect(bo.locator("#inbox-list")).to_have_text("Nothing waits for you.")
+
+    ana = signed_in(new_page, served, "key-ana")
+    ana.get_by_label("Message").fill("Pay the supplier for the March invoice")
+    ana.get_by_label("Message").press("Enter")
+    expect(ana.locator(".card.approval")).to_be_visible()
+    # her own card: her message is hers, and the session is named by it
+    expect(ana.locator(".bubble.user .who")).to_have_text("You")
+    expect(ana.locator(".session .session-title")).to_have_text(
+        "Pay the supplier for the March invoice"
+    )
+    expect(ana.locator(".card .needs")).to_have_text(
+        "Needs the approval of two people with the role it-admin."
+    )
+
+    # the inbox, read again while bo's page is open, announces the new card
+    item = bo.locator("#inbox-list .inbox-card")
+    expect(item).to_have_count(1)
+    expect(bo.locator("#announce")).to_have_text("New in To decide: pay, from ana.")
+    # one phrase to a screen reader (chromium spaces the spans of the grid: "pay , from ana")
+    expect(bo.get_by_role("button", name=re.compile(r"^pay ?, from ana , "))).to_be_visible()
+    assert axe(bo) == []
+    shoot(bo, "inbox")
+
+    item.click()
+    card = bo.locator(".card.approval")
+    expect(card).to_be_focused()
+    # ana's message is ana's, not "You"
+    expect(bo.locator(".bubble.user .who")).to_have_text("ana")
+    expect(bo.locator("#chat-title")).to_have_text("Pay the supplier for the March invoice (ana's)")
+    expect(card.locator(".requester")).to_have_text("Asked by ana")
+    expect(card.locator(".needs")).to_have_text(
+        "Needs the approval of two people with the role it-admin."
+    )
+    expect(card.locator(".approvals")).to_have_text(
+        "0 of 2 approvals of these arguments: no approvals yet"
+    )
+    # the keyboard: from the card, the amount, the reason, then Approve and Reject
+    order = []
+    for _ in range(4):
+        bo.keyboard.press("Tab")
+        order.append(
+            bo.evaluate("() => document.activeElement.id || document.activeElement.textContent")
+        )
+    assert order == [
+        f"{card.get_attribute('id')}-amend-amount",
+        f"{card.get_attribute('id')}-reason",
+        "Approve",
+        "Reject",
+    ]
+    assert axe(bo) == []
+    card.get_by_label("amount").fill("450")
+    card.get_by_role("button", name="Approve").click()
+    # his approval is given: the card says it waits for another, and offers no buttons
+    expect(card.locator(".waiting-for-others")).to_have_text(
+        "You approved; waiting for 1 more (role it-admin)."
+    )
+    expect(card.get_by_role("button")).to_have_count(0)
+    expect(card.locator(".approvals")).to_have_text(
+        "1 of 2 approvals of these arguments: approved by bo"
+    )
+    shoot(bo, "card-approved-waiting")
+
+    cy = signed_in(new_page, served, "key-cy")
+    cy.locator("#inbox-list .inbox-card").click()
+    card = cy.locator(".card.approval")
+    # what bo changed: the argument as it is now, and what it was
+    amount = card.locator(".args dd.changed-arg")
+    expect(amount).to_have_text("450 (was 500)")
+    expect(amount.locator("del")).to_have_text("500")
+    expect(card.locator(".changed")).to_have_text(
+        "Changed by bo from the agent's proposal: amount 500 → 450"
+    )
+    expect(card.locator(".approvals")).to_have_text(
+        "1 of 2 approvals of these arguments: approved by bo"
+    )
+    assert axe(cy) == []
+    shoot(cy, "card")
+    card.get_by_role("button", name="Approve").click()
+    expect(cy.locator("#status")).to_have_text("Decided; the turn resumes in the background.")
+    # what came of it, though the session is no longer hers to read
+    outcome = cy.locator(".outcome .outcome-status")
+    expect(outcome).to_have_text("Approved by bo and cy; ✓ done: paid 450 to acme-supplies.")
+    expect(cy.locator(".outcome")).to_be_focused()
+    shoot(cy, "outcome")
+    assert paid == [450]
+
+    ana.reload()
+    expect(ana.locator(".bubble.assistant .text")).to_have_text("Paid.")
+    expect(ana.locator(".line.decided")).to_have_text(
+        "Approved by bo and cy: pay (amended: amount 500 → 450)"
+    )
+
+    # the audit view: only for those who may read the trail
+    expect(cy.get_by_role("button", name="Audit trail")).to_be_hidden()
+    di = signed_in(new_page, served, "key-di")
+    di.get_by_role("button", name="Audit trail").click()
+    expect(di.locator("#audit-heading")).to_be_focused()
+    expect(di.locator(".verify-result")).to_contain_text(
+        "✓ The trail holds: 3 entries (3 keyed, 0 unkeyed) verified; the last is 3:"
+    )
+    rows = di.locator("#audit-rows tr")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(0)).to_contain_text("bo")
+    expect(rows.nth(0)).to_contain_text("amended: amount 500 → 450")
+    expect(rows.nth(1)).to_contain_text("cy")
+    expect(rows.nth(2)).to_contain_text("call")
+    di.get_by_label("Kind").select_option("call")
+    di.get_by_role("button", name="Show", exact=True).click()
+    expect(rows).to_have_count(1)
+    assert axe(di) == []
+    shoot(di, "audit")
+    di.reload()  # the view is in the URL
+    expect(di.locator(".verify-result")).to_contain_text("✓ The trail holds")
