@@ -36,7 +36,8 @@ worker` and `handrail serve` (with `--dsn`, over `bench.fleet:app`), stopped wit
    wait on an approval card; then this process decides them all at once (`Engine.resolve`,
    64 at a time, as fast as the store takes them), and the workers, woken by NOTIFY, drain
    them. sessions/s from the first decision to the last completion; the wait of each session
-   from its decision (its `resolve` returned) to its `run-completed` (its `updated_at`); and
+   from its decision (the `at` of its audit entry) to its `run-completed` (its `updated_at`,
+   the database's clock: one machine); and
    what a waiting session costs: database bytes per suspended session, and the workers' RSS
    (nothing of a waiting session is held in a process).
 3. Idle streams: one `handrail serve` (PostgreSQL store, its connection caps off for the
@@ -250,6 +251,15 @@ class Watcher:
             f"SELECT id, updated_at FROM {SCHEMA}.handrail_sessions "
             f"WHERE status = 'completed' AND id LIKE %s",
             f"{prefix}%",
+        )
+        return {str(r[0]): float(r[1]) for r in rows}
+
+    async def decided(self) -> dict[str, float]:
+        """When each session's approval was decided: its audit entry's `at` (the deciding
+        process's clock), by session."""
+        rows = await self.rows(
+            f"SELECT session_id, (entry::json->>'at')::float FROM {SCHEMA}.handrail_audit "
+            f"WHERE kind = 'decision'"
         )
         return {str(r[0]): float(r[1]) for r in rows}
 
@@ -790,6 +800,7 @@ async def storm(database: str, settings: Settings) -> None:
             last_decision = time.time()
             await watcher.until("completed", "s-", count, processes)
             completed = await watcher.times("s-")
+            decided = await watcher.decided()
             await processes.stop()
     waits = sorted(completed[s] - decided[s] for s in ids)
     seconds = max(completed.values()) - first
@@ -843,11 +854,12 @@ async def streams(database: str, settings: Settings) -> None:
             connection = await _Client.to(port, 0)
             try:
                 while len(ids) < count:
-                    connection.key = _key(len(ids))
-                    ids.append("")  # taken, before the request: no more than `count`
+                    index = len(ids)  # taken before the request: no more than `count`
+                    ids.append("")
+                    connection.key = _key(index)  # the session is the organisation's
                     status, body = await connection.json("POST", "/sessions")
                     assert status == 201, body
-                    ids[ids.index("")] = body["id"]
+                    ids[index] = body["id"]
             finally:
                 connection.close()
 
