@@ -36,8 +36,11 @@ One warm-up round, then `ROUNDS` measured rounds (fresh sessions each); the burs
 take turns with the floors' (floor, handrail, floor...), so that a load that comes and goes on
 a shared machine weighs on both alike. The target: at 200 concurrent streams, handrail's p99
 time to first event ≤ `TARGET_RATIO` times the floor's (the streamed one) measured in the
-same run. (It was p99 ≤ 50 ms, but on a two-core machine whose cores the client shares, the
-floor alone measures 33-74 ms.) Also printed round by round (each of handrail's rounds over
+same run, on the memory store. On SQLite (`--store sqlite`) the ratio is printed beside the
+same bound but the target is retired: SQLite is the one-machine default, and its store
+thread's CPU adds to the event loop's under the GIL (about 2.1x where memory meets 1.5x).
+(It was p99 ≤ 50 ms, but on a two-core machine whose cores the client shares, the floor
+alone measures 33-74 ms.) Also printed round by round (each of handrail's rounds over
 the floor's round next to it), to tell a change of the code from the machine's noise: the
 same code's ratio has moved from 1.3x to 2.1x between the rounds of one run.
 """
@@ -60,7 +63,12 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 TARGET_RATIO = 1.5
-"""handrail's burst p99 over the streamed floor's, at most."""
+"""handrail's burst p99 over the streamed floor's, at most (the memory store's target)."""
+RETIRED = (
+    "target retired for SQLite (the one-machine default; its store thread's CPU adds to the "
+    "event loop's under the GIL), the ratio printed to watch it"
+)
+"""Why the SQLite run's ratio is printed but not judged (issue 35, item 4)."""
 WORDS = 40
 ROUNDS = 7
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -598,6 +606,8 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
     floor = result["stream"]["p99"]
     ratio = burst["p99"] / floor
     verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
+    if store == "sqlite":  # printed, and judged against nothing: see RETIRED
+        verdict = f"{'within' if ratio <= TARGET_RATIO else 'above'} it; {RETIRED}"
     # Round by round (each of handrail's rounds against the floor's next to it): on a shared
     # machine the floor alone moves by 2x from run to run, so the spread tells a change of the
     # code from the machine's weather. The verdict stays on the pooled p99s.
@@ -609,8 +619,9 @@ def _print(result: dict[str, Any], n: int, store: str, pace: float) -> None:
         [c["main_ms"] for c in burst["round_cpus"]],
         [c["main_ms"] for c in floors["round_cpus"]],
     )
+    target = "target" if store == "memory" else "retired target (SQLite)"
     print(
-        f"target, p99 to the first event at {n} concurrent streams ≤ {TARGET_RATIO:g}x the "
+        f"{target}, p99 to the first event at {n} concurrent streams ≤ {TARGET_RATIO:g}x the "
         f"streamed floor's: burst {burst['p99']:.1f} ms / floor {floor:.1f} ms = "
         f"{ratio:.2f}x: {verdict} ({store} store)"
     )
