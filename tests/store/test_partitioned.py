@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +40,8 @@ from handrail.testing import FunctionModel, call
 
 from .conftest import PG_HOST, PG_PORT, Clock, skip_without_postgres
 
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))  # partitioned_app, for the worker test
 KEY = AuditKey("part-test", b"k" * 32)
 HOMES = {"acme": "a", "globex": "b", "hooli": "zz"}  # hooli: a partition that does not exist
 
@@ -451,3 +456,48 @@ async def test_a_turn_the_route_refuses_writes_nothing_in_either_database(
     for url in databases.values():
         for table in [*TABLES, "handrail_audit", "handrail_leases"]:
             assert await rows(url, f"SELECT * FROM handrail.{table}") == [], (url, table)
+
+
+# -- `handrail worker` on an app whose store is partitioned ---------------------------------
+
+
+async def test_handrail_worker_drives_a_partitioned_apps_sessions_in_both_partitions(
+    tmp_path: Path,
+):
+    import partitioned_app  # tests/, as the worker process imports it
+
+    os.environ["PARTITIONED_DIR"] = str(tmp_path)
+    try:
+        api = partitioned_app.app()
+    finally:
+        del os.environ["PARTITIONED_DIR"]
+    store = api.store
+    assert isinstance(store, PartitionedStore)
+    sessions = {org: store.id_for(org) for org in ("acme", "globex")}
+    for org, session_id in sessions.items():
+        events = [e async for e in api.submit(session_id, f"{org}-1", org_id=org)]
+        (call_id,) = events[-1].pending  # type: ignore[attr-defined]
+        await api.resolve(session_id, call_id, Approve(), org_id=org)
+
+    env = {**os.environ, "PARTITIONED_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("HANDRAIL_DSN", None)
+    command = [sys.executable, "-c", "from handrail.cli import app; app()", "worker"]
+    command += ["partitioned_app:app", "--worker-id", "w1", "--health-interval", "0"]
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = await asyncio.create_subprocess_exec(
+            *command, cwd=TESTS, env=env, stdout=out, stderr=out
+        )
+    try:
+        async with asyncio.timeout(30):
+            while len(await store.list(status="completed")) < 2:
+                assert worker.returncode is None, log.read_text()
+                await asyncio.sleep(0.05)  # polling the store is the point
+        assert sorted((tmp_path / "refunds.txt").read_text().split()) == ["acme-1", "globex-1"]
+        for key, org in (("a", "acme"), ("b", "globex")):
+            assert [s.id for s in await store.stores[key].list()] == [sessions[org]]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await worker.wait() == 0, log.read_text()
+        await store.close()
