@@ -65,6 +65,7 @@ from .exceptions import (
     ModelHTTPError,
     ModelRetry,
     PathError,
+    RoutingError,
     RunError,
     SessionBusyError,
     SessionCorruptError,
@@ -94,7 +95,7 @@ from .models import Model, ModelRequest, ModelResponse, ToolDefinition, Usage
 from .policy import Decider, DecisionPolicy
 from .runtime import Runtime, build_runtime
 from .state import RouteChoice, RunState
-from .store import MemoryStore, SessionRecord, SessionStore
+from .store import MemoryStore, PartitionedStore, SessionRecord, SessionStore
 from .suspension import DECISION, ActionChoice, Answer, Approve, ClientResult, Decision, Reject
 from .tools import (
     HostedTool,
@@ -172,6 +173,7 @@ __all__ = [
     "ModelResponse",
     "ModelRetry",
     "Part",
+    "PartitionedStore",
     "PathError",
     "PendingCard",
     "PendingPage",
@@ -182,6 +184,7 @@ __all__ = [
     "Resolution",
     "RouteChoice",
     "RouteDecision",
+    "RoutingError",
     "RunCompleted",
     "RunError",
     "RunFailed",

@@ -25,6 +25,7 @@ HandrailError
 │   └── StoreError             a session store failed, or holds something it cannot read
 │       ├── ConflictError      a stale save: someone else saved the session first
 │       ├── SessionCorruptError  a stored session that cannot be read (left as it is)
+│       ├── RoutingError       a session or organisation no partition of a PartitionedStore takes
 │       ├── StoreUnavailableError  the store could not be reached, or was busy: worth retrying
 │       └── UnsettledSaveError   a save that would end a session while calls still wait
 └── DocumentError              handrail.documents could not ingest, embed or index
@@ -69,6 +70,7 @@ __all__ = [
     "ModelHTTPError",
     "ModelRetry",
     "PathError",
+    "RoutingError",
     "RunError",
     "SessionBusyError",
     "SessionCorruptError",
@@ -417,6 +419,33 @@ class SessionCorruptError(StoreError):
     The row is left as it is. The message names the session and the fix: restore it from a
     backup or an export, or delete it (deleting never needs to read it).
     """
+
+
+class RoutingError(StoreError):
+    """A `PartitionedStore` cannot tell which partition a call belongs to; nothing was written.
+
+    Its routing function raised or named no partition for the organisation, a session id to
+    write names no partition (and the store has no `default`), or a session's id places it in
+    another partition than its organisation's route (a session never moves between
+    partitions). The message names the organisation or session and the fix.
+
+    Attributes:
+        session_id: the session concerned, when there is one.
+        org_id: the organisation that was routed, when there is one.
+        key: the partition the route or the id named, when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        org_id: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        super().__init__(message, session_id=session_id)
+        self.org_id = org_id
+        self.key = key
 
 
 class StoreUnavailableError(StoreError):

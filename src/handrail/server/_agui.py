@@ -34,6 +34,7 @@ from ..events import (
 from ..exceptions import HandrailError, MissingExtraError
 from ..messages import ApprovalCardPart
 from ..state import RunState
+from ..store import SessionStore
 from ..suspension import Answer, ClientResult, Decision, Reject, card_state
 from ._auth import Caller
 from ._chats import (
@@ -64,9 +65,9 @@ __all__ = ["agui_operation", "thread_session_id"]
 _log = logging.getLogger("handrail.server")
 
 
-def thread_session_id(caller: Caller, thread_id: str) -> str:
+def thread_session_id(caller: Caller, thread_id: str, store: SessionStore | None = None) -> str:
     """The handrail session of `caller`'s AG-UI thread `thread_id` (see `chat_session_id`)."""
-    return chat_session_id(caller, thread_id, prefix="agui")
+    return chat_session_id(caller, thread_id, prefix="agui", store=store)
 
 
 def agui_operation(api: Api, path: str = "/agui") -> Operation:
@@ -92,7 +93,7 @@ class _Endpoint:
         api = self.api
         caller = await api._caller(request)
         body = await api._body(request, agui.RunAgentInput)
-        session_id = thread_session_id(caller, body.thread_id)
+        session_id = thread_session_id(caller, body.thread_id, api.store)
         api.limits.check_stream(caller)
         if not body.resume:  # a new message starts a turn: refused here, before the 200
             users = [_text(m) for m in body.messages if m.role == "user"]

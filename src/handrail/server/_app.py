@@ -30,7 +30,7 @@ from ..exceptions import SessionCorruptError, SessionNotFoundError, UserError
 from ..messages import MESSAGES
 from ..policy import DecisionPolicy, policy_for
 from ..state import RunState
-from ..store import SessionRecord
+from ..store import SessionRecord, session_id_for
 from ..tools import Tool
 from ..worker import Worker
 from ._agui import agui_operation
@@ -501,7 +501,8 @@ class _Api(Api):
         caller = await self._caller(request)
         await self.admit(caller, via="http", session_id=None, text=None)
         org_id, user_id = caller.who
-        session_id = self.engine.runtime.ids("session")
+        # A store that places sessions by their id (PartitionedStore) prefixes the partition.
+        session_id = session_id_for(self.store, org_id, self.engine.runtime.ids("session"))
         state = RunState(session_id=session_id, org_id=org_id, user_id=user_id)
         await self.store.save(
             SessionRecord(

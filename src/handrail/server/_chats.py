@@ -31,6 +31,7 @@ from ..events import EVENT, Event
 from ..exceptions import SessionNotFoundError
 from ..messages import ApprovalCardPart
 from ..state import RunState
+from ..store import SessionStore, session_id_for
 from ..suspension import Approve, Decision, current_args
 from ._auth import Caller
 
@@ -62,16 +63,21 @@ class ChatRefusal(Exception):
         self.message = message
 
 
-def chat_session_id(caller: Caller, chat_id: str, *, prefix: str) -> str:
+def chat_session_id(
+    caller: Caller, chat_id: str, *, prefix: str, store: SessionStore | None = None
+) -> str:
     """The handrail session of `caller`'s chat `chat_id` (`prefix`: the protocol's).
 
     Derived from the caller as well as the chat, so that two tenants who pick the same chat
-    id get two sessions, and nobody can reach (or squat) another tenant's chat.
+    id get two sessions, and nobody can reach (or squat) another tenant's chat. In a `store`
+    that places sessions by their id (`PartitionedStore`), it begins with the caller's
+    organisation's partition.
     """
     digest = hashlib.sha256(
         json.dumps([caller.org_id, caller.user_id, chat_id]).encode()
     ).hexdigest()
-    return f"{prefix}-{digest[:32]}"
+    local = f"{prefix}-{digest[:32]}"
+    return local if store is None else session_id_for(store, caller.org_id, local)
 
 
 def scratch_agents(api: Api) -> set[str]:

@@ -39,6 +39,7 @@ from ..events import (
 from ..exceptions import ArgumentsChangedError, HandrailError
 from ..messages import ApprovalCardPart
 from ..state import RunState
+from ..store import SessionStore
 from ..suspension import Answer, Approve, ClientResult, Decision, Reject, args_digest
 from ._auth import Caller
 from ._chats import (
@@ -125,9 +126,9 @@ class ChatRequest(BaseModel):
     )
 
 
-def chat_session(caller: Caller, chat_id: str) -> str:
+def chat_session(caller: Caller, chat_id: str, store: SessionStore | None = None) -> str:
     """The handrail session of `caller`'s AI SDK chat `chat_id` (see `chat_session_id`)."""
-    return chat_session_id(caller, chat_id, prefix="chat")
+    return chat_session_id(caller, chat_id, prefix="chat", store=store)
 
 
 def ui_stream_operations(api: Api, path: str = "/chat") -> list[Operation]:
@@ -168,7 +169,7 @@ class _Endpoint:
         api = self.api
         caller = await api._caller(request)
         body = await api._body(request, ChatRequest)
-        session_id = chat_session(caller, body.id)
+        session_id = chat_session(caller, body.id, api.store)
         api.limits.check_stream(caller)
         if body.messages and body.messages[-1].role != "assistant":
             # A new message starts a turn: refused here, before the 200.
@@ -190,7 +191,7 @@ class _Endpoint:
         chat_id: str = request.path_params["chat_id"]
         if len(chat_id) > 256 or any(ch < " " or "\x7f" <= ch <= "\x9f" for ch in chat_id):
             raise ApiError(422, "invalid_request", f"Not a chat id: {chat_id[:40]!r}.")
-        session_id = chat_session(caller, chat_id)
+        session_id = chat_session(caller, chat_id, api.store)
         start = await self._turn_start(caller, session_id)
         if start is None:
             return Response(status_code=204)

@@ -1,7 +1,8 @@
 """Session stores: where sessions live between turns, restarts and workers.
 
 `SessionStore` is the protocol; `MemoryStore` is for tests, `SqliteStore` the embedded
-default, `PostgresStore` the store for many workers (it needs the `postgres` extra). The
+default, `PostgresStore` the store for many workers (it needs the `postgres` extra), and
+`PartitionedStore` spreads organisations over several of them (past one primary). The
 store is deliberately ignorant of what a session contains: it keeps an opaque JSON document
 with the metadata it indexes, a tool-call log for crash recovery, leases and wake-ups.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import ConflictError, StoreError
+from ..exceptions import ConflictError, RoutingError, StoreError
 from ._base import (
     Clock,
     SessionRecord,
@@ -22,6 +23,7 @@ from ._base import (
 )
 from ._codec import EXPORT_SCHEMA_VERSION
 from .memory import MemoryStore
+from .partitioned import PartitionedStore, PartitionRoute, session_id_for
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -32,7 +34,10 @@ __all__ = [
     "Clock",
     "ConflictError",
     "MemoryStore",
+    "PartitionRoute",
+    "PartitionedStore",
     "PostgresStore",
+    "RoutingError",
     "SessionRecord",
     "SessionStatus",
     "SessionStore",
@@ -41,6 +46,7 @@ __all__ = [
     "StoreError",
     "ToolCallStatus",
     "ToolLogEntry",
+    "session_id_for",
 ]
 
 _LAZY = {"SqliteStore": ".sqlite", "PostgresStore": ".postgres"}
