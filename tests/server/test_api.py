@@ -516,6 +516,8 @@ async def test_the_caller_lists_only_its_own_sessions(server: Server) -> None:
         "running": False,
         "created_at": pytest.approx(server.scenario.engine.runtime.clock(), abs=1e9),
         "updated_at": pytest.approx(server.scenario.engine.runtime.clock(), abs=1e9),
+        "user_id": "ana",
+        "title": None,  # no user message yet
     }
     page = await server.client.get("/sessions?limit=1&status=active", headers=ANA)
     assert len(page.json()["sessions"]) == 1
