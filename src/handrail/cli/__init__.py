@@ -33,8 +33,8 @@ from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from ._random import token_hex
-from .exceptions import MissingExtraError
+from .._random import token_hex
+from ..exceptions import MissingExtraError
 
 try:
     import typer
@@ -45,11 +45,11 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "The handrail command", needs="typer and rich", extra="server"
     ) from error
 
-from ._logs import configure_logging
-from ._loop import AgentRun
-from .apps import _ACCEPTED as ACCEPTED_APPS
-from .apps import import_app, open_app
-from .audit import (
+from .._logs import configure_logging
+from .._loop import AgentRun
+from ..apps import _ACCEPTED as ACCEPTED_APPS
+from ..apps import import_app, open_app
+from ..audit import (
     AUDIT_KEY_ENV,
     AUDIT_OLD_KEYS_ENV,
     AuditAnchor,
@@ -60,11 +60,11 @@ from .audit import (
     entry_hash,
     keyring_from_env,
 )
-from .config import DEFAULT, Settings, flag_help
-from .documents._cli import docs_app
-from .engine import Engine
-from .evals._cli import eval_command
-from .events import (
+from ..config import DEFAULT, Settings, flag_help
+from ..documents._cli import docs_app
+from ..engine import Engine
+from ..evals._cli import eval_command
+from ..events import (
     EVENT,
     AgentCompleted,
     AgentStarted,
@@ -78,19 +78,19 @@ from .events import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from .exceptions import (
+from ..exceptions import (
     DecisionNotAllowedError,
     HandrailError,
     SessionNotFoundError,
     TurnCutOffError,
     TurnSuspendedError,
 )
-from .gate import TurnRequest
-from .messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
-from .policy import Decider
-from .state import RunState
-from .store import SessionStatus, SessionStore
-from .suspension import Decision
+from ..gate import TurnRequest
+from ..messages import MESSAGES, ApprovalCardPart, Message, TextPart, ToolCallPart
+from ..policy import Decider
+from ..state import RunState
+from ..store import SessionStatus, SessionStore
+from ..suspension import Decision
 
 __all__ = ["app"]
 
@@ -328,8 +328,8 @@ def serve(
     flag, else its HANDRAIL_* variable, else the default (`handrail config` shows them, and
     where each came from).
     """
-    from .server import configured_app, serve_workers, settings_authenticator
-    from .server import serve as serve_app
+    from ..server import configured_app, serve_workers, settings_authenticator
+    from ..server import serve as serve_app
 
     settings = Settings.resolve(
         {
@@ -392,7 +392,7 @@ def serve(
 
 def _one_off_key(settings: Settings, host: str, port: int) -> Settings:
     """Settings with a key made for this run, said loudly: no key source is configured."""
-    from .server import ApiKeyAuthenticator
+    from ..server import ApiKeyAuthenticator
 
     key = ApiKeyAuthenticator.generate_key()
     readers = settings.audit_roles
@@ -421,7 +421,7 @@ def _worker_app(target: str, settings: Settings, workers: int, index: int) -> An
     the worker id setting (default: the host name) and the index, the same for the worker
     started again after it died, so that it takes its turns back at once.
     """
-    from .server import configured_app
+    from ..server import configured_app
 
     return configured_app(target, settings, suffix=index, processes=workers)
 
@@ -431,7 +431,7 @@ def _check_memory(engine: Engine, workers: int) -> None:
 
     An application that makes its engine is checked by each process once it is open.
     """
-    from .store import MemoryStore
+    from ..store import MemoryStore
 
     if isinstance(engine.store, MemoryStore):
         raise CliError(
@@ -500,7 +500,7 @@ def config_command(
             "log_level": log_level,
         }
     )
-    from .server import settings_authenticator
+    from ..server import settings_authenticator
 
     keys = len(settings_authenticator(settings))  # a malformed key fails as it would in serve
     extra = [
@@ -525,7 +525,7 @@ def config_command(
 
 async def _app_rows(target: str, settings: Settings) -> list[tuple[str, str, str]]:
     """What the app makes of the settings: its store, its worker id, its gate."""
-    from .apps import open_app
+    from ..apps import open_app
 
     async with open_app(target) as engine:
         store = settings.store()
@@ -684,7 +684,7 @@ class _ChatView:
         """Draw one event."""
         from rich.text import Text
 
-        from ._cards import outcome_line
+        from .._cards import outcome_line
 
         out = self.console
         match event:
@@ -742,7 +742,7 @@ class _ChatView:
                 pass
 
     def card(self, card: ApprovalCardPart) -> None:
-        from ._cards import approval_card
+        from .._cards import approval_card
 
         self.idle()
         self.console.print(approval_card(card))
@@ -906,8 +906,8 @@ class _Chat:
             )
 
     def _decide(self, card: ApprovalCardPart) -> Decision:
-        from ._cards import ask_answer, ask_decision
-        from .suspension import Approve, Reject
+        from .._cards import ask_answer, ask_decision
+        from ..suspension import Approve, Reject
 
         by = self.user_id or "cli"
         if self.preset == "approve" and card.kind != "elicitation":
@@ -1046,9 +1046,9 @@ async def _work(target: str, settings: _WorkerSettings) -> None:
     import logging
     import signal
 
-    from .apps import open_app
-    from .store import MemoryStore
-    from .worker import Worker, name_worker
+    from ..apps import open_app
+    from ..store import MemoryStore
+    from ..worker import Worker, name_worker
 
     log = logging.getLogger("handrail.worker")
     stop = asyncio.Event()
@@ -1261,8 +1261,8 @@ async def _one_turn(
     """`handrail run`: one turn of the app, as the JSON object `--json` prints."""
     import signal
 
-    from .apps import open_app
-    from .store import MemoryStore
+    from ..apps import open_app
+    from ..store import MemoryStore
 
     loop = asyncio.get_running_loop()
     async with open_app(target) as engine, _over_store(engine, _store_of(db, dsn, schema)):
@@ -1579,10 +1579,10 @@ def keygen_audit(
 
 def _store(db: Path, dsn: str | None, schema: str) -> SessionStore:
     if dsn:
-        from .store import PostgresStore
+        from ..store import PostgresStore
 
         return PostgresStore(dsn, schema=schema)
-    from .store import SqliteStore
+    from ..store import SqliteStore
 
     if not db.exists():
         raise CliError(f"No store at {db}: pass --db PATH (or --dsn for PostgreSQL).")
