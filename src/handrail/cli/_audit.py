@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -25,7 +24,7 @@ from ..audit import (
 from ..store import SessionStore
 from ._common import CliError, one_line_errors, out, run, when
 from ._open import opened, with_store
-from ._options import AsJson, Db, Dsn, Schema
+from ._options import STORE_FILE, AsJson, Db, Dsn, Schema
 
 __all__ = [
     "anchor_audit",
@@ -114,7 +113,7 @@ def _keyring() -> dict[str, bytes]:
 @one_line_errors
 def list_audit(
     org: Org,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     session: Annotated[str | None, typer.Option(help="Only this session's entries.")] = None,
@@ -150,7 +149,7 @@ def list_audit(
 @one_line_errors
 def export_audit(
     org: Org,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     after: After = 0,
@@ -173,7 +172,7 @@ def export_audit(
 @one_line_errors
 def anchor_audit(
     org: Org,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
 ) -> None:
@@ -211,7 +210,7 @@ def anchor_audit(
 @one_line_errors
 def verify_audit(
     org: Org,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     anchor: Annotated[

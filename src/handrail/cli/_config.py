@@ -30,6 +30,7 @@ from ._options import (
     SweepIntervalFlag,
     TurnsFlag,
     WorkerIdFlag,
+    settings_of,
 )
 
 __all__ = ["config_command"]
@@ -67,28 +68,7 @@ def config_command(
     you run it with. A source is the flag, the variable's name, or `default`. API keys show
     their ids and users, a DSN its host with the password masked, the audit key its id.
     """
-    settings = Settings.resolve(
-        {
-            "api_keys_file": api_keys_file,
-            "db": db,
-            "dsn": dsn,
-            "schema": schema,
-            "worker_id": worker_id,
-            "sweep_interval": sweep_interval,
-            "retention_days": retention_days,
-            "rate": rate,
-            "burst": burst,
-            "streams": streams,
-            "turns": turns,
-            "stream_bytes": stream_bytes,
-            "max_body_size": max_body_size,
-            "shutdown_grace": shutdown_grace,
-            "poll_interval": poll_interval,
-            "audit_roles": audit_roles,
-            "log_format": log_format,
-            "log_level": log_level,
-        }
-    )
+    settings = settings_of(locals())  # the parameters named as settings (first: no other local)
     from ..server import settings_authenticator
 
     keys = len(settings_authenticator(settings))  # a malformed key fails as it would in serve

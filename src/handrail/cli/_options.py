@@ -12,12 +12,14 @@ Three kinds of store option, because the commands use a store three ways:
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..config import flag_help
+from ..config import Settings, flag_help
 
 __all__ = [
     "ApiKeysFileFlag",
@@ -46,6 +48,7 @@ __all__ = [
     "TurnsFlag",
     "WorkerIdFlag",
     "setting",
+    "settings_of",
 ]
 
 # -- the application ------------------------------------------------------------------------
@@ -72,6 +75,8 @@ AppInProcess = Annotated[
 
 # -- a store the command reads itself, or one over the app's ----------------------------------
 
+STORE_FILE = Path("handrail.db")
+"""The default `--db` of the commands that read a store themselves."""
 Db = Annotated[
     Path,
     typer.Option(help="The SQLite store's file.", envvar="HANDRAIL_DB", show_default=True),
@@ -101,6 +106,18 @@ def setting(name: str, **extra: Any) -> Any:
     """
     flag, help_ = flag_help(name)
     return typer.Option(flag, help=help_, **extra)
+
+
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(Settings)) - {"sources"}
+
+
+def settings_of(parameters: Mapping[str, Any]) -> Settings:
+    """The settings a command was given, from its parameters (`locals()` as it starts).
+
+    A parameter named as a setting is its flag (None: not given); then come the HANDRAIL_*
+    variables, then the defaults (`Settings.resolve`).
+    """
+    return Settings.resolve({k: v for k, v in parameters.items() if k in _SETTINGS})
 
 
 DbFlag = Annotated[Path | None, setting("db")]

@@ -32,6 +32,7 @@ from ._options import (
     SweepIntervalFlag,
     TurnsFlag,
     WorkerIdFlag,
+    settings_of,
 )
 
 __all__ = ["serve"]
@@ -111,31 +112,10 @@ def serve(
     flag, else its HANDRAIL_* variable, else the default (`handrail config` shows them, and
     where each came from).
     """
+    settings = settings_of(locals())  # the parameters named as settings (first: no other local)
     from ..server import configured_app, serve_workers, settings_authenticator
     from ..server import serve as serve_app
 
-    settings = Settings.resolve(
-        {
-            "api_keys_file": api_keys_file,
-            "db": db,
-            "dsn": dsn,
-            "schema": schema,
-            "worker_id": worker_id,
-            "max_body_size": max_body_size,
-            "log_level": log_level,
-            "log_format": log_format,
-            "shutdown_grace": shutdown_grace,
-            "sweep_interval": sweep_interval,
-            "retention_days": retention_days,
-            "rate": rate,
-            "burst": burst,
-            "streams": streams,
-            "turns": turns,
-            "stream_bytes": stream_bytes,
-            "poll_interval": poll_interval,
-            "audit_roles": audit_roles,
-        }
-    )
     if settings.log_format == "json":  # what loading the app logs is one object a line too
         configure_logging("json")
     found = imported_app(target)  # a name that is no app fails here, in one line

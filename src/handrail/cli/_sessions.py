@@ -18,7 +18,7 @@ from ..state import RunState
 from ..store import SessionStatus, SessionStore
 from ._common import CliError, one_line_errors, out, when
 from ._open import with_store
-from ._options import AsJson, Db, Dsn, Schema
+from ._options import STORE_FILE, AsJson, Db, Dsn, Schema
 
 __all__ = ["delete", "export", "import_", "list_sessions", "sessions", "show"]
 
@@ -55,7 +55,7 @@ async def _page(
 @sessions.command("list")
 @one_line_errors
 def list_sessions(
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     org: Annotated[str | None, typer.Option(help="Only this organisation's.")] = None,
@@ -88,7 +88,7 @@ def list_sessions(
 @one_line_errors
 def show(
     session_id: str,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     as_json: AsJson = False,
@@ -158,7 +158,7 @@ def show(
 @one_line_errors
 def export(
     session_id: str,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     output: Annotated[
@@ -182,7 +182,7 @@ def export(
 @one_line_errors
 def import_(
     source: Annotated[str, typer.Argument(help="An exported session's file, or - for stdin.")],
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     overwrite: Annotated[bool, typer.Option(help="Replace a session that exists.")] = False,
@@ -203,7 +203,7 @@ def import_(
 @one_line_errors
 def delete(
     session_id: str,
-    db: Db = Path("handrail.db"),
+    db: Db = STORE_FILE,
     dsn: Dsn = None,
     schema: Schema = "public",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
