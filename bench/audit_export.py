@@ -110,7 +110,7 @@ async def built_whole(store: SqliteStore) -> int:
 
 async def through_the_cli(path: str) -> int:
     """`handrail audit export --org acme`, its output dropped; the bytes it wrote."""
-    from handrail.cli import export_audit
+    from handrail.cli._audit import export_audit
 
     out = _Counter()
     with redirect_stdout(out):
@@ -120,9 +120,9 @@ async def through_the_cli(path: str) -> int:
 
 async def cli_whole(store: SqliteStore) -> int:
     """`handrail audit export` as it was before it streamed: the whole trail read, then written."""
-    from handrail.cli import _audit_all
+    from handrail.cli._audit import audit_all
 
-    found = await _audit_all(store, "acme")
+    found = await audit_all(store, "acme")
     return sum(len(json.dumps(e.to_json(), ensure_ascii=False)) + 1 for e in found)
 
 
