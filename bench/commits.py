@@ -46,7 +46,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,10 @@ class Row:
 # -- SQLite -------------------------------------------------------------------------------
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
 class _Tracer:
     """Counts the transactions a SQLite connection commits, and those that wrote.
 
@@ -192,15 +196,15 @@ async def _sqlite(tmp: Path) -> dict[str, Row]:
         for n in range(WARMUP):
             await _turn(engine, session, shape, n)
         traced = _Tracer()
-        await store._call(lambda db: db.set_trace_callback(traced), None)  # the bench's look
+        await store._call(lambda db, t=traced: db.set_trace_callback(t), None)  # the bench's
         wal = Path(f"{path}-wal")
-        size = wal.stat().st_size
+        size = _size(wal)
         begun = time.perf_counter()
         for n in range(TURNS):
             await _turn(engine, session, shape, WARMUP + n)
         ms = (time.perf_counter() - begun) * 1000 / TURNS
         await store._call(lambda db: db.set_trace_callback(None), None)
-        grown = wal.stat().st_size - size
+        grown = _size(wal) - size
         await store.close()
         commits, writing = traced.commits, traced.writing
         rows[shape] = Row(commits / TURNS, writing / TURNS, grown / TURNS, writing / TURNS, ms)
@@ -361,10 +365,6 @@ async def main(which: list[str]) -> None:
         rows = await _postgres()
         if rows is not None:
             _report("postgres", rows)
-
-
-async def _aiter(run: AsyncIterator[Any]) -> list[Any]:
-    return [event async for event in run]
 
 
 if __name__ == "__main__":
