@@ -256,7 +256,7 @@ async def _postgres() -> dict[str, Row] | None:
             async def counters() -> tuple[int, str]:
                 await quiet()
                 cursor = await admin.execute(
-                    "SELECT xact_commit, pg_current_wal_insert_lsn()::text "
+                    "SELECT xact_commit, pg_current_wal_flush_lsn()::text "
                     "FROM pg_stat_database WHERE datname = %s",
                     (database,),
                 )
