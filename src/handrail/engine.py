@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -253,6 +254,12 @@ class Engine:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
         self._holds: dict[str, _Hold] = {}  # the leases this engine's drives hold, by session
+        # A store of this handrail groups a turn's writes (`save(..., lease=, release=,
+        # started=, notify=)`, `log_started(..., lease=)`); one written before (a store of
+        # your own) gets the same writes one call each.
+        self._grouping = _takes(self.store.save, "release") and _takes(
+            self.store.log_started, "lease"
+        )
         self.tally: Counter[str] = Counter()
         """What this engine's drives of suspended or cut-off turns did, counted since it was
         made: `resumed` and `recovered` turns, `applied` batches, `expired` cards (what a
@@ -1339,6 +1346,8 @@ class Engine:
         """
         if record.id in self._lost:
             raise self._lost_lease(record.id)
+        if not self._grouping and (hold or started or notify):
+            return await self._save_apart(record, state, status, hold, started, notify)
         extra: dict[str, Any] = {}
         if hold:
             extra["lease"] = (self.lease_owner, self.lease_ttl)
@@ -1346,7 +1355,7 @@ class Engine:
             extra["started"] = started
         if notify:
             extra["notify"] = True
-        lease = self._holds.get(record.id) if release else None
+        lease = self._holds.get(record.id) if release and self._grouping else None
         if lease is not None:
             await lease.stop()  # no renewal from now on: it would take the lease back
             extra["release"] = self.lease_owner
@@ -1383,6 +1392,46 @@ class Engine:
         record.version = saved.version
         state.mark_saved()
         return saved
+
+    async def _save_apart(
+        self,
+        record: SessionRecord,
+        state: RunState,
+        status: SessionStatus,
+        hold: bool,
+        started: Sequence[ToolLogEntry],
+        notify: bool,
+    ) -> SessionRecord:
+        """`_save` for a store that does not group: the same writes, one store call each."""
+        session_id = record.id
+        if hold:
+            await self._check_lease(session_id)
+        saved = await self._save(record, state, status)
+        for entry in started:
+            await self._retrying(
+                lambda e=entry: self.store.log_started(  # type: ignore[misc]
+                    session_id, e.tool_call_id, key=e.key, tool=e.tool, args=e.args
+                ),
+                session_id,
+                f"log the start of call {entry.tool_call_id!r}",
+            )
+        if notify:
+            await self.store.notify(session_id)
+        return saved
+
+    async def _check_lease(self, session_id: str) -> None:
+        """Refuse to act for a session whose lease this process no longer holds."""
+        if session_id in self._lost:
+            raise self._lost_lease(session_id)
+        store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
+        held = await self._retrying(
+            lambda: store.acquire_lease(session_id, owner, ttl),
+            session_id,
+            "check the lease before a side effect",
+        )
+        if not held:
+            self._lost.add(session_id)
+            raise self._lost_lease(session_id)
 
     async def _save_again(self, record: SessionRecord, extra: dict[str, Any]) -> SessionRecord:
         """`store.save(record)` once more, after a try that failed for a moment.
@@ -1553,9 +1602,12 @@ class _SessionJournal:
         if session_id in engine._lost:
             raise engine._lost_lease(session_id)
         store, name, args = engine.store, part.name, part.args
-        lease = (engine.lease_owner, engine.lease_ttl)
+        lease: tuple[str, float] | None = (engine.lease_owner, engine.lease_ttl)
+        if not engine._grouping:  # checked apart, then logged
+            await engine._check_lease(session_id)
+            lease = None
         try:
-            await store.log_started(session_id, log_id, key=key, tool=name, args=args, lease=lease)
+            await _log_started(store, session_id, log_id, key, name, args, lease)
         except SessionBusyError:
             engine._lost.add(session_id)
             raise engine._lost_lease(session_id) from None
@@ -1564,9 +1616,7 @@ class _SessionJournal:
             try:
                 await engine._retry(
                     error,
-                    lambda: store.log_started(
-                        session_id, log_id, key=key, tool=name, args=args, lease=lease
-                    ),
+                    lambda: _log_started(store, session_id, log_id, key, name, args, lease),
                     session_id,
                     f"log the start of call {log_id!r}",
                 )
@@ -1604,6 +1654,29 @@ _STATUS: dict[str, SessionStatus] = {
     "interrupted": "active",
     "failed": "failed",
 }
+
+
+def _takes(method: Callable[..., Any], name: str) -> bool:
+    """Whether `method` takes a keyword argument `name` (or any: `**kwargs`)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+async def _log_started(
+    store: SessionStore,
+    session_id: str,
+    log_id: str,
+    key: str,
+    tool: str,
+    args: dict[str, Any],
+    lease: tuple[str, float] | None,
+) -> bool:
+    if lease is None:
+        return await store.log_started(session_id, log_id, key=key, tool=tool, args=args)
+    return await store.log_started(session_id, log_id, key=key, tool=tool, args=args, lease=lease)
 
 
 class _Hold:
