@@ -266,6 +266,8 @@ async def _postgres() -> dict[str, Row] | None:
 
             async def wal(start: str, end: str) -> tuple[int, int]:
                 """(bytes, commit records) of this database's transactions in [start, end)."""
+                if start == end:  # nothing written (pg_walinspect refuses an empty range)
+                    return 0, 0
                 async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                     cursor = await conn.execute(
                         "SELECT xid::text::bigint, resource_manager, record_type, "
