@@ -7,7 +7,12 @@ must finish the turn with exactly one effect per approved call.
 
 `CRASH_AT`: `charge-started` (inside the charge, before its effect), `charge-done` (inside the
 charge, after its effect), `suspended` (while the charge waits for approval), `after-result`
-(the charge returned; the worker dies before the session is saved again).
+(the charge returned; the worker dies before the session is saved again); and right after each
+write that groups several of a turn's (docs/durability.md, "What is written, and when"):
+`checkpoint-started` (the session with the ship call, the lease check and the ship's `started`),
+`suspend-released` (the suspension with the lease given back), `decided` (the decision that
+wakes the workers), `started-leased` (the charge's `started` with the lease check, on resume),
+`completed-released` (the last save with the lease given back).
 
 The domain: a customer orders; the agent ships the order (`orders.ship`: a side effect,
 idempotent: the carrier deduplicates on the idempotency key) and charges it (`orders.charge`:
@@ -39,6 +44,26 @@ from handrail.models import ModelRequest
 from handrail.store import SessionStore, SqliteStore
 from handrail.testing import FunctionModel, call
 from kill_points import append, crash, lines
+
+
+class KillingStore(SqliteStore):
+    """A `SqliteStore` whose process dies right after a grouped write commits (`CRASH_AT`)."""
+
+    async def save(self, record: Any, **grouped: Any) -> Any:
+        saved = await super().save(record, **grouped)
+        if grouped.get("started"):
+            crash("checkpoint-started")
+        if grouped.get("release"):
+            crash(f"{'suspend' if record.status == 'suspended' else record.status}-released")
+        if grouped.get("notify"):
+            crash("decided")
+        return saved
+
+    async def log_started(self, *args: Any, **kwargs: Any) -> bool:
+        logged = await super().log_started(*args, **kwargs)
+        if kwargs.get("lease") is not None:
+            crash("started-leased")
+        return logged
 
 
 async def _jitter() -> None:
@@ -115,7 +140,7 @@ async def drive(engine: Engine, session: str, effects: Path) -> str:
 
 
 async def main(db: str, effects: str, session: str, lease_ttl: float) -> None:
-    engine = build(SqliteStore(db), Path(effects), lease_ttl)
+    engine = build(KillingStore(db), Path(effects), lease_ttl)
     try:
         print("started", flush=True)
         outcome = await drive(engine, session, Path(effects))

@@ -45,7 +45,21 @@ def counts(effects: Path) -> Counter[str]:
     return Counter(" ".join(line.split()[:2]) for line in lines)
 
 
-@pytest.mark.parametrize("point", ["charge-started", "charge-done", "suspended", "after-result"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "charge-started",
+        "charge-done",
+        "suspended",
+        "after-result",
+        # Right after each write that groups several (docs/durability.md):
+        "checkpoint-started",
+        "suspend-released",
+        "decided",
+        "started-leased",
+        "completed-released",
+    ],
+)
 def test_a_worker_killed_at_each_point_is_finished_by_a_fresh_one(tmp_path: Path, point: str):
     db, effects = tmp_path / "h.db", tmp_path / "effects.txt"
     killed = start(db, effects, "A1", crash_at=point)

@@ -283,15 +283,17 @@ async def test_a_result_the_store_could_not_log_leaves_the_turn_for_recovery_not
     state = await inspect.session("s1")
     assert state.progress is not None and state.progress.status == "running"
     assert [c.kind for c in state.pending.values()] == ["approval"]  # the refund still waits
-    # The charge ran (its result could not be logged); the ship, whose start could not be
-    # logged in the same outage, never ran.
-    assert sum(ledger.effects.values()) == 1
+    # The charge and the ship ran (logged `started` together, with the checkpoint before
+    # them); neither result could be logged.
+    assert sum(ledger.effects.values()) == 2
     assert {entry.tool: entry.status for entry in await inner.tool_log("s1")} == {
-        "charge": "started"
+        "charge": "started",
+        "ship": "started",
     }
 
-    # What a worker does: the turn is recovered, and suspends on the refund (and on the
-    # charge, whose result was not logged: a person says whether it ran).
+    # What a worker does: the turn is recovered (the ship, idempotent, runs again with its
+    # key: the carrier keeps one), and suspends on the refund (and on the charge, whose
+    # result was not logged: a person says whether it ran).
     result = await engine.advance("s1")
     assert result is not None and result.outcome == "suspended"
     state = await inspect.session("s1")
@@ -416,12 +418,14 @@ async def test_a_store_that_refuses_is_not_retried_and_a_conflict_is_not_either(
     def refused(method: str) -> Exception:
         return ConflictError("s1", expected=1, actual=2)
 
-    flaky = FlakyStore(inner, fail={"log_started": [1]}, error=refused)
+    # The second save is the checkpoint that logs the first call `started`.
+    flaky = FlakyStore(inner, fail={"save": [2]}, error=refused)
     engine = engine_for(flaky, SCENARIOS["ungated-sequential"], ledger)
     with pytest.raises(ConflictError):
         await drain(engine.submit("s1", "go"))
-    assert flaky.calls["log_started"] == 1  # tried once
+    assert flaky.calls["save"] == 2  # tried once
     assert not ledger.effects  # nothing ran
+    assert await inner.tool_log("s1") == []
     summary = await inner.summary("s1")
     assert summary is not None and summary.status == "active"  # left as a crash leaves it
 

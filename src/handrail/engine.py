@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -73,7 +74,7 @@ from .recovery import RESULT as _RESULT
 from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
-from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
+from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore, ToolLogEntry
 from .store._base import lease_and_load
 from .store._codec import INCARNATION
 from .suspension import (
@@ -252,6 +253,13 @@ class Engine:
         self._lost: set[str] = set()  # sessions whose lease another process took over
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
+        self._holds: dict[str, _Hold] = {}  # the leases this engine's drives hold, by session
+        # A store of this handrail groups a turn's writes (`save(..., lease=, release=,
+        # started=, notify=)`, `log_started(..., lease=)`); one written before (a store of
+        # your own) gets the same writes one call each.
+        self._grouping = _takes(self.store.save, "release") and _takes(
+            self.store.log_started, "lease"
+        )
         self.tally: Counter[str] = Counter()
         """What this engine's drives of suspended or cut-off turns did, counted since it was
         made: `resumed` and `recovered` turns, `applied` batches, `expired` cards (what a
@@ -551,7 +559,7 @@ class Engine:
                         # Nothing to drive; the store learns when there next will be.
                         if expired or record.expires_at != self._needs_worker(state):
                             with contextlib.suppress(ConflictError):
-                                await self._save(record, state, record.status)
+                                await self._save(record, state, record.status, release=True)
                         return
                     recovering = progress.status == "running"
                 else:
@@ -581,7 +589,7 @@ class Engine:
                 self.tally["recovered" if recovering or cards else "resumed"] += 1
                 if cards or state.pending:  # new recovery cards, or the response's own ones
                     progress.status = "suspended"
-                    await self._save(record, state, "suspended")
+                    await self._save(record, state, "suspended", release=True)
                     run._result = AgentResult(
                         outcome="suspended", state=state, pending=list(state.pending)
                     )
@@ -622,11 +630,12 @@ class Engine:
                     run._result = dataclasses.replace(
                         result, outcome="suspended", pending=[card.tool_call_id]
                     )
-                    await self._save(record, state, "suspended")
+                    await self._save(record, state, "suspended", release=True)
                     yield card_event(card, None)
                     yield RunSuspended(pending=[card.tool_call_id])
                     return
-            await self._save(record, state, _STATUS[result.outcome])
+            # The drive's last write: its lease goes back with it.
+            await self._save(record, state, _STATUS[result.outcome], release=True)
 
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             terminal: Event | None = None
@@ -724,7 +733,7 @@ class Engine:
             )
         )
         state.progress = None
-        await self._save(record, state, "completed" if report.ok else "failed")
+        await self._save(record, state, "completed" if report.ok else "failed", release=True)
         run._result = AgentResult(outcome="completed", state=state, output=summary)
         yield RunCompleted(output=summary)
 
@@ -940,21 +949,21 @@ class Engine:
                 # The decisions' audit entries are written by the same save: one transaction,
                 # so the trail never misses a stored decision nor records one that was not.
                 record.audit = self._decision_entries(record, cards)
+                ready = not state.pending
                 try:
-                    await self._save(record, state, record.status)
+                    # Decided in full: a worker waiting on the store may resume, woken by the
+                    # save itself (one commit).
+                    await self._save(record, state, record.status, notify=ready)
                 except ConflictError:
                     continue  # another worker saved in between: decide again on its state
                 finally:
                     record.audit = []
-                resolution = Resolution(
+                return Resolution(
                     decided=[i for i in decisions if i not in state.pending],
                     pending=list(state.pending),
                     org_id=record.org_id,
                     user_id=record.user_id,
                 )
-            if resolution.ready:
-                await self.store.notify(session_id)  # a worker waiting on the store may resume
-            return resolution
 
     @property
     def inbox(self) -> Inbox:
@@ -1167,6 +1176,16 @@ class Engine:
         timer: asyncio.TimerHandle
         holding = True  # False once the drive is over: no renewal may start or go on after
 
+        async def stop() -> None:
+            nonlocal holding
+            holding = False
+            timer.cancel()
+            if renewal is not None:
+                renewal.cancel()
+                await asyncio.wait([renewal])
+
+        hold = self._holds[session_id] = _Hold(stop)
+
         def due() -> None:
             nonlocal renewal
             if holding:
@@ -1198,26 +1217,25 @@ class Engine:
         try:
             yield loaded
         finally:
-            holding = False
-            timer.cancel()
-            if renewal is not None:
-                renewal.cancel()
-                await asyncio.wait([renewal])
-            try:
+            if self._holds.get(session_id) is hold:
+                del self._holds[session_id]
+            await stop()
+            if not hold.released:  # else the drive's last save released it, in its transaction
                 try:
-                    await store.release_lease(session_id, owner)
-                except Exception as error:
-                    release = lambda: store.release_lease(session_id, owner)  # noqa: E731
-                    await self._retry(error, release, session_id, "release the lease")
-            except Exception as error:  # it lapses after `lease_ttl`, as a dead worker's does
-                _log.warning(
-                    "handrail engine %s: could not release the lease on session %r (%s); it "
-                    "lapses in %g s",
-                    owner,
-                    session_id,
-                    error,
-                    ttl,
-                )
+                    try:
+                        await store.release_lease(session_id, owner)
+                    except Exception as error:
+                        release = lambda: store.release_lease(session_id, owner)  # noqa: E731
+                        await self._retry(error, release, session_id, "release the lease")
+                except Exception as error:  # it lapses after `lease_ttl`, as a dead worker's does
+                    _log.warning(
+                        "handrail engine %s: could not release the lease on session %r (%s); it "
+                        "lapses in %g s",
+                        owner,
+                        session_id,
+                        error,
+                        ttl,
+                    )
 
     def _lose(self, session_id: str) -> None:
         """Another process took this session's lease (`reclaim`): stop, and write nothing more.
@@ -1232,24 +1250,6 @@ class Engine:
         )
         self._lost.add(session_id)
         self.interrupt(session_id)
-
-    async def _check_lease(self, session_id: str) -> None:
-        """Refuse to act for a session whose lease this process no longer holds."""
-        if session_id in self._lost:
-            raise self._lost_lease(session_id)
-        store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
-        try:
-            held = await store.acquire_lease(session_id, owner, ttl)
-        except Exception as error:
-            held = await self._retry(
-                error,
-                lambda: store.acquire_lease(session_id, owner, ttl),
-                session_id,
-                "check the lease before a side effect",
-            )
-        if not held:
-            self._lost.add(session_id)
-            raise self._lost_lease(session_id)
 
     def _lost_lease(self, session_id: str) -> SessionBusyError:
         return SessionBusyError(
@@ -1327,11 +1327,38 @@ class Engine:
         return min(deadlines) if deadlines else None
 
     async def _save(
-        self, record: SessionRecord, state: RunState, status: SessionStatus
+        self,
+        record: SessionRecord,
+        state: RunState,
+        status: SessionStatus,
+        *,
+        hold: bool = False,
+        release: bool = False,
+        started: Sequence[ToolLogEntry] = (),
+        notify: bool = False,
     ) -> SessionRecord:
-        """Compare-and-swap `state` into `record`'s session; `record` follows the new version."""
+        """Compare-and-swap `state` into `record`'s session; `record` follows the new version.
+
+        With the save, in its transaction (docs/durability.md, "What is written, and when"):
+        `hold`, the lease checked and renewed (lost: `SessionBusyError`, nothing written);
+        `started`, calls logged `started`; `release`, the drive's lease given back (its last
+        save: no renewal may follow); `notify`, the store's listeners woken.
+        """
         if record.id in self._lost:
             raise self._lost_lease(record.id)
+        if not self._grouping and (hold or started or notify):
+            return await self._save_apart(record, state, status, hold, started, notify)
+        extra: dict[str, Any] = {}
+        if hold:
+            extra["lease"] = (self.lease_owner, self.lease_ttl)
+        if started:
+            extra["started"] = started
+        if notify:
+            extra["notify"] = True
+        lease = self._holds.get(record.id) if release and self._grouping else None
+        if lease is not None:
+            await lease.stop()  # no renewal from now on: it would take the lease back
+            extra["release"] = self.lease_owner
         # What changed: the small document, and the messages from the first that may have
         # changed (the turn in progress's first, or the first never saved) on.
         start = state.changed_from()
@@ -1343,25 +1370,79 @@ class Engine:
         record.expires_at = self._needs_worker(state)
         try:
             try:
-                saved = await self.store.save(record)
+                saved = await self.store.save(record, **extra)
+            except SessionBusyError:
+                if not hold:
+                    raise
+                self._lost.add(record.id)
+                raise self._lost_lease(record.id) from None
             except Exception as error:
-                again = lambda: self._save_again(record)  # noqa: E731
-                saved = await self._retry(error, again, record.id, "save the session")
+                again = lambda: self._save_again(record, extra)  # noqa: E731
+                try:
+                    saved = await self._retry(error, again, record.id, "save the session")
+                except SessionBusyError:
+                    if not hold:
+                        raise
+                    self._lost.add(record.id)
+                    raise self._lost_lease(record.id) from None
         finally:
             record.messages = []
+        if lease is not None:
+            lease.released = True
         record.version = saved.version
         state.mark_saved()
         return saved
 
-    async def _save_again(self, record: SessionRecord) -> SessionRecord:
+    async def _save_apart(
+        self,
+        record: SessionRecord,
+        state: RunState,
+        status: SessionStatus,
+        hold: bool,
+        started: Sequence[ToolLogEntry],
+        notify: bool,
+    ) -> SessionRecord:
+        """`_save` for a store that does not group: the same writes, one store call each."""
+        session_id = record.id
+        if hold:
+            await self._check_lease(session_id)
+        saved = await self._save(record, state, status)
+        for entry in started:
+            await self._retrying(
+                lambda e=entry: self.store.log_started(  # type: ignore[misc]
+                    session_id, e.tool_call_id, key=e.key, tool=e.tool, args=e.args
+                ),
+                session_id,
+                f"log the start of call {entry.tool_call_id!r}",
+            )
+        if notify:
+            await self.store.notify(session_id)
+        return saved
+
+    async def _check_lease(self, session_id: str) -> None:
+        """Refuse to act for a session whose lease this process no longer holds."""
+        if session_id in self._lost:
+            raise self._lost_lease(session_id)
+        store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
+        held = await self._retrying(
+            lambda: store.acquire_lease(session_id, owner, ttl),
+            session_id,
+            "check the lease before a side effect",
+        )
+        if not held:
+            self._lost.add(session_id)
+            raise self._lost_lease(session_id)
+
+    async def _save_again(self, record: SessionRecord, extra: dict[str, Any]) -> SessionRecord:
         """`store.save(record)` once more, after a try that failed for a moment.
 
         That try may have been written all the same, its answer lost on the way (a connection
         that dropped after the commit): a conflict with a write that is exactly this one (the
-        version one past, the same status and document) is this save, made.
+        version one past, the same status and document) is this save, made (with all it
+        carried: its transaction was one).
         """
         try:
-            return await self.store.save(record)
+            return await self.store.save(record, **extra)
         except ConflictError:
             stored = await self.store.load(record.id)
             if stored is not None and _same_save(stored, record):
@@ -1487,33 +1568,61 @@ _NOTHING = {
 class _SessionJournal:
     """The journal of a run under an engine: checkpoints and the store's tool-call log."""
 
-    __slots__ = ("engine", "record", "started_at", "state")
+    __slots__ = ("engine", "logged", "record", "started_at", "state")
 
     def __init__(self, engine: Engine, record: SessionRecord, state: RunState) -> None:
         self.engine = engine
         self.record = record
         self.state = state
         self.started_at: dict[str, float] = {}  # log id -> when this process started it
+        self.logged: set[str] = set()  # log ids logged `started` with a checkpoint
 
-    async def checkpoint(self) -> None:
-        await self.engine._save(self.record, self.state, "active")
+    async def checkpoint(self, starting: Sequence[tuple[str, ToolCallPart, str]] = ()) -> None:
+        if not starting:
+            await self.engine._save(self.record, self.state, "active")
+            return
+        # One write: the session with the calls, the lease checked (and renewed) at the store
+        # right before the side effects (a process that lost it to another starts none), and
+        # the `started` of those that start now.
+        entries = [
+            ToolLogEntry(tool_call_id=log_id, key=key, tool=part.name, args=part.args)
+            for log_id, part, key in starting
+        ]
+        await self.engine._save(self.record, self.state, "active", hold=True, started=entries)
+        self.logged.update(entry.tool_call_id for entry in entries)
 
     async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
-        # The lease is checked (and renewed) at the store right before each side effect:
-        # a process that lost it to another never starts one.
         engine, session_id = self.engine, self.record.id
-        await engine._check_lease(session_id)
+        if log_id in self.logged:  # logged with the checkpoint just before
+            self.logged.discard(log_id)
+            self.started_at[log_id] = engine.runtime.clock()
+            return
+        # The lease is checked (and renewed) at the store in the write that logs the call,
+        # right before its side effect: a process that lost it to another never starts one.
+        if session_id in engine._lost:
+            raise engine._lost_lease(session_id)
         store, name, args = engine.store, part.name, part.args
+        lease: tuple[str, float] | None = (engine.lease_owner, engine.lease_ttl)
+        if not engine._grouping:  # checked apart, then logged
+            await engine._check_lease(session_id)
+            lease = None
         try:
-            await store.log_started(session_id, log_id, key=key, tool=name, args=args)
+            await _log_started(store, session_id, log_id, key, name, args, lease)
+        except SessionBusyError:
+            engine._lost.add(session_id)
+            raise engine._lost_lease(session_id) from None
         except Exception as error:
             # Made again after a lost reply, it finds its entry and keeps it (returns False).
-            await engine._retry(
-                error,
-                lambda: store.log_started(session_id, log_id, key=key, tool=name, args=args),
-                session_id,
-                f"log the start of call {log_id!r}",
-            )
+            try:
+                await engine._retry(
+                    error,
+                    lambda: _log_started(store, session_id, log_id, key, name, args, lease),
+                    session_id,
+                    f"log the start of call {log_id!r}",
+                )
+            except SessionBusyError:
+                engine._lost.add(session_id)
+                raise engine._lost_lease(session_id) from None
         self.started_at[log_id] = engine.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:
@@ -1545,6 +1654,39 @@ _STATUS: dict[str, SessionStatus] = {
     "interrupted": "active",
     "failed": "failed",
 }
+
+
+def _takes(method: Callable[..., Any], name: str) -> bool:
+    """Whether `method` takes a keyword argument `name` (or any: `**kwargs`)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+async def _log_started(
+    store: SessionStore,
+    session_id: str,
+    log_id: str,
+    key: str,
+    tool: str,
+    args: dict[str, Any],
+    lease: tuple[str, float] | None,
+) -> bool:
+    if lease is None:
+        return await store.log_started(session_id, log_id, key=key, tool=tool, args=args)
+    return await store.log_started(session_id, log_id, key=key, tool=tool, args=args, lease=lease)
+
+
+class _Hold:
+    """A drive's hold on its session's lease: `stop` its renewals; `released` by a save."""
+
+    __slots__ = ("released", "stop")
+
+    def __init__(self, stop: Callable[[], Awaitable[None]]) -> None:
+        self.stop = stop
+        self.released = False
 
 
 @dataclass(kw_only=True, slots=True)

@@ -53,8 +53,14 @@ class Journal(Protocol):
     logging its own result: one call's failed record never cuts another call short.
     """
 
-    async def checkpoint(self) -> None:
-        """Persist the session as it is now (before its first side effect, at a turn's start)."""
+    async def checkpoint(self, starting: Sequence[tuple[str, ToolCallPart, str]] = ()) -> None:
+        """Persist the session as it is now (before its first side effect, at a turn's start).
+
+        `starting`: the calls that start right after it, as `(log_id, part, key)`, recorded as
+        `started` in the same write; `started` then has nothing left to record for them. Only
+        calls that start at once belong here: one logged `started` and then held up (behind
+        another call) would be asked about after a crash, though it never ran.
+        """
         ...
 
     async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:

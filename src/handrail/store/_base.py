@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from ..audit import AuditEntry, AuditKind
+from ..exceptions import SessionBusyError
 
 __all__ = [
     "Clock",
@@ -171,14 +172,34 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def save(self, record: SessionRecord) -> SessionRecord:
+    async def save(
+        self,
+        record: SessionRecord,
+        *,
+        lease: tuple[str, float] | None = None,
+        release: str | None = None,
+        started: Sequence[ToolLogEntry] = (),
+        notify: bool = False,
+    ) -> SessionRecord:
         """Save `record` if the store still holds the version it was loaded at.
 
         Compare-and-swap: the save succeeds only if the stored version equals
         `record.version` (0: the session must not exist yet). Nothing else is compared, so a
         lost update is impossible. The document, the messages from `record.messages_from` on,
         the metadata and the audit entries of `record.audit` (each appended as `append_audit`
-        does) are written in one transaction: all of them, or nothing.
+        does) are written in one transaction: all of them, or nothing. So is what the
+        keyword arguments add, which let one commit do what several calls would (a turn's
+        writes grouped: docs/durability.md, "What is written, and when").
+
+        Args:
+            record: the session.
+            lease: `(owner, ttl)`: save only while `owner` holds the session's lease, taken
+                or renewed for `ttl` seconds in the same transaction (as `acquire_lease`);
+                held by another, nothing is written and `SessionBusyError` is raised.
+            release: give this owner's lease back with the save (as `release_lease`).
+            started: tool calls to log `started` with the save (as `log_started`: an entry
+                already logged is kept as it is).
+            notify: wake the store's listeners once the save is committed (as `notify`).
 
         Returns:
             A copy of `record` with `version` one higher and `updated_at` (and, on the first
@@ -187,8 +208,9 @@ class SessionStore(Protocol):
         Raises:
             ConflictError: someone else saved (or deleted) the session first; nothing was
                 written.
-            StoreError: `record.data`, a message or an audit entry is not JSON-compatible, or
-                the store failed.
+            SessionBusyError: with `lease`, another owner holds the lease; nothing was written.
+            StoreError: `record.data`, a message, an audit entry or a started call's arguments
+                are not JSON-compatible, or the store failed.
             ValueError: `record.messages_from` is past the stored messages (it would leave a
                 gap), or `record.window` past the saved ones.
         """
@@ -294,12 +316,26 @@ class SessionStore(Protocol):
         key: str,
         tool: str,
         args: dict[str, Any],
+        lease: tuple[str, float] | None = None,
     ) -> bool:
         """Record that a tool call is about to run, before it runs.
+
+        Args:
+            session_id: the session.
+            tool_call_id: the call's id in the log (an attempt's: unique in the session).
+            key: its idempotency key.
+            tool: the tool's name.
+            args: the arguments it is called with (JSON-compatible).
+            lease: `(owner, ttl)`: record only while `owner` holds the session's lease, renewed
+                in the same transaction (as `save`'s `lease`): the check before a side effect
+                and its record in one commit.
 
         Returns:
             `True` if recorded; `False` if the log already has this call (the entry is kept as
             it is, never overwritten: the call may already have had its effect).
+
+        Raises:
+            SessionBusyError: with `lease`, another owner holds the lease; nothing recorded.
         """
         ...
 
@@ -467,6 +503,14 @@ class SessionStore(Protocol):
     async def close(self) -> None:
         """Release the store's connections and threads. Closing twice is harmless."""
         ...
+
+
+def lease_lost(session_id: str, owner: str) -> SessionBusyError:
+    """What a store raises for a write made under a lease (`lease=`) that another owner holds."""
+    return SessionBusyError(
+        f"Session {session_id!r}: the lease is held by another owner than {owner!r}; "
+        f"nothing was written. That worker drives the session now."
+    )
 
 
 async def lease_and_load(

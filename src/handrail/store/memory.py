@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -24,7 +24,15 @@ from ..audit import (
     warn_unkeyed,
 )
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError
-from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
+from ._base import (
+    Clock,
+    SessionRecord,
+    SessionStatus,
+    SessionSummary,
+    ToolLogEntry,
+    lease_lost,
+    wall_clock,
+)
 from ._codec import (
     LoggedEvents,
     chain_audit,
@@ -155,12 +163,27 @@ class MemoryStore:
             window=stored.window,
         )
 
-    async def save(self, record: SessionRecord) -> SessionRecord:
+    async def save(
+        self,
+        record: SessionRecord,
+        *,
+        lease: tuple[str, float] | None = None,
+        release: str | None = None,
+        started: Sequence[ToolLogEntry] = (),
+        notify: bool = False,
+    ) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
         self._check_open()
         check_save(record)
         text = encode(record.id, record.data)
         texts = encode_messages(record.id, record.messages)
+        logged = [
+            (entry, encode(record.id, entry.args, what="tool-call arguments")) for entry in started
+        ]
+        if lease is not None:
+            check_ttl(lease[1])
+            if not self._may_hold(record.id, lease[0]):
+                raise lease_lost(record.id, lease[0])
         stored = self._sessions.get(record.id)
         actual = None if stored is None else stored.summary.version
         if actual != record.version and not (actual is None and record.version == 0):
@@ -182,6 +205,14 @@ class MemoryStore:
         )
         for org, row, _ in audited:  # no await since the checks: the save and these are one
             self._audit.setdefault(org, []).append(row)
+        for entry, args in logged:
+            self._log_started(record.id, entry.tool_call_id, entry.key, entry.tool, args)
+        if lease is not None:
+            self._leases[record.id] = (lease[0], now + lease[1])
+        if release is not None and self._leases.get(record.id, ("",))[0] == release:
+            del self._leases[record.id]
+        if notify:
+            self._wakeups.publish(record.id)
         return saved
 
     async def messages(
@@ -315,18 +346,34 @@ class MemoryStore:
         key: str,
         tool: str,
         args: dict[str, Any],
+        lease: tuple[str, float] | None = None,
     ) -> bool:
         """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
         self._check_open()
         text = encode(session_id, args, what="tool-call arguments")
+        if lease is not None:
+            check_ttl(lease[1])
+            if not self._may_hold(session_id, lease[0]):
+                raise lease_lost(session_id, lease[0])
+            self._leases[session_id] = (lease[0], self.clock() + lease[1])
+        return self._log_started(session_id, tool_call_id, key, tool, text)
+
+    def _log_started(
+        self, session_id: str, tool_call_id: str, key: str, tool: str, args: str
+    ) -> bool:
         log = self._logs.setdefault(session_id, {})
         if tool_call_id in log:
             return False
         entry = ToolLogEntry(
             tool_call_id=tool_call_id, key=key, tool=tool, args={}, started_at=self.clock()
         )
-        log[tool_call_id] = _Logged(entry=entry, args=text)
+        log[tool_call_id] = _Logged(entry=entry, args=args)
         return True
+
+    def _may_hold(self, session_id: str, owner: str) -> bool:
+        """Whether `owner` may take or renew the session's lease now."""
+        held = self._leases.get(session_id)
+        return held is None or held[0] == owner or held[1] <= self.clock()
 
     async def log_finished(
         self,

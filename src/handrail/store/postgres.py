@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -34,7 +34,14 @@ from ..exceptions import (
     StoreError,
     StoreUnavailableError,
 )
-from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
+from ._base import (
+    Clock,
+    SessionRecord,
+    SessionStatus,
+    SessionSummary,
+    ToolLogEntry,
+    lease_lost,
+)
 from ._codec import (
     INCARNATION,
     LoggedEvents,
@@ -437,23 +444,40 @@ class PostgresStore:
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
         # One statement, so one snapshot: the document and the messages of the same save.
-        rows = await self._fetch(
-            f"""SELECT {_SUMMARY}, data::text, window_start,
+        rows = await self._fetch(self._load_sql, {"id": session_id}, session_id)
+        return _record(session_id, rows[0]) if rows else None
+
+    @property
+    def _load_sql(self) -> str:
+        return f"""SELECT {_SUMMARY}, data::text, window_start,
                 (SELECT array_agg(m.message::text ORDER BY m.position)
                     FROM {self._s}.handrail_messages m
                     WHERE m.session_id = s.id AND m.position >= s.window_start)
-            FROM {self._s}.handrail_sessions s WHERE id = %(id)s""",
-            {"id": session_id},
-            session_id,
+            FROM {self._s}.handrail_sessions s WHERE id = %(id)s"""
+
+    @property
+    def _lease_sql(self) -> str:
+        s = self._s
+        return f"""INSERT INTO {s}.handrail_leases (session_id, owner, expires_at)
+                VALUES (%(id)s, %(owner)s, {_NOW} + %(ttl)s)
+                ON CONFLICT (session_id) DO UPDATE
+                    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+                    WHERE {s}.handrail_leases.owner = EXCLUDED.owner
+                        OR {s}.handrail_leases.expires_at <= {_NOW}"""
+
+    @property
+    def _release_sql(self) -> str:
+        return (
+            f"DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s AND owner = %(owner)s"
         )
-        if not rows:
-            return None
-        record = record_from_row(rows[0])
-        record.messages = [
-            decode_message(session_id, position, text)
-            for position, text in enumerate(rows[0][10] or (), record.window)
-        ]
-        return record
+
+    @property
+    def _started_sql(self) -> str:
+        return f"""INSERT INTO {self._s}.handrail_tool_log
+                (session_id, tool_call_id, key, tool, args, status, started_at)
+                VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s, %(args)s::json,
+                        'started', {_NOW})
+                ON CONFLICT (session_id, tool_call_id) DO NOTHING"""
 
     async def messages(
         self, session_id: str, *, before: int | None = None, limit: int = 100
@@ -480,7 +504,15 @@ class PostgresStore:
         rows.reverse()
         return [(position, decode_message(session_id, position, text)) for position, text in rows]
 
-    async def save(self, record: SessionRecord) -> SessionRecord:
+    async def save(
+        self,
+        record: SessionRecord,
+        *,
+        lease: tuple[str, float] | None = None,
+        release: str | None = None,
+        started: Sequence[ToolLogEntry] = (),
+        notify: bool = False,
+    ) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`.
 
         `UPDATE ... WHERE id = %(id)s AND version = %(version)s`: of two concurrent saves of
@@ -488,6 +520,19 @@ class PostgresStore:
         and changes nothing.
         """
         check_save(record)
+        if lease is not None:
+            check_ttl(lease[1])
+        logged = [
+            {
+                "session_id": record.id,
+                "tool_call_id": entry.tool_call_id,
+                "key": entry.key,
+                "tool": entry.tool,
+                "args": encode(record.id, entry.args, what="tool-call arguments"),
+                "now": self._now(),
+            }
+            for entry in started
+        ]
         params = {
             "id": record.id,
             "org_id": record.org_id,
@@ -520,6 +565,8 @@ class PostgresStore:
         checked = dataclasses.replace(saved, messages=record.messages[:])
         audit = record.audit[:]
         async with self._connection(saved.id) as connection, connection.transaction():
+            if lease is not None:
+                await self._hold(connection, record.id, *lease)
             # The row lock the UPDATE takes keeps other saves off the messages until commit.
             row = await (await connection.execute(query, params)).fetchone()
             if row is None:
@@ -551,10 +598,46 @@ class PostgresStore:
                     FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
                     params,
                 )
+            if logged:
+                async with connection.cursor() as cursor:
+                    await cursor.executemany(self._started_sql, logged)
+            if release is not None:
+                await connection.execute(self._release_sql, {"id": record.id, "owner": release})
+            if notify:  # sent with the commit
+                await connection.execute(
+                    "SELECT pg_notify(%(channel)s, %(id)s)",
+                    {"channel": self.channel, "id": record.id},
+                )
             for entry in audit:  # the organisation's trail lock is taken last, at the end
                 await self._append_audit(connection, entry)
         saved.created_at, saved.updated_at = row
         return saved
+
+    async def _hold(
+        self, connection: psycopg.AsyncConnection[Any], session_id: str, owner: str, ttl: float
+    ) -> None:
+        """Take or renew `owner`'s lease inside the caller's transaction, or `lease_lost`."""
+        cursor = await connection.execute(
+            self._lease_sql, {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()}
+        )
+        if not cursor.rowcount:
+            raise lease_lost(session_id, owner)
+
+    async def lease_and_load(
+        self, session_id: str, owner: str, ttl: float
+    ) -> tuple[bool, SessionRecord | None]:
+        """`acquire_lease`, then (if taken) `load`, in one transaction: one trip, one commit.
+
+        A turn's start (see `handrail.store._base.lease_and_load`).
+        """
+        check_ttl(ttl)
+        params = {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()}
+        async with self._connection(session_id) as connection, connection.transaction():
+            if not (await connection.execute(self._lease_sql, params)).rowcount:
+                return False, None
+            cursor = await connection.execute(self._load_sql, params)
+            row = await cursor.fetchone()
+        return True, None if row is None else _record(session_id, row)
 
     async def list(
         self,
@@ -786,6 +869,7 @@ class PostgresStore:
         key: str,
         tool: str,
         args: dict[str, Any],
+        lease: tuple[str, float] | None = None,
     ) -> bool:
         """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
         params = {
@@ -796,17 +880,12 @@ class PostgresStore:
             "args": encode(session_id, args, what="tool-call arguments"),
             "now": self._now(),
         }
-        return bool(
-            await self._rowcount(
-                f"""INSERT INTO {self._s}.handrail_tool_log
-                (session_id, tool_call_id, key, tool, args, status, started_at)
-                VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s, %(args)s::json,
-                        'started', {_NOW})
-                ON CONFLICT (session_id, tool_call_id) DO NOTHING""",
-                params,
-                session_id,
-            )
-        )
+        if lease is None:
+            return bool(await self._rowcount(self._started_sql, params, session_id))
+        check_ttl(lease[1])
+        async with self._connection(session_id) as connection, connection.transaction():
+            await self._hold(connection, session_id, *lease)
+            return bool((await connection.execute(self._started_sql, params)).rowcount)
 
     async def log_finished(
         self,
@@ -1030,15 +1109,9 @@ class PostgresStore:
         the first's row lock and then finds the lease taken.
         """
         check_ttl(ttl)
-        s = self._s
         return bool(
             await self._rowcount(
-                f"""INSERT INTO {s}.handrail_leases (session_id, owner, expires_at)
-                VALUES (%(id)s, %(owner)s, {_NOW} + %(ttl)s)
-                ON CONFLICT (session_id) DO UPDATE
-                    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-                    WHERE {s}.handrail_leases.owner = EXCLUDED.owner
-                        OR {s}.handrail_leases.expires_at <= {_NOW}""",
+                self._lease_sql,
                 {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()},
                 session_id,
             )
@@ -1047,12 +1120,7 @@ class PostgresStore:
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
         return bool(
-            await self._rowcount(
-                f"DELETE FROM {self._s}.handrail_leases "
-                f"WHERE session_id = %(id)s AND owner = %(owner)s",
-                {"id": session_id, "owner": owner},
-                session_id,
-            )
+            await self._rowcount(self._release_sql, {"id": session_id, "owner": owner}, session_id)
         )
 
     async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
@@ -1190,6 +1258,16 @@ class _Subscription(Generic[T]):
                 raise StopAsyncIteration
             raise item
         return item
+
+
+def _record(session_id: str, row: tuple[Any, ...]) -> SessionRecord:
+    """A session as `_load_sql` reads it: the row, then its messages from the window on."""
+    record = record_from_row(row)
+    record.messages = [
+        decode_message(session_id, position, text)
+        for position, text in enumerate(row[10] or (), record.window)
+    ]
+    return record
 
 
 def _require_psycopg() -> None:

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from types import TracebackType
@@ -34,7 +34,15 @@ from ..audit import (
     warn_unkeyed,
 )
 from ..exceptions import ConflictError, SessionNotFoundError, StoreError, StoreUnavailableError
-from ._base import Clock, SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, wall_clock
+from ._base import (
+    Clock,
+    SessionRecord,
+    SessionStatus,
+    SessionSummary,
+    ToolLogEntry,
+    lease_lost,
+    wall_clock,
+)
 from ._codec import (
     INCARNATION,
     LoggedEvents,
@@ -185,6 +193,11 @@ _PUT = "INSERT INTO handrail_messages (session_id, position, message) VALUES (?,
 _LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (?, ?, ?)
     ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
     WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
+_STARTED = """INSERT INTO handrail_tool_log
+    (session_id, tool_call_id, key, tool, args, status, started_at)
+    VALUES (?, ?, ?, ?, ?, 'started', ?) ON CONFLICT DO NOTHING"""
+_RELEASE = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
+_ARGS = "tool-call arguments"
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
 CHECKPOINT_AFTER = 1024
 """Rows written since the last wake-up after which the checkpointer copies the write-ahead
@@ -407,9 +420,19 @@ class SqliteStore:
             lambda db: _read_messages(db, session_id, 0, before, limit), session_id
         )
 
-    async def save(self, record: SessionRecord) -> SessionRecord:
+    async def save(
+        self,
+        record: SessionRecord,
+        *,
+        lease: tuple[str, float] | None = None,
+        release: str | None = None,
+        started: Sequence[ToolLogEntry] = (),
+        notify: bool = False,
+    ) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
         check_save(record)
+        if lease is not None:
+            check_ttl(lease[1])
         # Read everything from `record` here, on the loop: the caller may change it meanwhile.
         session_id, expected = record.id, record.version
         text = encode(session_id, record.data)
@@ -423,9 +446,18 @@ class SqliteStore:
         scope = (record.org_id, record.user_id, record.status)
         expires_at = record.expires_at
         audit = record.audit[:]
+        logged = [
+            (session_id, e.tool_call_id, e.key, e.tool, encode(session_id, e.args, what=_ARGS), now)
+            for e in started
+        ]
 
         def save(db: sqlite3.Connection) -> float:
             with _transaction(db):
+                if (
+                    lease is not None
+                    and not db.execute(_LEASE, (session_id, lease[0], now + lease[1], now)).rowcount
+                ):
+                    raise lease_lost(session_id, lease[0])
                 created_at: float | None = None
                 if expected == 0:
                     inserted = db.execute(
@@ -456,10 +488,17 @@ class SqliteStore:
                 db.executemany(_PUT, rows)
                 for entry in audit:
                     _append_audit(db, entry)
+                db.executemany(_STARTED, logged)
+                if release is not None:
+                    db.execute(_RELEASE, (session_id, release))
+                if notify:
+                    _wake(db, session_id, now)
                 return created_at
 
         saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
         saved.created_at = await self._call(save, session_id, write=True)
+        if notify:
+            self._nudge()
         return saved
 
     async def list(
@@ -647,22 +686,27 @@ class SqliteStore:
         key: str,
         tool: str,
         args: dict[str, Any],
+        lease: tuple[str, float] | None = None,
     ) -> bool:
         """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
-        params = (
-            session_id,
-            tool_call_id,
-            key,
-            tool,
-            encode(session_id, args, what="tool-call arguments"),
-            self.clock(),
-        )
-        sql = """INSERT INTO handrail_tool_log
-            (session_id, tool_call_id, key, tool, args, status, started_at)
-            VALUES (?, ?, ?, ?, ?, 'started', ?) ON CONFLICT DO NOTHING"""
-        return bool(
-            await self._call(lambda db: db.execute(sql, params).rowcount, session_id, write=True)
-        )
+        now = self.clock()
+        params = (session_id, tool_call_id, key, tool, encode(session_id, args, what=_ARGS), now)
+        if lease is None:
+            return bool(
+                await self._call(
+                    lambda db: db.execute(_STARTED, params).rowcount, session_id, write=True
+                )
+            )
+        check_ttl(lease[1])
+        claim = (session_id, lease[0], now + lease[1], now)
+
+        def log(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                if not db.execute(_LEASE, claim).rowcount:
+                    raise lease_lost(session_id, lease[0])
+                return bool(db.execute(_STARTED, params).rowcount)
+
+        return await self._call(log, session_id, write=True)
 
     async def log_finished(
         self,
@@ -823,10 +867,11 @@ class SqliteStore:
 
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
-        sql = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
         return bool(
             await self._call(
-                lambda db: db.execute(sql, (session_id, owner)).rowcount, session_id, write=True
+                lambda db: db.execute(_RELEASE, (session_id, owner)).rowcount,
+                session_id,
+                write=True,
             )
         )
 
@@ -852,15 +897,13 @@ class SqliteStore:
 
         def notify(db: sqlite3.Connection) -> None:
             with _transaction(db):
-                db.execute(
-                    "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (?, ?)",
-                    (session_id, now),
-                )
-                db.execute(
-                    "DELETE FROM handrail_wakeups WHERE created_at < ?", (now - _WAKEUPS_KEPT_FOR,)
-                )
+                _wake(db, session_id, now)
 
         await self._call(notify, session_id, write=True)
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake this store's own listeners at once (others' find the wake-up row)."""
         for subscription in self._subscriptions:
             subscription.nudge.set()
 
@@ -951,6 +994,14 @@ class _Connection(sqlite3.Connection):
     audit_key: AuditKey | None = None
     warn_unkeyed = False  # at its first append: the store is unkeyed for want of a key
     store = "A SqliteStore"
+
+
+def _wake(db: sqlite3.Connection, session_id: str, now: float) -> None:
+    """Write a wake-up row for `session_id` (inside a write transaction); prune old ones."""
+    db.execute(
+        "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (?, ?)", (session_id, now)
+    )
+    db.execute("DELETE FROM handrail_wakeups WHERE created_at < ?", (now - _WAKEUPS_KEPT_FOR,))
 
 
 def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:

@@ -413,7 +413,14 @@ class Dispatcher:
         journal = self.journal
         effects = any(r.tool.permission != "read" for r in ready)
         if journal is not None and checkpoint and effects:
-            await journal.checkpoint()  # the calls on record before any of them may happen
+            # The calls on record before any of them may happen, and, in the same write, the
+            # `started` of the side effects that start at once (docs/durability.md).
+            starting = [
+                (r.log_id, r.part, idempotency_key(self.state, r.part))
+                for r in _first_to_run(ready)
+                if r.tool.permission != "read"
+            ]
+            await journal.checkpoint(starting)
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
@@ -707,6 +714,7 @@ class Dispatcher:
     # -- steps 7 to 11 --------------------------------------------------------------------
 
     async def _execute_many(self, ready: list[_Ready]) -> AsyncIterator[Event]:
+        # (`_first_to_run` says which of `ready` this starts at once: keep the two in step.)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         emit = queue.put_nowait
 
@@ -975,3 +983,16 @@ def _unknown_tool(name: str, tools: Mapping[str, Tool[Any]]) -> str:
 def _transform_takes_ctx(function: Callable[..., Any]) -> bool:
     """Whether a `transform_args` hook takes the call's `ToolContext` (a third argument)."""
     return positional_count(function) >= 3
+
+
+def _first_to_run(ready: list[_Ready]) -> list[_Ready]:
+    """The calls of `ready` that `_execute_all` starts at once.
+
+    The parallel ones before the first sequential call, or that one alone.
+    """
+    first: list[_Ready] = []
+    for item in ready:
+        if item.tool.sequential:
+            return first or [item]
+        first.append(item)
+    return first
