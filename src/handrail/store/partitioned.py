@@ -48,7 +48,7 @@ import builtins
 import contextlib
 import heapq
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar
@@ -247,8 +247,16 @@ class PartitionedStore:
         store = self._found(session_id)
         return None if store is None else await store.summary(session_id)
 
-    async def save(self, record: SessionRecord) -> SessionRecord:
-        """Save in the session's partition (see `SessionStore.save`).
+    async def save(
+        self,
+        record: SessionRecord,
+        *,
+        lease: tuple[str, float] | None = None,
+        release: str | None = None,
+        started: Sequence[ToolLogEntry] = (),
+        notify: bool = False,
+    ) -> SessionRecord:
+        """Save in the session's partition (see `SessionStore.save`), with what it groups.
 
         Raises:
             RoutingError: the id names no partition, or another one than the organisation's
@@ -257,7 +265,9 @@ class PartitionedStore:
         store = self._placed(record.id, record.org_id, what="The save")
         for entry in record.audit:
             self._placed(record.id, entry.org_id, what="An audit entry")
-        return await store.save(record)
+        return await store.save(
+            record, lease=lease, release=release, started=started, notify=notify
+        )
 
     async def lease_and_load(
         self, session_id: str, owner: str, ttl: float
@@ -309,10 +319,11 @@ class PartitionedStore:
         key: str,
         tool: str,
         args: dict[str, Any],
+        lease: tuple[str, float] | None = None,
     ) -> bool:
         """Record a call about to run, in the session's partition."""
         return await self._home(session_id).log_started(
-            session_id, tool_call_id, key=key, tool=tool, args=args
+            session_id, tool_call_id, key=key, tool=tool, args=args, lease=lease
         )
 
     async def log_finished(
