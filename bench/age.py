@@ -23,6 +23,18 @@ at 4,000 messages cost at most 1.5x what they cost at 100 (time and bytes); with
 compaction, the bytes written per turn do not grow with the history. PostgreSQL runs when a
 server answers at $HANDRAIL_BENCH_PG_DSN (default postgresql://postgres@127.0.0.1:5432/test),
 in a schema of its own that is dropped afterwards.
+
+Then issue 35's protocol (`--only steady`), the steady state of one session: a session grown
+by real turns (a user message, one read call, an answer) with `Compaction(max_tokens=3000)`
+to about 120, 4,000 and 40,000 stored messages, each copy imported into the store and
+settled (SQLite's log checkpointed, PostgreSQL's tables vacuumed and analysed), then driven on:
+80 turns timed at each mark, the marks taking turns round by round (120, 4,000, 40,000, then
+4,000, 40,000, 120, ...), so that whatever else the machine does falls on every mark alike.
+Each turn goes on from where the last one at its mark left off, as in one long session. Beside
+the median ms: what the store was asked per turn (the messages a load read and a save wrote,
+the bytes of the session document), the bytes written (as above) and, on SQLite, the SQL
+statements and the virtual machine's steps (what a statement scanned). Target: a turn at
+4,000 and at 40,000 messages costs at most 1.2x one at 120, and the counts are equal.
 """
 
 from __future__ import annotations
@@ -35,14 +47,16 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from handrail import Agent, Approve, Compaction, Engine, MemoryStore, Runtime, tool
 from handrail.models import ModelRequest
-from handrail.store import SqliteStore
+from handrail.store import SessionRecord, SqliteStore
+from handrail.store._base import lease_and_load
+from handrail.store._codec import encode
 from handrail.testing import FunctionModel, Step, call
 
 PG_DSN = os.environ.get("HANDRAIL_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -74,17 +88,18 @@ def _answer(request: ModelRequest) -> Step:
     return "Your order has shipped: a kettle and a mug."
 
 
-def _engine(store: Any, *, compaction: bool) -> Engine:
+def _engine(store: Any, *, compaction: bool, budget: int = 4000) -> Engine:
     ids = itertools.count()
-    runtime = Runtime(
+    tag = uuid.uuid4().hex[:6]  # an engine's ids never repeat those of a session it imports
+    runtime: Runtime[Any] = Runtime(
         model=FunctionModel(_answer),
-        ids=lambda prefix: f"{prefix}_{next(ids)}",
-        compaction=Compaction(max_tokens=4000) if compaction else None,
+        ids=lambda prefix: f"{prefix}_{tag}{next(ids)}",
+        compaction=Compaction(max_tokens=budget) if compaction else None,
     )
     return Engine(Agent("support", tools=[lookup, refund]), store=store, runtime=runtime)
 
 
-async def _drain(run: AsyncIterator[Any]) -> Any:
+async def _drain(run: AsyncIterable[Any]) -> Any:
     events = [event async for event in run]
     return events[-1]
 
@@ -245,13 +260,187 @@ def _report(name: str, compaction: bool, results: dict[int, tuple[float, float, 
             print(f"  {what} at {SIZES[-1]} / at {SIZES[0]}: {ratio:.2f}x")
 
 
-async def main(which: list[str]) -> None:
+STEADY_MARKS = (120, 4000, 40000)
+STEADY_TURNS = 80
+STEADY_BUDGET = 3000
+STEADY_RATIO = 1.2  # issue 35's target: a turn at 4,000 and at 40,000 / one at 120
+
+
+class _Counted:
+    """A store that counts what a turn asks of it, passing every call through.
+
+    `lease_and_load` is defined here too, so a store that does both in one trip still does.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.read = self.written = self.document = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def lease_and_load(
+        self, session_id: str, owner: str, ttl: float
+    ) -> tuple[bool, SessionRecord | None]:
+        held, record = await lease_and_load(self._store, session_id, owner, ttl)
+        self.read += len(record.messages) if record is not None else 0
+        return held, record
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        record: SessionRecord | None = await self._store.load(session_id)
+        self.read += len(record.messages) if record is not None else 0
+        return record
+
+    async def save(self, record: SessionRecord) -> SessionRecord:
+        self.written += len(record.messages)
+        self.document = max(self.document, len(encode(record.id, record.data)))
+        saved: SessionRecord = await self._store.save(record)
+        return saved
+
+
+class _Statements:
+    """SQLite's statements and virtual-machine steps on the store's connection (the bench's
+    own look inside the store: `set_trace_callback` and `set_progress_handler`)."""
+
+    STEP = 100  # the progress handler is called every this many steps
+
+    def __init__(self) -> None:
+        self.statements = self.steps = 0
+
+    def _trace(self, _: str) -> None:
+        self.statements += 1
+
+    def _progress(self) -> int:
+        self.steps += self.STEP
+        return 0
+
+    async def attach(self, store: Any) -> None:
+        def attach(db: Any) -> None:
+            db.set_trace_callback(self._trace)
+            db.set_progress_handler(self._progress, self.STEP)
+
+        await store._call(attach, None)
+
+
+async def _grow_steady() -> dict[int, str]:
+    """Exports of one session at each of `STEADY_MARKS`, grown by real turns (memory store)."""
+    store = MemoryStore()
+    engine = _engine(store, compaction=True, budget=STEADY_BUDGET)
+    exports: dict[int, str] = {}
+    marks = iter(STEADY_MARKS)
+    want = next(marks)
+    turn = 0
+    while True:
+        await _drain(engine.submit("grown", f"where is my order, question {turn}?"))
+        turn += 1
+        record = await store.load("grown")
+        assert record is not None
+        if record.messages_from + len(record.messages) >= want:
+            exports[want] = await store.export("grown")
+            want = next(marks, 0)
+            if not want:
+                return exports
+
+
+async def _settle_copy(store: Any) -> None:
+    """What an import leaves behind, tidied before the timing (see the module's docstring)."""
+    if type(store).__name__ == "PostgresStore":
+        async with store._connection(None) as connection:
+            for table in ("handrail_messages", "handrail_sessions"):
+                await connection.execute(f"VACUUM ANALYZE {store._s}.{table}")
+    elif isinstance(store, SqliteStore):
+        await store._call(lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone(), None)
+
+
+Steady = dict[int, dict[str, float]]
+
+
+async def _steady(store: Any, exports: dict[int, str]) -> Steady:
+    """mark -> medians per turn: ms, messages read, messages written, document and bytes
+    written, SQLite statements and steps (issue 35's protocol, see the module's docstring)."""
+    counted = _Counted(store)
+    engine = _engine(counted, compaction=True, budget=STEADY_BUDGET)
+    sessions = {mark: f"steady-{mark}-{uuid.uuid4().hex[:8]}" for mark in exports}
+    for mark, document in exports.items():
+        await store.import_(document.replace('"grown"', f'"{sessions[mark]}"'))
+    await _settle_copy(store)
+    sql = _Statements() if isinstance(store, SqliteStore) else None
+    if sql is not None:
+        await sql.attach(store)
+    for mark in exports:  # warm-up
+        for i in range(3):
+            await _drain(engine.submit(sessions[mark], f"hello again {i}"))
+    samples: dict[int, dict[str, list[float]]] = {mark: {} for mark in exports}
+    marks = list(exports)
+    for turn in range(STEADY_TURNS):
+        shift = turn % len(marks)
+        for mark in marks[shift:] + marks[:shift]:
+            counted.read = counted.written = counted.document = 0
+            statements, steps = (sql.statements, sql.steps) if sql else (0, 0)
+            before = await _written(store)
+            start = time.perf_counter_ns()
+            event = await _drain(engine.submit(sessions[mark], f"where is my order {turn}?"))
+            elapsed = (time.perf_counter_ns() - start) / 1e6
+            written = await _written(store) - before
+            assert event.type == "run-completed", event
+            sample = {
+                "ms": elapsed,
+                "read": counted.read,
+                "saved": counted.written,
+                "document": counted.document,
+                "bytes": written,
+            }
+            if sql is not None:
+                sample["statements"] = sql.statements - statements
+                sample["steps"] = sql.steps - steps
+            for key, value in sample.items():
+                samples[mark].setdefault(key, []).append(value)
+    for session_id in sessions.values():
+        await store.delete(session_id)
+    return {
+        mark: {key: statistics.median(values) for key, values in by_key.items()}
+        for mark, by_key in samples.items()
+    }
+
+
+def _report_steady(name: str, results: Steady) -> None:
+    print(f"\n{name}, one session's steady state (compaction at {STEADY_BUDGET} tokens)")
+    columns = [
+        ("turn ms", "ms", ".2f"),
+        ("read", "read", ".0f"),
+        ("saved", "saved", ".0f"),
+        ("document B", "document", ".0f"),
+        ("bytes/turn", "bytes", ".0f"),
+        ("statements", "statements", ".0f"),
+        ("VM steps", "steps", ".0f"),
+    ]
+    columns = [c for c in columns if c[1] in results[STEADY_MARKS[0]]]
+    print(f"  {'messages':>8}  " + "  ".join(f"{title:>10}" for title, _, _ in columns))
+    for mark, values in results.items():
+        print(f"  {mark:>8}  " + "  ".join(f"{values[k]:>10{f}}" for _, k, f in columns))
+    small = results[STEADY_MARKS[0]]
+    for mark in STEADY_MARKS[1:]:
+        ratio = results[mark]["ms"] / small["ms"]
+        verdict = "ok" if ratio <= STEADY_RATIO else "MISSED"
+        print(
+            f"  turn at {mark} / at {STEADY_MARKS[0]}: {ratio:.2f}x "
+            f"(target ≤ {STEADY_RATIO}x: {verdict})"
+        )
+
+
+async def main(which: list[str], only: str | None = None) -> None:
     print(__doc__.split("\n\n")[0])
-    for compaction in (True, False):
-        exports = await _grow(compaction)
-        async with _stores(which) as stores:
+    if only != "steady":
+        for compaction in (True, False):
+            exports = await _grow(compaction)
+            async with _stores(which) as stores:
+                for name, store in stores:
+                    _report(name, compaction, await _measure(store, exports, compaction=compaction))
+    if only != "copies":
+        exports = await _grow_steady()
+        async with _stores([w for w in which if w != "memory"]) as stores:
             for name, store in stores:
-                _report(name, compaction, await _measure(store, exports, compaction=compaction))
+                _report_steady(name, await _steady(store, exports))
 
 
 if __name__ == "__main__":
@@ -259,4 +448,10 @@ if __name__ == "__main__":
     parser.add_argument(
         "--stores", default="memory,sqlite,postgres", help="comma-separated: memory,sqlite,postgres"
     )
-    asyncio.run(main(parser.parse_args().stores.split(",")))
+    parser.add_argument(
+        "--only",
+        choices=["copies", "steady"],
+        help="copies: issue 20's fresh copies at each size; steady: issue 35's one session",
+    )
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.stores.split(","), arguments.only))
