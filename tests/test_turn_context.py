@@ -480,3 +480,25 @@ async def test_the_http_turn_with_a_context_missing_a_placeholders_field_is_a_42
         assert "'desk'" in bad.json()["error"]["message"]
         state = await engine.session(session_id, org_id="acme", user_id="ana")
         assert state.turn == 0 and state.messages == []
+
+
+async def test_get_session_shows_the_latest_turns_context() -> None:
+    engine = engine_for([[call("where")], "Done.", "Again."], context_model=Page)
+    auth = ApiKeyAuthenticator({"key-ana": Caller("acme", "ana")})
+    app = create_app(engine, authenticator=auth, poll_interval=0.2)
+    ana = {"Authorization": "Bearer key-ana"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
+    ):
+        session_id = (await client.post("/sessions", headers=ana)).json()["id"]
+        assert (await client.get(f"/sessions/{session_id}", headers=ana)).json()["context"] is None
+        turn = {"text": "hi", "context": {"page": "orders", "record_id": 3}}
+        await client.post(f"/sessions/{session_id}/turns", json=turn, headers=ana)
+        await app.state.runs.join(session_id)
+        shown = (await client.get(f"/sessions/{session_id}", headers=ana)).json()
+        assert shown["context"] == {"page": "orders", "record_id": 3, "locale": "en"}
+        await client.post(f"/sessions/{session_id}/turns", json={"text": "again"}, headers=ana)
+        await app.state.runs.join(session_id)
+        shown = (await client.get(f"/sessions/{session_id}", headers=ana)).json()
+        assert shown["context"] is None  # the latest turn carried none
