@@ -326,6 +326,11 @@ def _refusal(path: str, headers: dict[str, str], body: Any) -> Json | None:
             return anthropic_error(400, "invalid_request_error", "anthropic-version is required")
         names = [t.get("name", "") for t in tools]
         kind = None
+        malformed = _anthropic_conversation(
+            body.get("messages", []) if isinstance(body, dict) else []
+        )
+        if malformed is not None:
+            return anthropic_error(400, "invalid_request_error", malformed)
     else:
         return Json({"error": {"message": f"fake server: no route {path}"}}, status=404)
     for index, name in enumerate(names):
@@ -334,6 +339,44 @@ def _refusal(path: str, headers: dict[str, str], body: Any) -> Json | None:
             if kind is None:
                 return anthropic_error(400, "invalid_request_error", message)
             return openai_error(400, message, "invalid_request_error")
+    return None
+
+
+def _anthropic_conversation(messages: list[Any]) -> str | None:
+    """What the Messages API says of a conversation it refuses (its own words), if it does.
+
+    It takes only `user` and `assistant` turns (a system prompt is the top-level `system`),
+    and every `tool_use` needs its `tool_result` in the very next (user) turn, and the other
+    way round.
+    """
+    uses: set[str] = set()
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            return (
+                f'messages.{index}.role: Unexpected role "{role}". The Messages API accepts a '
+                f'top-level `system` parameter, not "system" as an input message role.'
+            )
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else []
+        results = {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"}
+        if role == "user" and results - uses:
+            return (
+                f"messages.{index}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                f"{', '.join(sorted(results - uses))}. Each `tool_result` block must have a "
+                f"corresponding `tool_use` block in the previous message."
+            )
+        if uses - results:
+            return (
+                f"messages.{index}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(sorted(uses - results))}. Each `tool_use` "
+                f"block must have a corresponding `tool_result` block in the next message."
+            )
+        uses = (
+            {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+            if role == "assistant"
+            else set()
+        )
     return None
 
 

@@ -189,6 +189,22 @@ async def test_the_model_reads_a_captured_call_as_a_proposal_not_a_result() -> N
     )
 
 
+@pytest.mark.parametrize("propose", [False, True])
+async def test_with_or_without_a_batch_card_a_captured_call_reads_as_proposed(
+    propose: bool,
+) -> None:
+    model = ScriptedModel(
+        [[call("orders.cancel", order_id="A1"), call("orders.create", item="mug")], "Proposed."]
+    )
+    result = await engine_for(model).run_headless("s1", "cancel A1, order a mug", propose=propose)
+    assert (result.card is not None) is propose and RAN == []
+    cancelled, created = model.calls[1].messages[-1].parts
+    for index, part in enumerate([cancelled, created]):
+        seen = part.result.model_text()  # type: ignore[union-attr]
+        assert seen.startswith(f"Proposed, not done yet: queued for approval as action {index}")
+        assert "do not say it is done: say it is proposed" in seen
+
+
 async def test_an_applied_batch_tells_the_history_and_the_next_turn_what_really_happened() -> None:
     model = ScriptedModel(
         [
@@ -351,6 +367,30 @@ async def test_one_batch_card_lists_every_action_and_approving_it_applies_them()
     assert after.progress is None and not after.pending
     with pytest.raises(StaleResolutionError, match="already decided"):
         await engine.resolve("s1", card_id, Approve())
+
+
+async def test_the_batch_card_names_the_agents_that_proposed_its_actions() -> None:
+    engine, _ = await proposed()
+    (card,) = (await engine.session("s1")).pending.values()
+    assert card.agent == "clerk"
+    assert [a["agent"] for a in card.args["actions"]] == ["clerk", "clerk"]
+
+    planner = Agent(
+        "planner",
+        tools=[create],
+        model=ScriptedModel([[call("orders.create", item="a")], "planned"]),
+        scratch=True,
+    )
+    writer = Agent(
+        "writer",
+        tools=[add_note],
+        model=ScriptedModel([[call("orders.add_note", order_id="temp_0", note="n")], "noted"]),
+    )
+    routed = Engine(Domain(agents=[planner, writer], routes={"both": ["planner", "writer"]}))
+    result = await routed.run_headless("s2", "go", propose=True)
+    assert [a.agent for a in result.actions] == ["planner", "writer"]
+    (event,) = [e for e in result.events if e.type == "approval-required"]
+    assert event.agent == "planner, writer"  # type: ignore[union-attr]
 
 
 async def test_per_action_decisions_amend_and_skip() -> None:

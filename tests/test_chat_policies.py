@@ -41,6 +41,17 @@ def wipe():
     model = ScriptedModel([call("wipe_cache", region="eu"), "Done."])
     return Engine(Agent("ops", tools=[wipe_cache]), runtime=Runtime(model=model))
 
+def menu():
+    from handrail import by_role
+    from handrail.testing import FunctionModel
+
+    def answer(request):
+        return "I see: " + ", ".join(t.name for t in request.tools)
+
+    choose = by_role({"sre": ["restart", "wipe_cache"]}, default=[])
+    domain = Domain(agents=[Agent("ops", tools=[restart, wipe_cache])], tools_for=choose)
+    return Engine(domain, runtime=Runtime(model=FunctionModel(answer)))
+
 def closed():
     engine = ops()
     engine.gate = lambda request: f"{request.org_id} has no plan with the ops assistant."
@@ -135,3 +146,12 @@ def test_the_apps_gate_refuses_a_turn_before_anything_is_stored(
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == ["error: acme has no plan with the ops assistant."]
     assert sessions(db) == []
+
+
+def test_the_roles_given_choose_the_tools_the_turn_sees(ops_app: str) -> None:
+    sre = chat(f"{ops_app}:menu", "--roles", "sre", "-m", "what can you do?")
+    assert sre.exit_code == 0, sre.output
+    assert "I see: restart, wipe_cache" in sre.output
+    nobody = chat(f"{ops_app}:menu", "--roles", "support", "-m", "what can you do?")
+    assert nobody.exit_code == 0, nobody.output
+    assert "I see: " in nobody.output and "restart" not in nobody.output

@@ -16,10 +16,21 @@ from dirty_equals import IsInt
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-from handrail import Engine, Message, Reject, RunState, SessionRecord, TextPart
+from handrail import (
+    Agent,
+    Domain,
+    Engine,
+    Message,
+    Reject,
+    RunState,
+    Runtime,
+    SessionRecord,
+    TextPart,
+)
 from handrail.cli import app
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, build_scenario
 from handrail.store import SqliteStore
+from handrail.testing import ScriptedModel
 
 runner = CliRunner()
 
@@ -689,3 +700,30 @@ def test_serve_with_workers_stops_when_a_process_cannot_open_the_app(tmp_path: P
         done.stderr
     )
     assert done.stderr.strip().splitlines()[-1].startswith("error: Worker process ")
+
+
+def test_sessions_show_gives_the_latest_turns_context(tmp_path: Path) -> None:
+    db = tmp_path / "ctx.db"
+
+    async def make() -> None:
+        async with SqliteStore(db) as store:
+            engine = Engine(
+                Domain(agents=[Agent("desk")]),
+                runtime=Runtime(model=ScriptedModel(["One.", "Two."])),
+                store=store,
+            )
+            await engine.submit("s1", "hi", context={"page": "orders", "record_id": 42}).finish()
+            await engine.submit("s2", "hi").finish()
+
+    asyncio.run(make())
+    shown = run("sessions", "show", "s1", "--db", str(db))
+    assert shown.exit_code == 0, shown.output
+    assert 'context: {"page": "orders", "record_id": 42}' in shown.output
+    document = json.loads(run("sessions", "show", "s1", "--db", str(db), "--json").output)
+    assert document["context"] == {"page": "orders", "record_id": 42}
+    without = run("sessions", "show", "s2", "--db", str(db))
+    assert "context:" not in without.output
+    assert (
+        json.loads(run("sessions", "show", "s2", "--db", str(db), "--json").output)["context"]
+        is None
+    )

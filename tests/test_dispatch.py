@@ -25,6 +25,13 @@ from handrail import (
 from handrail.testing import ScriptedModel, call, call_raw, sequential_ids
 
 
+def stored(data: Any) -> ToolResult:
+    """A plain result as the history keeps it: with the summary line derived from it."""
+    result = ToolResult(data=data)
+    result.summary = result.display_summary()
+    return result
+
+
 async def run(agent: Agent[Any], steps: list[Any], **runtime: Any) -> tuple[list[Any], RunState]:
     """Run one turn with a scripted model; return the events and the state."""
     model = ScriptedModel(steps)
@@ -68,7 +75,7 @@ async def test_malformed_arguments_become_a_tool_error_and_the_other_calls_still
     assert bad.status == "failed"
     assert bad.raw_args == "a=1, b=2"  # nothing the model said is lost
     assert bad.result is not None and "not valid JSON" in (bad.result.error or "")
-    assert good.status == "completed" and good.result == ToolResult(data="hi")
+    assert good.status == "completed" and good.result == stored("hi")
 
 
 @pytest.mark.parametrize(("raw", "kind"), [("[1, 2]", "array"), ('"x"', "string"), ("3", "number")])
@@ -88,7 +95,7 @@ async def test_empty_arguments_mean_no_arguments():
         return "pong"
 
     _, state = await run(Agent("a", tools=[ping]), [[call_raw("ping", "")], "done"])
-    assert calls(state)[0].result == ToolResult(data="pong")
+    assert calls(state)[0].result == stored("pong")
 
 
 # -- 2. domain transform, 3. bind ----------------------------------------------------------
@@ -101,7 +108,7 @@ async def test_domain_transform_rewrites_arguments_before_validation():
     _, state = await run(
         Agent("a", tools=[add]), [[call("math.add", a=1)], "done"], transform_args=transform
     )
-    assert calls(state)[0].result == ToolResult(data=101)
+    assert calls(state)[0].result == stored(101)
 
 
 async def test_bound_arguments_come_from_the_session_and_the_model_cannot_widen_them():
@@ -168,8 +175,8 @@ async def test_near_miss_arguments_are_repaired():
         ],
     )
     part = calls(state)[0]
-    assert part.result == ToolResult(
-        data={"qty": 3, "tags": ["fragile"], "city": "Oslo", "carrier": " dhl ", "note": "-"}
+    assert part.result == stored(
+        {"qty": 3, "tags": ["fragile"], "city": "Oslo", "carrier": " dhl ", "note": "-"}
     )
     assert part.args == {
         "qty": 3,
@@ -202,7 +209,7 @@ async def test_the_tools_own_normalize_runs_before_validation():
         return text
 
     _, state = await run(Agent("a", tools=[say]), [[call("say", message="hi")], "done"])
-    assert calls(state)[0].result == ToolResult(data="hi")
+    assert calls(state)[0].result == stored("hi")
 
 
 async def test_a_failing_normalize_is_a_tool_error_not_a_crash():
@@ -301,7 +308,7 @@ async def test_identical_call_later_in_the_turn_reuses_the_result_and_is_marked(
     )
     assert runs == [1, 2]
     assert by_id(state, "call_2").reused_from == "call_1"
-    assert by_id(state, "call_2").result == ToolResult(data=1)
+    assert by_id(state, "call_2").result == stored(1)
     completed = [e for e in events if e.type == "tool-call-completed"]
     assert [e.reused_from for e in completed] == [None, "call_1", None]
 
@@ -346,7 +353,7 @@ async def test_a_failed_call_is_not_reused():
         Agent("a", tools=[flaky]), [[call("flaky", n=1)], [call("flaky", n=1)], "done"]
     )
     assert attempts == [1, 1]
-    assert by_id(state, "call_2").result == ToolResult(data=1)
+    assert by_id(state, "call_2").result == stored(1)
 
 
 class Reservations:
@@ -399,7 +406,7 @@ async def test_a_side_effect_ends_the_reuse_of_earlier_reads():
     # The second read runs: the cancel may have changed what the first one said.
     assert db.log == ["get R1", "cancel R1", "get R1"]
     third = calls(state)[2]
-    assert (third.reused_from, third.result) == (None, ToolResult(data="cancelled"))
+    assert (third.reused_from, third.result) == (None, stored("cancelled"))
 
 
 async def test_a_side_effect_in_the_same_response_ends_the_reuse_too():
@@ -429,11 +436,11 @@ async def test_a_write_that_failed_in_band_is_tried_again_when_the_model_retries
     )
     assert db.log == ["book ana", "cancel R1", "book ana"]
     first, _, again = calls(state)
-    assert first.result == ToolResult(data="not enough seats")
+    assert first.result == stored("not enough seats")
     assert (again.status, again.reused_from, again.result) == (
         "completed",
         None,
-        ToolResult(data="booked"),
+        stored("booked"),
     )
 
 
@@ -760,7 +767,7 @@ async def test_digest_capture_hooks_and_stamp():
         ("orders.lookup", {"id": "A1", "status": "shipped", "items": [{"sku": "S1"}]}),
         ("first_sku", "S1"),
     ]
-    assert sku.result == ToolResult(data="<redacted>")
+    assert sku.result == stored("<redacted>")
     assert (looked.status, looked.started_at) == ("completed", 100.0)
     assert looked.duration_ms is not None and looked.duration_ms >= 0
     completed = next(e for e in events if e.type == "tool-call-completed")
@@ -887,7 +894,7 @@ async def test_sys_values_come_from_the_session_scope_and_the_runtime_clock():
     _, state = await run(
         Agent("a", tools=[whoami]), [[call("whoami")], "ok"], state=state, clock=lambda: 0.0
     )
-    assert calls(state)[0].result == ToolResult(data="acme at 1970-01-01T00:00:00+00:00")
+    assert calls(state)[0].result == stored("acme at 1970-01-01T00:00:00+00:00")
 
 
 async def test_a_tool_raising_its_own_timeout_error_is_reported_as_such():
@@ -910,7 +917,7 @@ async def test_arguments_named_like_pydantic_internals_reach_the_function():
         Agent("a", tools=[export]), [[call("export", schema="s", copy=True)], "ok"]
     )
     part = calls(state)[0]
-    assert part.result == ToolResult(data="s/True/1")
+    assert part.result == stored("s/True/1")
     assert part.args == {"schema": "s", "copy": True, "model_config": 1}
 
 
@@ -942,7 +949,7 @@ async def test_arguments_given_as_an_object_skip_parsing():
         return "ok"
 
     result = await Agent("a", tools=[add]).run("go", runtime=Runtime(model=FunctionModel(answer)))
-    assert calls(result.state)[0].result == ToolResult(data=2)
+    assert calls(result.state)[0].result == stored(2)
 
 
 async def test_a_provider_tool_called_as_a_function_is_not_run_nor_stamped_as_run():

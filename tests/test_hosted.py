@@ -32,6 +32,13 @@ SEARCH = {
 }
 
 
+def stored(data: Any) -> ToolResult:
+    """A plain result as the history keeps it: with the summary line derived from it."""
+    result = ToolResult(data=data)
+    result.summary = result.display_summary()
+    return result
+
+
 def searched(**options: Any) -> Any:
     return hosted_call("web_search", SEARCH, args={"query": "handrail python"}, **options)
 
@@ -112,7 +119,7 @@ async def test_in_a_mixed_response_the_function_call_runs_and_the_hosted_one_doe
         "completed",
         ToolResult(data=SEARCH, summary="searched the web: 2 sources"),
     )
-    assert (noted.status, noted.result) == ("completed", ToolResult(data="kept"))
+    assert (noted.status, noted.result) == ("completed", stored("kept"))
 
 
 async def test_a_paused_turn_is_sent_back_as_it_is_and_continued():

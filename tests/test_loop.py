@@ -28,6 +28,13 @@ from handrail import (
 from handrail.testing import FunctionModel, ScriptedModel, call, reasoning, sequential_ids
 
 
+def stored(data: Any) -> ToolResult:
+    """A plain result as the history keeps it: with the summary line derived from it."""
+    result = ToolResult(data=data)
+    result.summary = result.display_summary()
+    return result
+
+
 def types(events: list[Any]) -> list[str]:
     return [e.type for e in events]
 
@@ -362,8 +369,8 @@ async def test_tool_call_chunks_are_accepted_and_the_response_is_what_counts():
     result = run.result
     assert deltas == [(0, "c1", "lookup", '{"order_id": '), (0, None, None, '"A1"}')] * 2
     assert result.output == "done"
-    assert result.state.messages[1].tool_calls[0].result == ToolResult(
-        data={"id": "A1", "status": "shipped"}
+    assert result.state.messages[1].tool_calls[0].result == stored(
+        {"id": "A1", "status": "shipped"}
     )
 
 

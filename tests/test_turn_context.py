@@ -366,3 +366,139 @@ async def test_a_turn_without_a_context_never_reads_the_previous_turns() -> None
     assert seen == ["orders"]  # the second call could not bind: no stale page
     (_, failed) = [p for m in second.state.messages for p in m.tool_calls]
     assert failed.result is not None and failed.result.code == "invalid_arguments"
+
+
+# -- string instructions templated with the turn's context ------------------------------------
+
+
+def prompts_of(steps: list[Any]) -> tuple[list[Any], FunctionModel]:
+    prompts: list[Any] = []
+    replies = iter(steps)
+
+    def answer(request: Any) -> Any:
+        prompts.append(request.instructions)
+        return next(replies)
+
+    return prompts, FunctionModel(answer)
+
+
+async def test_string_instructions_read_the_context_and_keep_every_other_brace() -> None:
+    prompts, model = prompts_of(["One.", "Two."])
+    text = (
+        "You help on {context.page} for {context.record_id} ({context.locale}). "
+        'Answer as {"ok": true, "items": [{"id": 1}]}; {context} and {{context.page}} stay.'
+    )
+    engine = Engine(
+        Domain(agents=[Agent("desk", instructions=text)], context_model=Page),
+        runtime=Runtime(model=model, ids=sequential_ids()),
+    )
+    await drain(engine.submit("s1", "hi", context={"page": "orders", "record_id": 7}))
+    await drain(engine.submit("s1", "and?", context={"page": "refunds", "record_id": 8}))
+    assert prompts == [
+        'You help on orders for 7 (en). Answer as {"ok": true, "items": [{"id": 1}]}; '
+        "{context} and {context.page} stay.",
+        'You help on refunds for 8 (en). Answer as {"ok": true, "items": [{"id": 1}]}; '
+        "{context} and {context.page} stay.",
+    ]
+
+
+async def test_a_placeholder_reads_a_path_and_a_non_string_goes_in_as_json() -> None:
+    prompts, model = prompts_of(["Done."])
+    agent = Agent("a", instructions="{context.user.name} has {context.tags} ({context.tags[-1]})")
+    context = {"user": {"name": "Ana"}, "tags": ["vip", "eu"]}
+    await agent.run("hi", runtime=Runtime(model=model), context=context)
+    assert prompts == ['Ana has ["vip", "eu"] (eu)']
+
+
+async def test_a_missing_field_or_no_context_is_a_typed_error_before_anything_is_stored() -> None:
+    store = MemoryStore()
+    prompts, model = prompts_of(["Done."])
+    engine = Engine(
+        Domain(agents=[Agent("desk", instructions="On {context.section}.")]),
+        runtime=Runtime(model=model),
+        store=store,
+    )
+    with pytest.raises(InvalidContextError, match=r"'desk'.*\{context\.section\}") as info:
+        engine.submit("s1", "hi", context={"page": "orders"})
+    assert info.value.field == "section"
+    with pytest.raises(InvalidContextError, match="no context") as info:
+        engine.submit("s1", "hi")
+    assert info.value.field == "section"
+    with pytest.raises(InvalidContextError, match="section"):
+        await engine.run_headless("s1", "hi", context={"page": "orders"})
+    assert await store.load("s1") is None and prompts == []
+    # an agent alone: refused before its loop starts
+    with pytest.raises(InvalidContextError, match="no context"):
+        await Agent("solo", instructions="On {context.page}.").run(
+            "hi", runtime=Runtime(model=model)
+        )
+    assert prompts == []
+
+
+def test_a_placeholder_naming_no_field_of_the_context_model_fails_when_the_domain_is_made() -> None:
+    with pytest.raises(UserError, match=r"'desk'.*\{context\.pgae\}.*Page has no field 'pgae'"):
+        Domain(agents=[Agent("desk", instructions="On {context.pgae}.")], context_model=Page)
+
+
+async def test_only_the_agents_a_turn_may_run_need_their_placeholders() -> None:
+    prompts, model = prompts_of(["Batch done.", "Copilot done."])
+    domain = Domain(
+        agents=[
+            Agent("batch", instructions="Nightly."),
+            Agent("copilot", instructions="On {context.page}."),
+        ],
+        routes={"batch": ["batch"], "copilot": ["copilot"]},
+    )
+    engine = Engine(domain, runtime=Runtime(model=model))
+    # the default route (batch) reads no context: a turn without one runs
+    events = await drain(engine.submit("s1", "go"))
+    assert events[-1].type == "run-completed"
+    with pytest.raises(InvalidContextError, match="'copilot'"):
+        engine.submit("s1", "go", route="copilot")
+    await drain(engine.submit("s1", "go", route="copilot", context={"page": "home"}))
+    assert prompts == ["Nightly.", "On home."]
+
+
+async def test_the_http_turn_with_a_context_missing_a_placeholders_field_is_a_422() -> None:
+    engine = Engine(
+        Domain(agents=[Agent("desk", instructions="On {context.page}.")]),
+        runtime=Runtime(model=ScriptedModel(["Done."])),
+    )
+    auth = ApiKeyAuthenticator({"key-ana": Caller("acme", "ana")})
+    app = create_app(engine, authenticator=auth, poll_interval=0.2)
+    ana = {"Authorization": "Bearer key-ana"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
+    ):
+        session_id = (await client.post("/sessions", headers=ana)).json()["id"]
+        bad = await client.post(
+            f"/sessions/{session_id}/turns", json={"text": "hi", "context": {}}, headers=ana
+        )
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"]["type"] == "invalid_context"
+        assert "'desk'" in bad.json()["error"]["message"]
+        state = await engine.session(session_id, org_id="acme", user_id="ana")
+        assert state.turn == 0 and state.messages == []
+
+
+async def test_get_session_shows_the_latest_turns_context() -> None:
+    engine = engine_for([[call("where")], "Done.", "Again."], context_model=Page)
+    auth = ApiKeyAuthenticator({"key-ana": Caller("acme", "ana")})
+    app = create_app(engine, authenticator=auth, poll_interval=0.2)
+    ana = {"Authorization": "Bearer key-ana"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
+    ):
+        session_id = (await client.post("/sessions", headers=ana)).json()["id"]
+        assert (await client.get(f"/sessions/{session_id}", headers=ana)).json()["context"] is None
+        turn = {"text": "hi", "context": {"page": "orders", "record_id": 3}}
+        await client.post(f"/sessions/{session_id}/turns", json=turn, headers=ana)
+        await app.state.runs.join(session_id)
+        shown = (await client.get(f"/sessions/{session_id}", headers=ana)).json()
+        assert shown["context"] == {"page": "orders", "record_id": 3, "locale": "en"}
+        await client.post(f"/sessions/{session_id}/turns", json={"text": "again"}, headers=ana)
+        await app.state.runs.join(session_id)
+        shown = (await client.get(f"/sessions/{session_id}", headers=ana)).json()
+        assert shown["context"] is None  # the latest turn carried none

@@ -9,14 +9,18 @@ is told of. `handrail.Agent` is the public class: an `AgentSpec` that can also r
 from __future__ import annotations
 
 import copy
+import json
+import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeAlias, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import to_jsonable_python
 
 from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
-from .exceptions import UserError
+from .context._paths import Key, parse_path, walk
+from .exceptions import InvalidContextError, PathError, UserError
 from .models import Model, ToolDefinition
 from .models._infer import as_model
 from .tools import HostedTool, Tool
@@ -100,6 +104,79 @@ def by_role(
 
 CATEGORY_ORDER = ("control", "system", "capability")
 """The categories `render_tool_menu` lists first, in this order (an app's own come after)."""
+
+
+_TAIL = r"(?:\.[\w-]+|\[[^\]\n]*\])+"
+_PLACEHOLDER = re.compile(
+    rf"\{{\{{context(?P<escaped>{_TAIL})\}}\}}|\{{context(?P<path>{_TAIL})\}}"
+)
+"""`{context.page}` (a placeholder), or `{{context.page}}` (the literal text `{context.page}`)."""
+
+
+def context_placeholders(text: str) -> list[str]:
+    """The paths the `{context.<path>}` placeholders of `text` read (`page`, `record.id`)."""
+    return [
+        m["path"][1:] if m["path"].startswith(".") else m["path"]
+        for m in _PLACEHOLDER.finditer(text)
+        if m["path"] is not None
+    ]
+
+
+def render_context(text: str, context: Any, *, agent: str) -> str:
+    """`text` with each `{context.<path>}` replaced by what `path` reaches in `context`.
+
+    A string is put in as it is, anything else as JSON (`7`, `true`, `null`, `{"a": 1}`).
+    `{{context.<path>}}` becomes the literal `{context.<path>}`; every other brace is kept.
+
+    Raises:
+        InvalidContextError: the turn has no context, or its context has no such field;
+            `field` names the path, the message the agent.
+    """
+    if "{context" not in text:
+        return text
+
+    def put(match: re.Match[str]) -> str:
+        if match["escaped"] is not None:
+            return "{context" + match["escaped"] + "}"
+        tail = match["path"]
+        where = tail[1:] if tail.startswith(".") else tail
+        if context is None:
+            raise InvalidContextError(
+                f"Agent {agent!r}: its instructions read {{context.{where}}}, but this turn "
+                f"has no context; pass one with the turn (context={{...}}).",
+                field=where,
+            )
+        try:
+            value = walk(context, tail)
+        except PathError as exc:
+            raise InvalidContextError(
+                f"Agent {agent!r}: its instructions read {{context.{where}}}, which this "
+                f"turn's context does not have ({exc}); pass it with the turn, or double the "
+                f"braces ({{{{context.{where}}}}}) to keep the text as it is.",
+                field=where,
+            ) from None
+        plain = to_jsonable_python(value)
+        return plain if isinstance(plain, str) else json.dumps(plain, ensure_ascii=False)
+
+    return _PLACEHOLDER.sub(put, text)
+
+
+def check_placeholders(agent: AgentSpec[Any], model: type[BaseModel]) -> None:
+    """Check that the fields `agent`'s string instructions read are fields of `model`.
+
+    Raises:
+        UserError: a placeholder names a field the context model does not declare.
+    """
+    if callable(agent.instructions):
+        return
+    for path in context_placeholders(str(agent.instructions)):
+        first = parse_path(path)[0] if path else None
+        if isinstance(first, Key) and first.name not in model.model_fields:
+            raise UserError(
+                f"Agent {agent.name!r}: its instructions read {{context.{path}}}, but the "
+                f"domain's context model {model.__name__} has no field {first.name!r} "
+                f"(fields: {', '.join(model.model_fields) or 'none'})."
+            )
 
 
 def render_tool_menu(tools: Iterable[Tool[Any]], *, title: str = "Your tools") -> str:
@@ -226,7 +303,7 @@ class AgentSpec(Generic[OutputT]):
         """The system prompt for this state (with the tool menu, when `tool_menu` is set)."""
         instructions: Any = self.instructions
         if not callable(instructions):
-            text = str(instructions)
+            text = render_context(str(instructions), state.turn_context, agent=self.name)
         elif positional_count(instructions) >= 2:  # instructions(state, context)
             text = str(instructions(state, state.turn_context))
         else:
@@ -235,6 +312,15 @@ class AgentSpec(Generic[OutputT]):
             menu = render_tool_menu(self.tools.values())
             text = f"{text}\n\n{menu}" if text and menu else text or menu
         return text or None
+
+    def check_context(self, context: Any) -> None:
+        """Check that string instructions can be rendered with a turn's `context`.
+
+        Raises:
+            InvalidContextError: a `{context.<path>}` placeholder has nothing to read.
+        """
+        if not callable(self.instructions):
+            render_context(str(self.instructions), context, agent=self.name)
 
     def for_turn(self, state: RunState) -> Self:
         """This agent as `state`'s turn may see it: only the tools `tools_for` allows.

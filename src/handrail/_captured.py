@@ -85,6 +85,8 @@ class CapturedAction(BaseModel):
     """The action's place in its run: `temp_{local_index}` names what it creates."""
     call_id: str = ""
     """The tool call it came from."""
+    agent: str | None = None
+    """The agent that proposed it (None on an action stored before actions named it)."""
     status: ActionStatus = "captured"
     """`captured` (not run yet), `applied`, `failed`, or `skipped` (a person rejected it)."""
     output: Any = None
@@ -93,8 +95,8 @@ class CapturedAction(BaseModel):
     """Why it failed, or why it was skipped."""
 
     @classmethod
-    def from_part(cls, part: ToolCallPart) -> CapturedAction:
-        """The action a captured call part records."""
+    def from_part(cls, part: ToolCallPart, agent: str | None = None) -> CapturedAction:
+        """The action a captured call part (of `agent`'s message) records."""
         assert part.captured is not None and part.result is not None
         return cls(
             tool=part.name,
@@ -103,6 +105,7 @@ class CapturedAction(BaseModel):
             predicted_output=part.result.data,
             local_index=part.captured,
             call_id=part.id,
+            agent=agent,
         )
 
 
@@ -170,12 +173,13 @@ class HeadlessResult:
 def captured_actions(state: RunState, since: int = 0) -> list[CapturedAction]:
     """The actions captured in `state` whose local index is at least `since`, in order."""
     parts = [
-        part
+        (part, message.agent)
         for message in state.all_messages()
         for part in message.parts
         if isinstance(part, ToolCallPart) and part.captured is not None and part.captured >= since
     ]
-    return [CapturedAction.from_part(p) for p in sorted(parts, key=lambda p: p.captured or 0)]
+    parts.sort(key=lambda found: found[0].captured or 0)
+    return [CapturedAction.from_part(part, agent) for part, agent in parts]
 
 
 def learn_ids(predicted: Any, actual: Any, ids: dict[str, Any]) -> None:
@@ -286,6 +290,8 @@ def batch_card(
         },
         prompt=f"Apply these {count}? Approve all, reject all, or decide per action.",
         kind="batch",
+        # Who proposed them, as an approval card names its agent (several: each, in order).
+        agent=", ".join(dict.fromkeys(a.agent for a in actions if a.agent)) or None,
         created_at=now,
         expires_at=None if ttl is None else now + ttl,
     )

@@ -75,8 +75,9 @@ class ToolResult:
     data: Any = None
     """The output, JSON-compatible (a tool's pydantic output is dumped in JSON mode)."""
     summary: str | None = None
-    """One line for the UI ("Order A1: shipped"); when the tool gives none, events and the UI
-    show one derived from the result or the error (`display_summary()`)."""
+    """One line for the UI ("Order A1: shipped"); when the tool gives none, the dispatcher
+    stores one derived from the result or the error (`display_summary()`) before the result
+    reaches the history, so events, the stored history and the UI show the same line."""
     markdown: str | None = None
     """The prompt form the model reads; when unset, `data` itself if it is a `str`, else its
     compact JSON."""

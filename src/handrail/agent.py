@@ -88,9 +88,15 @@ class Agent(AgentSpec[OutputT]):
                 state (`state.turn_context`) for this turn, read by tools
                 (`ctx.turn_context`), bindings (`sys:context.<field>`) and
                 `instructions(state, context)`; never shown to the model otherwise. An agent
-                has no domain to validate it: it is taken as given.
+                has no domain to validate it: it is taken as given, but string instructions
+                must find the `{context.<field>}` they read.
+
+        Raises:
+            InvalidContextError: the instructions read a `{context.<field>}` that `context`
+                lacks (or no context was given); nothing has run.
         """
         if prompt is not None:  # a new turn carries its own context
+            self.check_context(context)
             state = state if state is not None else RunState()
             state.turn_context = context
         run: AgentRun[OutputT] = run_turn(self, prompt, state=state, runtime=runtime, model=model)

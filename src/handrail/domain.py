@@ -14,7 +14,7 @@ from typing import Any, get_args, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError
 
-from ._agent_spec import AgentSpec, ToolsFor
+from ._agent_spec import AgentSpec, ToolsFor, check_placeholders
 from ._deadlines import INHERIT, Expiry, Inherit, check_expiry
 from .exceptions import InvalidContextError, UserError
 from .policy import DecisionPolicy
@@ -139,6 +139,9 @@ class Domain:
                     f"Domain: the supervisor is named {supervisor.name!r}, like an agent; "
                     f"give it a name of its own."
                 )
+        if self.context_model is not None:
+            for agent in [*self.agents, *([supervisor] if supervisor is not None else [])]:
+                check_placeholders(agent, self.context_model)
         state = self.initial_state
         self.state_type: type[BaseModel] | None
         if state is None:
@@ -224,13 +227,30 @@ class Domain:
             )
         return state
 
-    def check_context(self, context: Any) -> Any:
+    def check_context(self, context: Any, *, route: str | None = None) -> Any:
         """A turn's context validated: a `context_model` instance, a dict, or None.
+
+        The string instructions of the agents the turn may run must find the fields their
+        `{context.<path>}` placeholders read: the supervisor's and the route's (`route`, or,
+        when the supervisor picks, every route's; without a supervisor, the default route's).
 
         Raises:
             InvalidContextError: it does not fit `context_model` (or, without one, is not a
-                JSON object); the error names the field.
+                JSON object), or an agent's instructions read a field it lacks (or there is
+                none); the error names the field (and the agent).
         """
+        checked = self._validated(context)
+        if route is not None:
+            agents = self.route(route)
+        elif self.supervisor is not None:
+            agents = [self.supervisor, *(self.by_name[n] for r in self.routes.values() for n in r)]
+        else:
+            agents = self.route(None)
+        for agent in dict.fromkeys(agents):
+            agent.check_context(checked)
+        return checked
+
+    def _validated(self, context: Any) -> Any:
         if context is None:
             return None
         model = self.context_model

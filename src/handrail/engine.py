@@ -315,10 +315,11 @@ class Engine:
                 never shown to the model unless the instructions say so.
 
         Raises:
-            InvalidContextError: `context` does not fit the domain's context model (raised
-                here, before anything is stored).
+            InvalidContextError: `context` does not fit the domain's context model, or an
+                agent's instructions read a `{context.<field>}` it lacks (raised here, before
+                anything is stored).
         """
-        turn_context = self.domain.check_context(context)
+        turn_context = self.domain.check_context(context, route=route)
         plan: list[AgentSpec[Any]] | Router
         if route is None and self._router is not None:
             plan = self._router  # the supervisor picks
@@ -446,7 +447,7 @@ class Engine:
         Returns:
             The final text, the captured actions, the events, and the batch card's id.
         """
-        turn_context = self.domain.check_context(context)
+        turn_context = self.domain.check_context(context, route=route)
         assembly, router = self._capture_assembly()
         plan = router if route is None and router is not None else assembly.domain.route(route)
         headless = _Headless(propose=propose)

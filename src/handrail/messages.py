@@ -179,8 +179,9 @@ class ApprovalCardPart:
     executor: Executor = "server"
     """Who runs the tool (a gated `client` tool is asked twice: approval, then its result)."""
     agent: str | None = None
-    """The agent that proposed the call (None on a batch card, and on a card stored before
-    cards named it)."""
+    """The agent that proposed the call (on a batch card, the agent that proposed its
+    actions, or the agents, comma-separated in order, when several did; None on a card stored
+    before cards named it)."""
     decision: DecisionKind | None = None
     """The decision, once made."""
     decided_by: str | None = None

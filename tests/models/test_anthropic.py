@@ -24,6 +24,8 @@ from fake_providers import (
 )
 from handrail import (
     Agent,
+    Approve,
+    Engine,
     IncompleteResponseError,
     Message,
     ModelError,
@@ -35,6 +37,7 @@ from handrail import (
     ToolCallPart,
     ToolResult,
     Usage,
+    temp_id,
     tool,
 )
 from handrail.models import (
@@ -1197,3 +1200,54 @@ async def test_a_reused_result_tells_the_model_it_was_not_run_again(
         "[Reused: this call repeats call toolu_1 of this turn and was not run again; this is "
         "that call's result.]\nSunny in Oslo",
     ]
+
+
+async def test_a_batch_s_outcome_note_reaches_claude_in_the_system_prompt(
+    fake: FakeProviders, anthropic_model
+):
+    """Anthropic has no system turn mid-conversation: the note folds into `system`, in order."""
+    ran: list[str] = []
+
+    @tool(
+        name="orders.create",
+        permission="write",
+        mint=lambda args, i: {"order_id": temp_id(i)},
+    )
+    def create(item: str) -> dict[str, str]:
+        """Create an order."""
+        ran.append(item)
+        return {"order_id": f"ORD-{len(ran)}"}
+
+    fake.script(
+        anthropic_stream(
+            [tool_block("toolu_1", "orders_create", '{"item": "mug"}')], stop_reason="tool_use"
+        ),
+        anthropic_stream([text_block("Proposed: a mug.")]),
+        anthropic_stream([text_block("Your mug is ordered as ORD-1.")]),
+    )
+    engine = Engine(
+        Agent("clerk", instructions="You take orders.", tools=[create]),
+        runtime=Runtime(model=anthropic_model, ids=sequential_ids()),
+    )
+    card = (await engine.run_headless("s1", "Order a mug", propose=True)).card
+    assert card is not None
+    await engine.resolve("s1", card, Approve(by="ana"))
+    applied = [e async for e in engine.resume("s1")]
+    assert applied[-1].type == "run-completed" and ran == ["mug"]
+    note = (await engine.session("s1")).messages[-1]
+    assert note.role == "system"  # stored where it happened
+
+    answer = [e async for e in engine.submit("s1", "Did it happen?")]
+    assert answer[-1].type == "run-completed"  # the fake refuses a "system" turn, as Claude does
+    body = fake.requests[2].body
+    assert body["system"] == f"You take orders.\n\n{note.text}"
+    assert f"Batch {card} was decided" in body["system"] and "temp_0 = ORD-1" in body["system"]
+    assert [(m["role"], [b["type"] for b in m["content"]]) for m in body["messages"]] == [
+        ("user", ["text"]),
+        ("assistant", ["tool_use"]),
+        ("user", ["tool_result"]),
+        ("assistant", ["text"]),
+        ("user", ["text"]),
+    ]
+    proposal = body["messages"][2]["content"][0]["content"]
+    assert proposal.startswith("Proposed, not done yet: queued for approval as action 0")

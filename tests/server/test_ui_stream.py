@@ -662,3 +662,46 @@ async def test_a_failed_call_is_an_output_error_part_that_keeps_its_code() -> No
 def lookup_order(order_id: str) -> str:
     """Look an order up."""
     return f"{order_id}: shipped"
+
+
+@node
+async def test_the_callers_roles_choose_the_tools_the_turn_sees() -> None:
+    from handrail import Domain, by_role
+    from handrail.server import ApiKeyAuthenticator
+    from handrail.testing import FunctionModel
+
+    @tool(name="hosts.status")
+    def status(host: str) -> str:
+        """Read a host's status."""
+        return "up"
+
+    @tool(name="hosts.restart", permission="write")
+    def restart(host: str) -> str:
+        """Restart a host."""
+        return "restarted"
+
+    seen: list[list[str]] = []
+
+    def answer(request: Any) -> str:
+        seen.append([t.name for t in request.tools])
+        return "ok"
+
+    engine = Engine(
+        Domain(
+            agents=[Agent("ops", tools=[status, restart])],
+            tools_for=by_role({"sre": ["hosts.status", "hosts.restart"]}, default=["hosts.status"]),
+        ),
+        runtime=Runtime(model=FunctionModel(answer), ids=sequential_ids()),
+    )
+    keys = ApiKeyAuthenticator(
+        {
+            "key-ana": Caller("acme", "ana", frozenset({"sre"})),
+            "key-bo": Caller("acme", "bo", frozenset({"support"})),
+        }
+    )
+    async with serving(create_app(engine, authenticator=keys, static_dir=None)) as url:
+        (sre, _) = await _chat(url, "c-sre", [{"message": "hi"}])
+        (support, _) = await _chat(url, "c-support", [{"message": "hi"}], key="key-bo")
+    assert sre["error"] is None and support["error"] is None
+    assert _text(sre) == _text(support) == "ok"
+    assert seen == [["hosts.status", "hosts.restart"], ["hosts.status"]]

@@ -116,6 +116,7 @@ def show(
             "earlier": earlier,
             "pending": to_jsonable_python(list(state.pending.values())),
             "failure": to_jsonable_python(state.failure),
+            "context": to_jsonable_python(state.turn_context),
         }
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
@@ -123,6 +124,9 @@ def show(
         f"[bold]{record.id}[/] · {record.org_id or '-'}/{record.user_id or '-'} · "
         f"{record.status} · updated {when(record.updated_at)} UTC"
     )
+    if state.turn_context is not None:  # where the latest turn stood: the page, the record
+        context = json.dumps(to_jsonable_python(state.turn_context), ensure_ascii=False)
+        out.print(f"[dim]context:[/] {context}", highlight=False)
     if earlier is not None:
         out.print(
             f"[dim]… {earlier} earlier message(s): --before {earlier} shows them[/]",

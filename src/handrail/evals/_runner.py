@@ -33,6 +33,7 @@ from ..events import (
 )
 from ..exceptions import (
     DecisionNotAllowedError,
+    InvalidContextError,
     InvalidDecisionError,
     StaleResolutionError,
     UserError,
@@ -290,6 +291,13 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                 seen.turns.append(record)
                 continue
         seen.turns.append(record)
+        context = turn.context if turn.context is not None else scenario.context
+        if turn.text is not None:
+            try:  # validated as a live turn's is: a context that does not fit fails the case
+                engine.domain.check_context(context, route=turn.route)
+            except InvalidContextError as exc:
+                seen.error = f"turn {number}: {exc}"
+                return
         if turn.text is not None and scenario.mode == "capture":
             headless = await engine.run_headless(
                 session,
@@ -298,6 +306,7 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                 user_id=user_id,
                 route=turn.route,
                 roles=turn.roles,
+                context=context,
             )
             events: list[Event] = list(headless.events)
             record.outcome = headless.outcome
@@ -316,6 +325,7 @@ async def _play(engine: Engine, scenario: Scenario, seen: Transcript, index: int
                     route=turn.route,
                     client=scenario.client,
                     roles=turn.roles,
+                    context=context,
                 )
             else:
                 run = engine.resume(session, org_id=org_id, user_id=user_id, client=scenario.client)

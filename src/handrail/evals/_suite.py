@@ -360,6 +360,9 @@ class Turn(_Strict):
     roles: list[Annotated[str, Field(min_length=1)]] | None = None
     """The caller's roles for this message turn, which a `tools_for` chooses the turn's tools
     from (default: the roles the session has, none on the first turn)."""
+    context: dict[str, Any] | None = None
+    """This message turn's per-turn context (the page, the record the user is on), validated
+    against the domain's `context_model` as a live turn's is (default: the scenario's)."""
 
     @field_validator("expect_refused")
     @classmethod
@@ -398,6 +401,8 @@ class Turn(_Strict):
             raise ValueError("by and expect_refused go with a decision, not a message")
         if self.route is not None and self.text is None:
             raise ValueError("a decision resumes its turn on that turn's route: drop route")
+        if self.context is not None and self.text is None:
+            raise ValueError("a decision resumes its turn with that turn's context: drop context")
         return self
 
     @property
@@ -555,6 +560,8 @@ class Scenario(_Strict):
     decision turn gives (`answer`). Without, they fail fast, as for a caller that cannot."""
     expect: Expect = Field(default_factory=Expect)
     """The assertions."""
+    context: dict[str, Any] | None = None
+    """The per-turn context of every message turn that gives none of its own."""
 
     @field_validator("turns", mode="before")
     @classmethod

@@ -476,6 +476,7 @@ class _Api(Api):
             first=state.base,
             pending=[PendingCardPart.of(card) for card in state.pending.values()],
             scratch=state.scratch,
+            context=pydantic_core.to_jsonable_python(state.turn_context),
         )
 
     def _summary(self, record: Any, title: str | None = None) -> SessionSummaryBody:

@@ -317,6 +317,12 @@ class SessionBody(SessionSummaryBody):
         "notes. When the turn ends they move into `messages`, marked `scratch`, in the order "
         "things happened; a suspended turn keeps them here until it ends.",
     )
+    context: dict[str, Any] | None = Field(
+        None,
+        description="The per-turn context of the session's latest turn (the one running or "
+        "suspended, else the last one), as validated against the domain's `context_model`: "
+        "the page, the record the user was on. Null when that turn carried none.",
+    )
 
 
 class MessagesBody(BaseModel):

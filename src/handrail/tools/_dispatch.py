@@ -879,6 +879,8 @@ class Dispatcher:
         result = await self._hooks(part, result)  # 10. result hooks
         if not result.ok and result.code is None:  # a failed result the tool made, no code
             result.code = "tool_error"
+        if result.summary is None:  # the line events show, kept with the history too
+            result.summary = result.display_summary()
         part.result = result  # 11. stamp
         part.status = "completed" if result.ok else "failed"
         state.usage.tool_calls += 1
