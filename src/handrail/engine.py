@@ -76,6 +76,7 @@ from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore
 from .store._base import lease_and_load
 from .store._codec import INCARNATION
+from .store._waiting import waiting_cards
 from .suspension import (
     Decision,
     approved_plan,
@@ -1341,6 +1342,8 @@ class Engine:
         record.window = state.window if self.runtime.compaction is not None else 0
         record.status = status
         record.expires_at = self._needs_worker(state)
+        # The inbox index's rows for this session, written in the save's transaction.
+        record.cards = waiting_cards(state) if status == "suspended" else []
         try:
             try:
                 saved = await self.store.save(record)

@@ -132,7 +132,7 @@ class PendingQuery(_Strict):
     limit: int = Field(50, ge=1, le=500, description="At most this many cards.")
     cursor: str | None = Field(
         None,
-        pattern=r"^[0-9]{1,15}\.[0-9]{1,15}$",
+        pattern=r"^Wz[A-Za-z0-9_-]{1,400}$",
         description="Where to go on from: the `next` of the page before.",
     )
 
