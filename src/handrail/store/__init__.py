@@ -19,6 +19,8 @@ from ._base import (
     SessionSummary,
     ToolCallStatus,
     ToolLogEntry,
+    WaitingCard,
+    WaitingRow,
 )
 from ._codec import EXPORT_SCHEMA_VERSION
 from .memory import MemoryStore
@@ -41,6 +43,8 @@ __all__ = [
     "StoreError",
     "ToolCallStatus",
     "ToolLogEntry",
+    "WaitingCard",
+    "WaitingRow",
 ]
 
 _LAZY = {"SqliteStore": ".sqlite", "PostgresStore": ".postgres"}

@@ -681,7 +681,7 @@ class SqliteStore:
         found = []
         if record.status == "suspended":
             found = stored_cards(record.data, record.messages[record.window :], record.window)
-        texts = [card_text(session_id, card) for card in found]
+        card_texts = [card_text(session_id, card) for card in found]
 
         def import_(db: sqlite3.Connection) -> int:
             with _transaction(db):
@@ -700,7 +700,9 @@ class SqliteStore:
                 db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
                 db.executemany(_PUT, messages)
-                db.executemany(_CARD, card_rows(replace(summary, version=version), found, texts))
+                db.executemany(
+                    _CARD, card_rows(replace(summary, version=version), found, card_texts)
+                )
                 db.execute(
                     f"INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start) "
                     f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
