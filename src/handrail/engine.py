@@ -962,7 +962,7 @@ class Engine:
         """The inbox over this engine's store: the calls waiting for a decider (`Inbox`).
 
         `pending` and `decidable` are its own; `inbox.sessions` lists the sessions that
-        hold such calls, and `inbox.waiting` reads them one at a time.
+        hold such calls. Both read the store's inbox index (`SessionStore.waiting`).
         """
         return Inbox(self.store, self.domain, load=self.session, clock=self.runtime.clock)
 

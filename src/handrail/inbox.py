@@ -124,7 +124,8 @@ class Inbox:
     Args:
         store: where the sessions live.
         domain: whose tools and policies say who may decide a call.
-        load: how a session's state is read (`Engine.session`).
+        load: how a session's state is read (`Engine.session`); the pages never need it
+            (they are read off the index), it stays for callers that read a session too.
         clock: the time now, in seconds since the epoch (for the age filters).
     """
 
