@@ -94,8 +94,9 @@ class SessionLoader(Protocol):
 
 
 _SCAN = 1_000
-"""Index rows `Inbox.pending` reads at most for one page (the rows the decider's reach lets
-through but the rule refuses: a page may then be short, with a `next` to go on from)."""
+"""Rows within a decider's reach but refused by the rule that `Inbox.pending` reads at most
+for one page (a page may then be short, with a `next` to go on from); also the most rows one
+index query asks for."""
 
 
 def deciding_tools(domain: Domain, state: RunState) -> Mapping[str, Tool[Any]]:
@@ -158,8 +159,9 @@ class Inbox:
 
         Their own requests, and the calls of the tools whose policy lets someone with their
         roles decide others' calls (of any agent, and of a batch's actions): every call they
-        may decide is among them, and nearly all of them are theirs to decide (not those
-        four eyes keep from them, say), so the rule applied after the query rarely drops one.
+        may decide is among them, and nearly all of them are theirs to decide (not their own
+        under a policy that lets nobody withdraw a call without its roles, say), so the rule
+        applied after the query rarely drops one.
         """
         policies = self.domain.policies
         everything: dict[str, list[Tool[Any]]] = {}
@@ -206,7 +208,7 @@ class Inbox:
         Read `first` at a time, then twice as many (up to `_SCAN`), while the caller wants more.
         """
         reach = self.reach(decider)
-        size = first
+        size = min(first, _SCAN)
         while True:
             rows = await self.store.waiting(
                 org_id=org_id, after=after, limit=size, reach=reach, **filters
@@ -281,8 +283,8 @@ class Inbox:
 
         The decider's own sessions count too (a card without a policy is its requester's to
         decide). The page is read off the store's inbox index, most recently updated session
-        first; it is full unless nothing follows (or, rarely, when 1,000 rows in a row were
-        the decider's to reach but not to decide: a short page with a `next`).
+        first; it is full unless nothing follows (or, rarely, once 1,000 rows within the
+        decider's reach were not theirs to decide: then a short page with a `next`).
 
         Args:
             org_id: the organisation (the decider's, when it has one). None reads every
@@ -304,7 +306,7 @@ class Inbox:
         after = _cursor(cursor)
         now = self._clock()
         cards: list[PendingCard] = []
-        read = 0
+        passed = 0  # rows within the decider's reach that the rule refused
         async for row, card in self._rows(
             org_id,
             decider,
@@ -320,9 +322,10 @@ class Inbox:
                 if len(cards) == limit:  # one more follows: the page is full
                     return PendingPage(cards=cards, next=_next(after))
                 cards.append(_pending(row, card))
+            else:
+                passed += 1
             after = row.key
-            read += 1
-            if read >= _SCAN and len(cards) < limit:
+            if passed >= _SCAN:  # bounded: go on from here with the next page
                 return PendingPage(cards=cards, next=_next(after))
         return PendingPage(cards=cards, next=None)
 
