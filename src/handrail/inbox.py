@@ -303,7 +303,7 @@ class Inbox:
                 decider belongs to another organisation.
         """
         self._check(org_id, decider, limit, "pending")
-        after = _cursor(cursor)
+        after = read_cursor(cursor)
         now = self._clock()
         cards: list[PendingCard] = []
         passed = 0  # rows within the decider's reach that the rule refused
@@ -375,8 +375,12 @@ def _next(key: tuple[float, str, int] | None) -> str | None:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _cursor(cursor: str | None) -> tuple[float, str, int] | None:
-    """The index key a `PendingPage.next` stands for (None: from the start)."""
+def read_cursor(cursor: str | None) -> tuple[float, str, int] | None:
+    """The index key a `PendingPage.next` stands for (None: from the start).
+
+    Raises:
+        UserError: `cursor` is not a `next` that `Inbox.pending` gave.
+    """
     if cursor is None:
         return None
     try:
