@@ -47,6 +47,7 @@ METHODS = frozenset(
         "adopt_leases",
         "append_audit",
         "audit",
+        "waiting",
         "notify",
     }
 )

@@ -77,6 +77,7 @@ from .state import Progress, RunState
 from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore, ToolLogEntry
 from .store._base import lease_and_load
 from .store._codec import INCARNATION
+from .store._waiting import waiting_cards
 from .suspension import (
     Decision,
     approved_plan,
@@ -971,7 +972,7 @@ class Engine:
         """The inbox over this engine's store: the calls waiting for a decider (`Inbox`).
 
         `pending` and `decidable` are its own; `inbox.sessions` lists the sessions that
-        hold such calls, and `inbox.waiting` reads them one at a time.
+        hold such calls. Both read the store's inbox index (`SessionStore.waiting`).
         """
         return Inbox(self.store, self.domain, load=self.session, clock=self.runtime.clock)
 
@@ -1369,6 +1370,8 @@ class Engine:
         record.window = state.window if self.runtime.compaction is not None else 0
         record.status = status
         record.expires_at = self._needs_worker(state)
+        # The inbox index's rows for this session, written in the save's transaction.
+        record.cards = waiting_cards(state) if status == "suspended" else []
         try:
             try:
                 saved = await self.store.save(record, **extra)

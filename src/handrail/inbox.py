@@ -2,27 +2,36 @@
 
 One reading of the store serves both inboxes: `Inbox.pending`, the cards (`Engine.pending`,
 `GET /pending`), and `Inbox.sessions`, the sessions that hold them (`GET
-/sessions?to_decide=true`). Both walk the organisation's suspended sessions, most recently
-updated first, load each one, and keep the calls the decider may decide (`Inbox.decidable`,
-the rule `Engine.resolve` checks). `Engine.inbox` is the inbox over an engine's store.
+/sessions?to_decide=true`). Both read the store's inbox index (`SessionStore.waiting`: one row
+a waiting card, written with the save that raised or settled it), most recently updated
+session first, a page at a time in one indexed query, never a session's document. The query
+narrows the rows to those the decider may reach (their own requests, and the tools whose
+policies their roles meet); the rule `Engine.resolve` checks (`Inbox.decidable`: four eyes,
+withdrawal) is then applied to the page's rows, reading further pages while it leaves the
+page short. `Engine.inbox` is the inbox over an engine's store.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .domain import Domain
-from .exceptions import SessionCorruptError, SessionNotFoundError, UserError
-from .messages import CardApproval, CardKind
-from .policy import Decider
+from .exceptions import UserError
+from .messages import ApprovalCardPart, CardApproval, CardKind
+from .policy import Decider, DecisionPolicy, policy_for
 from .state import RunState
 from .store import SessionStore, SessionSummary
-from .suspension import ArgChange, card_state, decidable
+from .store._base import WaitingRow
+from .store._waiting import CARD
+from .suspension import ArgChange, card_state, decidable, may_decide
 from .tools import Tool
 
-__all__ = ["Inbox", "PendingCard", "PendingPage", "Waiting"]
+__all__ = ["Inbox", "PendingCard", "PendingPage"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -74,18 +83,6 @@ class PendingPage:
     """The cursor of the next page (pass it as `cursor=`), or None: there is nothing more."""
 
 
-@dataclass(kw_only=True, slots=True)
-class Waiting:
-    """A session as the inbox reads it: its summary, its state, the calls a decider may decide."""
-
-    summary: SessionSummary
-    """The session's metadata, as the store lists it."""
-    state: RunState | None
-    """Its state; None when it went meanwhile, or cannot be read (for a person to look at)."""
-    calls: list[str]
-    """The pending calls the decider may decide, in the order they were raised (maybe none)."""
-
-
 class SessionLoader(Protocol):
     """How the inbox reads a session's state: `Engine.session`, the one way to load one."""
 
@@ -97,11 +94,9 @@ class SessionLoader(Protocol):
 
 
 _SCAN = 1_000
-"""Sessions `Inbox.pending` reads at most for one page (a page may then be short, with a
-`next` cursor to go on from)."""
-
-_BATCH = 100
-"""Session summaries read from the store at a time."""
+"""Rows within a decider's reach but refused by the rule that `Inbox.pending` reads at most
+for one page (a page may then be short, with a `next` to go on from); also the most rows one
+index query asks for."""
 
 
 def deciding_tools(domain: Domain, state: RunState) -> Mapping[str, Tool[Any]]:
@@ -113,8 +108,12 @@ def deciding_tools(domain: Domain, state: RunState) -> Mapping[str, Tool[Any]]:
     if any(c.kind == "batch" for c in state.pending.values()):
         return domain.tools()
     progress = state.progress
-    agent = domain.by_name.get(progress.agent) if progress else None
-    return agent.tools if agent is not None else {}
+    return _agent_tools(domain, progress.agent if progress else None)
+
+
+def _agent_tools(domain: Domain, agent: str | None) -> Mapping[str, Tool[Any]]:
+    spec = domain.by_name.get(agent) if agent is not None else None
+    return spec.tools if spec is not None else {}
 
 
 class Inbox:
@@ -126,7 +125,8 @@ class Inbox:
     Args:
         store: where the sessions live.
         domain: whose tools and policies say who may decide a call.
-        load: how a session's state is read (`Engine.session`).
+        load: how a session's state is read (`Engine.session`); the pages never need it
+            (they are read off the index), it stays for callers that read a session too.
         clock: the time now, in seconds since the epoch (for the age filters).
     """
 
@@ -154,56 +154,71 @@ class Inbox:
         tools = deciding_tools(self.domain, state)
         return decidable(state, tools, decider, self.domain.policies)
 
-    async def waiting(
+    def reach(self, decider: Decider) -> tuple[str | None, frozenset[str]]:
+        """What the index query keeps for `decider` (`SessionStore.waiting`'s `reach`).
+
+        Their own requests, and the calls of the tools whose policy lets someone with their
+        roles decide others' calls (of any agent, and of a batch's actions): every call they
+        may decide is among them, and nearly all of them are theirs to decide (not their own
+        under a policy that lets nobody withdraw a call without its roles, say), so the rule
+        applied after the query rarely drops one.
+        """
+        policies = self.domain.policies
+        everything: dict[str, list[Tool[Any]]] = {}
+        for spec in self.domain.by_name.values():
+            for name, one in spec.tools.items():
+                everything.setdefault(name, []).append(one)
+        for name, one in self.domain.tools().items():
+            everything.setdefault(name, []).append(one)
+        tools = frozenset(
+            name
+            for name, found in everything.items()
+            if any(
+                _others_may(policy_for(t.decision_policy, t.permission, policies), decider)
+                for t in found
+            )
+        )
+        return decider.user_id, tools
+
+    def _decides(self, row: WaitingRow, decider: Decider) -> ApprovalCardPart | None:
+        """The row's card, if `decider` may decide it (the rule `Engine.resolve` checks)."""
+        try:
+            card = CARD.validate_python(row.card.card)
+        except ValueError:
+            return None  # a card this handrail cannot read: for a person to look at
+        tools = (
+            self.domain.tools()
+            if card.kind == "batch"
+            else _agent_tools(self.domain, row.card.agent)
+        )
+        if not may_decide(card, tools, decider, row.session.user_id, self.domain.policies):
+            return None
+        return card
+
+    async def _rows(
         self,
         org_id: str | None,
         decider: Decider,
-        *,
-        offset: int = 0,
-        limit: int | None = None,
-        session_id: str | None = None,
-        skip_user: str | None = None,
-    ) -> AsyncIterator[Waiting]:
-        """Each suspended session of `org_id`, most recently updated first, as it is read.
+        after: tuple[float, str, int] | None,
+        first: int,
+        **filters: Any,
+    ) -> AsyncIterator[tuple[WaitingRow, ApprovalCardPart | None]]:
+        """The index rows after `after` within the decider's reach, with the card if theirs.
 
-        Every session read is yielded, with the calls `decider` may decide (maybe none), so a
-        caller counts its place in the order (`offset`) whatever it keeps.
-
-        Args:
-            org_id: the organisation (None: every session of the store).
-            decider: who decides.
-            offset: skip this many sessions first.
-            limit: read at most this many sessions (None: to the end).
-            session_id: only this session (of `org_id`, in any status), at offset 0.
-            skip_user: yield this user's sessions without reading them (and no calls).
+        Read `first` at a time, then twice as many (up to `_SCAN`), while the caller wants more.
         """
-        if session_id is not None:
-            found = await self.store.summary(session_id)
-            if found is not None and found.org_id == org_id and offset == 0 and limit != 0:
-                yield await self._read(found, decider, skip_user)
-            return
-        read = 0
-        while limit is None or read < limit:
-            batch = _BATCH if limit is None else min(_BATCH, limit - read)
-            page = await self.store.list(
-                org_id=org_id, status="suspended", limit=batch, offset=offset + read
+        reach = self.reach(decider)
+        size = min(first, _SCAN)
+        while True:
+            rows = await self.store.waiting(
+                org_id=org_id, after=after, limit=size, reach=reach, **filters
             )
-            if not page:
+            for row in rows:
+                yield row, self._decides(row, decider)
+            if len(rows) < size:
                 return
-            for summary in page:
-                read += 1
-                yield await self._read(summary, decider, skip_user)
-
-    async def _read(
-        self, summary: SessionSummary, decider: Decider, skip_user: str | None
-    ) -> Waiting:
-        if skip_user is not None and summary.user_id == skip_user:
-            return Waiting(summary=summary, state=None, calls=[])
-        try:
-            state = await self._load(summary.id, org_id=summary.org_id, user_id=summary.user_id)
-        except (SessionNotFoundError, SessionCorruptError):
-            return Waiting(summary=summary, state=None, calls=[])  # gone, or unreadable
-        return Waiting(summary=summary, state=state, calls=self.decidable(state, decider))
+            after = rows[-1].key
+            size = min(size * 2, _SCAN)
 
     async def sessions(
         self,
@@ -214,17 +229,16 @@ class Inbox:
         limit: int = 50,
         own: bool = True,
     ) -> list[SessionSummary]:
-        """The sessions of a page of `org_id`'s suspended ones that wait for `decider`.
+        """The suspended sessions of `org_id` with a call `decider` may decide, a page at a time.
 
-        `limit` and `offset` page the organisation's suspended sessions (most recently updated
-        first), and those with no call the decider may decide are left out, so a page may hold
-        fewer than `limit`; the page after starts at `offset + limit`.
+        Most recently updated first; `offset` skips that many such sessions, and the page
+        after this one starts at `offset + limit`.
 
         Args:
             org_id: the organisation (the decider's, when it has one).
             decider: who decides.
-            offset: skip this many suspended sessions first.
-            limit: read at most this many.
+            offset: skip this many sessions first.
+            limit: at most this many.
             own: whether the decider's own sessions count (False: only others'; the server's
                 `GET /sessions?to_decide=true`, since a caller's own are in its own list).
 
@@ -232,14 +246,25 @@ class Inbox:
             UserError: `limit` is below 1, or the decider belongs to another organisation.
         """
         self._check(org_id, decider, limit, "sessions")
-        skip_user = None if own else decider.user_id
-        return [
-            entry.summary
-            async for entry in self.waiting(
-                org_id, decider, offset=offset, limit=limit, skip_user=skip_user
-            )
-            if entry.calls
-        ]
+        if offset < 0:
+            raise UserError(f"sessions: offset must be 0 or more, not {offset}.")
+        found: list[SessionSummary] = []
+        last: str | None = None
+        skipped = 0
+        exclude = None if own else decider.user_id
+        async for row, card in self._rows(
+            org_id, decider, None, min(offset + limit + 1, _SCAN), exclude_user=exclude
+        ):
+            if card is None or row.session.id == last:
+                continue
+            last = row.session.id
+            if skipped < offset:
+                skipped += 1
+                continue
+            found.append(row.session)
+            if len(found) == limit:
+                break
+        return found
 
     async def pending(
         self,
@@ -257,8 +282,9 @@ class Inbox:
         """The cards of `org_id`'s sessions that `decider` may decide, a page at a time.
 
         The decider's own sessions count too (a card without a policy is its requester's to
-        decide). Sessions are read most recently updated first, and a page is filled from as
-        many as it takes (at most 1,000 a page: past that, a short page with a `next`).
+        decide). The page is read off the store's inbox index, most recently updated session
+        first; it is full unless nothing follows (or, rarely, once 1,000 rows within the
+        decider's reach were not theirs to decide: then a short page with a `next`).
 
         Args:
             org_id: the organisation (the decider's, when it has one). None reads every
@@ -277,29 +303,31 @@ class Inbox:
                 decider belongs to another organisation.
         """
         self._check(org_id, decider, limit, "pending")
-        offset, skip = _cursor(cursor)
+        after = read_cursor(cursor)
         now = self._clock()
         cards: list[PendingCard] = []
-        read = 0
-        async for entry in self.waiting(
-            org_id, decider, offset=offset, limit=_SCAN, session_id=session_id
+        passed = 0  # rows within the decider's reach that the rule refused
+        async for row, card in self._rows(
+            org_id,
+            decider,
+            after,
+            limit + 1,
+            tool=tool,
+            kind=kind,
+            session_id=session_id,
+            raised_before=None if older_than is None else now - older_than,
+            raised_after=None if newer_than is None else now - newer_than,
         ):
-            read += 1
-            matching = _cards(entry, now, tool, kind, older_than, newer_than)
-            room = limit - len(cards)
-            taken = matching[skip : skip + room]
-            cards.extend(taken)
-            if skip + len(taken) < len(matching):  # the page is full within this session
-                return PendingPage(cards=cards, next=f"{offset}.{skip + len(taken)}")
-            offset, skip = offset + 1, 0
-            if len(cards) >= limit:
-                break
-        else:
-            if read < _SCAN:  # read to the end
-                return PendingPage(cards=cards, next=None)
-        if session_id is not None:
-            return PendingPage(cards=cards, next=None)
-        return PendingPage(cards=cards, next=f"{offset}.0")
+            if card is not None:
+                if len(cards) == limit:  # one more follows: the page is full
+                    return PendingPage(cards=cards, next=_next(after))
+                cards.append(_pending(row, card))
+            else:
+                passed += 1
+            after = row.key
+            if passed >= _SCAN:  # bounded: go on from here with the next page
+                return PendingPage(cards=cards, next=_next(after))
+        return PendingPage(cards=cards, next=None)
 
     @staticmethod
     def _check(org_id: str | None, decider: Decider, limit: int, where: str) -> None:
@@ -312,60 +340,60 @@ class Inbox:
             )
 
 
-def _cards(
-    entry: Waiting,
-    now: float,
-    tool: str | None,
-    kind: CardKind | None,
-    older_than: float | None,
-    newer_than: float | None,
-) -> list[PendingCard]:
-    """The cards of `entry`'s decidable calls that pass the filters."""
-    state = entry.state
-    if state is None:
-        return []
-    cards: list[PendingCard] = []
-    for call_id in entry.calls:
-        card = state.pending[call_id]
-        if (tool is not None and card.tool_name != tool) or (
-            kind is not None and card.kind != kind
-        ):
-            continue
-        raised = card.created_at
-        if older_than is not None and (raised is None or raised > now - older_than):
-            continue
-        if newer_than is not None and (raised is None or raised <= now - newer_than):
-            continue
-        stands = card_state(card)
-        cards.append(
-            PendingCard(
-                session_id=entry.summary.id,
-                tool_call_id=call_id,
-                tool=card.tool_name,
-                kind=card.kind,
-                prompt=card.prompt,
-                args=stands.args,
-                digest=stands.digest,
-                proposed_args=card.args,
-                changes=stands.changes,
-                approved_by=stands.approved_by,
-                amendable=list(card.amendable),
-                created_at=card.created_at,
-                expires_at=card.expires_at,
-                requester=state.user_id,
-                approvals=list(card.approvals or ()),
-            )
-        )
-    return cards
+def _others_may(policy: DecisionPolicy | None, decider: Decider) -> bool:
+    """Whether a tool's policy lets `decider` decide calls that others requested, by role."""
+    return policy is not None and (not policy.roles or bool(decider.roles & policy.roles))
 
 
-def _cursor(cursor: str | None) -> tuple[int, int]:
-    """(sessions to skip, cards of the next session to skip) from a `PendingPage.next`."""
+def _pending(row: WaitingRow, card: ApprovalCardPart) -> PendingCard:
+    """The inbox's card for an index row."""
+    stands = card_state(card)
+    return PendingCard(
+        session_id=row.session.id,
+        tool_call_id=card.tool_call_id,
+        tool=card.tool_name,
+        kind=card.kind,
+        prompt=card.prompt,
+        args=stands.args,
+        digest=stands.digest,
+        proposed_args=card.args,
+        changes=stands.changes,
+        approved_by=stands.approved_by,
+        amendable=list(card.amendable),
+        created_at=card.created_at,
+        expires_at=card.expires_at,
+        requester=row.session.user_id,
+        approvals=list(card.approvals or ()),
+    )
+
+
+def _next(key: tuple[float, str, int] | None) -> str | None:
+    """A `PendingPage.next`: the index key of the last row read, as an opaque token."""
+    if key is None:
+        return None
+    text = json.dumps(list(key), separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def read_cursor(cursor: str | None) -> tuple[float, str, int] | None:
+    """The index key a `PendingPage.next` stands for (None: from the start).
+
+    Raises:
+        UserError: `cursor` is not a `next` that `Inbox.pending` gave.
+    """
     if cursor is None:
-        return 0, 0
-    offset, _, skip = cursor.partition(".")
-    if not (offset.isdigit() and skip.isdigit()) or len(cursor) > 40:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, session_id, position = json.loads(text)
+        if not (
+            isinstance(at, int | float)
+            and isinstance(session_id, str)
+            and isinstance(position, int)
+        ):
+            raise ValueError(cursor)
+    except (ValueError, TypeError, binascii.Error):
         raise UserError(
             f"pending: {cursor[:60]!r} is not a cursor; pass the `next` of a page, or none."
-        )
-    return int(offset), int(skip)
+        ) from None
+    return float(at), session_id, position

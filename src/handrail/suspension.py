@@ -78,6 +78,7 @@ __all__ = [
     "decide",
     "decide_batch",
     "expire",
+    "may_decide",
     "placeholder",
     "settle",
 ]
@@ -518,11 +519,22 @@ def decidable(
     return [
         tool_call_id
         for tool_call_id, card in state.pending.items()
-        if all(
-            refusal(name, policy, decider, state.user_id, decision="reject") is None
-            for name, policy in _rules(card, tools, policies or {})
-        )
+        if may_decide(card, tools, decider, state.user_id, policies)
     ]
+
+
+def may_decide(
+    card: ApprovalCardPart,
+    tools: Mapping[str, Tool[Any]],
+    decider: Decider,
+    requester: str | None,
+    policies: Mapping[str, DecisionPolicy] | None = None,
+) -> bool:
+    """Whether `decider` may decide (reject, at least) a waiting `card` of `requester`'s."""
+    return all(
+        refusal(name, policy, decider, requester, decision="reject") is None
+        for name, policy in _rules(card, tools, policies or {})
+    )
 
 
 def _rules(

@@ -227,23 +227,30 @@ async def test_the_library_inbox(api: Api) -> None:
         await api.engine.pending("acme", BO_DECIDES, limit=0)
 
 
-async def test_a_page_reads_a_bounded_number_of_sessions_and_says_where_to_go_on(
+async def test_a_page_reads_a_bounded_number_of_rows_and_says_where_to_go_on(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import handrail.inbox
 
     monkeypatch.setattr(handrail.inbox, "_SCAN", 3)
-    wipes = []
-    for n in range(2):
-        wipes.append(await api.ask(ANA, f"wipe L-{n}"))
+    api.engine.domain.policies["destructive"] = DecisionPolicy(
+        roles={"it-admin"}, four_eyes=True, withdraw=False
+    )
+    ana = Decider(user_id="ana", org_id="acme")
+    mails = []
+    for n in range(2):  # hers to decide (no policy: the requester's)
+        mails.append(await api.ask(ANA, f"mail m{n}@acme"))
         api.now[0] += 1
-    for n in range(3):  # newer, and none of them bo's to decide
-        await api.ask(ANA, f"mail m{n}@acme")
+    for n in range(3):  # newer: her own, so within her reach, but not hers to withdraw
+        await api.ask(ANA, f"wipe L-{n}")
         api.now[0] += 1
-    first = await api.engine.pending("acme", BO_DECIDES, limit=10)
-    assert first.cards == [] and first.next is not None  # three sessions read: none his
-    second = await api.engine.pending("acme", BO_DECIDES, limit=10, cursor=first.next)
-    assert [c.session_id for c in second.cards] == wipes[::-1]
+    for n in range(3):  # newest, and out of her reach: the index query leaves them out
+        await api.ask(AL, f"mail a{n}@acme")
+        api.now[0] += 1
+    first = await api.engine.pending("acme", ana, limit=10)
+    assert first.cards == [] and first.next is not None  # three rows read: none hers
+    second = await api.engine.pending("acme", ana, limit=10, cursor=first.next)
+    assert [c.session_id for c in second.cards] == mails[::-1]
     assert second.next is None
 
 
@@ -282,9 +289,11 @@ async def test_the_sessions_to_decide_are_those_of_the_card_inbox_paged_as_store
 
     # others' sessions only (his own are in his own list), most recently updated first
     assert await to_decide() == [al_wipe, ana_wipe]
-    # limit and offset page the organisation's suspended sessions: a page may be short
-    assert await to_decide(limit=2) == []  # bo's own and ana's mail
-    assert await to_decide(limit=2, offset=2) == [al_wipe, ana_wipe]
+    # limit and offset page the sessions waiting for him (read off the inbox index): bo's
+    # own and ana's mail are not among them, so every page but the last is full
+    assert await to_decide(limit=1) == [al_wipe]
+    assert await to_decide(limit=1, offset=1) == [ana_wipe]
+    assert await to_decide(limit=2, offset=2) == []
     # the library's: the same reading, his own sessions counted unless own=False
     inbox = api.engine.inbox
     mine = [s.id for s in await inbox.sessions("acme", BO_DECIDES)]

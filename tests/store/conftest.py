@@ -87,7 +87,7 @@ async def empty_pg_schema(schema: str) -> None:
         await connection.execute(
             f'TRUNCATE "{schema}".handrail_sessions, "{schema}".handrail_tool_log, '
             f'"{schema}".handrail_events, "{schema}".handrail_messages, '
-            f'"{schema}".handrail_leases, "{schema}".handrail_audit'
+            f'"{schema}".handrail_leases, "{schema}".handrail_audit, "{schema}".handrail_cards'
         )
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
 
 from ..audit import AuditEntry, AuditKind, AuditProblem
 from ..engine import PendingCard
+from ..exceptions import UserError
+from ..inbox import read_cursor
 from ..messages import ApprovalCardPart, CardKind, Message, ToolCallStatus
 from ..store import SessionStatus
 from ..suspension import ArgChange, Decision, card_state
@@ -135,9 +137,19 @@ class PendingQuery(_Strict):
     limit: int = Field(50, ge=1, le=500, description="At most this many cards.")
     cursor: str | None = Field(
         None,
-        pattern=r"^[0-9]{1,15}\.[0-9]{1,15}$",
+        pattern=r"^Wz[A-Za-z0-9_-]{1,400}$",
         description="Where to go on from: the `next` of the page before.",
     )
+
+    @field_validator("cursor")
+    @classmethod
+    def _a_cursor(cls, value: str | None) -> str | None:
+        """A token a page gave, or a 422 (not the engine's 409) for one it did not."""
+        try:
+            read_cursor(value)
+        except UserError as error:
+            raise ValueError(str(error)) from None
+        return value
 
 
 class EventsQuery(_Strict):

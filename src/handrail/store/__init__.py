@@ -20,6 +20,8 @@ from ._base import (
     SessionSummary,
     ToolCallStatus,
     ToolLogEntry,
+    WaitingCard,
+    WaitingRow,
 )
 from ._codec import EXPORT_SCHEMA_VERSION
 from .memory import MemoryStore
@@ -46,6 +48,8 @@ __all__ = [
     "StoreError",
     "ToolCallStatus",
     "ToolLogEntry",
+    "WaitingCard",
+    "WaitingRow",
     "session_id_for",
 ]
 

@@ -29,6 +29,8 @@ __all__ = [
     "SessionSummary",
     "ToolCallStatus",
     "ToolLogEntry",
+    "WaitingCard",
+    "WaitingRow",
 ]
 
 SessionStatus = Literal["active", "suspended", "completed", "failed"]
@@ -77,6 +79,46 @@ class SessionSummary:
 
 
 @dataclass(kw_only=True, slots=True)
+class WaitingCard:
+    """A call of a suspended session that waits for a decision: one row of the inbox index.
+
+    The engine computes a session's (`SessionRecord.cards`) from its state at every save, and
+    the store writes them in the save's transaction, so the index never disagrees with the
+    session. The store reads none of it but the columns it filters on.
+    """
+
+    tool_call_id: str
+    """The call (unique within its session)."""
+    tool: str
+    """The tool's name (a batch card's is the capture's)."""
+    kind: str
+    """What is asked: `approval`, `batch`, `elicitation`, `client_exec`, `recovery`."""
+    agent: str | None = None
+    """The suspended agent, whose tools' policies say who decides the call."""
+    created_at: float | None = None
+    """When the card was raised (epoch seconds)."""
+    card: dict[str, Any] = field(default_factory=dict)
+    """The card as stored in the session (JSON-compatible): what an inbox shows of it."""
+
+
+@dataclass(kw_only=True, slots=True)
+class WaitingRow:
+    """A waiting card as `SessionStore.waiting` finds it: with its session and place."""
+
+    session: SessionSummary
+    """The session that waits (as of the save that wrote the card)."""
+    position: int
+    """The card's place among its session's cards, in the order they were raised (from 0)."""
+    card: WaitingCard
+    """The card."""
+
+    @property
+    def key(self) -> tuple[float, str, int]:
+        """Where the row stands in the index's order: pass it as `after=` for the rows after."""
+        return (self.session.updated_at, self.session.id, self.position)
+
+
+@dataclass(kw_only=True, slots=True)
 class SessionRecord(SessionSummary):
     """A session as stored: its metadata and its document.
 
@@ -104,6 +146,11 @@ class SessionRecord(SessionSummary):
     """Audit entries to append with this save, in its transaction (`handrail.audit`): each
     chained at the end of its organisation's trail, so a save that fails appends none, and
     one that succeeds appends them all. Not loaded (the trail is read with `audit`)."""
+    cards: list[WaitingCard] | None = None
+    """The calls that wait for a decision, for the inbox index (`SessionStore.waiting`): a
+    save with a list replaces the session's rows with them (in its transaction), one with
+    `None` keeps the rows as they are, and a save with a status other than `suspended`
+    leaves none. The engine gives them at every save. Not loaded (`None`)."""
 
     def summary(self) -> SessionSummary:
         """The record without its document."""
@@ -254,6 +301,42 @@ class SessionStore(Protocol):
             limit: at most this many.
             offset: skip this many first (ties in `updated_at` are ordered by id, so pages
                 neither repeat nor skip a session while nothing changes).
+        """
+        ...
+
+    async def waiting(
+        self,
+        *,
+        org_id: str | None,
+        after: tuple[float, str, int] | None = None,
+        limit: int = 100,
+        tool: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        raised_before: float | None = None,
+        raised_after: float | None = None,
+        reach: tuple[str | None, frozenset[str]] | None = None,
+        exclude_user: str | None = None,
+    ) -> builtins.list[WaitingRow]:
+        """A page of the inbox index: the waiting cards of suspended sessions, in one query.
+
+        In order: the most recently updated session first (ties by id, descending), a
+        session's cards in the order they were raised; `after` is the `WaitingRow.key` of the
+        last row of the page before.
+
+        Args:
+            org_id: only this organisation's cards (None: every organisation's).
+            after: only the rows after this key.
+            limit: at most this many.
+            tool: only this tool's cards.
+            kind: only cards of this kind.
+            session_id: only this session's cards.
+            raised_before: only cards raised at or before this time (epoch seconds).
+            raised_after: only cards raised strictly after this time.
+            reach: `(user_id, tools)`: only cards that user requested, cards of one of those
+                tools, cards of sessions without a user, and batch cards (whose actions may be
+                of any tool): what a decider may decide is among them (`handrail.inbox`).
+            exclude_user: leave out the cards this user requested.
         """
         ...
 

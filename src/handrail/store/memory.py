@@ -30,6 +30,8 @@ from ._base import (
     SessionStatus,
     SessionSummary,
     ToolLogEntry,
+    WaitingCard,
+    WaitingRow,
     lease_lost,
     wall_clock,
 )
@@ -61,6 +63,7 @@ from ._codec import (
     incarnation_of as _incarnation_of,
 )
 from ._events import EventNotice, LocalFeed
+from ._waiting import card_text, check_waiting, read_card, stored_cards
 
 __all__ = ["MemoryStore"]
 
@@ -71,6 +74,8 @@ class _Session:
     data: str
     window: int = 0
     messages: builtins.list[str] = field(default_factory=builtins.list)  # JSON text, in order
+    # The inbox index's rows (its waiting cards, each card as JSON text), while suspended.
+    cards: builtins.list[tuple[WaitingCard, str]] = field(default_factory=builtins.list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -191,6 +196,7 @@ class MemoryStore:
         history = [] if stored is None else stored.messages
         check_messages(record, len(history))
         audited = self._chained(record.audit)  # a bad entry fails the save before any change
+        cards = _indexed(record, stored)  # a card JSON cannot carry fails it too
         del history[record.messages_from :]  # what the save replaces; the rest is kept
         history.extend(texts)
         now = self.clock()
@@ -201,7 +207,7 @@ class MemoryStore:
             updated_at=now,
         )
         self._sessions[record.id] = _Session(
-            summary=saved.summary(), data=text, window=record.window, messages=history
+            summary=saved.summary(), data=text, window=record.window, messages=history, cards=cards
         )
         for org, row, _ in audited:  # no await since the checks: the save and these are one
             self._audit.setdefault(org, []).append(row)
@@ -256,6 +262,63 @@ class MemoryStore:
         ]
         found.sort(key=lambda s: (s.updated_at, s.id), reverse=True)
         return [replace(s) for s in found[offset : offset + limit]]
+
+    async def waiting(
+        self,
+        *,
+        org_id: str | None,
+        after: tuple[float, str, int] | None = None,
+        limit: int = 100,
+        tool: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        raised_before: float | None = None,
+        raised_after: float | None = None,
+        reach: tuple[str | None, frozenset[str]] | None = None,
+        exclude_user: str | None = None,
+    ) -> builtins.list[WaitingRow]:
+        """A page of the inbox index; see `SessionStore.waiting`."""
+        self._check_open()
+        check_waiting(limit)
+        keyed: builtins.list[tuple[tuple[float, str, int], SessionSummary, int, WaitingCard, str]]
+        keyed = []
+        for stored in self._sessions.values():
+            s = stored.summary
+            if not stored.cards or (org_id is not None and s.org_id != org_id):
+                continue
+            if (session_id is not None and s.id != session_id) or (
+                exclude_user is not None and s.user_id == exclude_user
+            ):
+                continue
+            for position, (card, text) in enumerate(stored.cards):
+                raised = card.created_at
+                if (
+                    (tool is not None and card.tool != tool)
+                    or (kind is not None and card.kind != kind)
+                    or (raised_before is not None and (raised is None or raised > raised_before))
+                    or (raised_after is not None and (raised is None or raised <= raised_after))
+                ):
+                    continue
+                if reach is not None and not (
+                    s.user_id is None
+                    or (reach[0] is not None and s.user_id == reach[0])
+                    or card.tool in reach[1]
+                    or card.kind == "batch"
+                ):
+                    continue
+                keyed.append(((s.updated_at, s.id, -position), s, position, card, text))
+        keyed.sort(key=lambda row: row[0], reverse=True)
+        if after is not None:
+            bound = (after[0], after[1], -after[2])
+            keyed = [row for row in keyed if row[0] < bound]
+        return [
+            WaitingRow(
+                session=replace(s),
+                position=position,
+                card=read_card(s.id, c.tool_call_id, c.tool, c.kind, c.agent, c.created_at, text),
+            )
+            for _, s, position, c, text in keyed[:limit]
+        ]
 
     async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
         """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
@@ -319,11 +382,15 @@ class MemoryStore:
             if not overwrite:
                 raise exists_error(record.id, stored.summary.version)
             record.version = max(record.version, stored.summary.version) + 1
+        found = []
+        if record.status == "suspended":
+            found = stored_cards(record.data, record.messages[record.window :], record.window)
         self._sessions[record.id] = _Session(
             summary=record.summary(),
             data=encode(record.id, record.data),
             window=record.window,
             messages=encode_messages(record.id, record.messages),
+            cards=[(card, card_text(record.id, card)) for card in found],
         )
         self._logs[record.id] = {
             e.tool_call_id: _Logged(
@@ -556,3 +623,14 @@ class _Audited:
     kind: str
     hash: str
     text: str
+
+
+def _indexed(
+    record: SessionRecord, stored: _Session | None
+) -> builtins.list[tuple[WaitingCard, str]]:
+    """The inbox rows a save of `record` leaves: its cards, the stored ones, or none."""
+    if record.status != "suspended":
+        return []
+    if record.cards is None:
+        return [] if stored is None else stored.cards
+    return [(replace(card, card={}), card_text(record.id, card)) for card in record.cards]

@@ -40,6 +40,7 @@ from ._base import (
     SessionStatus,
     SessionSummary,
     ToolLogEntry,
+    WaitingRow,
     lease_lost,
 )
 from ._codec import (
@@ -54,6 +55,7 @@ from ._codec import (
     check_save,
     check_status,
     check_ttl,
+    decode,
     decode_audit,
     decode_event,
     decode_message,
@@ -68,6 +70,15 @@ from ._codec import (
     record_from_row,
     stamped,
     summary_from_row,
+)
+from ._waiting import (
+    COLUMNS,
+    card_rows,
+    card_text,
+    check_waiting,
+    row_of,
+    stored_cards,
+    waiting_query,
 )
 
 # Without the extra the module still imports (so `from handrail import *` and `isinstance`
@@ -86,13 +97,15 @@ _log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases.
 2: the event log, `handrail_events`.
 3: messages apart, one row a message (`handrail_messages`), and the sessions' `window_start`.
 4: the audit trail, `handrail_audit` (per organisation, hash-chained; never pruned).
+5: the inbox index, `handrail_cards` (one row a waiting card), built from the suspended
+   sessions (`PostgresStore._build_index`).
 """
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,53}")  # 54: "handrail_" + it fits in 63
@@ -177,12 +190,45 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "CREATE INDEX handrail_audit_session ON {s}.handrail_audit (org_id, session_id, seq)",
     ),
+    # The inbox index: a suspended session's waiting cards, written with each save. A row
+    # carries its session's summary too, so a page is read off one index without a join.
+    5: (
+        """CREATE TABLE {s}.handrail_cards (
+            session_id text NOT NULL,
+            org_id text,
+            user_id text,
+            version bigint NOT NULL,
+            session_created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            expires_at double precision,
+            position integer NOT NULL CHECK (position >= 0),
+            tool_call_id text NOT NULL,
+            tool text NOT NULL,
+            kind text NOT NULL,
+            agent text,
+            created_at double precision,
+            card text NOT NULL,
+            PRIMARY KEY (session_id, position)
+        )""",
+        """CREATE INDEX handrail_cards_org
+            ON {s}.handrail_cards (org_id, updated_at DESC, session_id DESC, position)""",
+        """CREATE INDEX handrail_cards_tool
+            ON {s}.handrail_cards (org_id, tool, updated_at DESC, session_id DESC, position)""",
+    ),
 }
 
 # The store's clock, or (clock=None) the server's: one clock for every worker. The statement's
 # start time is the same everywhere in a statement.
 _NOW = "COALESCE(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)"
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
+# A save's waiting cards, one statement: the fields as arrays, a card's at its position.
+_PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
+    SELECT %(id)s, %(org_id)s, %(user_id)s, %(version)s + 1, %(created_at)s, %(updated_at)s,
+        %(expires_at)s, c.n - 1, f.v[c.n][1], f.v[c.n][2], f.v[c.n][3], f.v[c.n][4],
+        (%(card_times)s::float8[])[c.n], c.card
+    FROM unnest(%(cards)s::text[]) WITH ORDINALITY AS c(card, n),
+        (SELECT %(card_fields)s::text[][] AS v) AS f"""
+_CARD = f"INSERT INTO {{s}}.handrail_cards ({COLUMNS}) VALUES ({', '.join(['%s'] * 14)})"
 _LOG = "tool_call_id, key, tool, args::text, status, result::text, started_at, finished_at"
 
 
@@ -368,10 +414,34 @@ class PostgresStore:
             for version in range(current + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version]:
                     await connection.execute(statement.format(s=self._s))
+                if version == 5:
+                    await self._build_index(connection)
                 await connection.execute(
                     f"INSERT INTO {self._s}.handrail_schema_version VALUES (%(version)s, {_NOW})",
                     {"version": version, "now": self._now()},
                 )
+
+    async def _build_index(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        """Migration 5: the inbox rows of every suspended session, read from its stored form."""
+        s = self._s
+        cursor = await connection.execute(
+            f"""SELECT {_SUMMARY}, data::text, window_start FROM {s}.handrail_sessions
+            WHERE status = 'suspended'"""
+        )
+        sessions = await cursor.fetchall()
+        for row in sessions:
+            summary = summary_from_row(row[:8])
+            try:
+                data = decode(summary.id, row[8])
+                history = await self._read_messages(connection, summary.id, None, None)
+            except StoreError:
+                continue  # unreadable: the inbox could not show it either
+            window = row[9]
+            found = stored_cards(data, [m for p, m in history if p >= window], window)
+            if found:
+                texts = [card_text(summary.id, card) for card in found]
+                async with connection.cursor() as put:
+                    await put.executemany(_CARD.format(s=s), card_rows(summary, found, texts))
 
     def _now(self) -> float | None:
         return None if self.clock is None else self.clock()
@@ -533,7 +603,7 @@ class PostgresStore:
             }
             for entry in started
         ]
-        params = {
+        params: dict[str, Any] = {
             "id": record.id,
             "org_id": record.org_id,
             "user_id": record.user_id,
@@ -547,6 +617,23 @@ class PostgresStore:
             "messages": encode_messages(record.id, record.messages),
         }
         s = self._s
+        cards = record.cards[:] if record.cards is not None else None
+        indexed = record.status == "suspended"
+        if cards is not None and indexed:
+            params["cards"] = [card_text(record.id, card) for card in cards]
+            params["card_fields"] = [
+                [card.tool_call_id, card.tool, card.kind, card.agent] for card in cards
+            ]
+            params["card_times"] = [card.created_at for card in cards]
+        # The inbox rows go with the session's row, in the same statement: deleted (the
+        # save's own are inserted below), or, kept, moved along with their session.
+        if indexed and cards is None:
+            rows_go = f"""WITH moved AS (UPDATE {s}.handrail_cards
+                SET org_id = %(org_id)s, user_id = %(user_id)s, version = %(version)s + 1,
+                    updated_at = {_NOW}, expires_at = %(expires_at)s
+                WHERE session_id = %(id)s) """
+        else:
+            rows_go = f"WITH gone AS (DELETE FROM {s}.handrail_cards WHERE session_id = %(id)s) "
         if record.version == 0:
             query = f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
                 VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, 1, {_NOW}, {_NOW},
@@ -554,7 +641,7 @@ class PostgresStore:
                 ON CONFLICT (id) DO NOTHING
                 RETURNING created_at, updated_at"""
         else:
-            query = f"""UPDATE {s}.handrail_sessions
+            query = f"""{rows_go}UPDATE {s}.handrail_sessions
                 SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
                     version = version + 1, updated_at = {_NOW}, expires_at = %(expires_at)s,
                     data = %(data)s::json, window_start = %(window)s
@@ -597,6 +684,11 @@ class PostgresStore:
                     SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
                     FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
                     params,
+                )
+            if cards and indexed:
+                await connection.execute(
+                    _PUT_CARDS.format(s=s),
+                    {**params, "created_at": row[0], "updated_at": row[1]},
                 )
             if logged:
                 async with connection.cursor() as cursor:
@@ -671,6 +763,41 @@ class PostgresStore:
         )
         return [summary_from_row(row) for row in rows]
 
+    async def waiting(
+        self,
+        *,
+        org_id: str | None,
+        after: tuple[float, str, int] | None = None,
+        limit: int = 100,
+        tool: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        raised_before: float | None = None,
+        raised_after: float | None = None,
+        reach: tuple[str | None, frozenset[str]] | None = None,
+        exclude_user: str | None = None,
+    ) -> builtins.list[WaitingRow]:
+        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
+        check_waiting(limit)
+        sql, params = waiting_query(
+            f"{self._s}.handrail_cards",
+            "%s",
+            org_id=org_id,
+            after=after,
+            limit=limit,
+            tool=tool,
+            kind=kind,
+            session_id=session_id,
+            raised_before=raised_before,
+            raised_after=raised_after,
+            reach=reach,
+            exclude_user=exclude_user,
+        )
+        async with self._connection(None) as connection:
+            cursor = await connection.execute(sql, params)
+            rows = await cursor.fetchall()
+        return [row_of(row) for row in rows]
+
     async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
         """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
         check_page(limit, 0)
@@ -727,7 +854,8 @@ class PostgresStore:
             f"""WITH log AS (DELETE FROM {self._s}.handrail_tool_log WHERE session_id = %(id)s),
                 events AS (DELETE FROM {self._s}.handrail_events WHERE session_id = %(id)s),
                 lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s),
-                messages AS (DELETE FROM {self._s}.handrail_messages WHERE session_id = %(id)s)
+                messages AS (DELETE FROM {self._s}.handrail_messages WHERE session_id = %(id)s),
+                cards AS (DELETE FROM {self._s}.handrail_cards WHERE session_id = %(id)s)
             DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1""",
             {"id": session_id},
             session_id,
@@ -788,6 +916,10 @@ class PostgresStore:
             }
             for e in log
         ]
+        found_cards = []
+        if record.status == "suspended":
+            found_cards = stored_cards(record.data, record.messages[record.window :], record.window)
+        card_texts = [card_text(session_id, card) for card in found_cards]
         s = self._s
         async with self._connection(session_id) as connection, connection.transaction():
             while True:
@@ -827,10 +959,18 @@ class PostgresStore:
                 if cursor.rowcount:
                     break
                 # Created meanwhile by someone else: the next SELECT ... FOR UPDATE sees it.
-            # (Always: no message of an earlier session of this id can be left.)
+            # (Always: no message or card of an earlier session of this id can be left.)
             await connection.execute(
-                f"DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s", params
+                f"""WITH cards AS (DELETE FROM {s}.handrail_cards WHERE session_id = %(id)s)
+                DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s""",
+                params,
             )
+            if found_cards:
+                summary = dataclasses.replace(record.summary(), version=params["version"])
+                async with connection.cursor() as cursor:
+                    await cursor.executemany(
+                        _CARD.format(s=s), card_rows(summary, found_cards, card_texts)
+                    )
             if record.messages:
                 await connection.execute(
                     f"""INSERT INTO {s}.handrail_messages (session_id, position, message)

@@ -40,6 +40,7 @@ from ._base import (
     SessionStatus,
     SessionSummary,
     ToolLogEntry,
+    WaitingRow,
     lease_lost,
     wall_clock,
 )
@@ -55,6 +56,7 @@ from ._codec import (
     check_save,
     check_status,
     check_ttl,
+    decode,
     decode_audit,
     decode_event,
     decode_message,
@@ -72,6 +74,15 @@ from ._codec import (
 )
 from ._events import EventNotice, LocalFeed
 from ._thread import ConnectionThread, Outcome
+from ._waiting import (
+    COLUMNS,
+    card_rows,
+    card_text,
+    check_waiting,
+    row_of,
+    stored_cards,
+    waiting_query,
+)
 
 __all__ = ["SqliteStore"]
 
@@ -79,13 +90,15 @@ _log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases, wake-ups.
 2: the event log, `handrail_events`.
 3: messages apart, one row a message (`handrail_messages`), and the sessions' `window_start`.
 4: the audit trail, `handrail_audit` (per organisation, hash-chained; never pruned).
+5: the inbox index, `handrail_cards` (one row a waiting card), built from the suspended
+   sessions (`BACKFILLS`).
 """
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -172,6 +185,31 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         ) WITHOUT ROWID""",
         "CREATE INDEX handrail_audit_session ON handrail_audit (org_id, session_id, seq)",
     ),
+    # The inbox index: a suspended session's waiting cards, written with each save. A row
+    # carries its session's summary too, so a page is read off one index without a join.
+    5: (
+        """CREATE TABLE handrail_cards (
+            session_id TEXT NOT NULL,
+            org_id TEXT,
+            user_id TEXT,
+            version INTEGER NOT NULL,
+            session_created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            expires_at REAL,
+            position INTEGER NOT NULL CHECK (position >= 0),
+            tool_call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            agent TEXT,
+            created_at REAL,
+            card TEXT NOT NULL,
+            PRIMARY KEY (session_id, position)
+        ) WITHOUT ROWID""",
+        """CREATE INDEX handrail_cards_org
+            ON handrail_cards (org_id, updated_at DESC, session_id DESC, position)""",
+        """CREATE INDEX handrail_cards_tool
+            ON handrail_cards (org_id, tool, updated_at DESC, session_id DESC, position)""",
+    ),
 }
 
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
@@ -190,6 +228,7 @@ _UPDATE = """UPDATE handrail_sessions
     RETURNING created_at"""
 _COUNT = """SELECT COALESCE(MAX(position) + 1, 0) FROM handrail_messages WHERE session_id = ?"""
 _PUT = "INSERT INTO handrail_messages (session_id, position, message) VALUES (?, ?, ?)"
+_CARD = f"INSERT INTO handrail_cards ({COLUMNS}) VALUES ({', '.join('?' * 14)})"
 _LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (?, ?, ?)
     ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
     WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
@@ -450,6 +489,8 @@ class SqliteStore:
             (session_id, e.tool_call_id, e.key, e.tool, encode(session_id, e.args, what=_ARGS), now)
             for e in started
         ]
+        cards = record.cards[:] if record.cards is not None else None
+        texts = [card_text(session_id, card) for card in cards or ()]
 
         def save(db: sqlite3.Connection) -> float:
             with _transaction(db):
@@ -486,6 +527,9 @@ class SqliteStore:
                         (session_id, start),
                     )
                 db.executemany(_PUT, rows)
+                _index(
+                    db, replace(saved.summary(), created_at=created_at), cards, texts, expected == 0
+                )
                 for entry in audit:
                     _append_audit(db, entry)
                 db.executemany(_STARTED, logged)
@@ -534,6 +578,41 @@ class SqliteStore:
         )
         return [summary_from_row(row) for row in rows]
 
+    async def waiting(
+        self,
+        *,
+        org_id: str | None,
+        after: tuple[float, str, int] | None = None,
+        limit: int = 100,
+        tool: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        raised_before: float | None = None,
+        raised_after: float | None = None,
+        reach: tuple[str | None, frozenset[str]] | None = None,
+        exclude_user: str | None = None,
+    ) -> builtins.list[WaitingRow]:
+        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
+        check_waiting(limit)
+        sql, params = waiting_query(
+            "handrail_cards",
+            "?",
+            org_id=org_id,
+            after=after,
+            limit=limit,
+            tool=tool,
+            kind=kind,
+            session_id=session_id,
+            raised_before=raised_before,
+            raised_after=raised_after,
+            reach=reach,
+            exclude_user=exclude_user,
+        )
+        # The card as bytes: decoded by `_codec`, so text that is not UTF-8 names the session.
+        sql = sql.replace(", card FROM", ", CAST(card AS BLOB) FROM", 1)
+        rows = await self._call(lambda db: db.execute(sql, params).fetchall(), None)
+        return [row_of(row) for row in rows]
+
     async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
         """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
         check_page(limit, 0)
@@ -577,6 +656,7 @@ class SqliteStore:
                 db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM handrail_leases WHERE session_id = ?", (session_id,))
                 db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
                 return bool(
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
                 )
@@ -629,6 +709,11 @@ class SqliteStore:
             )
             for e in log
         ]
+        summary = record.summary()
+        found = []
+        if record.status == "suspended":
+            found = stored_cards(record.data, record.messages[record.window :], record.window)
+        card_texts = [card_text(session_id, card) for card in found]
 
         def import_(db: sqlite3.Connection) -> int:
             with _transaction(db):
@@ -643,9 +728,13 @@ class SqliteStore:
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
                     db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
-                # (Always: no message of an earlier session of this id can be left.)
+                # (Always: no message or card of an earlier session of this id can be left.)
                 db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
+                db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
                 db.executemany(_PUT, messages)
+                db.executemany(
+                    _CARD, card_rows(replace(summary, version=version), found, card_texts)
+                )
                 db.execute(
                     f"INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start) "
                     f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1049,8 +1138,61 @@ def migrate(db: sqlite3.Connection, now: float) -> int:
         for version in range(current + 1, SCHEMA_VERSION + 1):
             for statement in MIGRATIONS[version]:
                 db.execute(statement)
+            if version in BACKFILLS:
+                BACKFILLS[version](db)
             db.execute("INSERT INTO handrail_schema_version VALUES (?, ?)", (version, now))
     return max(current, SCHEMA_VERSION)
+
+
+def _index(
+    db: sqlite3.Connection,
+    saved: SessionSummary,
+    cards: builtins.list[Any] | None,
+    texts: builtins.list[str],
+    new: bool,
+) -> None:
+    """Write the inbox rows a save leaves (`SessionRecord.cards`), in its transaction."""
+    session_id = saved.id
+    if saved.status == "suspended" and cards is None:  # the rows stand; their session moved
+        db.execute(
+            """UPDATE handrail_cards SET org_id = ?, user_id = ?, version = ?, updated_at = ?,
+                expires_at = ? WHERE session_id = ?""",
+            (
+                saved.org_id,
+                saved.user_id,
+                saved.version,
+                saved.updated_at,
+                saved.expires_at,
+                session_id,
+            ),
+        )
+        return
+    if not new:
+        db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
+    if saved.status == "suspended" and cards:
+        db.executemany(_CARD, card_rows(saved, cards, texts))
+
+
+def _build_index(db: sqlite3.Connection) -> None:
+    """Migration 5: the inbox rows of every suspended session, read from its stored form."""
+    sessions = db.execute(
+        f"""SELECT {_SUMMARY}, CAST(data AS BLOB), window_start FROM handrail_sessions
+        WHERE status = 'suspended'"""
+    ).fetchall()
+    for row in sessions:
+        summary = summary_from_row(row[:8])
+        try:
+            data = decode(summary.id, row[8])
+            messages = [m for _, m in _read_messages(db, summary.id, row[9], None, -1)]
+        except StoreError:
+            continue  # unreadable: the inbox could not show it either
+        found = stored_cards(data, messages, row[9])
+        texts = [card_text(summary.id, card) for card in found]
+        db.executemany(_CARD, card_rows(summary, found, texts))
+
+
+BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {5: _build_index}
+"""What a migration computes beyond its statements, in its transaction."""
 
 
 class _Appends:
