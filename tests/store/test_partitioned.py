@@ -35,7 +35,14 @@ from handrail import (
 from handrail.audit import AuditEntry, AuditKey, verify
 from handrail.models import ModelRequest
 from handrail.policy import Decider
-from handrail.store import MemoryStore, PartitionedStore, SessionStore, session_id_for
+from handrail.store import (
+    MemoryStore,
+    PartitionedStore,
+    SessionStore,
+    WaitingCard,
+    WaitingRow,
+    session_id_for,
+)
 from handrail.testing import FunctionModel, call
 
 from .conftest import PG_HOST, PG_PORT, Clock, skip_without_postgres
@@ -239,6 +246,55 @@ async def test_fleet_wide_calls_answer_as_one_store_with_the_same_sessions_would
         await store.list(offset=-1)
     with pytest.raises(ValueError, match="status must be one of"):
         await store.list(status="waiting")  # type: ignore[arg-type]
+
+
+async def test_the_inbox_index_answers_as_one_store_with_the_same_cards_would(clock: Clock):
+    store, parts = memory_pair(clock)
+    plain = MemoryStore(clock=clock, audit_key=KEY)
+    for n in range(24):
+        org = ["acme", "globex"][n % 3 % 2]
+        cards = [
+            WaitingCard(
+                tool_call_id=f"c{n}-{k}", tool=["refund", "pay"][(n + k) % 2], kind="approval"
+            )
+            for k in range(n % 3)  # none, one or two cards
+        ]
+        record = SessionRecord(
+            id=store.id_for(org, f"s-{n:02}"),
+            org_id=org,
+            user_id=f"u{n % 2}",
+            status="suspended" if n % 4 else "active",
+            cards=cards,
+        )
+        await store.save(record)
+        await plain.save(record)
+        clock.advance(n % 2)  # ties in updated_at across partitions
+    for part in parts.values():
+        assert await part.waiting(org_id=None)  # both hold cards
+
+    def keys(rows: list[WaitingRow]) -> list[tuple[float, str, int]]:
+        return [row.key for row in rows]
+
+    for query in [
+        {"org_id": None},
+        {"org_id": None, "limit": 5},
+        {"org_id": "acme"},
+        {"org_id": "globex", "tool": "pay"},
+        {"org_id": None, "tool": "refund", "limit": 3},
+        {"org_id": None, "exclude_user": "u1"},
+    ]:
+        whole = await plain.waiting(**query)
+        assert keys(await store.waiting(**query)) == keys(whole), query
+        if len(whole) > 2:  # the page after a key, across partitions
+            after = whole[1].key
+            assert keys(await store.waiting(**query, after=after)) == keys(
+                await plain.waiting(**query, after=after)
+            ), query
+    one = store.id_for("globex", "s-05")
+    assert keys(await store.waiting(org_id=None, session_id=one)) == keys(
+        await plain.waiting(org_id=None, session_id=one)
+    )
+    assert await store.waiting(org_id=None, session_id="nowhere:x") == []
 
 
 async def test_claims_take_no_more_leases_than_they_return_and_reach_every_partition(

@@ -62,6 +62,7 @@ from ._base import (
     SessionStore,
     SessionSummary,
     ToolLogEntry,
+    WaitingRow,
     lease_and_load,
 )
 from ._codec import (
@@ -426,6 +427,50 @@ class PartitionedStore:
 
     # -- the fleet: every partition --------------------------------------------------------
 
+    async def waiting(
+        self,
+        *,
+        org_id: str | None,
+        after: tuple[float, str, int] | None = None,
+        limit: int = 100,
+        tool: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        raised_before: float | None = None,
+        raised_after: float | None = None,
+        reach: tuple[str | None, frozenset[str]] | None = None,
+        exclude_user: str | None = None,
+    ) -> builtins.list[WaitingRow]:
+        """A page of the inbox index (`SessionStore.waiting`).
+
+        With `org_id`, from its partition alone (an organisation's cards are all there); with
+        `session_id`, from the session's partition; otherwise from every partition, merged in
+        the index's order (each is asked for `limit` rows after `after`).
+        """
+        filters: dict[str, Any] = {
+            "after": after,
+            "limit": limit,
+            "tool": tool,
+            "kind": kind,
+            "session_id": session_id,
+            "raised_before": raised_before,
+            "raised_after": raised_after,
+            "reach": reach,
+            "exclude_user": exclude_user,
+        }
+        if org_id is not None:
+            return await self.stores[self.partition(org_id)].waiting(org_id=org_id, **filters)
+        if session_id is not None:
+            store = self._found(session_id)
+            return [] if store is None else await store.waiting(org_id=None, **filters)
+        pages = await self._each(lambda store: store.waiting(org_id=None, **filters))
+        # The index's order: the most recently updated session first (ties by id, descending),
+        # then a session's cards in the order they were raised.
+        merged = heapq.merge(
+            *pages, key=lambda r: (-r.session.updated_at, _Descending(r.session.id), r.position)
+        )
+        return builtins.list(merged)[:limit]
+
     async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
         """The sessions due at `now` in every partition, the earliest first."""
         check_page(limit, 0)
@@ -592,3 +637,21 @@ class _Read:
             else:
                 return item
         raise StopAsyncIteration
+
+
+class _Descending:
+    """A string that sorts the other way round (for one field of a merge key)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __lt__(self, other: _Descending) -> bool:
+        return self.text > other.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
