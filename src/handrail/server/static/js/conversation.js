@@ -236,7 +236,9 @@ export function callState(part, card) {
   const unrun = part.status === "waiting" || part.status === "pending";
   const args = unrun ? currentArgs(card) : part.args;
   let status = part.status;
-  if (unrun && card.decision) status = { reject: "rejected", expire: "expired", skip: "skipped" }[card.decision] || "decided";
+  // A call nobody decided in time never ran: the tool's error says so, the status too.
+  if (card.decision === "expire") status = "expired";
+  else if (unrun && card.decision) status = { reject: "rejected", expire: "expired", skip: "skipped" }[card.decision] || "decided";
   return { args, changes: argChanges(card, args), status };
 }
 
