@@ -187,3 +187,103 @@ def test_two_approvers_read_who_asked_what_is_needed_what_changed_and_what_came_
     shoot(di, "audit")
     di.reload()  # the view is in the URL
     expect(di.locator(".verify-result")).to_contain_text("✓ The trail holds")
+
+
+def reads(line: Any, status: str, args: str, digest: str | None = None) -> None:
+    """A call's line in the conversation: its status, its arguments, what it gave."""
+    expect(line.locator(".call-status")).to_have_text(status)
+    expect(line.locator(".call-args")).to_have_text(args)
+    if digest is not None:
+        expect(line.locator(".call-digest")).to_have_text(digest)
+
+
+def test_the_call_line_the_inbox_and_what_you_decided_follow_the_card_as_it_changes(
+    serve: Serve, new_page: NewPage, shoot: Shoot, axe: Axe
+) -> None:
+    """Ana keeps her page open; bo approves an amended amount, cy approves, and every page
+    (none reloaded) says where the call stands: its arguments as they run, then its end."""
+    paid.clear()
+    engine = Engine(
+        Domain(agents=[Agent("desk", tools=[pay])]),
+        store=MemoryStore(audit_key=AuditKey("k1", b"k" * 32)),
+        runtime=Runtime(model=FunctionModel(pay_script)),
+    )
+    served = serve(engine)
+    ana = signed_in(new_page, served, "key-ana")
+    ana.get_by_label("Message").fill("Pay the supplier")
+    ana.get_by_label("Message").press("Enter")
+    expect(ana.locator(".card.approval")).to_be_visible()
+    line = ana.locator("#transcript .call")
+    reads(line, "⚑ waiting for a decision", "to: acme-supplies · amount: 500")
+
+    bo = signed_in(new_page, served, "key-bo")
+    bo.locator("#inbox-list .inbox-card").click()
+    # ana's conversation: bo decides its card, and is offered no message box
+    expect(bo.locator("#not-yours")).to_have_text(
+        "ana's conversation; you can decide its cards, not write in it."
+    )
+    expect(bo.get_by_label("Message")).to_be_hidden()
+    card = bo.locator(".card.approval")
+    card.get_by_label("amount").fill("450")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".waiting-for-others")).to_be_visible()
+    # his approval given, the card is not his to decide: out of "To decide", not "for you"
+    expect(bo.locator("#status")).to_have_text(
+        "You approved the call: it waits for another approver."
+    )
+    expect(bo.locator("#inbox-list")).to_have_text("Nothing waits for you.")
+    expect(bo.locator("#inbox-count")).to_have_text("")
+    waiting = bo.locator("#inbox-waiting")
+    expect(waiting.locator("summary")).to_have_text("Waiting for others (1)")
+    expect(waiting.locator(".inbox-card")).to_be_hidden()  # folded
+    waiting.locator("summary").click()
+    expect(waiting.locator(".badge.you-approved")).to_have_text("you approved · 1 of 2")
+    # and what he decided, with where it stands
+    decided = bo.locator("#decided-list .decided-item")
+    expect(decided).to_have_count(1)
+    expect(decided.locator(".decided-whose")).to_have_text("ana's session")
+    expect(decided.locator(".decided-outcome")).to_have_text(
+        "Waiting for more approvals: approved by bo so far."
+    )
+    # the call line says what runs if it is approved: the amount bo set, and what it was
+    expect(bo.locator("#transcript .call .call-args")).to_have_text(
+        "to: acme-supplies · amount: 450 (was 500)"
+    )
+    assert axe(bo) == []
+    shoot(bo, "approved-waiting-for-others")
+    # ana's page, not reloaded, reads the amendment
+    expect(line.locator(".call-args")).to_have_text("to: acme-supplies · amount: 450 (was 500)")
+    expect(line.locator(".call-args del")).to_have_text("500")
+    expect(ana.locator(".card .approvals")).to_have_text(
+        "1 of 2 approvals of these arguments: approved by bo"
+    )
+
+    cy = signed_in(new_page, served, "key-cy")
+    cy.locator("#inbox-list .inbox-card").click()
+    cy.locator(".card.approval").get_by_role("button", name="Approve").click()
+    expect(cy.locator(".outcome .outcome-status")).to_have_text(
+        "Approved by bo and cy; ✓ done: paid 450 to acme-supplies."
+    )
+    # the call line above it says the same, never "waiting for a decision"
+    done = ("✓ done", "to: acme-supplies · amount: 450 (was 500)", "→ paid 450 to acme-supplies")
+    reads(cy.locator("#transcript .call"), *done)
+    shoot(cy, "outcome-and-line")
+    assert paid == [450]
+
+    # ana's page follows the turn as it resumes
+    expect(ana.locator(".bubble.assistant .text")).to_have_text("Paid.")
+    reads(line, *done)
+    expect(ana.locator("#pending")).to_be_hidden()
+    shoot(ana, "resumed-live")
+    # bo's page: the card was decided by the others; he reads what came of it
+    expect(bo.locator(".outcome .outcome-status")).to_have_text(
+        "Approved by bo and cy; ✓ done: paid 450 to acme-supplies."
+    )
+    expect(bo.locator("#inbox-waiting")).to_be_hidden()
+    # and, after leaving the page, in what he decided
+    bo.goto(f"{served.url}/")
+    expect(decided.locator(".decided-outcome")).to_have_text(
+        "Approved by bo and cy; ✓ done: paid 450 to acme-supplies."
+    )
+    assert axe(bo) == []
+    shoot(bo, "decided-by-you")

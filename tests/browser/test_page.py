@@ -378,6 +378,13 @@ def test_a_question_for_a_person_is_answered_with_a_form(
     expect(reply(page)).to_have_text(
         "The customer prefers: {'outcome': 'replacement', 'note': 'same colour', 'photos': True}"
     )
+    # the conversation says who answered what, and the call is done (waits no more)
+    expect(page.locator(".line.decided")).to_have_text(
+        "Answered by ana: customer.ask (outcome: replacement · note: same colour · photos: true)"
+    )
+    expect(page.locator(".call", has_text="customer.ask").locator(".call-status")).to_have_text(
+        "✓ done"
+    )
     shoot(page, "answered")
 
 

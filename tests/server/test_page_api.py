@@ -5,12 +5,23 @@ from __future__ import annotations
 import re
 import sqlite3
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+from starlette.applications import Starlette
+
 import handrail.server
+from handrail import Agent, DecisionPolicy, Domain, Engine, Runtime, tool
+from handrail.audit import AuditKey
 from handrail.demo.support_desk import CUSTOMER_MESSAGE
+from handrail.models import ModelRequest
+from handrail.server import ApiKeyAuthenticator, Caller, create_app
 from handrail.server._page import title_of
+from handrail.store import MemoryStore
+from handrail.testing import FunctionModel, Step, call
 
 from .conftest import ANA, BOB, Server
 from .test_api import JSON, approve, suspended
@@ -207,3 +218,127 @@ async def test_verify_says_the_trail_holds_then_names_an_edited_entry(
     assert broken["holds"] is False
     (problem,) = broken["problems"]
     assert (problem["seq"], problem["kind"], problem["severity"]) == (1, "edited", "error")
+
+
+# -- a colleague's session: decide its cards, never write in it --------------------------------
+
+
+@tool(
+    name="pay",
+    permission="destructive",
+    amendable=["amount"],
+    decision_policy=DecisionPolicy(roles={"it-admin"}, approvals=2),
+    digest=lambda paid: paid,
+)
+def pay(to: str, amount: float) -> str:
+    """Pay a supplier."""
+    return f"paid {amount:g} to {to}"
+
+
+def pay_script(request: ModelRequest) -> Step:
+    if request.messages[-1].role == "user":
+        return call("pay", to="acme-supplies", amount=500)
+    return "Paid."
+
+
+@pytest.fixture
+async def payments() -> AsyncIterator[tuple[Starlette, httpx.AsyncClient]]:
+    """ana (acme) asks to pay; bo and cy (acme, it-admin) are the two who must approve."""
+    engine = Engine(
+        Domain(agents=[Agent("desk", tools=[pay])]),
+        store=MemoryStore(audit_key=AuditKey("k1", b"k" * 32)),
+        runtime=Runtime(model=FunctionModel(pay_script)),
+    )
+    keys = ApiKeyAuthenticator(
+        {
+            "key-ana": Caller("acme", "ana"),
+            "key-bo": Caller("acme", "bo", frozenset({"it-admin"})),
+            "key-cy": Caller("acme", "cy", frozenset({"it-admin"})),
+        }
+    )
+    app = create_app(engine, authenticator=keys, static_dir=None)
+    transport = httpx.ASGITransport(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://test") as client,
+    ):
+        yield app, client
+
+
+BO_KEY = {"Authorization": "Bearer key-bo"}
+CY_KEY = {"Authorization": "Bearer key-cy"}
+
+
+async def _asked(app: Starlette, client: httpx.AsyncClient) -> tuple[str, str]:
+    session_id = (await client.post("/sessions", headers=ANA)).json()["id"]
+    turn = await client.post(f"/sessions/{session_id}/turns", headers=ANA, json={"text": "Pay"})
+    assert turn.status_code == 202, turn.text
+    await app.state.runs.join(session_id)
+    [card] = (await client.get(f"/sessions/{session_id}", headers=ANA)).json()["pending"]
+    return session_id, card["tool_call_id"]
+
+
+async def test_a_colleague_who_may_decide_reads_the_session_but_cannot_write_in_it(
+    payments: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    app, client = payments
+    session_id, _ = await _asked(app, client)
+    url = f"/sessions/{session_id}"
+    before = (await client.get(url, headers=ANA)).json()
+    assert (await client.get(url, headers=BO_KEY)).status_code == 200  # his card is there
+    # a message, the stream, the history, an export, an interrupt, a delete: the owner's only
+    refused = [
+        await client.post(f"{url}/turns", headers=BO_KEY, json={"text": "Pay 5000 instead"}),
+        await client.get(f"{url}/events", headers=BO_KEY),
+        await client.get(f"{url}/messages", headers=BO_KEY),
+        await client.get(f"{url}/export", headers=BO_KEY),
+        await client.post(f"{url}/interrupt", headers=BO_KEY),
+        await client.delete(url, headers=BO_KEY),
+    ]
+    assert [(r.status_code, r.json()["error"]["type"]) for r in refused] == [
+        (404, "not_found")
+    ] * len(refused)
+    after = (await client.get(url, headers=ANA)).json()
+    assert after["messages"] == before["messages"]  # nothing written, the card still waits
+    assert [c["tool_call_id"] for c in after["pending"]] == [
+        c["tool_call_id"] for c in before["pending"]
+    ]
+    assert not app.state.runs.running(session_id)
+
+
+async def test_the_outcome_names_the_arguments_that_run_and_what_approvers_changed(
+    payments: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    app, client = payments
+    session_id, call_id = await _asked(app, client)
+    url = f"/sessions/{session_id}/calls/{call_id}"
+    decided = await client.post(
+        f"/sessions/{session_id}/resolve",
+        headers={**BO_KEY, **JSON},
+        json=approve(call_id, amount=450),
+    )
+    assert decided.json()["resumed"] is False  # one of two
+    waiting = (await client.get(url, headers=BO_KEY)).json()
+    assert (waiting["decision"], waiting["approved_by"], waiting["status"]) == (
+        None,
+        ["bo"],
+        "waiting",
+    )
+    assert waiting["args"] == {"to": "acme-supplies", "amount": 450}
+    assert waiting["changes"] == {"amount": {"proposed": 500, "now": 450}}
+    [card] = (await client.get(f"/sessions/{session_id}", headers=CY_KEY)).json()["pending"]
+    last = await client.post(
+        f"/sessions/{session_id}/resolve",
+        headers={**CY_KEY, **JSON},
+        json={
+            "tool_call_id": call_id,
+            "decision": {"decision": "approve", "digest": card["digest"]},
+        },
+    )
+    assert last.json()["resumed"] is True
+    await app.state.runs.join(session_id)
+    ran = (await client.get(url, headers=BO_KEY)).json()
+    assert (ran["status"], ran["done"], ran["decided_by"]) == ("completed", True, ["bo", "cy"])
+    assert ran["args"] == {"to": "acme-supplies", "amount": 450}
+    assert ran["changes"] == {"amount": {"proposed": 500, "now": 450}}
+    assert ran["digest"] == "paid 450 to acme-supplies"

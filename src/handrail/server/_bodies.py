@@ -245,6 +245,15 @@ class CallOutcomeBody(BaseModel):
     status: ToolCallStatus | None = Field(
         description="The call's status (null for a batch card: see `output`)."
     )
+    args: dict[str, Any] | None = Field(
+        None,
+        description="The arguments it runs with (or ran with): the proposal as approvers "
+        "amended it (null for a batch card: see `output`).",
+    )
+    changes: dict[str, ArgChange] = Field(
+        default_factory=dict,
+        description="What `args` change from the model's proposal, by name.",
+    )
     summary: str | None = Field(None, description="Its result's summary, once it ran.")
     error: str | None = Field(None, description="Why it failed, when it did.")
     digest: Any = Field(None, description="Its result's digest, once it ran.")

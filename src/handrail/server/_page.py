@@ -17,6 +17,7 @@ from ..audit import AuditKey, AuditVerifier, keyring_from_env
 from ..messages import ApprovalCardPart, Message, ToolCallPart
 from ..state import RunState
 from ..store import SessionStatus, SessionStore
+from ..suspension import card_state
 from ._bodies import AuditVerifyBody, CallOutcomeBody
 
 __all__ = ["Titles", "call_outcome", "deciders", "verify_trail"]
@@ -132,6 +133,7 @@ def call_outcome(
     if card is None:
         return None
     status = call.status if call is not None else None
+    stands = card_state(card) if card.kind != "batch" else None
     result = call.result if call is not None else None
     # A batch card's call is its actions: it ran once it has their report.
     ran = card.output is not None if card.kind == "batch" else status in _FINAL
@@ -144,6 +146,8 @@ def call_outcome(
         decided_by=deciders(card),
         approved_by=approved_by if card.decision is None else [],
         status=status,
+        args=stands.args if stands is not None else None,
+        changes=stands.changes if stands is not None else {},
         summary=result.summary if result is not None else None,
         error=result.error if result is not None and status == "failed" else None,
         digest=call.digest if call is not None and status == "completed" else None,

@@ -2,7 +2,8 @@
 // what approvers changed, and the form to decide it; then, for a colleague's session, what
 // came of the decision.
 import { api, path } from "./api.js";
-import { author, deciders, STATUS } from "./conversation.js";
+import { author, callLine, STATUS } from "./conversation.js";
+import { recordDecided } from "./decided.js";
 import { $, describe, el, joined, sleep } from "./dom.js";
 import { deref, INVALID, propertySchema, schemaField } from "./forms.js";
 import { loadInbox } from "./inbox.js";
@@ -40,7 +41,7 @@ export function renderCards(pending) {
 }
 
 /** The viewer approved this card's current arguments already: it waits for someone else. */
-const approvedByMe = (card) =>
+export const approvedByMe = (card) =>
   Boolean(page.me) && card.kind !== "batch" && (card.approved_by || []).includes(page.me.user_id);
 
 const policyOf = (card) => {
@@ -341,12 +342,15 @@ async function resolve(items, errorBox, node) {
   try {
     const body = items.length === 1 ? items[0] : items;
     const resolution = await api("POST", `${path`/sessions/${sessionId}`}/resolve`, body);
+    const cards = page.session.pending.filter((c) => items.some((i) => i.tool_call_id === c.tool_call_id));
+    recordDecided(sessionId, page.session.user_id, cards);
     if (resolution.resumed && !page.mine.has(sessionId)) {
       // Another's session, decided from the inbox: its turn resumes on the server, and
       // its stream is its owner's. What came of it is read back, call by call.
       const decided = page.session.pending.filter((c) => resolution.decided.includes(c.tool_call_id));
       page.session.pending = [];
       renderCards([]);
+      for (const card of decided) if (card.kind !== "batch") callLine({ id: card.tool_call_id, status: "decided", summary: null });
       say("Decided; the turn resumes in the background.");
       loadInbox().catch(() => {});
       showOutcomes(sessionId, decided);
@@ -401,7 +405,7 @@ export function clearOutcomes() {
  * For each card decided on a colleague's session, a panel that says what came of it: the
  * call's result (or failure), once the resumed turn has run it (`GET .../calls/{id}`).
  */
-async function showOutcomes(sessionId, cards) {
+export async function showOutcomes(sessionId, cards) {
   const round = page.outcomes || 0;
   $("outcomes").hidden = false;
   const panels = cards.map((card) => {
@@ -426,6 +430,7 @@ async function showOutcomes(sessionId, cards) {
         status.textContent = `What came of it cannot be read: ${error.message}`;
         break;
       }
+      lineFrom(sessionId, outcome);
       if (outcome.done) break;
       await sleep(Math.min(250 * (i + 1), 2000));
     }
@@ -441,8 +446,30 @@ async function showOutcomes(sessionId, cards) {
   }
 }
 
+/** The call's line in the conversation, as the outcome says it stands now. */
+export function lineFrom(sessionId, outcome) {
+  const drawn = document.querySelector(`#transcript .call[data-call="${CSS.escape(outcome.tool_call_id)}"]`);
+  if (outcome.kind === "batch" || page.sessionId !== sessionId || !drawn) return;
+  const unrun = outcome.status === "waiting" || outcome.status === "pending" || outcome.status === null;
+  const after = { reject: "rejected", expire: "expired", skip: "skipped" }[outcome.decision] || "decided";
+  callLine({
+    id: outcome.tool_call_id,
+    name: outcome.tool_name,
+    args: outcome.args || undefined,
+    changes: outcome.changes,
+    status: unrun ? (outcome.decision ? after : "waiting") : outcome.status,
+    digest: outcome.status === "completed" ? outcome.digest : null,
+    summary: unrun ? null : outcome.summary,
+    error: outcome.error,
+  });
+}
+
 /** What came of a decided call, in words: what it did, or why it did not. */
 export function outcomeText(outcome) {
+  if (!outcome.decision) {
+    const so = outcome.approved_by.length ? `approved by ${joined(outcome.approved_by)} so far` : "no approvals yet";
+    return `Waiting for more approvals: ${so}.`;
+  }
   const who = outcome.decided_by.length ? ` by ${joined(outcome.decided_by)}` : "";
   const verbs = { approve: "Approved", reject: "Rejected", answer: "Answered", client_result: "Ran in the client", expire: "Expired" };
   const decided = `${verbs[outcome.decision] || outcome.decision}${who}`;

@@ -63,6 +63,8 @@ export const STATUS = {
   pending: ["○", "pending"],
   running: ["↻", "running"],
   waiting: ["⚑", "waiting for a decision"],
+  decided: ["↻", "decided; runs when the turn resumes"], // decided, the turn not resumed yet
+  expired: ["⊘", "expired"],
   proposed: ["◌", "proposed"], // captured with nobody present: nothing ran
   applied: ["✓", "applied"],
   skipped: ["⊘", "skipped"],
@@ -83,8 +85,8 @@ export function callLine(call) {
     " ",
     el("code", { class: "call-name", text: merged.name }),
   ];
-  const args = describe(merged.args);
-  if (args) parts.push(" ", el("span", { class: "call-args", text: args }));
+  const args = argsText(merged.args, merged.changes || {});
+  if (args) parts.push(" ", args);
   // A repeated read got the result of the identical call before it: it did not run again.
   if (merged.reused) parts.push(" ", el("span", { class: "call-reused", text: "reused, not run again" }));
   // An answer from documents carries its citations: listed under the line, not in it.
@@ -110,6 +112,47 @@ export function callLine(call) {
   line.dataset.live = JSON.stringify(merged);
   line.replaceChildren(...parts);
   scrollDown();
+}
+
+/**
+ * A call's arguments in a few words, `key: value · key: value`; one an approver changed reads
+ * as it runs, then what the model proposed: "amount: 450 (was 500)".
+ */
+function argsText(args, changes) {
+  const entries = Object.entries(args || {});
+  if (!entries.length) return null;
+  const text = (v) => (typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
+  const span = el("span", { class: "call-args" });
+  entries.forEach(([name, value], i) => {
+    if (i) span.append(" · ");
+    const change = changes[name];
+    if (change) {
+      span.append(
+        el("span", { class: "changed-arg" }, `${name}: `, el("ins", { text: text(value) }), " (was ", el("del", { text: text(change.proposed) }), ")"),
+      );
+    } else {
+      span.append(`${name}: ${text(value)}`);
+    }
+  });
+  return span;
+}
+
+/** The arguments a card's call runs with: the proposal, or as approvers amended it. */
+export function currentArgs(card) {
+  if (card.current_args) return card.current_args;
+  if (card.decision) return card.amended_args || card.args;
+  const last = (card.approvals || []).at(-1);
+  return (last && last.amended_args) || card.args;
+}
+
+/** What `args` change from the card's proposal, by name ({proposed, now}). */
+export function argChanges(card, args = currentArgs(card)) {
+  const changes = {};
+  for (const name of new Set([...Object.keys(card.args || {}), ...Object.keys(args || {})])) {
+    const proposed = (card.args || {})[name];
+    if (JSON.stringify(proposed) !== JSON.stringify(args[name])) changes[name] = { proposed, now: args[name] };
+  }
+  return changes;
 }
 
 /** The sources of a hosted web search: untrusted titles and URLs, written as text only. */
@@ -153,24 +196,25 @@ function renderMessage(message, agentOf) {
     return;
   }
   if (texts.length) bubbleFor(message.id, agent).querySelector(".text").textContent = textOf(message);
-  const decided = new Map(
-    message.parts.filter((p) => p.type === "approval" && p.decision).map((p) => [p.tool_call_id, p]),
-  );
+  const cards = new Map(message.parts.filter((p) => p.type === "approval").map((p) => [p.tool_call_id, p]));
+  // A waiting card as the server reads it now: its arguments as approvers amended them.
+  for (const p of (page.session && page.session.pending) || []) if (cards.has(p.tool_call_id)) cards.set(p.tool_call_id, p);
   for (const part of message.parts) {
     if (part.type === "tool-call") {
-      const card = decided.get(part.id);
-      if (card) note(decidedText(card), `decided ${card.decision}`);
+      const card = cards.get(part.id);
+      if (card && card.decision) note(decidedText(card), `decided ${card.decision}`);
       if (part.captured !== null && part.captured !== undefined) {
         capturedLine(part);
         continue;
       }
+      const state = callState(part, card);
       callLine({
         id: part.id,
         name: part.name,
-        args: part.args,
-        status: part.status,
+        ...state,
         digest: part.status === "completed" ? part.digest : undefined,
-        summary: part.result && part.result.summary,
+        // "waiting for a person to approve it" no longer, once a person decided
+        summary: state.status === part.status && part.result ? part.result.summary : undefined,
         error: part.status === "failed" && part.result ? part.result.error : undefined,
         executor: part.executor,
         reused: part.reused_from || undefined,
@@ -180,6 +224,22 @@ function renderMessage(message, agentOf) {
       if (part.kind === "batch" && part.output && Array.isArray(part.output.actions)) batchReport(part);
     }
   }
+}
+
+/**
+ * Where a call stands, by its card: the arguments it runs (or ran) with, those an approver
+ * changed marked, and its status; a decided call the turn has not run yet says so, never
+ * "waiting for a decision".
+ */
+export function callState(part, card) {
+  if (!card || card.kind === "batch") return { args: part.args, status: part.status };
+  const unrun = part.status === "waiting" || part.status === "pending";
+  const args = unrun ? currentArgs(card) : part.args;
+  let status = part.status;
+  // A call nobody decided in time never ran: the tool's error says so, the status too.
+  if (card.decision === "expire") status = "expired";
+  else if (unrun && card.decision) status = { reject: "rejected", expire: "expired", skip: "skipped" }[card.decision] || "decided";
+  return { args, changes: argChanges(card, args), status };
 }
 
 /** A call captured with nobody present: proposed (nothing ran), or what applying it did. */

@@ -2,6 +2,7 @@
 // each; read again every few seconds, and a new one is announced.
 import { api } from "./api.js";
 import { $, el, when } from "./dom.js";
+import { refreshDecided } from "./decided.js";
 import { select } from "./sessions.js";
 import { announce, page } from "./state.js";
 
@@ -13,19 +14,37 @@ let timer = null;
 export async function loadInbox() {
   const { cards } = await api("GET", "/pending?limit=100");
   page.inbox = cards;
+  // A card the viewer approved already waits for someone else: it is not theirs to decide.
+  const mine = cards.filter((c) => !approvedByMe(c));
+  const others = cards.filter(approvedByMe);
   const list = $("inbox-list");
-  const focused = list.contains(document.activeElement) ? document.activeElement.dataset.call : null;
-  list.replaceChildren(...cards.map(line));
-  if (!cards.length) list.append(el("li", { class: "none", text: "Nothing waits for you." }));
-  if (focused) list.querySelector(`[data-call="${CSS.escape(focused)}"]`)?.focus();
-  const ids = new Set(cards.map((c) => c.tool_call_id));
+  const waiting = $("waiting-list");
+  const focus = document.activeElement;
+  const focused = list.contains(focus) || waiting.contains(focus) ? focus.dataset.call : null;
+  list.replaceChildren(...mine.map(line));
+  if (!mine.length) list.append(el("li", { class: "none", text: "Nothing waits for you." }));
+  waiting.replaceChildren(...others.map(line));
+  $("inbox-waiting").hidden = others.length === 0;
+  $("waiting-summary").textContent = `Waiting for others (${others.length})`;
+  if (focused) document.querySelector(`#inbox [data-call="${CSS.escape(focused)}"]`)?.focus();
+  const ids = new Set(mine.map((c) => c.tool_call_id));
   if (known !== null) {
-    const fresh = cards.filter((c) => !known.has(c.tool_call_id) && c.session_id !== page.sessionId);
+    const fresh = mine.filter((c) => !known.has(c.tool_call_id) && c.session_id !== page.sessionId);
     if (fresh.length === 1) announce(`New in To decide: ${title(fresh[0])}, from ${fresh[0].requester || "?"}.`);
     else if (fresh.length) announce(`${fresh.length} new cards in To decide.`);
   }
   known = ids;
-  $("inbox-count").textContent = cards.length ? `(${cards.length})` : "";
+  $("inbox-count").textContent = mine.length ? `(${mine.length})` : "";
+  refreshDecided().catch(() => {});
+}
+
+/** The viewer approved this card's current arguments already (see cards.js). */
+export const approvedByMe = (c) => Boolean(page.me) && c.kind !== "batch" && (c.approved_by || []).includes(page.me.user_id);
+
+/** How many approvals a card's tool needs (1 unless its decision policy says more). */
+function needed(c) {
+  const tool = page.domain && page.domain.tools[c.tool];
+  return (tool && tool.decision_policy && tool.decision_policy.approvals) || 1;
 }
 
 const title = (c) => (c.kind === "batch" ? `${c.args.actions.length} actions` : c.tool);
@@ -53,7 +72,11 @@ function line(c) {
       comma(),
       el("span", { class: "inbox-who", text: `from ${c.requester || "?"}` }),
       changed ? [comma(), el("span", { class: "badge changed", text: "changed" })] : null,
-      approved ? [comma(), el("span", { class: "badge", text: `${approved} approved` })] : null,
+      approvedByMe(c)
+        ? [comma(), el("span", { class: "badge you-approved", text: `you approved · ${approved} of ${needed(c)}` })]
+        : approved
+          ? [comma(), el("span", { class: "badge", text: `${approved} approved` })]
+          : null,
       c.created_at ? [comma(), el("span", { class: "when", text: when(c.created_at) })] : null,
     ),
   );

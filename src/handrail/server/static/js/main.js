@@ -9,6 +9,7 @@
 import { api, onUnauthorized } from "./api.js";
 import { setUpAudit, showAudit } from "./audit.js";
 import { approveAll } from "./cards.js";
+import { clearDecided } from "./decided.js";
 import { $ } from "./dom.js";
 import { loadInbox, stopWatchingInbox, watchInbox } from "./inbox.js";
 import { listSessions, loadDomain, newSession, openSession, send } from "./sessions.js";
@@ -18,6 +19,7 @@ import { stopStream } from "./stream.js";
 function signOut(why) {
   stopStream();
   stopWatchingInbox();
+  clearDecided();
   localStorage.removeItem(KEY);
   page.key = null;
   page.me = null;

@@ -2,7 +2,7 @@
 // reload or a shared link opens it again); a message starts a turn.
 import { api, path } from "./api.js";
 import { hideAudit } from "./audit.js";
-import { clearOutcomes, renderCards } from "./cards.js";
+import { approvedByMe, clearOutcomes, renderCards, showOutcomes } from "./cards.js";
 import { renderSession, userBubble } from "./conversation.js";
 import { $, el, when } from "./dom.js";
 import { loadInbox } from "./inbox.js";
@@ -72,6 +72,8 @@ export async function openSession(sessionId, { focus = false, resume = false } =
       $("transcript").replaceChildren();
       renderCards([]);
       $("chat-title").textContent = "";
+      $("composer").hidden = false;
+      $("not-yours").hidden = true;
       $("empty").hidden = false;
       say("That session does not exist (or is not yours).", true);
       await listSessions().catch(() => {});
@@ -82,9 +84,12 @@ export async function openSession(sessionId, { focus = false, resume = false } =
   }
   page.sessionId = sessionId;
   page.session = session;
-  $("chat-title").textContent = session.user_id && page.me && session.user_id !== page.me.user_id
-    ? `${titleOf(session)} (${session.user_id}'s)`
-    : titleOf(session);
+  const theirs = Boolean(session.user_id && page.me && session.user_id !== page.me.user_id);
+  $("chat-title").textContent = theirs ? `${titleOf(session)} (${session.user_id}'s)` : titleOf(session);
+  // Only its owner writes to a session's agent (the server refuses anyone else's message).
+  $("composer").hidden = theirs;
+  $("not-yours").hidden = !theirs;
+  $("not-yours").textContent = theirs ? `${session.user_id}'s conversation; you can decide its cards, not write in it.` : "";
   renderSession(session);
   listSessions().catch(() => {});
   loadInbox().catch(() => {});
@@ -108,11 +113,61 @@ export async function openSession(sessionId, { focus = false, resume = false } =
   }
   if (!page.stream) setBusy(false);
   if (session.pending.length) {
-    say(`${session.pending.length === 1 ? "A call waits" : `${session.pending.length} calls wait`} for your decision.`);
-    if (focus) $("cards").querySelector(".card").focus();
-  } else if (focus && !page.stream) {
+    say(waitingText(session.pending));
+    if (focus) ($("cards").querySelector(".card:not(.approved-by-me)") || $("cards").querySelector(".card")).focus();
+    watch(sessionId, session);
+  } else if (focus && !page.stream && !theirs) {
     $("composer-text").focus();
   }
+}
+
+/** What the session's cards wait for, as the viewer reads it: them, or others they approved. */
+function waitingText(pending) {
+  const yours = pending.filter((c) => !approvedByMe(c)).length;
+  const others = pending.length - yours;
+  const calls = (n) => (n === 1 ? "A call waits" : `${n} calls wait`);
+  const parts = [];
+  if (yours) parts.push(`${calls(yours)} for your decision.`);
+  if (others) parts.push(`${yours ? `${others} you approved` : `You approved ${others === 1 ? "the call" : `${others} calls`}`}: ${others === 1 ? "it waits" : "they wait"} for another approver.`);
+  return parts.join(" ");
+}
+
+const WATCH = 3000; // ms between reads of a session whose cards wait, while it is shown
+
+/** What the session's cards stand on: a read that differs means someone decided meanwhile. */
+const standing = (session) =>
+  JSON.stringify([session.status, session.running, session.messages.length, session.pending.map((c) => [c.tool_call_id, c.digest, c.approved_by])]);
+
+/**
+ * While a session's cards wait, read it again every few seconds: another approver's approval
+ * or amendment, the turn resuming, show here as they happen. A colleague's session that is no
+ * longer theirs to read (decided by others) shows what came of the cards they approved.
+ */
+function watch(sessionId, shown) {
+  clearTimeout(page.poll);
+  page.poll = setTimeout(async () => {
+    if (page.sessionId !== sessionId || page.stream) return;
+    if (document.visibilityState !== "visible") return watch(sessionId, shown);
+    let session;
+    try {
+      session = await api("GET", path`/sessions/${sessionId}`);
+    } catch (error) {
+      if (page.sessionId !== sessionId) return;
+      if (error.status === 404 && !page.mine.has(sessionId)) {
+        const approved = shown.pending.filter(approvedByMe);
+        page.session.pending = [];
+        renderCards([]);
+        say(approved.length ? "Decided by the other approvers; the turn resumes in the background." : "Decided by someone else.");
+        if (approved.length) showOutcomes(sessionId, approved);
+        loadInbox().catch(() => {});
+        return;
+      }
+      return watch(sessionId, shown);
+    }
+    if (page.sessionId !== sessionId || page.stream) return;
+    if (standing(session) === standing(shown)) return watch(sessionId, shown);
+    await openSession(sessionId);
+  }, WATCH);
 }
 
 export async function newSession() {
