@@ -442,9 +442,9 @@ async def test_a_decision_and_its_audit_entry_are_one_save() -> None:
     saves: list[int] = []
     original = store.save
 
-    async def counting(record: SessionRecord) -> SessionRecord:
+    async def counting(record: SessionRecord, **grouped: Any) -> SessionRecord:
         saves.append(len(record.audit))
-        return await original(record)
+        return await original(record, **grouped)
 
     store.save = counting  # type: ignore[method-assign]
     await engine.resolve("s-1", call_id, Reject(by="ana"), org_id="acme")
