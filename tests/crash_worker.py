@@ -9,10 +9,13 @@ must finish the turn with exactly one effect per approved call.
 charge, after its effect), `suspended` (while the charge waits for approval), `after-result`
 (the charge returned; the worker dies before the session is saved again); and right after each
 write that groups several of a turn's (docs/durability.md, "What is written, and when"):
+`leased` (the user's message with the lease taken: a drive's first write),
 `checkpoint-started` (the session with the ship call, the lease check and the ship's `started`),
 `suspend-released` (the suspension with the lease given back), `decided` (the decision that
-wakes the workers), `started-leased` (the charge's `started` with the lease check, on resume),
-`completed-released` (the last save with the lease given back).
+wakes the workers), `resume-started` (the resumption's first write: its lease taken, with the
+session and the charge's `started`), `started-leased` (a call's `started` alone, with the lease
+check: a later sequential call's; not in this domain's turn), `completed-released` (the last
+save with the lease given back).
 
 The domain: a customer orders; the agent ships the order (`orders.ship`: a side effect,
 idempotent: the carrier deduplicates on the idempotency key) and charges it (`orders.charge`:
@@ -51,8 +54,13 @@ class KillingStore(SqliteStore):
 
     async def save(self, record: Any, **grouped: Any) -> Any:
         saved = await super().save(record, **grouped)
+        if grouped.get("lease") and not grouped.get("started"):
+            crash("leased")  # a drive's first write (the user's message): its lease taken
         if grouped.get("started"):
             crash("checkpoint-started")
+            if any(entry.tool == "orders.charge" for entry in grouped["started"]):
+                # the resumption's first write: its lease, the session and the charge's start
+                crash("resume-started")
         if grouped.get("release"):
             crash(f"{'suspend' if record.status == 'suspended' else record.status}-released")
         if grouped.get("notify"):

@@ -53,10 +53,11 @@ def counts(effects: Path) -> Counter[str]:
         "suspended",
         "after-result",
         # Right after each write that groups several (docs/durability.md):
+        "leased",
         "checkpoint-started",
         "suspend-released",
         "decided",
-        "started-leased",
+        "resume-started",
         "completed-released",
     ],
 )

@@ -432,7 +432,8 @@ async def test_a_store_that_refuses_is_not_retried_and_a_conflict_is_not_either(
 
 async def test_a_store_down_when_the_turn_starts_does_nothing_and_says_so():
     inner, ledger = MemoryStore(), Ledger()
-    flaky = FlakyStore(inner, fail={"acquire_lease": [1]}, down_for=ATTEMPTS)
+    # A turn starts with a read (its first write takes the lease).
+    flaky = FlakyStore(inner, fail={"load": [1]}, down_for=ATTEMPTS)
     engine = engine_for(flaky, SCENARIOS["ungated-parallel"], ledger)
     with pytest.raises(StoreUnavailableError, match="Nothing was done: try again"):
         await drain(engine.submit("s1", "go"))

@@ -313,6 +313,8 @@ async def _agent_loop(
                 break
             if interrupt.requested:
                 raise _Interrupted
+            if journal is not None:
+                await journal.before_model()
             progress.iterations += 1
             state.turn_iterations += 1
             request = ModelRequest(

@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 import os
+import time
 import weakref
 from collections import Counter
 from collections.abc import (
@@ -74,8 +75,14 @@ from .recovery import RESULT as _RESULT
 from .recovery import reconcile, result_record
 from .runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from .state import Progress, RunState
-from .store import MemoryStore, SessionRecord, SessionStatus, SessionStore, ToolLogEntry
-from .store._base import lease_and_load
+from .store import (
+    MemoryStore,
+    SessionRecord,
+    SessionStatus,
+    SessionStore,
+    SessionSummary,
+    ToolLogEntry,
+)
 from .store._codec import INCARNATION
 from .store._waiting import waiting_cards
 from .suspension import (
@@ -255,6 +262,9 @@ class Engine:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._running: dict[str, AgentRun[Any]] = {}
         self._holds: dict[str, _Hold] = {}  # the leases this engine's drives hold, by session
+        # Sessions whose lease this engine took by claiming them (`claim`, `reclaim`), and
+        # when: the drive that follows holds it already (it takes it with no write).
+        self._claimed: dict[str, float] = {}
         # A store of this handrail groups a turn's writes (`save(..., lease=, release=,
         # started=, notify=)`, `log_started(..., lease=)`); one written before (a store of
         # your own) gets the same writes one call each.
@@ -351,11 +361,13 @@ class Engine:
         """Continue a suspended turn once every pending call is decided.
 
         Decided calls are settled (approved ones run now), then the suspended agent's loop goes
-        on with its remaining iterations, then the rest of its route.
+        on with its remaining iterations, then the rest of its route. A turn cut off while it
+        ran (a resumption whose worker died) is recovered first, as `recover` does.
 
         Raises (when iterated):
             UserError: the session has no suspended turn, or a decision is still missing.
-            SessionBusyError: another worker drives the session right now.
+            SessionBusyError: another worker drives the session right now (raised at the
+                resumption's first write, before any event, side effect or model call).
         """
         return self._drive(session_id, None, None, org_id, user_id, model, client)
 
@@ -567,7 +579,11 @@ class Engine:
                 else:
                     recovering = mode == "recover"
                     expected = "running" if recovering else "suspended"
-                    if progress is None or progress.status != expected:
+                    if progress is not None and progress.status == "running":
+                        # A resumption's first write marks its turn running: cut off after it
+                        # (its worker died), it is recovered, as `recover` would.
+                        recovering = True
+                    elif progress is None or progress.status != expected:
                         raise UserError(_NOTHING[expected].format(session=session_id))
                 if recovering:  # what an operator watches: a worker died, or lost its lease
                     _log.warning(
@@ -641,12 +657,35 @@ class Engine:
 
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
             terminal: Event | None = None
-            async with self._lock(session_id), self._leased(session_id) as loaded:
-                async for event in turn(run, loaded):
-                    if event.type in _TERMINAL:
-                        terminal = event
-                    else:
-                        yield event
+            async with self._lock(session_id):
+                for attempt in range(_STALE_TRIES):
+                    # Until the drive's first write has taken the lease, its events are held
+                    # back: a drive that finds the session busy there has shown nothing.
+                    held: list[Event] = []
+                    try:
+                        async with self._leased(session_id) as (hold, loaded):
+                            async for event in turn(run, loaded):
+                                if event.type in _TERMINAL:
+                                    terminal = event
+                                elif not hold.held:
+                                    held.append(event)
+                                else:
+                                    for early in held:
+                                        yield early
+                                    held.clear()
+                                    yield event
+                    except _Taken:
+                        raise _busy(session_id) from None
+                    except _Stale:
+                        # Saved by another since it was read: read again and start over.
+                        if attempt + 1 == _STALE_TRIES:
+                            raise _busy(session_id) from None
+                        terminal = None
+                        run._result = None
+                        continue
+                    for early in held:  # a drive that wrote nothing
+                        yield early
+                    break
             # The last event comes once the session is free (saved, unlocked, its lease
             # released), so whoever reads it may start the session's next turn at once. (A
             # later one replaces it: a headless turn that completed suspends on its batch.)
@@ -801,10 +840,28 @@ class Engine:
         Returns:
             The ids of the sessions that moved (see `advance`).
         """
-        claimed = await self.store.claim(
-            self.runtime.clock(), self.lease_owner, self.lease_ttl, limit=limit
-        )
+        claimed = await self.claim(self.runtime.clock(), limit=limit)
         return await self._advance_each([summary.id for summary in claimed])
+
+    async def claim(self, now: float, *, limit: int = 100) -> list[SessionSummary]:
+        """Claim the sessions that need a worker at `now` for this engine (`SessionStore.claim`).
+
+        Their leases are this engine's (`lease_owner`) for `lease_ttl`: a drive of one of
+        them that starts soon (`advance`) holds its lease from the start, with no write to
+        take it.
+        """
+        claimed = await self.store.claim(now, self.lease_owner, self.lease_ttl, limit=limit)
+        self._note_claimed(summary.id for summary in claimed)
+        return claimed
+
+    def _note_claimed(self, session_ids: Iterable[str]) -> None:
+        at = time.monotonic()
+        for session_id in session_ids:
+            self._claimed[session_id] = at
+        if len(self._claimed) > 10_000:  # claimed and never driven: forget the stale ones
+            stale = [s for s, t in self._claimed.items() if at - t >= self.lease_ttl / 3]
+            for session_id in stale:
+                del self._claimed[session_id]
 
     async def reclaim(self) -> list[str]:
         """Take back, at once, the turns a previous process with this worker id was driving.
@@ -818,9 +875,9 @@ class Engine:
         Returns:
             The ids of the sessions that moved.
         """
-        return await self._advance_each(
-            await self.store.adopt_leases(self.worker_id, self.lease_owner)
-        )
+        adopted = await self.store.adopt_leases(self.worker_id, self.lease_owner)
+        self._note_claimed(adopted)
+        return await self._advance_each(adopted)
 
     async def _advance_each(self, session_ids: list[str]) -> list[str]:
         """`advance` each session, one after the other, in its own scope; the ids that moved.
@@ -1148,45 +1205,50 @@ class Engine:
         return [self.domain.by_name[n] for n in names]
 
     @contextlib.asynccontextmanager
-    async def _leased(self, session_id: str) -> AsyncIterator[SessionRecord | None]:
+    async def _leased(self, session_id: str) -> AsyncIterator[tuple[_Hold, SessionRecord | None]]:
         """Hold the session's lease (one worker drives a session), renewed while held.
 
-        Yields the session as read once the lease is taken (`None`: there is none), in one
-        trip to the store with the lease where the store can (`lease_and_load`).
+        Yields the drive's hold and the session as read (`None`: there is none). The read
+        writes nothing: the lease is taken by the drive's first write, in its transaction,
+        with the compare-and-swap on the version it read (`_save`), before anything a second
+        driver must not repeat (a side effect, a model call). A session this engine has just
+        claimed (`claim`, `reclaim`) is held already. Renewed every `lease_ttl / 3` once held.
         """
         store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
+        self._lost.discard(session_id)  # (this process's drives of a session take turns)
+        claimed = self._claimed.pop(session_id, None)
+        # A claim still fresh holds the lease for long enough: renewed from now on, in time.
+        held = claimed is not None and time.monotonic() - claimed < ttl / 3
         try:
-            held, loaded = await lease_and_load(store, session_id, owner, ttl)
+            loaded = await store.load(session_id)
         except Exception as error:
-            held, loaded = await self._retry(
+            loaded = await self._retry(
                 error,
-                lambda: lease_and_load(store, session_id, owner, ttl),
+                lambda: store.load(session_id),
                 session_id,
-                "take the session's lease and load it",
+                "load the session",
                 left="Nothing was done: try again once the store answers.",
             )
-        if not held:
-            raise SessionBusyError(
-                f"Session {session_id!r} is being driven by another worker right now; wait "
-                f"for its run to end (or for its lease to expire if that worker died)."
-            )
-        self._lost.discard(session_id)
         # A timer until the lease is due for renewal, and a task only then: most turns end
         # before, and a task each (with its cancellation) was a cost of every turn's start.
         loop = asyncio.get_running_loop()
         renewal: asyncio.Task[None] | None = None
-        timer: asyncio.TimerHandle
+        timer: asyncio.TimerHandle | None = None
         holding = True  # False once the drive is over: no renewal may start or go on after
 
         async def stop() -> None:
             nonlocal holding
             holding = False
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             if renewal is not None:
                 renewal.cancel()
                 await asyncio.wait([renewal])
 
-        hold = self._holds[session_id] = _Hold(stop)
+        def start() -> None:  # the lease is held at the store from now on
+            nonlocal timer
+            if holding:
+                timer = loop.call_later(ttl / 3, due)
 
         def due() -> None:
             nonlocal renewal
@@ -1215,14 +1277,17 @@ class Engine:
             else:
                 self._lose(session_id)
 
-        timer = loop.call_later(ttl / 3, due)
+        hold = self._holds[session_id] = _Hold(stop, start)
+        if held:
+            hold.take()
         try:
-            yield loaded
+            yield hold, loaded
         finally:
             if self._holds.get(session_id) is hold:
                 del self._holds[session_id]
             await stop()
-            if not hold.released:  # else the drive's last save released it, in its transaction
+            # Not taken (the drive wrote nothing), or given back by its last save: done.
+            if hold.held and not hold.released:
                 try:
                     try:
                         await store.release_lease(session_id, owner)
@@ -1348,8 +1413,12 @@ class Engine:
         """
         if record.id in self._lost:
             raise self._lost_lease(record.id)
+        drive = self._holds.get(record.id)
+        first = drive is not None and not drive.held  # the drive's first write takes the lease
+        if first:
+            hold = True
         if not self._grouping and (hold or started or notify):
-            return await self._save_apart(record, state, status, hold, started, notify)
+            return await self._save_apart(record, state, status, hold, started, notify, first)
         extra: dict[str, Any] = {}
         if hold:
             extra["lease"] = (self.lease_owner, self.lease_ttl)
@@ -1375,27 +1444,40 @@ class Engine:
         try:
             try:
                 saved = await self.store.save(record, **extra)
-            except SessionBusyError:
-                if not hold:
-                    raise
-                self._lost.add(record.id)
-                raise self._lost_lease(record.id) from None
+            except (SessionBusyError, ConflictError) as error:
+                raise self._refused(record.id, error, hold=hold, first=first) from None
             except Exception as error:
                 again = lambda: self._save_again(record, extra)  # noqa: E731
                 try:
                     saved = await self._retry(error, again, record.id, "save the session")
-                except SessionBusyError:
-                    if not hold:
-                        raise
-                    self._lost.add(record.id)
-                    raise self._lost_lease(record.id) from None
+                except (SessionBusyError, ConflictError) as refused:
+                    raise self._refused(record.id, refused, hold=hold, first=first) from None
         finally:
             record.messages = []
+        if first:
+            assert drive is not None
+            drive.take()
         if lease is not None:
             lease.released = True
         record.version = saved.version
         state.mark_saved()
         return saved
+
+    def _refused(self, session_id: str, error: Exception, *, hold: bool, first: bool) -> Exception:
+        """What a save the store refused raises: nothing was written.
+
+        The drive's first write (`first`): another worker drives the session
+        (`SessionBusyError`), or wrote it since this drive read it (`_Stale`: the drive reads
+        it again). Later, under the lease (`hold`): this process lost it to another.
+        """
+        if first:
+            if isinstance(error, ConflictError):
+                return _Stale(str(error), session_id=session_id)
+            return _Taken(str(error), session_id=session_id)
+        if isinstance(error, SessionBusyError) and hold:
+            self._lost.add(session_id)
+            return self._lost_lease(session_id)
+        return error
 
     async def _save_apart(
         self,
@@ -1405,12 +1487,28 @@ class Engine:
         hold: bool,
         started: Sequence[ToolLogEntry],
         notify: bool,
+        first: bool = False,
     ) -> SessionRecord:
         """`_save` for a store that does not group: the same writes, one store call each."""
         session_id = record.id
-        if hold:
+        drive = self._holds.get(session_id)
+        if first and drive is not None:
+            # The lease taken apart, then the save's compare-and-swap on the version read.
+            store, owner, ttl = self.store, self.lease_owner, self.lease_ttl
+            taken = await self._retrying(
+                lambda: store.acquire_lease(session_id, owner, ttl), session_id, "take the lease"
+            )
+            if not taken:
+                raise _Taken("the lease is another's", session_id=session_id)
+            drive.take()
+        elif hold:
             await self._check_lease(session_id)
-        saved = await self._save(record, state, status)
+        try:
+            saved = await self._save(record, state, status)
+        except ConflictError as error:
+            if first:
+                raise _Stale(str(error), session_id=session_id) from None
+            raise
         for entry in started:
             await self._retrying(
                 lambda e=entry: self.store.log_started(  # type: ignore[misc]
@@ -1518,6 +1616,30 @@ class Engine:
         ) from failed
 
 
+class _Stale(StoreError):
+    """A drive's first write found the session saved since the drive read it; nothing written.
+
+    Nothing the drive did mattered yet (its first write comes before any side effect or
+    model call, and its events were held back), so it reads the session again and starts
+    over.
+    """
+
+
+class _Taken(StoreError):
+    """A drive's first write found the session's lease another worker's; nothing written.
+
+    Raised through the turn as a store's failure is (so the turn stops right there), and
+    handed to the caller as `SessionBusyError`.
+    """
+
+
+def _busy(session_id: str) -> SessionBusyError:
+    return SessionBusyError(
+        f"Session {session_id!r} is being driven by another worker right now; wait for its "
+        f"run to end (or for its lease to expire if that worker died)."
+    )
+
+
 def _not_found(
     session_id: str, org_id: str | None, user_id: str | None, *, any_user: bool
 ) -> SessionNotFoundError:
@@ -1559,6 +1681,10 @@ def _decode(record: SessionRecord) -> RunState:
         ) from None
 
 
+_STALE_TRIES = 3
+"""How many times a drive reads the session again when its first write finds it saved since
+(another worker's turn ended in between); then `SessionBusyError`."""
+
 _Mode: TypeAlias = Literal["resume", "recover", "advance"]
 """How `_drive` goes on with a turn in progress: resume a suspended one, recover one cut off,
 or whichever it needs (`advance`)."""
@@ -1595,10 +1721,23 @@ class _SessionJournal:
         await self.engine._save(self.record, self.state, "active", hold=True, started=entries)
         self.logged.update(entry.tool_call_id for entry in entries)
 
+    async def before_model(self) -> None:
+        drive = self.engine._holds.get(self.record.id)
+        if drive is not None and not drive.held:
+            # Nothing written yet this drive (a resumption whose decided calls run nothing):
+            # the lease is taken now, with the session, before a model is called.
+            await self.engine._save(self.record, self.state, "active")
+
     async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
         engine, session_id = self.engine, self.record.id
         if log_id in self.logged:  # logged with the checkpoint just before
             self.logged.discard(log_id)
+            self.started_at[log_id] = engine.runtime.clock()
+            return
+        drive = engine._holds.get(session_id)
+        if drive is not None and not drive.held:  # the drive's first write: a save with it
+            entry = ToolLogEntry(tool_call_id=log_id, key=key, tool=part.name, args=part.args)
+            await engine._save(self.record, self.state, "active", hold=True, started=[entry])
             self.started_at[log_id] = engine.runtime.clock()
             return
         # The lease is checked (and renewed) at the store in the write that logs the call,
@@ -1684,13 +1823,24 @@ async def _log_started(
 
 
 class _Hold:
-    """A drive's hold on its session's lease: `stop` its renewals; `released` by a save."""
+    """A drive's hold on its session's lease: `held`, then `released` by a save.
 
-    __slots__ = ("released", "stop")
+    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals.
+    """
 
-    def __init__(self, stop: Callable[[], Awaitable[None]]) -> None:
+    __slots__ = ("_start", "held", "released", "stop")
+
+    def __init__(self, stop: Callable[[], Awaitable[None]], start: Callable[[], None]) -> None:
         self.stop = stop
+        self._start = start
+        self.held = False
         self.released = False
+
+    def take(self) -> None:
+        """The lease is held at the store now: renew it from here on."""
+        if not self.held:
+            self.held = True
+            self._start()
 
 
 @dataclass(kw_only=True, slots=True)

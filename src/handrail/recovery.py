@@ -63,6 +63,14 @@ class Journal(Protocol):
         """
         ...
 
+    async def before_model(self) -> None:
+        """Called before each model call: a drive that has written nothing yet writes now.
+
+        A run's drive takes its session's lease with its first write; a model call (which
+        costs, and whose answer a second driver would repeat) waits until it is done.
+        """
+        ...
+
     async def started(self, log_id: str, part: ToolCallPart, key: str) -> None:
         """Record that `part` is about to run (attempt `log_id`), with its idempotency key."""
         ...

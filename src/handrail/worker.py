@@ -365,9 +365,7 @@ class Worker:
     async def _claim(self, limit: int) -> list[Any]:
         """Claim up to `limit` due sessions (their leases are then this worker's)."""
         engine = self.engine
-        return await engine.store.claim(
-            engine.runtime.clock() - self.grace, engine.lease_owner, engine.lease_ttl, limit=limit
-        )
+        return await engine.claim(engine.runtime.clock() - self.grace, limit=limit)
 
     def _start(
         self, session_id: str, group: asyncio.TaskGroup

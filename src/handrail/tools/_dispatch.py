@@ -324,8 +324,10 @@ class Dispatcher:
                 yield self._wait(message, part, cards, approved=True)
             else:
                 yield completed_event(part)
-        # The message was stored when the turn stopped, so the calls are already on record.
-        async for event in self._execute_ready(ready, message, cards, checkpoint=False):
+        # The message was stored when the turn stopped, so the calls are already on record;
+        # the checkpoint is the resumption's first write (its lease, with the version it
+        # read), with the `started` of the calls that start at once.
+        async for event in self._execute_ready(ready, message, cards, checkpoint=True):
             yield event
 
     def _rerun(self, part: ToolCallPart, bound: dict[str, Any] | None = None) -> _Ready | _Final:
