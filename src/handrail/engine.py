@@ -728,9 +728,9 @@ class Engine:
         """Apply a decided batch card's actions (going on from a crash, from the log)."""
         assert state.progress is not None
         report = ApplyReport(actions=approved_plan(card))
-        yield RunStarted(run_id=state.run_id, session_id=state.session_id)
         state.progress.status = "running"  # a crash from here on is recovered from the log
-        await self._save(record, state, "active")
+        await self._save(record, state, "active")  # the drive's first write: its lease
+        yield RunStarted(run_id=state.run_id, session_id=state.session_id)
         entries = await self._retrying(
             lambda: self.store.tool_log(record.id), record.id, "read the tool-call log"
         )
@@ -1721,7 +1721,7 @@ class _SessionJournal:
         await self.engine._save(self.record, self.state, "active", hold=True, started=entries)
         self.logged.update(entry.tool_call_id for entry in entries)
 
-    async def before_model(self) -> None:
+    async def acting(self) -> None:
         drive = self.engine._holds.get(self.record.id)
         if drive is not None and not drive.held:
             # Nothing written yet this drive (a resumption whose decided calls run nothing):
