@@ -1,10 +1,10 @@
 """How many commits a served turn makes: the engine's writes, plus its events' appends.
 
 A server logs each event of a turn to the session's event log (what a client that reconnects
-reads). The appends are grouped: what a turn yields while an append commits is appended
-together next, so a turn's events cost a commit per group, not per event, however many text
-deltas its answer streams. Counted in the SQLite connection, as tests/test_durable_writes.py
-counts the engine's own.
+reads). The appends are grouped: the first event at once, then what the turn yields in groups
+(one every `coalesce` seconds, or at its end), so a turn's events cost a commit per group,
+not per event, however many text deltas its answer streams. Counted in the SQLite
+connection, as tests/test_durable_writes.py counts the engine's own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from handrail.models import ModelRequest
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
 from handrail.store import SqliteStore
 from handrail.testing import FunctionModel, Step, call
-
 from test_durable_writes import Commits
 
 KEY = {"Authorization": "Bearer key-ana"}
@@ -68,6 +67,7 @@ async def served_commits(tmp_path: Path, shape: str) -> tuple[int, int]:
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client,
         ):
+            app.state.runs.coalesce = 60.0  # no group by the clock: the count is the turn's
             session = (await client.post("/sessions", headers=KEY)).json()["id"]
             counted = (0, 0)
             for turn in range(2):
@@ -94,6 +94,7 @@ async def test_a_served_turns_events_cost_a_commit_a_group_not_one_each(
 ) -> None:
     commits, events = await served_commits(tmp_path, shape)
     assert events > 40  # every delta is logged ...
-    # ... in a few appends (the turn's start, what it streamed meanwhile, its end), not one
-    # each: 47 to 52 commits a turn here before the appends were grouped
-    assert commits <= engine + 4, (commits, events)
+    # ... in two appends (the turn's first event, and the rest at its end), not one each:
+    # 47 to 52 commits a turn here before the appends were grouped. (SQLite's connection
+    # thread may commit an append with a save queued beside it: one fewer, then.)
+    assert engine <= commits <= engine + 2, (commits, events)

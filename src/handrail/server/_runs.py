@@ -528,11 +528,13 @@ class Runs:
 class _TurnLog:
     """A turn's events on their way to the log: appended in groups, one commit a group.
 
-    The turn goes on while its events are written: what it yields while an append is being
-    committed is appended together next (group commit), so a turn makes a commit per group,
-    not per event, and a delta waits for at most one commit before it is logged and handed to
-    the streams. Events keep their order; an append that fails fails the turn, as it did
-    when the turn awaited each append (the next `add` or `flush` raises it).
+    The turn goes on while its events are written: its first event is appended at once (the
+    request that started the turn waits for it), and what it yields after is appended
+    together, a group at most every `Runs.coalesce` seconds (the pace at which streams send
+    anyway), or at once when the turn ends (`flush`). So a turn makes a commit per group, not
+    per event: an instant turn two, its first event and the rest; a long one, one more per
+    `coalesce` it streams. Events keep their order; an append that fails fails the turn, as it
+    did when the turn awaited each append (the next `add` or `flush` raises it).
     """
 
     def __init__(
@@ -548,6 +550,7 @@ class _TurnLog:
         self._task = task
         self._queued: list[dict[str, Any]] = []
         self._writing: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()  # the turn ends: append what is queued without waiting
         self.begun = False
         """Its first event is logged."""
 
@@ -560,6 +563,7 @@ class _TurnLog:
 
     async def flush(self) -> None:
         """Wait until every event added is logged (or raise the append's failure)."""
+        self._now.set()
         while self._writing is not None:
             await asyncio.wait([self._writing])
             self._check()
@@ -580,8 +584,10 @@ class _TurnLog:
 
     async def _write(self) -> None:
         runs, session_id = self._runs, self._session_id
+        loop = asyncio.get_running_loop()
         while self._queued:
             group, self._queued = self._queued, []
+            began = loop.time()
             last = await runs._append(session_id, group, self._task)
             if not self.begun:
                 self.begun = True
@@ -591,6 +597,10 @@ class _TurnLog:
                 # The engine has freed the session: a client that read this event may
                 # start the next turn now, while the turn's generator winds down.
                 runs._end(session_id, self._task)
+            wait = began + runs.coalesce - loop.time()
+            if wait > 0 and not self._now.is_set():  # more to come: let it gather
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._now.wait(), wait)
         self._writing = None
 
 
