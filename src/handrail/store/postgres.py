@@ -652,8 +652,6 @@ class PostgresStore:
         checked = dataclasses.replace(saved, messages=record.messages[:])
         audit = record.audit[:]
         async with self._connection(saved.id) as connection, connection.transaction():
-            if lease is not None:
-                await self._hold(connection, record.id, *lease)
             # The row lock the UPDATE takes keeps other saves off the messages until commit.
             row = await (await connection.execute(query, params)).fetchone()
             if row is None:
@@ -664,6 +662,8 @@ class PostgresStore:
                 raise ConflictError(
                     saved.id, expected=saved.version - 1, actual=None if found is None else found[0]
                 )
+            if lease is not None:  # after the session's row, in the order `claim` locks them
+                await self._hold(connection, record.id, *lease)
             cursor = await connection.execute(
                 f"""SELECT COALESCE(MAX(position) + 1, 0) FROM {s}.handrail_messages
                 WHERE session_id = %(id)s""",
