@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import re
@@ -28,7 +27,6 @@ from ..audit import (
     warn_unkeyed,
 )
 from ..exceptions import (
-    ConflictError,
     MissingExtraError,
     SessionNotFoundError,
     StoreError,
@@ -40,19 +38,17 @@ from ._base import (
     SessionStatus,
     SessionSummary,
     ToolLogEntry,
+    WaitingCard,
     WaitingRow,
     lease_lost,
 )
 from ._codec import (
     INCARNATION,
     LoggedEvents,
-    chain_audit,
     check_audit_page,
     check_events_page,
-    check_messages,
     check_messages_page,
     check_page,
-    check_save,
     check_status,
     check_ttl,
     decode,
@@ -61,15 +57,29 @@ from ._codec import (
     decode_message,
     encode,
     encode_events,
-    encode_messages,
-    exists_error,
     export_document,
     log_entry_from_row,
     not_started_error,
-    parse_export,
     record_from_row,
     stamped,
     summary_from_row,
+)
+from ._sql import (
+    ARGS,
+    Dialect,
+    Plan,
+    Result,
+    Statement,
+    append_audit_plan,
+    cards_change_statement,
+    import_plan,
+    lease_statement,
+    prepare_import,
+    prepare_save,
+    release_statement,
+    save_plan,
+    started_row,
+    started_sql,
 )
 from ._waiting import (
     COLUMNS,
@@ -223,7 +233,7 @@ _NOW = "COALESCE(%(now)s::float8, extract(epoch FROM statement_timestamp())::flo
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
 # A save's waiting cards, one statement: the fields as arrays, a card's at its position.
 _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
-    SELECT %(id)s, %(org_id)s, %(user_id)s, %(version)s + 1, %(created_at)s, %(updated_at)s,
+    SELECT %(id)s, %(org_id)s, %(user_id)s, %(version)s, %(created_at)s, %(updated_at)s,
         %(expires_at)s, c.n - 1, f.v[c.n][1], f.v[c.n][2], f.v[c.n][3], f.v[c.n][4],
         (%(card_times)s::float8[])[c.n], c.card
     FROM unnest(%(cards)s::text[]) WITH ORDINALITY AS c(card, n),
@@ -295,6 +305,8 @@ class PostgresStore:
         self.events_channel = events_channel
         """The LISTEN/NOTIFY channel of the event-log notices (`listen_events`)."""
         self._s = f'"{schema}"'
+        self._dialect = _Dialect(self._s, schema, self.channel)
+        self._started_sql = started_sql(self._dialect)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -525,30 +537,6 @@ class PostgresStore:
                     WHERE m.session_id = s.id AND m.position >= s.window_start)
             FROM {self._s}.handrail_sessions s WHERE id = %(id)s"""
 
-    @property
-    def _lease_sql(self) -> str:
-        s = self._s
-        return f"""INSERT INTO {s}.handrail_leases (session_id, owner, expires_at)
-                VALUES (%(id)s, %(owner)s, {_NOW} + %(ttl)s)
-                ON CONFLICT (session_id) DO UPDATE
-                    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-                    WHERE {s}.handrail_leases.owner = EXCLUDED.owner
-                        OR {s}.handrail_leases.expires_at <= {_NOW}"""
-
-    @property
-    def _release_sql(self) -> str:
-        return (
-            f"DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s AND owner = %(owner)s"
-        )
-
-    @property
-    def _started_sql(self) -> str:
-        return f"""INSERT INTO {self._s}.handrail_tool_log
-                (session_id, tool_call_id, key, tool, args, status, started_at)
-                VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s, %(args)s::json,
-                        'started', {_NOW})
-                ON CONFLICT (session_id, tool_call_id) DO NOTHING"""
-
     async def messages(
         self, session_id: str, *, before: int | None = None, limit: int = 100
     ) -> builtins.list[tuple[int, dict[str, Any]]]:
@@ -589,130 +577,26 @@ class PostgresStore:
         one version, the second waits for the first's row lock, then finds the version moved
         and changes nothing.
         """
-        check_save(record)
-        if lease is not None:
-            check_ttl(lease[1])
-        logged = [
-            {
-                "session_id": record.id,
-                "tool_call_id": entry.tool_call_id,
-                "key": entry.key,
-                "tool": entry.tool,
-                "args": encode(record.id, entry.args, what="tool-call arguments"),
-                "now": self._now(),
-            }
-            for entry in started
-        ]
-        params: dict[str, Any] = {
-            "id": record.id,
-            "org_id": record.org_id,
-            "user_id": record.user_id,
-            "status": record.status,
-            "expires_at": record.expires_at,
-            "data": encode(record.id, record.data),
-            "window": record.window,
-            "version": record.version,
-            "now": self._now(),
-            "start": record.messages_from,
-            "messages": encode_messages(record.id, record.messages),
-        }
-        s = self._s
-        cards = record.cards[:] if record.cards is not None else None
-        indexed = record.status == "suspended"
-        if cards is not None and indexed:
-            params["cards"] = [card_text(record.id, card) for card in cards]
-            params["card_fields"] = [
-                [card.tool_call_id, card.tool, card.kind, card.agent] for card in cards
-            ]
-            params["card_times"] = [card.created_at for card in cards]
-        # The inbox rows go with the session's row, in the same statement: deleted (the
-        # save's own are inserted below), or, kept, moved along with their session.
-        if indexed and cards is None:
-            rows_go = f"""WITH moved AS (UPDATE {s}.handrail_cards
-                SET org_id = %(org_id)s, user_id = %(user_id)s, version = %(version)s + 1,
-                    updated_at = {_NOW}, expires_at = %(expires_at)s
-                WHERE session_id = %(id)s) """
-        else:
-            rows_go = f"WITH gone AS (DELETE FROM {s}.handrail_cards WHERE session_id = %(id)s) "
-        if record.version == 0:
-            query = f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
-                VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, 1, {_NOW}, {_NOW},
-                        %(expires_at)s, %(data)s::json, %(window)s)
-                ON CONFLICT (id) DO NOTHING
-                RETURNING created_at, updated_at"""
-        else:
-            query = f"""{rows_go}UPDATE {s}.handrail_sessions
-                SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
-                    version = version + 1, updated_at = {_NOW}, expires_at = %(expires_at)s,
-                    data = %(data)s::json, window_start = %(window)s
-                WHERE id = %(id)s AND version = %(version)s
-                RETURNING created_at, updated_at"""
-        # The copy is made before the await: the caller may change `record` meanwhile.
+        # Checked and encoded before the await: the caller may change `record` meanwhile.
+        prepared = prepare_save(
+            record, lease=lease, release=release, started=started, notify=notify, now=self._now()
+        )
         saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
-        checked = dataclasses.replace(saved, messages=record.messages[:])
-        audit = record.audit[:]
+        if prepared.audit:
+            self._warn_if_unkeyed()
         async with self._connection(saved.id) as connection, connection.transaction():
-            if lease is not None:
-                await self._hold(connection, record.id, *lease)
             # The row lock the UPDATE takes keeps other saves off the messages until commit.
-            row = await (await connection.execute(query, params)).fetchone()
-            if row is None:
-                cursor = await connection.execute(
-                    f"SELECT version FROM {s}.handrail_sessions WHERE id = %(id)s", params
-                )
-                found = await cursor.fetchone()
-                raise ConflictError(
-                    saved.id, expected=saved.version - 1, actual=None if found is None else found[0]
-                )
-            cursor = await connection.execute(
-                f"""SELECT COALESCE(MAX(position) + 1, 0) FROM {s}.handrail_messages
-                WHERE session_id = %(id)s""",
-                params,
+            saved.created_at, saved.updated_at = await _run(
+                connection, save_plan(self._dialect, prepared, self.audit_key)
             )
-            counted = await cursor.fetchone()
-            stored = counted[0] if counted else 0
-            check_messages(checked, stored)
-            if stored > record.messages_from:  # what the save replaces
-                await connection.execute(
-                    f"""DELETE FROM {s}.handrail_messages
-                    WHERE session_id = %(id)s AND position >= %(start)s""",
-                    params,
-                )
-            if record.messages:
-                await connection.execute(
-                    f"""INSERT INTO {s}.handrail_messages (session_id, position, message)
-                    SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
-                    FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
-                    params,
-                )
-            if cards and indexed:
-                await connection.execute(
-                    _PUT_CARDS.format(s=s),
-                    {**params, "created_at": row[0], "updated_at": row[1]},
-                )
-            if logged:
-                async with connection.cursor() as cursor:
-                    await cursor.executemany(self._started_sql, logged)
-            if release is not None:
-                await connection.execute(self._release_sql, {"id": record.id, "owner": release})
-            if notify:  # sent with the commit
-                await connection.execute(
-                    "SELECT pg_notify(%(channel)s, %(id)s)",
-                    {"channel": self.channel, "id": record.id},
-                )
-            for entry in audit:  # the organisation's trail lock is taken last, at the end
-                await self._append_audit(connection, entry)
-        saved.created_at, saved.updated_at = row
         return saved
 
     async def _hold(
         self, connection: psycopg.AsyncConnection[Any], session_id: str, owner: str, ttl: float
     ) -> None:
         """Take or renew `owner`'s lease inside the caller's transaction, or `lease_lost`."""
-        cursor = await connection.execute(
-            self._lease_sql, {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()}
-        )
-        if not cursor.rowcount:
+        lease = lease_statement(self._dialect, session_id, owner, ttl, self._now())
+        if not (await connection.execute(lease.sql, lease.params)).rowcount:
             raise lease_lost(session_id, owner)
 
     async def lease_and_load(
@@ -723,11 +607,11 @@ class PostgresStore:
         A turn's start (see `handrail.store._base.lease_and_load`).
         """
         check_ttl(ttl)
-        params = {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()}
+        lease = lease_statement(self._dialect, session_id, owner, ttl, self._now())
         async with self._connection(session_id) as connection, connection.transaction():
-            if not (await connection.execute(self._lease_sql, params)).rowcount:
+            if not (await connection.execute(lease.sql, lease.params)).rowcount:
                 return False, None
-            cursor = await connection.execute(self._load_sql, params)
+            cursor = await connection.execute(self._load_sql, lease.params)
             row = await cursor.fetchone()
         return True, None if row is None else _record(session_id, row)
 
@@ -885,118 +769,11 @@ class PostgresStore:
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
         """Store an exported session with its logs, in one transaction; see `import_`."""
-        record, log, events = parse_export(document)
-        texts = encode_events(record.id, [event for _, event in events])
-        session_id = record.id
-        params: dict[str, Any] = {
-            "id": session_id,
-            "org_id": record.org_id,
-            "user_id": record.user_id,
-            "status": record.status,
-            "version": record.version,
-            "created_at": record.created_at,
-            "updated_at": record.updated_at,
-            "expires_at": record.expires_at,
-            "data": encode(session_id, record.data),
-            "window": record.window,
-            "start": 0,
-            "messages": encode_messages(session_id, record.messages),
-        }
-        entries = [
-            {
-                "session_id": session_id,
-                "tool_call_id": e.tool_call_id,
-                "key": e.key,
-                "tool": e.tool,
-                "args": encode(session_id, e.args, what="tool-call arguments"),
-                "status": e.status,
-                "result": None if e.result is None else encode(session_id, e.result, what="result"),
-                "started_at": e.started_at,
-                "finished_at": e.finished_at,
-            }
-            for e in log
-        ]
-        found_cards = []
-        if record.status == "suspended":
-            found_cards = stored_cards(record.data, record.messages[record.window :], record.window)
-        card_texts = [card_text(session_id, card) for card in found_cards]
-        s = self._s
-        async with self._connection(session_id) as connection, connection.transaction():
-            while True:
-                cursor = await connection.execute(
-                    f"SELECT version FROM {s}.handrail_sessions WHERE id = %(id)s FOR UPDATE",
-                    params,
-                )
-                found = await cursor.fetchone()
-                if found is not None:
-                    if not overwrite:
-                        raise exists_error(session_id, found[0])
-                    params["version"] = max(record.version, found[0]) + 1
-                    await connection.execute(
-                        f"""UPDATE {s}.handrail_sessions
-                        SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
-                            version = %(version)s, created_at = %(created_at)s,
-                            updated_at = %(updated_at)s, expires_at = %(expires_at)s,
-                            data = %(data)s::json, window_start = %(window)s
-                        WHERE id = %(id)s""",
-                        params,
-                    )
-                    await connection.execute(
-                        f"DELETE FROM {s}.handrail_tool_log WHERE session_id = %(id)s", params
-                    )
-                    await connection.execute(
-                        f"DELETE FROM {s}.handrail_events WHERE session_id = %(id)s", params
-                    )
-                    break
-                cursor = await connection.execute(
-                    f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
-                    VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, %(version)s,
-                            %(created_at)s, %(updated_at)s, %(expires_at)s, %(data)s::json,
-                            %(window)s)
-                    ON CONFLICT (id) DO NOTHING""",
-                    params,
-                )
-                if cursor.rowcount:
-                    break
-                # Created meanwhile by someone else: the next SELECT ... FOR UPDATE sees it.
-            # (Always: no message or card of an earlier session of this id can be left.)
-            await connection.execute(
-                f"""WITH cards AS (DELETE FROM {s}.handrail_cards WHERE session_id = %(id)s)
-                DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s""",
-                params,
-            )
-            if found_cards:
-                summary = dataclasses.replace(record.summary(), version=params["version"])
-                async with connection.cursor() as cursor:
-                    await cursor.executemany(
-                        _CARD.format(s=s), card_rows(summary, found_cards, card_texts)
-                    )
-            if record.messages:
-                await connection.execute(
-                    f"""INSERT INTO {s}.handrail_messages (session_id, position, message)
-                    SELECT %(id)s, m.ordinality - 1, m.message::json
-                    FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
-                    params,
-                )
-            if entries:
-                async with connection.cursor() as cursor:
-                    await cursor.executemany(
-                        f"""INSERT INTO {s}.handrail_tool_log
-                        (session_id, tool_call_id, key, tool, args, status, result, started_at,
-                         finished_at)
-                        VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s,
-                                %(args)s::json, %(status)s, %(result)s::json, %(started_at)s,
-                                %(finished_at)s)""",
-                        entries,
-                    )
-            if events:
-                await connection.execute(
-                    f"""INSERT INTO {s}.handrail_events (session_id, seq, event)
-                    SELECT %(id)s, e.seq, e.event::json
-                    FROM unnest(%(seqs)s::bigint[], %(texts)s::text[]) AS e(seq, event)""",
-                    {"id": session_id, "seqs": [seq for seq, _ in events], "texts": texts},
-                )
-        record.version = params["version"]
+        prepared = prepare_import(document)
+        record = prepared.record
+        async with self._connection(record.id) as connection, connection.transaction():
+            plan = import_plan(self._dialect, prepared, overwrite=overwrite)
+            record.version = await _run(connection, plan)
         return record
 
     # -- tool-call log --------------------------------------------------------------------
@@ -1012,14 +789,9 @@ class PostgresStore:
         lease: tuple[str, float] | None = None,
     ) -> bool:
         """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
-        params = {
-            "session_id": session_id,
-            "tool_call_id": tool_call_id,
-            "key": key,
-            "tool": tool,
-            "args": encode(session_id, args, what="tool-call arguments"),
-            "now": self._now(),
-        }
+        params = started_row(
+            session_id, tool_call_id, key, tool, encode(session_id, args, what=ARGS), self._now()
+        )
         if lease is None:
             return bool(await self._rowcount(self._started_sql, params, session_id))
         check_ttl(lease[1])
@@ -1194,31 +966,14 @@ class PostgresStore:
         self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
     ) -> AuditEntry:
         """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
+        self._warn_if_unkeyed()
+        return await _run(connection, append_audit_plan(self._dialect, entry, self.audit_key))
+
+    def _warn_if_unkeyed(self) -> None:
+        """At the first append of a store unkeyed for want of a key, say so."""
         if self._warn_unkeyed:
             self._warn_unkeyed = False
             warn_unkeyed(f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})")
-        org = entry.org_id or ""
-        lock = int.from_bytes(
-            hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
-            "big",
-            signed=True,
-        )
-        await connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-        cursor = await connection.execute(
-            f"SELECT seq, hash FROM {self._s}.handrail_audit WHERE org_id = %s "
-            f"ORDER BY seq DESC LIMIT 1",
-            (org,),
-        )
-        tail = await cursor.fetchone()
-        chained, text = chain_audit(
-            entry, None if tail is None else (tail[0], tail[1]), self.audit_key
-        )
-        await connection.execute(
-            f"INSERT INTO {self._s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash,
-             text),
-        )  # fmt: skip
-        return chained
 
     async def audit(
         self,
@@ -1249,19 +1004,13 @@ class PostgresStore:
         the first's row lock and then finds the lease taken.
         """
         check_ttl(ttl)
-        return bool(
-            await self._rowcount(
-                self._lease_sql,
-                {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()},
-                session_id,
-            )
-        )
+        lease = lease_statement(self._dialect, session_id, owner, ttl, self._now())
+        return bool(await self._rowcount(lease.sql, lease.params, session_id))
 
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
-        return bool(
-            await self._rowcount(self._release_sql, {"id": session_id, "owner": owner}, session_id)
-        )
+        release = release_statement(self._dialect, session_id, owner)
+        return bool(await self._rowcount(release.sql, release.params, session_id))
 
     async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
         """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
@@ -1315,6 +1064,101 @@ class PostgresStore:
             await subscription.end()
         if pool is not None:
             await pool.close()
+
+
+class _Dialect(Dialect):
+    """PostgreSQL's statements for the shared plans (`_sql`).
+
+    `%(named)s` parameters, `json` columns, the server's clock (`now` None), arrays in one
+    statement, NOTIFY, advisory locks.
+    """
+
+    now = _NOW
+    lock_row = " FOR UPDATE"
+
+    def __init__(self, s: str, schema: str, channel: str) -> None:
+        self.s, self.schema, self.channel = s, schema, channel
+
+    def table(self, name: str) -> str:
+        return f"{self.s}.handrail_{name}"
+
+    def param(self, name: str) -> str:
+        return f"%({name})s"
+
+    def json(self, name: str) -> str:
+        return f"%({name})s::json"
+
+    def put_messages(self, session_id: str, start: int, texts: builtins.list[str]) -> Statement:
+        return Statement(
+            f"""INSERT INTO {self.s}.handrail_messages (session_id, position, message)
+            SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
+            FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
+            {"id": session_id, "start": start, "messages": texts},
+        )
+
+    def put_cards(
+        self,
+        summary: SessionSummary,
+        cards: builtins.list[WaitingCard],
+        texts: builtins.list[str],
+    ) -> Statement:
+        return Statement(
+            _PUT_CARDS.format(s=self.s),
+            {
+                "id": summary.id,
+                "org_id": summary.org_id,
+                "user_id": summary.user_id,
+                "version": summary.version,
+                "created_at": summary.created_at,
+                "updated_at": summary.updated_at,
+                "expires_at": summary.expires_at,
+                "cards": texts,
+                "card_fields": [[c.tool_call_id, c.tool, c.kind, c.agent] for c in cards],
+                "card_times": [c.created_at for c in cards],
+            },
+        )
+
+    def cards_with_update(self, change: str) -> str | None:
+        # The inbox rows go with the session's row, in the same statement: deleted (the
+        # save's own are inserted after), or, kept, moved along with their session.
+        name = "moved" if change == "move" else "gone"
+        return f"WITH {name} AS ({cards_change_statement(self, change, {}).sql}) "
+
+    def wake(self, session_id: str, now: float | None) -> builtins.list[Statement]:
+        # Sent with the commit.
+        return [
+            Statement(
+                "SELECT pg_notify(%(channel)s, %(id)s)", {"channel": self.channel, "id": session_id}
+            )
+        ]
+
+    def audit_lock(self, org: str) -> Statement:
+        # A transaction-scoped advisory lock on the organisation's trail.
+        lock = int.from_bytes(
+            hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
+            "big",
+            signed=True,
+        )
+        return Statement("SELECT pg_advisory_xact_lock(%(lock)s)", {"lock": lock})
+
+
+async def _run(connection: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
+    """Run a plan of `_sql` on `connection`, one statement after the other: its value."""
+    result: Result | None = None
+    while True:
+        try:
+            statement = plan.send(result)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        if statement.rows is not None:
+            async with connection.cursor() as cursor:
+                await cursor.executemany(statement.sql, statement.rows)
+                result = Result([], cursor.rowcount)
+        else:
+            cursor = await connection.execute(statement.sql, statement.params)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+            result = Result(rows, cursor.rowcount)
 
 
 def _event_notice(payload: str) -> tuple[str, int]:

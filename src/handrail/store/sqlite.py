@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -33,13 +32,14 @@ from ..audit import (
     signing_key,
     warn_unkeyed,
 )
-from ..exceptions import ConflictError, SessionNotFoundError, StoreError, StoreUnavailableError
+from ..exceptions import SessionNotFoundError, StoreError, StoreUnavailableError
 from ._base import (
     Clock,
     SessionRecord,
     SessionStatus,
     SessionSummary,
     ToolLogEntry,
+    WaitingCard,
     WaitingRow,
     lease_lost,
     wall_clock,
@@ -47,13 +47,10 @@ from ._base import (
 from ._codec import (
     INCARNATION,
     LoggedEvents,
-    chain_audit,
     check_audit_page,
     check_events_page,
-    check_messages,
     check_messages_page,
     check_page,
-    check_save,
     check_status,
     check_ttl,
     decode,
@@ -62,17 +59,29 @@ from ._codec import (
     decode_message,
     encode,
     encode_events,
-    encode_messages,
-    exists_error,
     export_document,
     log_entry_from_row,
     not_started_error,
-    parse_export,
     record_from_row,
     stamped,
     summary_from_row,
 )
 from ._events import EventNotice, LocalFeed
+from ._sql import (
+    Dialect,
+    Plan,
+    Result,
+    Statement,
+    append_audit_plan,
+    import_plan,
+    lease_statement,
+    prepare_import,
+    prepare_save,
+    release_statement,
+    save_plan,
+    started_row,
+    started_sql,
+)
 from ._thread import ConnectionThread, Outcome
 from ._waiting import (
     COLUMNS,
@@ -218,24 +227,8 @@ _LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
 # around handrail) is then a `SessionCorruptError` naming the session, not sqlite3's
 # "Could not decode to UTF-8" store failure.
 _LOG_BYTES = _LOG.replace("args", "CAST(args AS BLOB)").replace("result", "CAST(result AS BLOB)")
-_INSERT = f"""INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start)
-    VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)
-    ON CONFLICT (id) DO NOTHING"""
-_UPDATE = """UPDATE handrail_sessions
-    SET org_id = ?, user_id = ?, status = ?, version = version + 1, updated_at = ?,
-        expires_at = ?, data = ?, window_start = ?
-    WHERE id = ? AND version = ?
-    RETURNING created_at"""
-_COUNT = """SELECT COALESCE(MAX(position) + 1, 0) FROM handrail_messages WHERE session_id = ?"""
 _PUT = "INSERT INTO handrail_messages (session_id, position, message) VALUES (?, ?, ?)"
 _CARD = f"INSERT INTO handrail_cards ({COLUMNS}) VALUES ({', '.join('?' * 14)})"
-_LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (?, ?, ?)
-    ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
-    WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
-_STARTED = """INSERT INTO handrail_tool_log
-    (session_id, tool_call_id, key, tool, args, status, started_at)
-    VALUES (?, ?, ?, ?, ?, 'started', ?) ON CONFLICT DO NOTHING"""
-_RELEASE = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
 _ARGS = "tool-call arguments"
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
 CHECKPOINT_AFTER = 1024
@@ -468,79 +461,18 @@ class SqliteStore:
         started: Sequence[ToolLogEntry] = (),
         notify: bool = False,
     ) -> SessionRecord:
-        """Compare-and-swap on the version; see `SessionStore.save`."""
-        check_save(record)
-        if lease is not None:
-            check_ttl(lease[1])
-        # Read everything from `record` here, on the loop: the caller may change it meanwhile.
-        session_id, expected = record.id, record.version
-        text = encode(session_id, record.data)
-        start, window = record.messages_from, record.window
-        rows = [
-            (session_id, position, message)
-            for position, message in enumerate(encode_messages(session_id, record.messages), start)
-        ]
-        checked = replace(record, messages=record.messages[:])  # for the gap check
+        """Compare-and-swap on the version; see `SessionStore.save` (the rules: `_sql`)."""
         now = self.clock()
-        scope = (record.org_id, record.user_id, record.status)
-        expires_at = record.expires_at
-        audit = record.audit[:]
-        logged = [
-            (session_id, e.tool_call_id, e.key, e.tool, encode(session_id, e.args, what=_ARGS), now)
-            for e in started
-        ]
-        cards = record.cards[:] if record.cards is not None else None
-        texts = [card_text(session_id, card) for card in cards or ()]
-
-        def save(db: sqlite3.Connection) -> float:
-            with _transaction(db):
-                if (
-                    lease is not None
-                    and not db.execute(_LEASE, (session_id, lease[0], now + lease[1], now)).rowcount
-                ):
-                    raise lease_lost(session_id, lease[0])
-                created_at: float | None = None
-                if expected == 0:
-                    inserted = db.execute(
-                        _INSERT, (session_id, *scope, now, now, expires_at, text, window)
-                    ).rowcount
-                    if inserted:
-                        created_at = now
-                else:
-                    found = db.execute(
-                        _UPDATE, (*scope, now, expires_at, text, window, session_id, expected)
-                    ).fetchall()  # fetch all: a RETURNING statement is done only once drained
-                    if found:
-                        created_at = found[0][0]
-                if created_at is None:
-                    row = db.execute(
-                        "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
-                    ).fetchone()
-                    raise ConflictError(
-                        session_id, expected=expected, actual=None if row is None else row[0]
-                    )
-                stored: int = db.execute(_COUNT, (session_id,)).fetchone()[0]
-                check_messages(checked, stored)
-                if stored > start:  # what the save replaces
-                    db.execute(
-                        "DELETE FROM handrail_messages WHERE session_id = ? AND position >= ?",
-                        (session_id, start),
-                    )
-                db.executemany(_PUT, rows)
-                _index(
-                    db, replace(saved.summary(), created_at=created_at), cards, texts, expected == 0
-                )
-                for entry in audit:
-                    _append_audit(db, entry)
-                db.executemany(_STARTED, logged)
-                if release is not None:
-                    db.execute(_RELEASE, (session_id, release))
-                if notify:
-                    _wake(db, session_id, now)
-                return created_at
-
-        saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
-        saved.created_at = await self._call(save, session_id, write=True)
+        # Checked and encoded here, on the loop: the caller may change `record` meanwhile.
+        prepared = prepare_save(
+            record, lease=lease, release=release, started=started, notify=notify, now=now
+        )
+        saved = stamped(record, version=record.version + 1, created_at=now, updated_at=now)
+        saved.created_at, _ = await self._call(
+            lambda db: _write(db, save_plan(_DIALECT, prepared, _audit_key(db))),
+            record.id,
+            write=True,
+        )
         if notify:
             self._nudge()
         return saved
@@ -642,7 +574,8 @@ class SqliteStore:
         def claim(db: sqlite3.Connection) -> list[Any]:
             with _transaction(db):
                 rows = db.execute(sql, (now, owner, at, limit)).fetchall()
-                db.executemany(_LEASE, [(row[0], owner, at + ttl, at) for row in rows])
+                lease = lease_statement(_DIALECT, "", owner, ttl, at)
+                db.executemany(lease.sql, [{**lease.params, "id": row[0]} for row in rows])
             return rows
 
         return [summary_from_row(row) for row in await self._call(claim, None, write=True)]
@@ -687,82 +620,13 @@ class SqliteStore:
 
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
         """Store an exported session with its logs; see `SessionStore.import_`."""
-        record, log, events = parse_export(document)
-        texts = encode_events(record.id, [event for _, event in events])
-        session_id = record.id
-        text = encode(session_id, record.data)
-        messages = [
-            (session_id, position, message)
-            for position, message in enumerate(encode_messages(session_id, record.messages))
-        ]
-        entries = [
-            (
-                session_id,
-                e.tool_call_id,
-                e.key,
-                e.tool,
-                encode(session_id, e.args, what="tool-call arguments"),
-                e.status,
-                None if e.result is None else encode(session_id, e.result, what="result"),
-                e.started_at,
-                e.finished_at,
-            )
-            for e in log
-        ]
-        summary = record.summary()
-        found = []
-        if record.status == "suspended":
-            found = stored_cards(record.data, record.messages[record.window :], record.window)
-        card_texts = [card_text(session_id, card) for card in found]
-
-        def import_(db: sqlite3.Connection) -> int:
-            with _transaction(db):
-                row = db.execute(
-                    "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
-                ).fetchone()
-                version = record.version
-                if row is not None:
-                    if not overwrite:
-                        raise exists_error(session_id, row[0])
-                    version = max(version, row[0]) + 1
-                    db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
-                    db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
-                    db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
-                # (Always: no message or card of an earlier session of this id can be left.)
-                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
-                db.executemany(_PUT, messages)
-                db.executemany(
-                    _CARD, card_rows(replace(summary, version=version), found, card_texts)
-                )
-                db.execute(
-                    f"INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start) "
-                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        session_id,
-                        record.org_id,
-                        record.user_id,
-                        record.status,
-                        version,
-                        record.created_at,
-                        record.updated_at,
-                        record.expires_at,
-                        text,
-                        record.window,
-                    ),
-                )
-                db.executemany(
-                    f"INSERT INTO handrail_tool_log (session_id, {_LOG}) "
-                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    entries,
-                )
-                db.executemany(
-                    "INSERT INTO handrail_events (session_id, seq, event) VALUES (?, ?, ?)",
-                    [(session_id, seq, text) for (seq, _), text in zip(events, texts, strict=True)],
-                )
-                return version
-
-        record.version = await self._call(import_, session_id, write=True)
+        prepared = prepare_import(document)
+        record = prepared.record
+        record.version = await self._call(
+            lambda db: _write(db, import_plan(_DIALECT, prepared, overwrite=overwrite)),
+            record.id,
+            write=True,
+        )
         return record
 
     # -- tool-call log --------------------------------------------------------------------
@@ -779,21 +643,23 @@ class SqliteStore:
     ) -> bool:
         """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
         now = self.clock()
-        params = (session_id, tool_call_id, key, tool, encode(session_id, args, what=_ARGS), now)
+        row = started_row(
+            session_id, tool_call_id, key, tool, encode(session_id, args, what=_ARGS), now
+        )
         if lease is None:
             return bool(
                 await self._call(
-                    lambda db: db.execute(_STARTED, params).rowcount, session_id, write=True
+                    lambda db: db.execute(_STARTED, row).rowcount, session_id, write=True
                 )
             )
         check_ttl(lease[1])
-        claim = (session_id, lease[0], now + lease[1], now)
+        claim = lease_statement(_DIALECT, session_id, lease[0], lease[1], now)
 
         def log(db: sqlite3.Connection) -> bool:
             with _transaction(db):
-                if not db.execute(_LEASE, claim).rowcount:
+                if not db.execute(claim.sql, claim.params).rowcount:
                     raise lease_lost(session_id, lease[0])
-                return bool(db.execute(_STARTED, params).rowcount)
+                return bool(db.execute(_STARTED, row).rowcount)
 
         return await self._call(log, session_id, write=True)
 
@@ -927,10 +793,11 @@ class SqliteStore:
         so two processes cannot both see the lease free.
         """
         check_ttl(ttl)
-        now = self.clock()
-        params = (session_id, owner, now + ttl, now)
+        lease = lease_statement(_DIALECT, session_id, owner, ttl, self.clock())
         return bool(
-            await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id, write=True)
+            await self._call(
+                lambda db: db.execute(lease.sql, lease.params).rowcount, session_id, write=True
+            )
         )
 
     async def lease_and_load(
@@ -943,12 +810,11 @@ class SqliteStore:
         session is read in the transaction that takes its lease.
         """
         check_ttl(ttl)
-        now = self.clock()
-        params = (session_id, owner, now + ttl, now)
+        lease = lease_statement(_DIALECT, session_id, owner, ttl, self.clock())
 
         def lease_and_load(db: sqlite3.Connection) -> tuple[bool, SessionRecord | None]:
             with _transaction(db):
-                if not db.execute(_LEASE, params).rowcount:
+                if not db.execute(lease.sql, lease.params).rowcount:
                     return False, None
                 return True, _load(db, session_id)
 
@@ -956,9 +822,10 @@ class SqliteStore:
 
     async def release_lease(self, session_id: str, owner: str) -> bool:
         """Give a lease back; see `SessionStore.release_lease`."""
+        release = release_statement(_DIALECT, session_id, owner)
         return bool(
             await self._call(
-                lambda db: db.execute(_RELEASE, (session_id, owner)).rowcount,
+                lambda db: db.execute(release.sql, release.params).rowcount,
                 session_id,
                 write=True,
             )
@@ -1085,12 +952,94 @@ class _Connection(sqlite3.Connection):
     store = "A SqliteStore"
 
 
+class _Dialect(Dialect):
+    """SQLite's statements for the shared plans (`_sql`): named `:parameters`, JSON as text."""
+
+    def table(self, name: str) -> str:
+        return f"handrail_{name}"
+
+    def param(self, name: str) -> str:
+        return f":{name}"
+
+    def put_messages(self, session_id: str, start: int, texts: list[str]) -> Statement:
+        return Statement(
+            "INSERT INTO handrail_messages (session_id, position, message) "
+            "VALUES (:id, :position, :message)",
+            rows=[
+                {"id": session_id, "position": position, "message": text}
+                for position, text in enumerate(texts, start)
+            ],
+        )
+
+    def put_cards(
+        self, summary: SessionSummary, cards: list[WaitingCard], texts: list[str]
+    ) -> Statement:
+        names = [f"c{i}" for i in range(14)]
+        rows = card_rows(summary, cards, texts)
+        return Statement(
+            f"INSERT INTO handrail_cards ({COLUMNS}) VALUES ({self.p(*names)})",
+            rows=[dict(zip(names, row, strict=True)) for row in rows],
+        )
+
+    def wake(self, session_id: str, now: float | None) -> list[Statement]:
+        assert now is not None  # SQLite's clock is the store's
+        return [
+            Statement(
+                "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (:id, :now)",
+                {"id": session_id, "now": now},
+            ),
+            Statement(
+                "DELETE FROM handrail_wakeups WHERE created_at < :before",
+                {"before": now - _WAKEUPS_KEPT_FOR},
+            ),
+        ]
+
+
+_DIALECT = _Dialect()
+_STARTED = started_sql(_DIALECT)
+
+
+def _write(db: sqlite3.Connection, plan: Plan[T]) -> T:
+    """Run a plan of `_sql` in the caller's transaction (or one of its own): its value."""
+    with _transaction(db):
+        return _run(db, plan)
+
+
+def _run(db: sqlite3.Connection, plan: Plan[T]) -> T:
+    """Run a plan's statements on `db`, one after the other: its value."""
+    result: Result | None = None
+    while True:
+        try:
+            statement = plan.send(result)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        if statement.rows is not None:
+            cursor = db.executemany(statement.sql, statement.rows)
+            result = Result([], cursor.rowcount)
+        else:
+            cursor = db.execute(statement.sql, statement.params)
+            # Fetch all: a RETURNING statement is done only once drained.
+            result = Result(cursor.fetchall(), cursor.rowcount)
+
+
 def _wake(db: sqlite3.Connection, session_id: str, now: float) -> None:
     """Write a wake-up row for `session_id` (inside a write transaction); prune old ones."""
-    db.execute(
-        "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (?, ?)", (session_id, now)
-    )
-    db.execute("DELETE FROM handrail_wakeups WHERE created_at < ?", (now - _WAKEUPS_KEPT_FOR,))
+    for statement in _DIALECT.wake(session_id, now):
+        db.execute(statement.sql, statement.params)
+
+
+def _audit_key(db: sqlite3.Connection) -> AuditKey | None:
+    """The key the connection's audit appends are made with (`_Connection`).
+
+    At the first append of a store unkeyed for want of a key, the warning.
+    """
+    if not isinstance(db, _Connection):
+        return None
+    if db.warn_unkeyed:
+        db.warn_unkeyed = False
+        warn_unkeyed(db.store)
+    return db.audit_key
 
 
 def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
@@ -1098,20 +1047,7 @@ def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
 
     The key comes with the connection (`_Connection`): a job needs nothing else to append.
     """
-    key = db.audit_key if isinstance(db, _Connection) else None
-    if isinstance(db, _Connection) and db.warn_unkeyed:
-        db.warn_unkeyed = False
-        warn_unkeyed(db.store)
-    org = entry.org_id or ""
-    tail = db.execute(
-        "SELECT seq, hash FROM handrail_audit WHERE org_id = ? ORDER BY seq DESC LIMIT 1", (org,)
-    ).fetchone()
-    chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]), key)
-    db.execute(
-        "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash, text),
-    )
-    return chained
+    return _run(db, append_audit_plan(_DIALECT, entry, _audit_key(db)))
 
 
 def migrate(db: sqlite3.Connection, now: float) -> int:
@@ -1142,35 +1078,6 @@ def migrate(db: sqlite3.Connection, now: float) -> int:
                 BACKFILLS[version](db)
             db.execute("INSERT INTO handrail_schema_version VALUES (?, ?)", (version, now))
     return max(current, SCHEMA_VERSION)
-
-
-def _index(
-    db: sqlite3.Connection,
-    saved: SessionSummary,
-    cards: builtins.list[Any] | None,
-    texts: builtins.list[str],
-    new: bool,
-) -> None:
-    """Write the inbox rows a save leaves (`SessionRecord.cards`), in its transaction."""
-    session_id = saved.id
-    if saved.status == "suspended" and cards is None:  # the rows stand; their session moved
-        db.execute(
-            """UPDATE handrail_cards SET org_id = ?, user_id = ?, version = ?, updated_at = ?,
-                expires_at = ? WHERE session_id = ?""",
-            (
-                saved.org_id,
-                saved.user_id,
-                saved.version,
-                saved.updated_at,
-                saved.expires_at,
-                session_id,
-            ),
-        )
-        return
-    if not new:
-        db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
-    if saved.status == "suspended" and cards:
-        db.executemany(_CARD, card_rows(saved, cards, texts))
 
 
 def _build_index(db: sqlite3.Connection) -> None:
