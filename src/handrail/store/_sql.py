@@ -21,22 +21,27 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from ..audit import AuditEntry, AuditKey
-from ..exceptions import ConflictError
+from ..exceptions import ConflictError, StoreError
 from ._base import SessionRecord, SessionSummary, ToolLogEntry, WaitingCard, lease_lost
 from ._codec import (
     chain_audit,
     check_messages,
     check_save,
     check_ttl,
+    decode,
+    decode_message,
     encode,
     encode_events,
     encode_messages,
     exists_error,
+    not_started_error,
     parse_export,
+    summary_from_row,
 )
 from ._waiting import card_text, stored_cards
 
 __all__ = [
+    "SESSION_TABLES",
     "SUMMARY",
     "Dialect",
     "PreparedImport",
@@ -44,10 +49,16 @@ __all__ = [
     "Result",
     "Statement",
     "append_audit_plan",
+    "audit_query",
+    "build_index_plan",
     "import_plan",
     "lease_statement",
+    "list_query",
+    "log_finished_plan",
+    "log_started_plan",
     "prepare_import",
     "prepare_save",
+    "read_log_statement",
     "save_plan",
 ]
 
@@ -103,6 +114,10 @@ class Dialect:
     def json(self, name: str) -> str:
         """The placeholder of a parameter written to a JSON column (its text)."""
         return self.param(name)
+
+    def text(self, column: str) -> str:
+        """A JSON or text column read back as the codec decodes it (text, or bytes)."""
+        return column
 
     def put_messages(self, session_id: str, start: int, texts: list[str]) -> Statement:
         """Insert a save's messages (JSON texts) at positions `start` on."""
@@ -532,3 +547,148 @@ def import_plan(d: Dialect, prepared: PreparedImport, *, overwrite: bool) -> Pla
             rows=[{"id": record.id, "seq": seq, "event": text} for seq, text in prepared.events],
         )
     return int(params["version"])
+
+
+def log_started_plan(
+    d: Dialect, row: dict[str, Any], lease: tuple[str, float] | None, now: float | None
+) -> Plan[bool]:
+    """Log a call as started (`started_row`), never overwriting: whether it was new.
+
+    With `lease`, the lease is taken or renewed first, in the same transaction.
+
+    Raises:
+        LeaseLostError: `lease` is held by another owner.
+    """
+    if lease is not None:
+        taken = yield lease_statement(d, row["session_id"], lease[0], lease[1], now)
+        if not taken.rowcount:
+            raise lease_lost(row["session_id"], lease[0])
+    logged = yield Statement(started_sql(d), row)
+    return bool(logged.rowcount)
+
+
+def log_finished_plan(
+    d: Dialect,
+    session_id: str,
+    tool_call_id: str,
+    result: str,
+    now: float | None,
+    audit: AuditEntry | None,
+    key: AuditKey | None,
+) -> Plan[bool]:
+    """Record a started call's result (JSON text): False if it was finished already.
+
+    With `audit`, the entry is appended in the same statement group (the caller's transaction).
+
+    Raises:
+        ToolLogError: the call was never logged as started.
+    """
+    log = d.table("tool_log")
+    params = {"session_id": session_id, "tool_call_id": tool_call_id, "result": result, "now": now}
+    where = f"session_id = {d.param('session_id')} AND tool_call_id = {d.param('tool_call_id')}"
+    updated = yield Statement(
+        f"""UPDATE {log} SET status = 'finished', result = {d.json("result")},
+            finished_at = {d.now} WHERE {where} AND status = 'started'""",
+        params,
+    )
+    if updated.rowcount:
+        if audit is not None:
+            yield from append_audit_plan(d, audit, key)
+        return True
+    found = yield Statement(f"SELECT 1 FROM {log} WHERE {where}", params)
+    if found.rows:
+        return False  # finished already: the first result stands
+    raise not_started_error(session_id, tool_call_id)
+
+
+SESSION_TABLES = ("tool_log", "events", "leases", "messages", "cards")
+"""The tables with a session's rows besides its own (`session_id`): what `delete` clears."""
+
+
+def list_query(
+    d: Dialect,
+    *,
+    org_id: str | None,
+    user_id: str | None,
+    status: str | None,
+    updated_after: float | None,
+    updated_before: float | None,
+    limit: int,
+    offset: int,
+) -> Statement:
+    """`SessionStore.list`: the summaries matching every filter, newest first."""
+    filters = {
+        "org_id": ("org_id =", org_id),
+        "user_id": ("user_id =", user_id),
+        "status": ("status =", status),
+        "after": ("updated_at >", updated_after),
+        "before": ("updated_at <", updated_before),
+    }
+    used = {name: test for name, test in filters.items() if test[1] is not None}
+    where = " AND ".join(f"{test} {d.param(name)}" for name, (test, _) in used.items())
+    return Statement(
+        f"SELECT {SUMMARY} FROM {d.table('sessions')}"
+        f"{' WHERE ' + where if where else ''}"
+        f" ORDER BY updated_at DESC, id DESC LIMIT {d.param('limit')} OFFSET {d.param('offset')}",
+        {**{name: value for name, (_, value) in used.items()}, "limit": limit, "offset": offset},
+    )
+
+
+def audit_query(
+    d: Dialect,
+    org_id: str | None,
+    *,
+    after: int,
+    limit: int,
+    session_id: str | None,
+    tool: str | None,
+    kind: str | None,
+) -> Statement:
+    """`SessionStore.audit`: an organisation's entries after `after`, rows of (seq, text)."""
+    sql = f"SELECT seq, entry FROM {d.table('audit')} WHERE org_id = {d.param('org')}"
+    sql += f" AND seq > {d.param('after')}"
+    params: dict[str, Any] = {"org": org_id or "", "after": after, "limit": limit}
+    for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
+        if value is not None:
+            sql += f" AND {column} = {d.param(column)}"
+            params[column] = value
+    return Statement(sql + f" ORDER BY seq LIMIT {d.param('limit')}", params)
+
+
+LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
+"""A tool-call log row's columns, in the order `log_entry_from_row` reads them."""
+
+
+def read_log_statement(d: Dialect, session_id: str) -> Statement:
+    """A session's tool-call log, in start order (`log_entry_from_row` reads a row)."""
+    columns = LOG.replace("args", d.text("args")).replace("result", d.text("result"))
+    return Statement(
+        f"SELECT {columns} FROM {d.table('tool_log')} WHERE session_id = {d.param('id')} "
+        f"ORDER BY seq",
+        {"id": session_id},
+    )
+
+
+def build_index_plan(d: Dialect) -> Plan[None]:
+    """Migration 5: the inbox rows of every suspended session, read from its stored form."""
+    found = yield Statement(
+        f"SELECT {SUMMARY}, {d.text('data')}, window_start FROM {d.table('sessions')} "
+        f"WHERE status = 'suspended'"
+    )
+    for row in found.rows:
+        summary, window = summary_from_row(row[:8]), row[9]
+        read = yield Statement(
+            f"SELECT position, {d.text('message')} FROM {d.table('messages')} "
+            f"WHERE session_id = {d.param('id')} AND position >= {d.param('window')} "
+            f"ORDER BY position",
+            {"id": summary.id, "window": window},
+        )
+        try:
+            data = decode(summary.id, row[8])
+            messages = [decode_message(summary.id, p, text) for p, text in read.rows]
+        except StoreError:
+            continue  # unreadable: the inbox could not show it either
+        cards = stored_cards(data, messages, window)
+        if cards:
+            texts = [card_text(summary.id, card) for card in cards]
+            yield d.put_cards(summary, cards, texts)

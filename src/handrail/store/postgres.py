@@ -51,7 +51,6 @@ from ._codec import (
     check_page,
     check_status,
     check_ttl,
-    decode,
     decode_audit,
     decode_event,
     decode_message,
@@ -59,23 +58,29 @@ from ._codec import (
     encode_events,
     export_document,
     log_entry_from_row,
-    not_started_error,
     record_from_row,
     stamped,
     summary_from_row,
 )
 from ._sql import (
     ARGS,
+    SESSION_TABLES,
     Dialect,
     Plan,
     Result,
     Statement,
     append_audit_plan,
+    audit_query,
+    build_index_plan,
     cards_change_statement,
     import_plan,
     lease_statement,
+    list_query,
+    log_finished_plan,
+    log_started_plan,
     prepare_import,
     prepare_save,
+    read_log_statement,
     release_statement,
     save_plan,
     started_row,
@@ -83,11 +88,8 @@ from ._sql import (
 )
 from ._waiting import (
     COLUMNS,
-    card_rows,
-    card_text,
     check_waiting,
     row_of,
-    stored_cards,
     waiting_query,
 )
 
@@ -239,7 +241,6 @@ _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
     FROM unnest(%(cards)s::text[]) WITH ORDINALITY AS c(card, n),
         (SELECT %(card_fields)s::text[][] AS v) AS f"""
 _CARD = f"INSERT INTO {{s}}.handrail_cards ({COLUMNS}) VALUES ({', '.join(['%s'] * 14)})"
-_LOG = "tool_call_id, key, tool, args::text, status, result::text, started_at, finished_at"
 
 
 class PostgresStore:
@@ -435,25 +436,7 @@ class PostgresStore:
 
     async def _build_index(self, connection: psycopg.AsyncConnection[Any]) -> None:
         """Migration 5: the inbox rows of every suspended session, read from its stored form."""
-        s = self._s
-        cursor = await connection.execute(
-            f"""SELECT {_SUMMARY}, data::text, window_start FROM {s}.handrail_sessions
-            WHERE status = 'suspended'"""
-        )
-        sessions = await cursor.fetchall()
-        for row in sessions:
-            summary = summary_from_row(row[:8])
-            try:
-                data = decode(summary.id, row[8])
-                history = await self._read_messages(connection, summary.id, None, None)
-            except StoreError:
-                continue  # unreadable: the inbox could not show it either
-            window = row[9]
-            found = stored_cards(data, [m for p, m in history if p >= window], window)
-            if found:
-                texts = [card_text(summary.id, card) for card in found]
-                async with connection.cursor() as put:
-                    await put.executemany(_CARD.format(s=s), card_rows(summary, found, texts))
+        await _run(connection, build_index_plan(self._dialect))
 
     def _now(self) -> float | None:
         return None if self.clock is None else self.clock()
@@ -629,22 +612,17 @@ class PostgresStore:
         """Sessions matching every filter, newest first; see `SessionStore.list`."""
         check_page(limit, offset)
         check_status(status)
-        filters = {
-            "org_id": ("org_id = %(org_id)s", org_id),
-            "user_id": ("user_id = %(user_id)s", user_id),
-            "status": ("status = %(status)s", status),
-            "after": ("updated_at > %(after)s", updated_after),
-            "before": ("updated_at < %(before)s", updated_before),
-        }
-        params: dict[str, Any] = {k: v for k, (_, v) in filters.items() if v is not None}
-        where = " AND ".join(sql for sql, value in filters.values() if value is not None)
-        rows = await self._fetch(
-            f"SELECT {_SUMMARY} FROM {self._s}.handrail_sessions"
-            f"{' WHERE ' + where if where else ''}"
-            f" ORDER BY updated_at DESC, id DESC LIMIT %(limit)s OFFSET %(offset)s",
-            {**params, "limit": limit, "offset": offset},
-            None,
+        query = list_query(
+            self._dialect,
+            org_id=org_id,
+            user_id=user_id,
+            status=status,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            limit=limit,
+            offset=offset,
         )
+        rows = await self._fetch(query.sql, query.params, None)
         return [summary_from_row(row) for row in rows]
 
     async def waiting(
@@ -735,12 +713,12 @@ class PostgresStore:
     async def delete(self, session_id: str) -> bool:
         """Delete a session, its logs and its lease (one statement); see `SessionStore.delete`."""
         rows = await self._fetch(
-            f"""WITH log AS (DELETE FROM {self._s}.handrail_tool_log WHERE session_id = %(id)s),
-                events AS (DELETE FROM {self._s}.handrail_events WHERE session_id = %(id)s),
-                lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s),
-                messages AS (DELETE FROM {self._s}.handrail_messages WHERE session_id = %(id)s),
-                cards AS (DELETE FROM {self._s}.handrail_cards WHERE session_id = %(id)s)
-            DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1""",
+            "WITH "
+            + ", ".join(
+                f"{table} AS (DELETE FROM {self._s}.handrail_{table} WHERE session_id = %(id)s)"
+                for table in SESSION_TABLES
+            )
+            + f" DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1",
             {"id": session_id},
             session_id,
         )
@@ -792,12 +770,14 @@ class PostgresStore:
         params = started_row(
             session_id, tool_call_id, key, tool, encode(session_id, args, what=ARGS), self._now()
         )
-        if lease is None:
-            return bool(await self._rowcount(self._started_sql, params, session_id))
-        check_ttl(lease[1])
-        async with self._connection(session_id) as connection, connection.transaction():
-            await self._hold(connection, session_id, *lease)
-            return bool((await connection.execute(self._started_sql, params)).rowcount)
+        if lease is not None:
+            check_ttl(lease[1])
+        plan = log_started_plan(self._dialect, params, lease, self._now())
+        async with (
+            self._connection(session_id) as connection,
+            connection.transaction() if lease is not None else contextlib.nullcontext(),
+        ):
+            return await _run(connection, plan)
 
     async def log_finished(
         self,
@@ -808,33 +788,17 @@ class PostgresStore:
         audit: AuditEntry | None = None,
     ) -> bool:
         """Record a started call's result; see `SessionStore.log_finished`."""
-        params = {
-            "session_id": session_id,
-            "tool_call_id": tool_call_id,
-            "result": encode(session_id, result, what="tool-call result"),
-            "now": self._now(),
-        }
-        async with self._connection(session_id) as connection:
-            async with connection.transaction() if audit is not None else contextlib.nullcontext():
-                cursor = await connection.execute(
-                    f"""UPDATE {self._s}.handrail_tool_log
-                    SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
-                    WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
-                        AND status = 'started'""",
-                    params,
-                )
-                if cursor.rowcount and audit is not None:
-                    await self._append_audit(connection, audit)  # in the same transaction
-            if cursor.rowcount:
-                return True
-            cursor = await connection.execute(
-                f"""SELECT 1 FROM {self._s}.handrail_tool_log
-                WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s""",
-                params,
-            )
-            if await cursor.fetchone():
-                return False  # finished already: the first result stands
-        raise not_started_error(session_id, tool_call_id)
+        text = encode(session_id, result, what="tool-call result")
+        if audit is not None:
+            self._warn_if_unkeyed()
+        plan = log_finished_plan(
+            self._dialect, session_id, tool_call_id, text, self._now(), audit, self.audit_key
+        )
+        async with (
+            self._connection(session_id) as connection,
+            connection.transaction() if audit is not None else contextlib.nullcontext(),
+        ):
+            return await _run(connection, plan)
 
     async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
         """The session's logged calls in start order; see `SessionStore.tool_log`."""
@@ -844,11 +808,8 @@ class PostgresStore:
     async def _read_log(
         self, connection: psycopg.AsyncConnection[Any], session_id: str
     ) -> builtins.list[ToolLogEntry]:
-        cursor = await connection.execute(
-            f"SELECT {_LOG} FROM {self._s}.handrail_tool_log "
-            f"WHERE session_id = %(id)s ORDER BY seq",
-            {"id": session_id},
-        )
+        query = read_log_statement(self._dialect, session_id)
+        cursor = await connection.execute(query.sql, query.params)
         return [log_entry_from_row(session_id, row) for row in await cursor.fetchall()]
 
     # -- event log ------------------------------------------------------------------------
@@ -987,14 +948,16 @@ class PostgresStore:
     ) -> builtins.list[AuditEntry]:
         """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
         check_audit_page(after, limit, kind)
-        sql = f"SELECT seq, entry FROM {self._s}.handrail_audit WHERE org_id = %(org)s"
-        sql += " AND seq > %(after)s"
-        params: dict[str, Any] = {"org": org_id or "", "after": after, "limit": limit}
-        for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
-            if value is not None:
-                sql += f" AND {column} = %({column})s"
-                params[column] = value
-        rows = await self._fetch(sql + " ORDER BY seq LIMIT %(limit)s", params, None)
+        query = audit_query(
+            self._dialect,
+            org_id,
+            after=after,
+            limit=limit,
+            session_id=session_id,
+            tool=tool,
+            kind=kind,
+        )
+        rows = await self._fetch(query.sql, query.params, None)
         return [decode_audit(org_id, seq, text) for seq, text in rows]
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
@@ -1084,6 +1047,9 @@ class _Dialect(Dialect):
 
     def param(self, name: str) -> str:
         return f"%({name})s"
+
+    def text(self, column: str) -> str:
+        return f"{column}::text"
 
     def json(self, name: str) -> str:
         return f"%({name})s::json"

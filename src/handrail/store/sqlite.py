@@ -41,7 +41,6 @@ from ._base import (
     ToolLogEntry,
     WaitingCard,
     WaitingRow,
-    lease_lost,
     wall_clock,
 )
 from ._codec import (
@@ -53,7 +52,6 @@ from ._codec import (
     check_page,
     check_status,
     check_ttl,
-    decode,
     decode_audit,
     decode_event,
     decode_message,
@@ -61,35 +59,39 @@ from ._codec import (
     encode_events,
     export_document,
     log_entry_from_row,
-    not_started_error,
     record_from_row,
     stamped,
     summary_from_row,
 )
 from ._events import EventNotice, LocalFeed
 from ._sql import (
+    ARGS,
+    SESSION_TABLES,
     Dialect,
     Plan,
     Result,
     Statement,
     append_audit_plan,
+    audit_query,
+    build_index_plan,
     import_plan,
     lease_statement,
+    list_query,
+    log_finished_plan,
+    log_started_plan,
     prepare_import,
     prepare_save,
+    read_log_statement,
     release_statement,
     save_plan,
     started_row,
-    started_sql,
 )
 from ._thread import ConnectionThread, Outcome
 from ._waiting import (
     COLUMNS,
     card_rows,
-    card_text,
     check_waiting,
     row_of,
-    stored_cards,
     waiting_query,
 )
 
@@ -222,14 +224,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
-_LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
-# JSON columns are read as bytes and decoded by `_codec`: text that is not UTF-8 (written
-# around handrail) is then a `SessionCorruptError` naming the session, not sqlite3's
-# "Could not decode to UTF-8" store failure.
-_LOG_BYTES = _LOG.replace("args", "CAST(args AS BLOB)").replace("result", "CAST(result AS BLOB)")
-_PUT = "INSERT INTO handrail_messages (session_id, position, message) VALUES (?, ?, ?)"
-_CARD = f"INSERT INTO handrail_cards ({COLUMNS}) VALUES ({', '.join('?' * 14)})"
-_ARGS = "tool-call arguments"
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
 CHECKPOINT_AFTER = 1024
 """Rows written since the last wake-up after which the checkpointer copies the write-ahead
@@ -491,23 +485,17 @@ class SqliteStore:
         """Sessions matching every filter, newest first; see `SessionStore.list`."""
         check_page(limit, offset)
         check_status(status)
-        filters = {
-            "org_id = ?": org_id,
-            "user_id = ?": user_id,
-            "status = ?": status,
-            "updated_at > ?": updated_after,
-            "updated_at < ?": updated_before,
-        }
-        where = [f for f, value in filters.items() if value is not None]
-        params: list[Any] = [value for value in filters.values() if value is not None]
-        sql = (
-            f"SELECT {_SUMMARY} FROM handrail_sessions"
-            f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-            f" ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?"
+        query = list_query(
+            _DIALECT,
+            org_id=org_id,
+            user_id=user_id,
+            status=status,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            limit=limit,
+            offset=offset,
         )
-        rows = await self._call(
-            lambda db: db.execute(sql, (*params, limit, offset)).fetchall(), None
-        )
+        rows = await self._call(lambda db: db.execute(query.sql, query.params).fetchall(), None)
         return [summary_from_row(row) for row in rows]
 
     async def waiting(
@@ -585,11 +573,8 @@ class SqliteStore:
 
         def delete(db: sqlite3.Connection) -> bool:
             with _transaction(db):
-                db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_leases WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
+                for table in SESSION_TABLES:
+                    db.execute(f"DELETE FROM handrail_{table} WHERE session_id = ?", (session_id,))
                 return bool(
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
                 )
@@ -644,24 +629,15 @@ class SqliteStore:
         """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
         now = self.clock()
         row = started_row(
-            session_id, tool_call_id, key, tool, encode(session_id, args, what=_ARGS), now
+            session_id, tool_call_id, key, tool, encode(session_id, args, what=ARGS), now
         )
-        if lease is None:
-            return bool(
-                await self._call(
-                    lambda db: db.execute(_STARTED, row).rowcount, session_id, write=True
-                )
-            )
-        check_ttl(lease[1])
-        claim = lease_statement(_DIALECT, session_id, lease[0], lease[1], now)
-
-        def log(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                if not db.execute(claim.sql, claim.params).rowcount:
-                    raise lease_lost(session_id, lease[0])
-                return bool(db.execute(_STARTED, row).rowcount)
-
-        return await self._call(log, session_id, write=True)
+        if lease is not None:
+            check_ttl(lease[1])
+        return await self._call(
+            lambda db: _write(db, log_started_plan(_DIALECT, row, lease, now), alone=lease is None),
+            session_id,
+            write=True,
+        )
 
     async def log_finished(
         self,
@@ -676,23 +652,10 @@ class SqliteStore:
         now = self.clock()
 
         def finish(db: sqlite3.Connection) -> bool:
-            with _transaction(db) if audit is not None else contextlib.nullcontext():
-                updated = db.execute(
-                    """UPDATE handrail_tool_log SET status = 'finished', result = ?,
-                    finished_at = ? WHERE session_id = ? AND tool_call_id = ?
-                    AND status = 'started'""",
-                    (text, now, session_id, tool_call_id),
-                ).rowcount
-                if updated and audit is not None:
-                    _append_audit(db, audit)  # one more statement in the same transaction
-            if updated:
-                return True
-            if db.execute(
-                "SELECT 1 FROM handrail_tool_log WHERE session_id = ? AND tool_call_id = ?",
-                (session_id, tool_call_id),
-            ).fetchone():
-                return False  # finished already: the first result stands
-            raise not_started_error(session_id, tool_call_id)
+            plan = log_finished_plan(
+                _DIALECT, session_id, tool_call_id, text, now, audit, _audit_key(db)
+            )
+            return _write(db, plan, alone=audit is None)
 
         return await self._call(finish, session_id, write=True)
 
@@ -775,15 +738,10 @@ class SqliteStore:
     ) -> builtins.list[AuditEntry]:
         """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
         check_audit_page(after, limit, kind)
-        sql = "SELECT seq, entry FROM handrail_audit WHERE org_id = ? AND seq > ?"
-        params: list[Any] = [org_id or "", after]
-        for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                params.append(value)
-        sql += " ORDER BY seq LIMIT ?"
-        params.append(limit)
-        rows = await self._call(lambda db: db.execute(sql, params).fetchall(), None)
+        query = audit_query(
+            _DIALECT, org_id, after=after, limit=limit, session_id=session_id, tool=tool, kind=kind
+        )
+        rows = await self._call(lambda db: db.execute(query.sql, query.params).fetchall(), None)
         return [decode_audit(org_id, seq, text) for seq, text in rows]
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
@@ -961,6 +919,12 @@ class _Dialect(Dialect):
     def param(self, name: str) -> str:
         return f":{name}"
 
+    def text(self, column: str) -> str:
+        # JSON columns are read as bytes and decoded by `_codec`: text that is not UTF-8
+        # (written around handrail) is then a `SessionCorruptError` naming the session, not
+        # sqlite3's "Could not decode to UTF-8" store failure.
+        return f"CAST({column} AS BLOB)"
+
     def put_messages(self, session_id: str, start: int, texts: list[str]) -> Statement:
         return Statement(
             "INSERT INTO handrail_messages (session_id, position, message) "
@@ -996,12 +960,14 @@ class _Dialect(Dialect):
 
 
 _DIALECT = _Dialect()
-_STARTED = started_sql(_DIALECT)
 
 
-def _write(db: sqlite3.Connection, plan: Plan[T]) -> T:
-    """Run a plan of `_sql` in the caller's transaction (or one of its own): its value."""
-    with _transaction(db):
+def _write(db: sqlite3.Connection, plan: Plan[T], *, alone: bool = False) -> T:
+    """Run a plan of `_sql` in the caller's transaction (or one of its own): its value.
+
+    `alone`: a plan of one write needs no transaction of its own.
+    """
+    with contextlib.nullcontext() if alone else _transaction(db):
         return _run(db, plan)
 
 
@@ -1082,20 +1048,7 @@ def migrate(db: sqlite3.Connection, now: float) -> int:
 
 def _build_index(db: sqlite3.Connection) -> None:
     """Migration 5: the inbox rows of every suspended session, read from its stored form."""
-    sessions = db.execute(
-        f"""SELECT {_SUMMARY}, CAST(data AS BLOB), window_start FROM handrail_sessions
-        WHERE status = 'suspended'"""
-    ).fetchall()
-    for row in sessions:
-        summary = summary_from_row(row[:8])
-        try:
-            data = decode(summary.id, row[8])
-            messages = [m for _, m in _read_messages(db, summary.id, row[9], None, -1)]
-        except StoreError:
-            continue  # unreadable: the inbox could not show it either
-        found = stored_cards(data, messages, row[9])
-        texts = [card_text(summary.id, card) for card in found]
-        db.executemany(_CARD, card_rows(summary, found, texts))
+    _run(db, build_index_plan(_DIALECT))
 
 
 BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {5: _build_index}
@@ -1401,10 +1354,8 @@ def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
 
 
 def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
-    rows = db.execute(
-        f"SELECT {_LOG_BYTES} FROM handrail_tool_log WHERE session_id = ? ORDER BY seq",
-        (session_id,),
-    ).fetchall()
+    query = read_log_statement(_DIALECT, session_id)
+    rows = db.execute(query.sql, query.params).fetchall()
     return [log_entry_from_row(session_id, row) for row in rows]
 
 
