@@ -14,17 +14,14 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from ..audit import (
     FROM_ENVIRONMENT,
-    AuditEntry,
     AuditKeyOption,
-    AuditKind,
     signing_key,
-    warn_unkeyed,
 )
 from ..exceptions import (
     MissingExtraError,
@@ -35,57 +32,37 @@ from ..exceptions import (
 from ._base import (
     Clock,
     SessionRecord,
-    SessionStatus,
     SessionSummary,
     ToolLogEntry,
     WaitingCard,
     WaitingRow,
-    lease_lost,
 )
 from ._codec import (
-    INCARNATION,
     LoggedEvents,
-    check_audit_page,
     check_events_page,
     check_messages_page,
     check_page,
-    check_status,
     check_ttl,
-    decode_audit,
     decode_event,
     decode_message,
-    encode,
     encode_events,
     export_document,
     log_entry_from_row,
     record_from_row,
-    stamped,
     summary_from_row,
 )
 from ._sql import (
-    ARGS,
     SESSION_TABLES,
     Dialect,
     Plan,
     Result,
     Statement,
-    append_audit_plan,
-    audit_query,
     build_index_plan,
     cards_change_statement,
-    import_plan,
     lease_statement,
-    list_query,
-    log_finished_plan,
-    log_started_plan,
-    prepare_import,
-    prepare_save,
     read_log_statement,
-    release_statement,
-    save_plan,
-    started_row,
-    started_sql,
 )
+from ._sqlstore import SqlStore
 from ._waiting import (
     COLUMNS,
     check_waiting,
@@ -243,7 +220,7 @@ _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
 _CARD = f"INSERT INTO {{s}}.handrail_cards ({COLUMNS}) VALUES ({', '.join(['%s'] * 14)})"
 
 
-class PostgresStore:
+class PostgresStore(SqlStore):
     """A `SessionStore` in PostgreSQL: for many workers, in many processes and machines.
 
     Open it with `await PostgresStore.connect(dsn)`, or construct it and let the first call
@@ -307,7 +284,6 @@ class PostgresStore:
         """The LISTEN/NOTIFY channel of the event-log notices (`listen_events`)."""
         self._s = f'"{schema}"'
         self._dialect = _Dialect(self._s, schema, self.channel)
-        self._started_sql = started_sql(self._dialect)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -441,6 +417,25 @@ class PostgresStore:
     def _now(self) -> float | None:
         return None if self.clock is None else self.clock()
 
+    def _name(self) -> str:
+        return f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})"
+
+    async def _execute(
+        self,
+        make: Callable[[], Plan[T]],
+        session_id: str | None,
+        *,
+        write: bool = False,
+        transaction: bool | None = None,
+    ) -> T:
+        """Run a plan on a pooled connection; see `SqlStore._execute`."""
+        in_transaction = write if transaction is None else transaction
+        async with (
+            self._connection(session_id) as connection,
+            connection.transaction() if in_transaction else contextlib.nullcontext(),
+        ):
+            return await _run(connection, make())
+
     @contextlib.asynccontextmanager
     async def _connection(
         self, session_id: str | None
@@ -497,15 +492,6 @@ class PostgresStore:
 
     # -- sessions -------------------------------------------------------------------------
 
-    async def summary(self, session_id: str) -> SessionSummary | None:
-        """The session's metadata, never its document; see `SessionStore.summary`."""
-        rows = await self._fetch(
-            f"SELECT {_SUMMARY} FROM {self._s}.handrail_sessions WHERE id = %(id)s",
-            {"id": session_id},
-            session_id,
-        )
-        return summary_from_row(rows[0]) if rows else None
-
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
         # One statement, so one snapshot: the document and the messages of the same save.
@@ -545,43 +531,6 @@ class PostgresStore:
         rows.reverse()
         return [(position, decode_message(session_id, position, text)) for position, text in rows]
 
-    async def save(
-        self,
-        record: SessionRecord,
-        *,
-        lease: tuple[str, float] | None = None,
-        release: str | None = None,
-        started: Sequence[ToolLogEntry] = (),
-        notify: bool = False,
-    ) -> SessionRecord:
-        """Compare-and-swap on the version; see `SessionStore.save`.
-
-        `UPDATE ... WHERE id = %(id)s AND version = %(version)s`: of two concurrent saves of
-        one version, the second waits for the first's row lock, then finds the version moved
-        and changes nothing.
-        """
-        # Checked and encoded before the await: the caller may change `record` meanwhile.
-        prepared = prepare_save(
-            record, lease=lease, release=release, started=started, notify=notify, now=self._now()
-        )
-        saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
-        if prepared.audit:
-            self._warn_if_unkeyed()
-        async with self._connection(saved.id) as connection, connection.transaction():
-            # The row lock the UPDATE takes keeps other saves off the messages until commit.
-            saved.created_at, saved.updated_at = await _run(
-                connection, save_plan(self._dialect, prepared, self.audit_key)
-            )
-        return saved
-
-    async def _hold(
-        self, connection: psycopg.AsyncConnection[Any], session_id: str, owner: str, ttl: float
-    ) -> None:
-        """Take or renew `owner`'s lease inside the caller's transaction, or `lease_lost`."""
-        lease = lease_statement(self._dialect, session_id, owner, ttl, self._now())
-        if not (await connection.execute(lease.sql, lease.params)).rowcount:
-            raise lease_lost(session_id, owner)
-
     async def lease_and_load(
         self, session_id: str, owner: str, ttl: float
     ) -> tuple[bool, SessionRecord | None]:
@@ -597,33 +546,6 @@ class PostgresStore:
             cursor = await connection.execute(self._load_sql, lease.params)
             row = await cursor.fetchone()
         return True, None if row is None else _record(session_id, row)
-
-    async def list(
-        self,
-        *,
-        org_id: str | None = None,
-        user_id: str | None = None,
-        status: SessionStatus | None = None,
-        updated_after: float | None = None,
-        updated_before: float | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> builtins.list[SessionSummary]:
-        """Sessions matching every filter, newest first; see `SessionStore.list`."""
-        check_page(limit, offset)
-        check_status(status)
-        query = list_query(
-            self._dialect,
-            org_id=org_id,
-            user_id=user_id,
-            status=status,
-            updated_after=updated_after,
-            updated_before=updated_before,
-            limit=limit,
-            offset=offset,
-        )
-        rows = await self._fetch(query.sql, query.params, None)
-        return [summary_from_row(row) for row in rows]
 
     async def waiting(
         self,
@@ -745,65 +667,7 @@ class PostgresStore:
             )
         return export_document(record_from_row(row), log, events, [m for _, m in history])
 
-    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its logs, in one transaction; see `import_`."""
-        prepared = prepare_import(document)
-        record = prepared.record
-        async with self._connection(record.id) as connection, connection.transaction():
-            plan = import_plan(self._dialect, prepared, overwrite=overwrite)
-            record.version = await _run(connection, plan)
-        return record
-
     # -- tool-call log --------------------------------------------------------------------
-
-    async def log_started(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        *,
-        key: str,
-        tool: str,
-        args: dict[str, Any],
-        lease: tuple[str, float] | None = None,
-    ) -> bool:
-        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
-        params = started_row(
-            session_id, tool_call_id, key, tool, encode(session_id, args, what=ARGS), self._now()
-        )
-        if lease is not None:
-            check_ttl(lease[1])
-        plan = log_started_plan(self._dialect, params, lease, self._now())
-        async with (
-            self._connection(session_id) as connection,
-            connection.transaction() if lease is not None else contextlib.nullcontext(),
-        ):
-            return await _run(connection, plan)
-
-    async def log_finished(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        result: dict[str, Any],
-        *,
-        audit: AuditEntry | None = None,
-    ) -> bool:
-        """Record a started call's result; see `SessionStore.log_finished`."""
-        text = encode(session_id, result, what="tool-call result")
-        if audit is not None:
-            self._warn_if_unkeyed()
-        plan = log_finished_plan(
-            self._dialect, session_id, tool_call_id, text, self._now(), audit, self.audit_key
-        )
-        async with (
-            self._connection(session_id) as connection,
-            connection.transaction() if audit is not None else contextlib.nullcontext(),
-        ):
-            return await _run(connection, plan)
-
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged calls in start order; see `SessionStore.tool_log`."""
-        async with self._connection(session_id) as connection:
-            return await self._read_log(connection, session_id)
 
     async def _read_log(
         self, connection: psycopg.AsyncConnection[Any], session_id: str
@@ -910,87 +774,6 @@ class PostgresStore:
         return [(seq, decode_event(session_id, seq, text)) for seq, text in await cursor.fetchall()]
 
     # -- leases and wake-ups --------------------------------------------------------------
-
-    # -- audit trail ----------------------------------------------------------------------
-
-    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
-        """Append to the organisation's trail, chained; see `SessionStore.append_audit`.
-
-        A transaction-scoped advisory lock on the organisation's trail serialises appends
-        from every process, so the tail read and the insert never interleave with another
-        append (and the primary key would refuse a forked seq anyway).
-        """
-        async with self._connection(entry.session_id) as connection, connection.transaction():
-            return await self._append_audit(connection, entry)
-
-    async def _append_audit(
-        self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
-    ) -> AuditEntry:
-        """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
-        self._warn_if_unkeyed()
-        return await _run(connection, append_audit_plan(self._dialect, entry, self.audit_key))
-
-    def _warn_if_unkeyed(self) -> None:
-        """At the first append of a store unkeyed for want of a key, say so."""
-        if self._warn_unkeyed:
-            self._warn_unkeyed = False
-            warn_unkeyed(f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})")
-
-    async def audit(
-        self,
-        org_id: str | None,
-        *,
-        after: int = 0,
-        limit: int = 100,
-        session_id: str | None = None,
-        tool: str | None = None,
-        kind: AuditKind | None = None,
-    ) -> builtins.list[AuditEntry]:
-        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
-        check_audit_page(after, limit, kind)
-        query = audit_query(
-            self._dialect,
-            org_id,
-            after=after,
-            limit=limit,
-            session_id=session_id,
-            tool=tool,
-            kind=kind,
-        )
-        rows = await self._fetch(query.sql, query.params, None)
-        return [decode_audit(org_id, seq, text) for seq, text in rows]
-
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
-        """Take or renew a session's lease; see `SessionStore.acquire_lease`.
-
-        One upsert: of two workers racing for a free or expired lease, the second waits for
-        the first's row lock and then finds the lease taken.
-        """
-        check_ttl(ttl)
-        lease = lease_statement(self._dialect, session_id, owner, ttl, self._now())
-        return bool(await self._rowcount(lease.sql, lease.params, session_id))
-
-    async def release_lease(self, session_id: str, owner: str) -> bool:
-        """Give a lease back; see `SessionStore.release_lease`."""
-        release = release_statement(self._dialect, session_id, owner)
-        return bool(await self._rowcount(release.sql, release.params, session_id))
-
-    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
-        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
-        rows = await self._fetch(
-            f"""UPDATE {self._s}.handrail_leases SET owner = %(owner)s
-            WHERE length(owner) = %(length)s AND left(owner, %(prefix)s) = %(previous)s
-                AND owner <> %(owner)s
-            RETURNING session_id""",
-            {
-                "owner": owner,
-                "length": len(previous) + INCARNATION,
-                "prefix": len(previous) + 1,
-                "previous": previous + "#",
-            },
-            None,
-        )
-        return sorted(row[0] for row in rows)
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener on this schema, in any process: `pg_notify`."""

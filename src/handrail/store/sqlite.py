@@ -18,25 +18,20 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from ..audit import (
     FROM_ENVIRONMENT,
-    AuditEntry,
-    AuditKey,
     AuditKeyOption,
-    AuditKind,
     signing_key,
-    warn_unkeyed,
 )
 from ..exceptions import SessionNotFoundError, StoreError, StoreUnavailableError
 from ._base import (
     Clock,
     SessionRecord,
-    SessionStatus,
     SessionSummary,
     ToolLogEntry,
     WaitingCard,
@@ -44,48 +39,31 @@ from ._base import (
     wall_clock,
 )
 from ._codec import (
-    INCARNATION,
     LoggedEvents,
-    check_audit_page,
     check_events_page,
     check_messages_page,
     check_page,
-    check_status,
     check_ttl,
-    decode_audit,
     decode_event,
     decode_message,
-    encode,
     encode_events,
     export_document,
     log_entry_from_row,
     record_from_row,
-    stamped,
     summary_from_row,
 )
 from ._events import EventNotice, LocalFeed
 from ._sql import (
-    ARGS,
     SESSION_TABLES,
     Dialect,
     Plan,
     Result,
     Statement,
-    append_audit_plan,
-    audit_query,
     build_index_plan,
-    import_plan,
     lease_statement,
-    list_query,
-    log_finished_plan,
-    log_started_plan,
-    prepare_import,
-    prepare_save,
     read_log_statement,
-    release_statement,
-    save_plan,
-    started_row,
 )
+from ._sqlstore import SqlStore
 from ._thread import ConnectionThread, Outcome
 from ._waiting import (
     COLUMNS,
@@ -236,7 +214,7 @@ WAL_FRAMES_MAX = 2048
 copies it back itself, between jobs: under writes that never pause, the log is still bounded."""
 
 
-class SqliteStore:
+class SqliteStore(SqlStore):
     """A `SessionStore` in one SQLite file: the embedded default.
 
     The file and its schema are created on first use. All blocking work happens in one
@@ -293,6 +271,7 @@ class SqliteStore:
         self._subscriptions: set[_Subscription] = set()
         self._appends: _Appends | None = None  # appends waiting to commit together
         self._event_feed: LocalFeed[EventNotice] = LocalFeed()
+        self._dialect = _DIALECT
 
     async def __aenter__(self) -> SqliteStore:
         return self
@@ -359,11 +338,7 @@ class SqliteStore:
     def _connect(self) -> sqlite3.Connection:  # in the store's thread
         try:
             # isolation_level=None: no implicit BEGIN; transactions below are explicit.
-            connection = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, factory=_Connection
-            )
-            connection.audit_key, connection.warn_unkeyed = self.audit_key, self._warn_unkeyed
-            connection.store = f"SqliteStore({self.path!r})"
+            connection = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         except sqlite3.Error as error:
             raise self._error(error, None) from error
         try:
@@ -420,13 +395,32 @@ class SqliteStore:
             return StoreUnavailableError(message, session_id=session_id)
         return StoreError(message, session_id=session_id)
 
-    # -- sessions -------------------------------------------------------------------------
+    async def _execute(
+        self,
+        make: Callable[[], Plan[T]],
+        session_id: str | None,
+        *,
+        write: bool = False,
+        transaction: bool | None = None,
+    ) -> T:
+        """Run a plan in the store's thread; see `SqlStore._execute`.
 
-    async def summary(self, session_id: str) -> SessionSummary | None:
-        """The session's metadata, never its document; see `SessionStore.summary`."""
-        sql = f"SELECT {_SUMMARY} FROM handrail_sessions WHERE id = ?"
-        row = await self._call(lambda db: db.execute(sql, (session_id,)).fetchone(), session_id)
-        return None if row is None else summary_from_row(row)
+        A write is a job of a group commit (`_commit_together`), which may run it again: the
+        plan is made anew each time.
+        """
+        alone = not (write if transaction is None else transaction)
+        return await self._call(lambda db: _write(db, make(), alone=alone), session_id, write=write)
+
+    def _now(self) -> float:
+        return self.clock()
+
+    def _name(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    def _notified(self, session_id: str) -> None:
+        self._nudge()
+
+    # -- sessions -------------------------------------------------------------------------
 
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
@@ -445,58 +439,6 @@ class SqliteStore:
         return await self._call(
             lambda db: _read_messages(db, session_id, 0, before, limit), session_id
         )
-
-    async def save(
-        self,
-        record: SessionRecord,
-        *,
-        lease: tuple[str, float] | None = None,
-        release: str | None = None,
-        started: Sequence[ToolLogEntry] = (),
-        notify: bool = False,
-    ) -> SessionRecord:
-        """Compare-and-swap on the version; see `SessionStore.save` (the rules: `_sql`)."""
-        now = self.clock()
-        # Checked and encoded here, on the loop: the caller may change `record` meanwhile.
-        prepared = prepare_save(
-            record, lease=lease, release=release, started=started, notify=notify, now=now
-        )
-        saved = stamped(record, version=record.version + 1, created_at=now, updated_at=now)
-        saved.created_at, _ = await self._call(
-            lambda db: _write(db, save_plan(_DIALECT, prepared, _audit_key(db))),
-            record.id,
-            write=True,
-        )
-        if notify:
-            self._nudge()
-        return saved
-
-    async def list(
-        self,
-        *,
-        org_id: str | None = None,
-        user_id: str | None = None,
-        status: SessionStatus | None = None,
-        updated_after: float | None = None,
-        updated_before: float | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> builtins.list[SessionSummary]:
-        """Sessions matching every filter, newest first; see `SessionStore.list`."""
-        check_page(limit, offset)
-        check_status(status)
-        query = list_query(
-            _DIALECT,
-            org_id=org_id,
-            user_id=user_id,
-            status=status,
-            updated_after=updated_after,
-            updated_before=updated_before,
-            limit=limit,
-            offset=offset,
-        )
-        rows = await self._call(lambda db: db.execute(query.sql, query.params).fetchall(), None)
-        return [summary_from_row(row) for row in rows]
 
     async def waiting(
         self,
@@ -603,66 +545,6 @@ class SqliteStore:
             )
         return document
 
-    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its logs; see `SessionStore.import_`."""
-        prepared = prepare_import(document)
-        record = prepared.record
-        record.version = await self._call(
-            lambda db: _write(db, import_plan(_DIALECT, prepared, overwrite=overwrite)),
-            record.id,
-            write=True,
-        )
-        return record
-
-    # -- tool-call log --------------------------------------------------------------------
-
-    async def log_started(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        *,
-        key: str,
-        tool: str,
-        args: dict[str, Any],
-        lease: tuple[str, float] | None = None,
-    ) -> bool:
-        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
-        now = self.clock()
-        row = started_row(
-            session_id, tool_call_id, key, tool, encode(session_id, args, what=ARGS), now
-        )
-        if lease is not None:
-            check_ttl(lease[1])
-        return await self._call(
-            lambda db: _write(db, log_started_plan(_DIALECT, row, lease, now), alone=lease is None),
-            session_id,
-            write=True,
-        )
-
-    async def log_finished(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        result: dict[str, Any],
-        *,
-        audit: AuditEntry | None = None,
-    ) -> bool:
-        """Record a started call's result; see `SessionStore.log_finished`."""
-        text = encode(session_id, result, what="tool-call result")
-        now = self.clock()
-
-        def finish(db: sqlite3.Connection) -> bool:
-            plan = log_finished_plan(
-                _DIALECT, session_id, tool_call_id, text, now, audit, _audit_key(db)
-            )
-            return _write(db, plan, alone=audit is None)
-
-        return await self._call(finish, session_id, write=True)
-
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged calls in start order; see `SessionStore.tool_log`."""
-        return await self._call(lambda db: _read_log(db, session_id), session_id)
-
     # -- event log ------------------------------------------------------------------------
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
@@ -711,53 +593,6 @@ class SqliteStore:
 
     # -- leases and wake-ups --------------------------------------------------------------
 
-    # -- audit trail ----------------------------------------------------------------------
-
-    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
-        """Append to the organisation's trail, chained; see `SessionStore.append_audit`.
-
-        The tail is read and the entry written in one write transaction: SQLite's one writer
-        at a time (across processes too) keeps the chain from forking.
-        """
-
-        def append(db: sqlite3.Connection) -> AuditEntry:
-            with _transaction(db):
-                return _append_audit(db, entry)
-
-        return await self._call(append, entry.session_id, write=True)
-
-    async def audit(
-        self,
-        org_id: str | None,
-        *,
-        after: int = 0,
-        limit: int = 100,
-        session_id: str | None = None,
-        tool: str | None = None,
-        kind: AuditKind | None = None,
-    ) -> builtins.list[AuditEntry]:
-        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
-        check_audit_page(after, limit, kind)
-        query = audit_query(
-            _DIALECT, org_id, after=after, limit=limit, session_id=session_id, tool=tool, kind=kind
-        )
-        rows = await self._call(lambda db: db.execute(query.sql, query.params).fetchall(), None)
-        return [decode_audit(org_id, seq, text) for seq, text in rows]
-
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
-        """Take or renew a session's lease; see `SessionStore.acquire_lease`.
-
-        One upsert statement: SQLite takes the database's write lock for the whole statement,
-        so two processes cannot both see the lease free.
-        """
-        check_ttl(ttl)
-        lease = lease_statement(_DIALECT, session_id, owner, ttl, self.clock())
-        return bool(
-            await self._call(
-                lambda db: db.execute(lease.sql, lease.params).rowcount, session_id, write=True
-            )
-        )
-
     async def lease_and_load(
         self, session_id: str, owner: str, ttl: float
     ) -> tuple[bool, SessionRecord | None]:
@@ -777,30 +612,6 @@ class SqliteStore:
                 return True, _load(db, session_id)
 
         return await self._call(lease_and_load, session_id, write=True)
-
-    async def release_lease(self, session_id: str, owner: str) -> bool:
-        """Give a lease back; see `SessionStore.release_lease`."""
-        release = release_statement(_DIALECT, session_id, owner)
-        return bool(
-            await self._call(
-                lambda db: db.execute(release.sql, release.params).rowcount,
-                session_id,
-                write=True,
-            )
-        )
-
-    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
-        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
-        sql = """UPDATE handrail_leases SET owner = ?
-            WHERE length(owner) = ? AND substr(owner, 1, ?) = ? AND owner <> ?
-            RETURNING session_id"""
-        params = (owner, len(previous) + INCARNATION, len(previous) + 1, previous + "#", owner)
-
-        def adopt(db: sqlite3.Connection) -> list[Any]:
-            with _transaction(db):
-                return db.execute(sql, params).fetchall()
-
-        return sorted(row[0] for row in await self._call(adopt, None, write=True))
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener, in this process at once and in others at their next poll.
@@ -902,14 +713,6 @@ class _Subscription:
         return self._pending.popleft()
 
 
-class _Connection(sqlite3.Connection):
-    """The store's connection, which carries the key its audit appends are made with."""
-
-    audit_key: AuditKey | None = None
-    warn_unkeyed = False  # at its first append: the store is unkeyed for want of a key
-    store = "A SqliteStore"
-
-
 class _Dialect(Dialect):
     """SQLite's statements for the shared plans (`_sql`): named `:parameters`, JSON as text."""
 
@@ -993,27 +796,6 @@ def _wake(db: sqlite3.Connection, session_id: str, now: float) -> None:
     """Write a wake-up row for `session_id` (inside a write transaction); prune old ones."""
     for statement in _DIALECT.wake(session_id, now):
         db.execute(statement.sql, statement.params)
-
-
-def _audit_key(db: sqlite3.Connection) -> AuditKey | None:
-    """The key the connection's audit appends are made with (`_Connection`).
-
-    At the first append of a store unkeyed for want of a key, the warning.
-    """
-    if not isinstance(db, _Connection):
-        return None
-    if db.warn_unkeyed:
-        db.warn_unkeyed = False
-        warn_unkeyed(db.store)
-    return db.audit_key
-
-
-def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
-    """Chain `entry` after its organisation's last and insert it (inside a write transaction).
-
-    The key comes with the connection (`_Connection`): a job needs nothing else to append.
-    """
-    return _run(db, append_audit_plan(_DIALECT, entry, _audit_key(db)))
 
 
 def migrate(db: sqlite3.Connection, now: float) -> int:
