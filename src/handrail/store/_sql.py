@@ -75,7 +75,7 @@ class Statement:
     """One statement of a plan: its SQL and named parameters (`rows`: run once a row)."""
 
     sql: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] | list[Any] = field(default_factory=dict)  # named, or positional
     rows: list[dict[str, Any]] | None = None  # executemany
 
 
@@ -99,6 +99,9 @@ class Dialect:
 
     now = ":now"
     """The expression of the current time (a statement's `now` parameter may be None)."""
+
+    positional = "?"
+    """The placeholder of a positional parameter (`waiting_query`'s)."""
 
     lock_row = ""
     """What locks a row read before it is written (`" FOR UPDATE"`), where a lock is needed."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..audit import AuditEntry, AuditKey, AuditKind, warn_unkeyed
-from ._base import SessionRecord, SessionStatus, SessionSummary, ToolLogEntry
+from ._base import SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, WaitingRow
 from ._codec import (
     INCARNATION,
     check_audit_page,
@@ -47,6 +47,7 @@ from ._sql import (
     save_plan,
     started_row,
 )
+from ._waiting import check_waiting, row_of, waiting_query
 
 __all__ = ["SqlStore"]
 
@@ -169,6 +170,53 @@ class SqlStore:
             updated_before=updated_before,
             limit=limit,
             offset=offset,
+        )
+        return [summary_from_row(row) for row in await self._rows(query, None)]
+
+    async def waiting(
+        self,
+        *,
+        org_id: str | None,
+        after: tuple[float, str, int] | None = None,
+        limit: int = 100,
+        tool: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        raised_before: float | None = None,
+        raised_after: float | None = None,
+        reach: tuple[str | None, frozenset[str]] | None = None,
+        exclude_user: str | None = None,
+    ) -> builtins.list[WaitingRow]:
+        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
+        check_waiting(limit)
+        d = self._dialect
+        sql, params = waiting_query(
+            d.table("cards"),
+            d.positional,
+            org_id=org_id,
+            after=after,
+            limit=limit,
+            tool=tool,
+            kind=kind,
+            session_id=session_id,
+            raised_before=raised_before,
+            raised_after=raised_after,
+            reach=reach,
+            exclude_user=exclude_user,
+        )
+        # The card as the codec decodes it (SQLite's as bytes: text not UTF-8 names the session).
+        sql = sql.replace(", card FROM", f", {d.text('card')} FROM", 1)
+        return [row_of(row) for row in await self._rows(Statement(sql, params), None)]
+
+    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
+        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
+        check_page(limit, 0)
+        d = self._dialect
+        query = Statement(
+            f"""SELECT {SUMMARY} FROM {d.table("sessions")}
+            WHERE expires_at IS NOT NULL AND expires_at <= {d.param("now")}
+            ORDER BY expires_at, id LIMIT {d.param("limit")}""",
+            {"now": now, "limit": limit},
         )
         return [summary_from_row(row) for row in await self._rows(query, None)]
 

@@ -35,7 +35,6 @@ from ._base import (
     SessionSummary,
     ToolLogEntry,
     WaitingCard,
-    WaitingRow,
 )
 from ._codec import (
     LoggedEvents,
@@ -65,9 +64,6 @@ from ._sql import (
 from ._sqlstore import SqlStore
 from ._waiting import (
     COLUMNS,
-    check_waiting,
-    row_of,
-    waiting_query,
 )
 
 # Without the extra the module still imports (so `from handrail import *` and `isinstance`
@@ -547,53 +543,6 @@ class PostgresStore(SqlStore):
             row = await cursor.fetchone()
         return True, None if row is None else _record(session_id, row)
 
-    async def waiting(
-        self,
-        *,
-        org_id: str | None,
-        after: tuple[float, str, int] | None = None,
-        limit: int = 100,
-        tool: str | None = None,
-        kind: str | None = None,
-        session_id: str | None = None,
-        raised_before: float | None = None,
-        raised_after: float | None = None,
-        reach: tuple[str | None, frozenset[str]] | None = None,
-        exclude_user: str | None = None,
-    ) -> builtins.list[WaitingRow]:
-        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
-        check_waiting(limit)
-        sql, params = waiting_query(
-            f"{self._s}.handrail_cards",
-            "%s",
-            org_id=org_id,
-            after=after,
-            limit=limit,
-            tool=tool,
-            kind=kind,
-            session_id=session_id,
-            raised_before=raised_before,
-            raised_after=raised_after,
-            reach=reach,
-            exclude_user=exclude_user,
-        )
-        async with self._connection(None) as connection:
-            cursor = await connection.execute(sql, params)
-            rows = await cursor.fetchall()
-        return [row_of(row) for row in rows]
-
-    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
-        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
-        check_page(limit, 0)
-        rows = await self._fetch(
-            f"""SELECT {_SUMMARY} FROM {self._s}.handrail_sessions
-            WHERE expires_at IS NOT NULL AND expires_at <= %(now)s
-            ORDER BY expires_at, id LIMIT %(limit)s""",
-            {"now": now, "limit": limit},
-            None,
-        )
-        return [summary_from_row(row) for row in rows]
-
     async def claim(
         self, now: float, owner: str, ttl: float, *, limit: int = 100
     ) -> builtins.list[SessionSummary]:
@@ -820,6 +769,7 @@ class _Dialect(Dialect):
     """
 
     now = _NOW
+    positional = "%s"
     lock_row = " FOR UPDATE"
 
     def __init__(self, s: str, schema: str, channel: str) -> None:

@@ -35,7 +35,6 @@ from ._base import (
     SessionSummary,
     ToolLogEntry,
     WaitingCard,
-    WaitingRow,
     wall_clock,
 )
 from ._codec import (
@@ -68,9 +67,6 @@ from ._thread import ConnectionThread, Outcome
 from ._waiting import (
     COLUMNS,
     card_rows,
-    check_waiting,
-    row_of,
-    waiting_query,
 )
 
 __all__ = ["SqliteStore"]
@@ -440,49 +436,6 @@ class SqliteStore(SqlStore):
             lambda db: _read_messages(db, session_id, 0, before, limit), session_id
         )
 
-    async def waiting(
-        self,
-        *,
-        org_id: str | None,
-        after: tuple[float, str, int] | None = None,
-        limit: int = 100,
-        tool: str | None = None,
-        kind: str | None = None,
-        session_id: str | None = None,
-        raised_before: float | None = None,
-        raised_after: float | None = None,
-        reach: tuple[str | None, frozenset[str]] | None = None,
-        exclude_user: str | None = None,
-    ) -> builtins.list[WaitingRow]:
-        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
-        check_waiting(limit)
-        sql, params = waiting_query(
-            "handrail_cards",
-            "?",
-            org_id=org_id,
-            after=after,
-            limit=limit,
-            tool=tool,
-            kind=kind,
-            session_id=session_id,
-            raised_before=raised_before,
-            raised_after=raised_after,
-            reach=reach,
-            exclude_user=exclude_user,
-        )
-        # The card as bytes: decoded by `_codec`, so text that is not UTF-8 names the session.
-        sql = sql.replace(", card FROM", ", CAST(card AS BLOB) FROM", 1)
-        rows = await self._call(lambda db: db.execute(sql, params).fetchall(), None)
-        return [row_of(row) for row in rows]
-
-    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
-        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
-        check_page(limit, 0)
-        sql = f"""SELECT {_SUMMARY} FROM handrail_sessions
-            WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at, id LIMIT ?"""
-        rows = await self._call(lambda db: db.execute(sql, (now, limit)).fetchall(), None)
-        return [summary_from_row(row) for row in rows]
-
     async def claim(
         self, now: float, owner: str, ttl: float, *, limit: int = 100
     ) -> builtins.list[SessionSummary]:
@@ -504,8 +457,9 @@ class SqliteStore(SqlStore):
         def claim(db: sqlite3.Connection) -> list[Any]:
             with _transaction(db):
                 rows = db.execute(sql, (now, owner, at, limit)).fetchall()
-                lease = lease_statement(_DIALECT, "", owner, ttl, at)
-                db.executemany(lease.sql, [{**lease.params, "id": row[0]} for row in rows])
+                leases = [lease_statement(_DIALECT, row[0], owner, ttl, at) for row in rows]
+                if leases:
+                    db.executemany(leases[0].sql, [lease.params for lease in leases])
             return rows
 
         return [summary_from_row(row) for row in await self._call(claim, None, write=True)]
