@@ -213,7 +213,6 @@ _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
         (%(card_times)s::float8[])[c.n], c.card
     FROM unnest(%(cards)s::text[]) WITH ORDINALITY AS c(card, n),
         (SELECT %(card_fields)s::text[][] AS v) AS f"""
-_CARD = f"INSERT INTO {{s}}.handrail_cards ({COLUMNS}) VALUES ({', '.join(['%s'] * 14)})"
 
 
 class PostgresStore(SqlStore):
@@ -467,10 +466,6 @@ class PostgresStore(SqlStore):
         async with self._connection(session_id) as connection:
             cursor = await connection.execute(query, params)
             return await cursor.fetchall()
-
-    async def _rowcount(self, query: str, params: dict[str, Any], session_id: str | None) -> int:
-        async with self._connection(session_id) as connection:
-            return (await connection.execute(query, params)).rowcount
 
     def _error(self, error: psycopg.Error, session_id: str | None) -> StoreError:
         where = f"session {session_id!r} in " if session_id else ""
