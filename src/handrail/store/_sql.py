@@ -106,6 +106,11 @@ class Dialect:
     lock_row = ""
     """What locks a row read before it is written (`" FOR UPDATE"`), where a lock is needed."""
 
+    lease_after_row = False
+    """Whether a save takes its lease after the session's row (where rows are locked one by
+    one, in the order `claim` locks them, or the two deadlock), rather than first (a database
+    with one writer at a time: nothing is written before a lease held by another refuses)."""
+
     def table(self, name: str) -> str:
         """The table `handrail_<name>` as statements name it (a schema before it, say)."""
         raise NotImplementedError
@@ -284,11 +289,20 @@ def started_row(
     }
 
 
+def _take_lease(d: Dialect, save: PreparedSave) -> Plan[None]:
+    """Take or renew the save's lease (`lease=`), or `lease_lost`: held by another."""
+    assert save.lease is not None
+    owner, ttl = save.lease
+    taken = yield lease_statement(d, save.session_id, owner, ttl, save.now)
+    if not taken.rowcount:
+        raise lease_lost(save.session_id, owner)
+
+
 def save_plan(d: Dialect, save: PreparedSave, audit_key: AuditKey | None) -> Plan[tuple[Any, Any]]:
     """A save, in its one transaction: the session's `(created_at, updated_at)` as stored.
 
-    The order: the session's row (compare-and-swap on the version), the lease (`lease=`:
-    after the row, the order PostgreSQL's `claim` locks them in, or the two deadlock), its
+    The order: the lease (`lease=`; after the session's row where the dialect says so:
+    `Dialect.lease_after_row`), the session's row (compare-and-swap on the version), its
     messages (checked against the stored count: no gap), its inbox rows, then the grouped
     writes (`started=`, `release=`, `notify=`) and last the audit entries (whose trail lock,
     where the dialect takes one, is held the shortest).
@@ -300,6 +314,8 @@ def save_plan(d: Dialect, save: PreparedSave, audit_key: AuditKey | None) -> Pla
     """
     params = save.params()
     sessions = d.table("sessions")
+    if save.lease is not None and not d.lease_after_row:
+        yield from _take_lease(d, save)
     if save.expected == 0:
         sql = f"""INSERT INTO {sessions} ({SUMMARY}, data, window_start)
             VALUES ({d.p("id", "org_id", "user_id", "status")}, 1, {d.now}, {d.now},
@@ -324,11 +340,8 @@ def save_plan(d: Dialect, save: PreparedSave, audit_key: AuditKey | None) -> Pla
         )
         actual = found.rows[0][0] if found.rows else None
         raise ConflictError(save.session_id, expected=save.expected, actual=actual)
-    if save.lease is not None:  # after the session's row: the order `claim` locks them in
-        owner, ttl = save.lease
-        taken = yield lease_statement(d, save.session_id, owner, ttl, save.now)
-        if not taken.rowcount:
-            raise lease_lost(save.session_id, owner)
+    if save.lease is not None and d.lease_after_row:
+        yield from _take_lease(d, save)
     created_at, updated_at = written.rows[0]
     messages = d.table("messages")
     counted = yield Statement(

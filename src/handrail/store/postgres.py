@@ -766,6 +766,7 @@ class _Dialect(Dialect):
     now = _NOW
     positional = "%s"
     lock_row = " FOR UPDATE"
+    lease_after_row = True  # claim locks a session's row, then its lease's
 
     def __init__(self, s: str, schema: str, channel: str) -> None:
         self.s, self.schema, self.channel = s, schema, channel
