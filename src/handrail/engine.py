@@ -113,6 +113,16 @@ class Engine:
         )
         self.gate: Gate | None = gate
         """Who may start a turn at all (`handrail.gate`), asked by the entry points."""
+        self.assembly: Assembly = core.assembly
+        self.domain: Domain = core.domain
+        self.runtime: Runtime[Any] = core.runtime
+        self.org_models: dict[str, Model] = core.org_models
+        self.lease_ttl: float = core.lease_ttl
+        self.store_retry: StoreRetry = core.store_retry
+        self.tally: Counter[str] = core.tally
+        """What this engine's drives of suspended or cut-off turns did, counted since it was
+        made: `resumed` and `recovered` turns, `applied` batches, `expired` cards (what a
+        `Worker`'s health line reports)."""
         # The concerns, each holding what it needs; a session id goes down them, not back up.
         self._leases = Leases(core)
         self._saving = Saving(core, self._leases)
@@ -122,27 +132,7 @@ class Engine:
         self._deciding = Deciding(core, self._leases, self._saving)
         self._chores = Chores(core, self._leases, self._saving, self._turns)
 
-    # -- what the engine is configured with (its concerns share it: `EngineCore`) ----------
-
-    @property
-    def assembly(self) -> Assembly:
-        """The domain and runtime as built for this engine's mode (`build_runtime`)."""
-        return self._core.assembly
-
-    @property
-    def domain(self) -> Domain:
-        """The agents and routes."""
-        return self._core.domain
-
-    @property
-    def runtime(self) -> Runtime[Any]:
-        """Dependencies, hooks, policy, clock and ids, shared by every run."""
-        return self._core.runtime
-
-    @property
-    def org_models(self) -> dict[str, Model]:
-        """Organisation id -> the model its turns use, for agents that name none."""
-        return self._core.org_models
+    # -- what the engine's concerns share (`EngineCore`), some of it set after it is made --
 
     @property
     def store(self) -> SessionStore:
@@ -170,25 +160,6 @@ class Engine:
     @lease_owner.setter
     def lease_owner(self, owner: str) -> None:
         self._core.lease_owner = owner
-
-    @property
-    def lease_ttl(self) -> float:
-        """Seconds a worker's lease on a session lasts unless renewed."""
-        return self._core.lease_ttl
-
-    @property
-    def store_retry(self) -> StoreRetry:
-        """How a store call that failed for a moment is retried."""
-        return self._core.store_retry
-
-    @property
-    def tally(self) -> Counter[str]:
-        """What this engine's drives of suspended or cut-off turns did, since it was made.
-
-        `resumed` and `recovered` turns, `applied` batches, `expired` cards (what a `Worker`'s
-        health line reports).
-        """
-        return self._core.tally
 
     # -- turns -----------------------------------------------------------------------------
 

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import (
-    AsyncGenerator,
-)
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._captured import (
-    ApplyReport,
-    CapturedAction,
-    batch_card,
-    run_actions,
-)
+from .._captured import ApplyReport, CapturedAction, batch_card, run_actions
 from .._deadlines import ttl_for
 from .._loop import AgentResult, AgentRun
 from .._tool_result import ToolResult
@@ -22,12 +15,8 @@ from ..events import Event, RunCompleted, RunStarted
 from ..messages import ApprovalCardPart, Message, TextPart, ToolCallPart
 from ..recovery import RESULT as _RESULT
 from ..state import Progress, RunState
-from ..store import (
-    SessionRecord,
-)
-from ..suspension import (
-    approved_plan,
-)
+from ..store import SessionRecord
+from ..suspension import approved_plan
 from ..tools._dispatch import Dispatcher, completed_event
 from ._core import EngineCore
 from ._journal import SessionJournal
@@ -37,10 +26,7 @@ from ._saving import Saving
 class Batches:
     """A headless turn's batch card: proposed on its captured actions, applied once decided."""
 
-    __slots__ = (
-        "core",
-        "saving",
-    )
+    __slots__ = ("core", "saving")
 
     def __init__(self, core: EngineCore, saving: Saving) -> None:
         self.core = core

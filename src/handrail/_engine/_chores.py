@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 from typing import Any
 
 from .._deadlines import CLIENT_GRACE
 from .._loop import AgentResult
-from ..exceptions import (
-    ConflictError,
-    SessionBusyError,
-    SessionNotFoundError,
-    StoreError,
-)
-from ..store import (
-    SessionStatus,
-    SessionSummary,
-)
-from ..suspension import (
-    expire,
-)
+from ..exceptions import ConflictError, SessionBusyError, SessionNotFoundError, StoreError
+from ..store import SessionStatus, SessionSummary
+from ..suspension import expire
 from ._core import EngineCore
 from ._leases import Leases
 from ._saving import Saving, decode
@@ -34,12 +22,7 @@ SKIPPED = (SessionBusyError, SessionNotFoundError, ConflictError)
 class Chores:
     """The fleet's sweeps over the store: due sessions, reclaimed leases, deadlines, pruning."""
 
-    __slots__ = (
-        "core",
-        "leases",
-        "saving",
-        "turns",
-    )
+    __slots__ = ("core", "leases", "saving", "turns")
 
     def __init__(self, core: EngineCore, leases: Leases, saving: Saving, turns: Turns) -> None:
         self.core = core

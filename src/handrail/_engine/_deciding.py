@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Mapping,
-)
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..audit import AuditEntry, decision_entry
-from ..exceptions import (
-    ConflictError,
-    UserError,
-)
+from ..exceptions import ConflictError, UserError
 from ..inbox import deciding_tools
 from ..messages import ApprovalCardPart
 from ..policy import Decider
-from ..store import (
-    SessionRecord,
-)
-from ..suspension import (
-    Decision,
-    current_digest,
-    decide,
-)
+from ..store import SessionRecord
+from ..suspension import Decision, current_digest, decide
 from ._core import EngineCore
 from ._leases import Leases
 from ._saving import Saving
@@ -51,11 +40,7 @@ class Resolution:
 class Deciding:
     """Records decisions on pending calls, with their audit entries, in one save."""
 
-    __slots__ = (
-        "core",
-        "leases",
-        "saving",
-    )
+    __slots__ = ("core", "leases", "saving")
 
     def __init__(self, core: EngineCore, leases: Leases, saving: Saving) -> None:
         self.core = core

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Iterable,
-)
+from collections.abc import Iterable
 from typing import Any
 
-from .._captured import (
-    ApplyReport,
-    HeadlessResult,
-)
+from .._captured import ApplyReport, HeadlessResult
 from ..domain import Router
-from ..exceptions import (
-    UserError,
-)
+from ..exceptions import UserError
 from ..messages import ApprovalCardPart
 from ..models import Model
 from ..runtime import Assembly, build_runtime
@@ -27,11 +20,7 @@ from ._turns import Turns
 class HeadlessRuns:
     """Runs with nobody present: a turn in capture mode, and applying its decided batch."""
 
-    __slots__ = (
-        "core",
-        "saving",
-        "turns",
-    )
+    __slots__ = ("core", "saving", "turns")
 
     def __init__(self, core: EngineCore, saving: Saving, turns: Turns) -> None:
         self.core = core

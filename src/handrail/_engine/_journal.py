@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 from typing import Any
 
 from .._tool_result import ToolResult
 from ..audit import call_entry
-from ..exceptions import (
-    SessionBusyError,
-)
+from ..exceptions import SessionBusyError
 from ..messages import ToolCallPart
 from ..recovery import result_record
 from ..state import RunState
-from ..store import (
-    SessionRecord,
-    SessionStore,
-    ToolLogEntry,
-)
-from ..suspension import (
-    args_digest,
-)
+from ..store import SessionRecord, SessionStore, ToolLogEntry
+from ..suspension import args_digest
 from ._saving import Saving
 
 

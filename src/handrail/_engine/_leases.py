@@ -6,23 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import (
-    AsyncIterator,
-    Iterable,
-)
-from typing import TypeVar
+from collections.abc import AsyncIterator, Iterable
 
-from ..exceptions import (
-    SessionBusyError,
-    StoreError,
-)
-from ..store import (
-    SessionRecord,
-)
+from ..exceptions import SessionBusyError, StoreError
+from ..store import SessionRecord
 from ._core import EngineCore, Hold
 
 _log = logging.getLogger("handrail.engine")
-_T = TypeVar("_T")
 
 
 class Leases:
@@ -39,7 +29,7 @@ class Leases:
 
         Yields the drive's hold and the session as read (`None`: there is none). The read
         writes nothing: the lease is taken by the drive's first write, in its transaction,
-        with the compare-and-swap on the version it read (`_save`), before anything a second
+        with the compare-and-swap on the version it read (`Saving.save`), before anything a second
         driver must not repeat (a side effect, a model call). A session this engine has just
         claimed (`claim`, `reclaim`) is held already. Renewed every `lease_ttl / 3` once held.
         """

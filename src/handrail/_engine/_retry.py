@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import (
-    Awaitable,
-    Callable,
-)
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ..exceptions import (
-    StoreError,
-    StoreUnavailableError,
-    UserError,
-)
+from ..exceptions import StoreError, StoreUnavailableError, UserError
 
 LEFT = (
     "The turn is left as a crash at this point leaves it: nothing stored is lost, and "

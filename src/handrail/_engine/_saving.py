@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,11 +16,7 @@ from ..exceptions import (
     UserError,
 )
 from ..state import RunState
-from ..store import (
-    SessionRecord,
-    SessionStatus,
-    ToolLogEntry,
-)
+from ..store import SessionRecord, SessionStatus, ToolLogEntry
 from ..store._waiting import waiting_cards
 from ._core import EngineCore
 from ._leases import Leases, Stale, Taken

@@ -5,39 +5,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import (
-    AsyncGenerator,
-    Iterable,
-)
-from typing import Any, Literal, TypeAlias, TypeVar
+from collections.abc import AsyncGenerator, Iterable
+from typing import Any, Literal, TypeAlias
 
 from .._agent_spec import AgentSpec
-from .._captured import (
-    captured_actions,
-)
+from .._captured import captured_actions
 from .._loop import AgentResult, AgentRun
 from .._redact import public_event
 from .._turn import check_resumable, run_turn
 from ..domain import Router
 from ..events import EVENT, Event, RunStarted, RunSuspended
-from ..exceptions import (
-    ConflictError,
-    UserError,
-)
+from ..exceptions import ConflictError, UserError
 from ..messages import ApprovalCardPart
 from ..models import Model
 from ..models._infer import as_model
 from ..recovery import reconcile
 from ..runtime import Assembly
 from ..state import RunState
-from ..store import (
-    SessionRecord,
-    SessionStatus,
-)
-from ..suspension import (
-    card_event,
-    expire,
-)
+from ..store import SessionRecord, SessionStatus
+from ..suspension import card_event, expire
 from ._batches import Batches, Headless, batch_to_apply
 from ._core import EngineCore
 from ._journal import SessionJournal
@@ -45,19 +31,13 @@ from ._leases import Leases, Stale, Taken, busy
 from ._saving import Saving
 
 _log = logging.getLogger("handrail.engine")
-_T = TypeVar("_T")
 _TERMINAL = frozenset({"run-completed", "run-suspended", "run-failed"})
 
 
 class Turns:
     """Drives a session's turns (new, resumed, recovered, advanced) and logs their events."""
 
-    __slots__ = (
-        "batches",
-        "core",
-        "leases",
-        "saving",
-    )
+    __slots__ = ("batches", "core", "leases", "saving")
 
     def __init__(self, core: EngineCore, leases: Leases, saving: Saving, batches: Batches) -> None:
         self.core = core
@@ -360,7 +340,7 @@ _STALE_TRIES = 3
 (another worker's turn ended in between); then `SessionBusyError`."""
 
 _Mode: TypeAlias = Literal["resume", "recover", "advance"]
-"""How `_drive` goes on with a turn in progress: resume a suspended one, recover one cut off,
+"""How `Turns.drive` goes on with a turn in progress: resume a suspended one, recover one cut off,
 or whichever it needs (`advance`)."""
 
 _NOTHING = {
