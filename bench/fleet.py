@@ -33,11 +33,13 @@ worker` and `handrail serve` (with `--dsn`, over `bench.fleet:app`), stopped wit
      against the wall time the machine's cores had; `--profile` profiles one worker
      (cProfile: py-spy and pyinstrument are not installed here) and prints its top functions.
 2. A resume storm: 4 `handrail worker` processes run; `STORM` sessions (1,000 with --quick)
-   wait on an approval card; then this process decides them all at once (`Engine.resolve`,
-   64 at a time, as fast as the store takes them), and the workers, woken by NOTIFY, drain
-   them. sessions/s from the first decision to the last completion; the wait of each session
-   from its decision (the `at` of its audit entry) to its `run-completed` (its `updated_at`,
-   the database's clock: one machine); and
+   wait on an approval card. The workers are started, subscribed and idle, then frozen
+   (SIGSTOP); this process decides every card (`Engine.resolve`, 64 at a time; the wake-ups
+   queue in PostgreSQL), and the workers are thawed (SIGCONT) all at once: to them, 10,000
+   sessions were decided at the same instant. sessions/s from the thaw to the last
+   completion; the slowest wait, from the thaw to a session's `run-completed` (its
+   `updated_at`, the database's clock: one machine). The rate at which one process records
+   decisions is printed apart (it is the decider's, not the fleet's); and
    what a waiting session costs: database bytes per suspended session, and the workers' RSS
    (nothing of a waiting session is held in a process).
 3. Idle streams: one `handrail serve` (PostgreSQL store, its connection caps off for the
@@ -795,15 +797,22 @@ async def storm(database: str, settings: Settings) -> None:
             await asyncio.sleep(3)  # started, subscribed (LISTEN), idle
             processes.check()
             rss = [rss_bytes(pid) for pid in processes.pids()]
-            first = time.time()
-            await decide(engine, cards, decided)
-            last_decision = time.time()
+            for pid in processes.pids():
+                os.kill(pid, signal.SIGSTOP)  # frozen: the decisions land "at once" for them
+            try:
+                first = time.time()
+                await decide(engine, cards, decided)
+                last_decision = time.time()
+                assert await watcher.count("completed", "s-") == 0  # nobody drained yet
+            finally:
+                go = time.time()
+                for pid in processes.pids():
+                    os.kill(pid, signal.SIGCONT)
             await watcher.until("completed", "s-", count, processes)
             completed = await watcher.times("s-")
-            decided = await watcher.decided()
             await processes.stop()
-    waits = sorted(completed[s] - decided[s] for s in ids)
-    seconds = max(completed.values()) - first
+    waits = sorted(completed[s] - go for s in ids)
+    seconds = max(completed.values()) - go
     print(f"\n2. Resume storm: {count:,} sessions waiting on an approval, decided at once")
     print(
         f"  set-up: {count:,} turns submitted to their card in {setup:.1f} s "
@@ -814,11 +823,11 @@ async def storm(database: str, settings: Settings) -> None:
         f"({count / (last_decision - first):.0f}/s, this process, 64 at a time)"
     )
     print(
-        f"  drained by 4 `handrail worker` (--concurrency {CONCURRENCY}): {count / seconds:.0f} "
-        f"sessions/s, first decision to last completion {seconds:.1f} s"
+        f"  drained by 4 `handrail worker` (--concurrency {CONCURRENCY}), thawed at once: "
+        f"{count / seconds:.0f} sessions/s, thaw to last completion {seconds:.1f} s"
     )
     print(
-        f"  wait, decision to run-completed: p50 {statistics.median(waits) * 1000:.0f} ms, "
+        f"  wait, thaw to run-completed: p50 {statistics.median(waits) * 1000:.0f} ms, "
         f"p99 {_percentile(waits, 99) * 1000:.0f} ms, slowest {waits[-1] * 1000:.0f} ms"
     )
     print(

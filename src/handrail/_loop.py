@@ -314,7 +314,7 @@ async def _agent_loop(
             if interrupt.requested:
                 raise _Interrupted
             if journal is not None:
-                await journal.before_model()
+                await journal.acting()
             progress.iterations += 1
             state.turn_iterations += 1
             request = ModelRequest(

@@ -63,11 +63,11 @@ class Journal(Protocol):
         """
         ...
 
-    async def before_model(self) -> None:
-        """Called before each model call: a drive that has written nothing yet writes now.
+    async def acting(self) -> None:
+        """Before the run acts (a model call, a tool call): a drive yet to write writes now.
 
-        A run's drive takes its session's lease with its first write; a model call (which
-        costs, and whose answer a second driver would repeat) waits until it is done.
+        A run's drive takes its session's lease with its first write; nothing a second
+        driver would repeat (a model's answer, a call) starts before it is done.
         """
         ...
 

@@ -55,9 +55,9 @@ class Batches:
         """Apply a decided batch card's actions (going on from a crash, from the log)."""
         assert state.progress is not None
         report = ApplyReport(actions=approved_plan(card))
-        yield RunStarted(run_id=state.run_id, session_id=state.session_id)
         state.progress.status = "running"  # a crash from here on is recovered from the log
-        await self.saving.save(record, state, "active")
+        await self.saving.save(record, state, "active")  # the drive's first write: its lease
+        yield RunStarted(run_id=state.run_id, session_id=state.session_id)
         entries = await self.core.retrying(
             lambda: self.core.store.tool_log(record.id), record.id, "read the tool-call log"
         )

@@ -42,7 +42,7 @@ class SessionJournal:
         await self.saving.save(self.record, self.state, "active", hold=True, started=entries)
         self.logged.update(entry.tool_call_id for entry in entries)
 
-    async def before_model(self) -> None:
+    async def acting(self) -> None:
         drive = self.saving.core.holds.get(self.record.id)
         if drive is not None and not drive.held:
             # Nothing written yet this drive (a resumption whose decided calls run nothing):

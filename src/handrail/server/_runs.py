@@ -186,25 +186,22 @@ class Runs:
     async def _drive(
         self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
     ) -> None:
-        begun = False  # its first event is logged
+        log = _TurnLog(self, session_id, started, asyncio.current_task())
         try:
             async for event in run:
-                seq = await self._append(session_id, EVENT.dump_python(event, mode="json"))
-                if not begun:
-                    begun = True
-                    if not started.done():  # (cancelled: the request went away)
-                        started.set_result(seq - 1)
+                log.add(EVENT.dump_python(event, mode="json"))
                 if event.type in TERMINAL:
-                    # The engine has freed the session: a client that read this event may
-                    # start the next turn now, while this generator winds down.
-                    self._end(session_id)
+                    await log.flush()  # the turn's end is logged before its task winds down
                 elif self._starting or len(self._tasks) > 1:
                     await self._pacer.wait(1 if self._starting else _SHARE)
+            await log.flush()
             if session_id in self._left and session_id not in self._listeners:
                 self._left.discard(session_id)
                 await self._client_left(session_id)
         except Exception as error:
-            if not begun:
+            with contextlib.suppress(Exception):  # (an append that failed raises again)
+                await log.flush()  # what the turn yielded before it failed is logged first
+            if not log.begun:  # its first event is not logged: the request is told
                 if not started.done():
                     started.set_exception(error)
                 return
@@ -225,17 +222,18 @@ class Runs:
                     reference=reference,
                 )
             try:
-                await self._append(session_id, EVENT.dump_python(failed, mode="json"))
+                await self._append(session_id, [EVENT.dump_python(failed, mode="json")])
             except Exception:
                 _log.exception("Could not log the failure of session %r", session_id)
         finally:
+            log.close()
             self._end(session_id)
             if not started.done():
                 started.cancel()
 
-    def _end(self, session_id: str) -> None:
-        """Forget the session's turn, if it is the one of the running task."""
-        if self._tasks.get(session_id) is asyncio.current_task():
+    def _end(self, session_id: str, task: asyncio.Task[Any] | None = None) -> None:
+        """Forget the session's turn, if it is the one of `task` (None: the running task)."""
+        if self._tasks.get(session_id) is (task or asyncio.current_task()):
             org_id = self._callers.pop(session_id).org_id
             del self._tasks[session_id]
             self._recent.pop(session_id, None)
@@ -243,21 +241,32 @@ class Runs:
             if not self._per_org[org_id]:
                 del self._per_org[org_id]
 
-    async def _append(self, session_id: str, event: dict[str, Any]) -> int:
-        seq, (event,) = await self.engine.log_events(session_id, [event])
+    async def _append(
+        self,
+        session_id: str,
+        events: list[dict[str, Any]],
+        task: asyncio.Task[Any] | None = None,
+    ) -> int:
+        """Log `events` (one append: one commit) and hand them to this server's streams.
+
+        Returns the number of the last; `task`: the turn's (None: the running task).
+        """
+        last, logged = await self.engine.log_events(session_id, events)
+        first = last - len(logged) + 1
         recent = self._recent.get(session_id)
-        if recent is not None and self._tasks.get(session_id) is asyncio.current_task():
-            if recent and recent[-1][0] + 1 != seq:  # another process logged one in between:
+        if recent is not None and self._tasks.get(session_id) is (task or asyncio.current_task()):
+            if recent and recent[-1][0] + 1 != first:  # another process logged in between:
                 del self._recent[session_id]  # the log has it, this tail does not
             else:
-                recent.append((seq, event))
+                recent.extend(enumerate(logged, first))
         if session_id in self._listeners:  # its notice, when it comes, is no news to them
-            self._handed[session_id] = max(seq, self._handed.get(session_id, 0))
+            self._handed[session_id] = max(last, self._handed.get(session_id, 0))
         for queue in self._listeners.get(session_id, ()):
-            # A slow reader's queue is full: it sees the gap and reads the log instead.
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait((seq, event))
-        return seq
+            for seq, event in enumerate(logged, first):
+                # A slow reader's queue is full: it sees the gap and reads the log instead.
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait((seq, event))
+        return last
 
     async def resolve(
         self,
@@ -514,6 +523,85 @@ class Runs:
             for queue in queues:
                 with contextlib.suppress(asyncio.QueueFull):  # it reads the log anyway
                     queue.put_nowait(_WAKE)
+
+
+class _TurnLog:
+    """A turn's events on their way to the log: appended in groups, one commit a group.
+
+    The turn goes on while its events are written: its first event is appended at once (the
+    request that started the turn waits for it), and what it yields after is appended
+    together, a group at most every `Runs.coalesce` seconds (the pace at which streams send
+    anyway), or at once when the turn ends (`flush`). So a turn makes a commit per group, not
+    per event: an instant turn two, its first event and the rest; a long one, one more per
+    `coalesce` it streams. Events keep their order; an append that fails fails the turn, as it
+    did when the turn awaited each append (the next `add` or `flush` raises it).
+    """
+
+    def __init__(
+        self,
+        runs: Runs,
+        session_id: str,
+        started: asyncio.Future[int],
+        task: asyncio.Task[Any] | None,
+    ) -> None:
+        self._runs = runs
+        self._session_id = session_id
+        self._started = started
+        self._task = task
+        self._queued: list[dict[str, Any]] = []
+        self._writing: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()  # the turn ends: append what is queued without waiting
+        self.begun = False
+        """Its first event is logged."""
+
+    def add(self, event: dict[str, Any]) -> None:
+        """Queue `event`; it is appended with those queued while the last append commits."""
+        self._check()
+        self._queued.append(event)
+        if self._writing is None:
+            self._writing = asyncio.get_running_loop().create_task(self._write())
+
+    async def flush(self) -> None:
+        """Wait until every event added is logged (or raise the append's failure)."""
+        self._now.set()
+        while self._writing is not None:
+            await asyncio.wait([self._writing])
+            self._check()
+
+    def close(self) -> None:
+        """Stop writing (the turn failed): what is queued is not appended."""
+        self._queued.clear()
+        if self._writing is not None and not self._writing.done():
+            self._writing.cancel()
+
+    def _check(self) -> None:
+        writing = self._writing
+        if writing is not None and writing.done():
+            self._writing = None
+            if not writing.cancelled() and writing.exception() is not None:
+                self._queued.clear()
+                raise writing.exception()  # type: ignore[misc]
+
+    async def _write(self) -> None:
+        runs, session_id = self._runs, self._session_id
+        loop = asyncio.get_running_loop()
+        while self._queued:
+            group, self._queued = self._queued, []
+            began = loop.time()
+            last = await runs._append(session_id, group, self._task)
+            if not self.begun:
+                self.begun = True
+                if not self._started.done():  # (cancelled: the request went away)
+                    self._started.set_result(last - len(group))
+            if any(event.get("type") in TERMINAL for event in group):
+                # The engine has freed the session: a client that read this event may
+                # start the next turn now, while the turn's generator winds down.
+                runs._end(session_id, self._task)
+            wait = began + runs.coalesce - loop.time()
+            if wait > 0 and not self._now.is_set():  # more to come: let it gather
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._now.wait(), wait)
+        self._writing = None
 
 
 class _Pacer:

@@ -43,7 +43,6 @@ from ._codec import (
     check_messages,
     check_messages_page,
     check_page,
-    check_save,
     check_status,
     check_ttl,
     decode,
@@ -52,18 +51,17 @@ from ._codec import (
     decode_message,
     encode,
     encode_events,
-    encode_messages,
     exists_error,
     export_document,
     not_started_error,
-    parse_export,
     stamped,
 )
 from ._codec import (
     incarnation_of as _incarnation_of,
 )
 from ._events import EventNotice, LocalFeed
-from ._waiting import card_text, check_waiting, read_card, stored_cards
+from ._sql import PreparedSave, prepare_import, prepare_save
+from ._waiting import check_waiting, read_card
 
 __all__ = ["MemoryStore"]
 
@@ -179,26 +177,22 @@ class MemoryStore:
     ) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
         self._check_open()
-        check_save(record)
-        text = encode(record.id, record.data)
-        texts = encode_messages(record.id, record.messages)
-        logged = [
-            (entry, encode(record.id, entry.args, what="tool-call arguments")) for entry in started
-        ]
-        if lease is not None:
-            check_ttl(lease[1])
-            if not self._may_hold(record.id, lease[0]):
-                raise lease_lost(record.id, lease[0])
+        # The checks and the rows every store writes (`_sql`), then this store's own writes.
+        prepared = prepare_save(
+            record, lease=lease, release=release, started=started, notify=notify
+        )
+        if lease is not None and not self._may_hold(record.id, lease[0]):
+            raise lease_lost(record.id, lease[0])
         stored = self._sessions.get(record.id)
         actual = None if stored is None else stored.summary.version
         if actual != record.version and not (actual is None and record.version == 0):
             raise ConflictError(record.id, expected=record.version, actual=actual)
         history = [] if stored is None else stored.messages
-        check_messages(record, len(history))
-        audited = self._chained(record.audit)  # a bad entry fails the save before any change
-        cards = _indexed(record, stored)  # a card JSON cannot carry fails it too
+        check_messages(prepared.record, len(history))
+        audited = self._chained(prepared.audit)  # a bad entry fails the save before any change
+        cards = _indexed(prepared, stored)
         del history[record.messages_from :]  # what the save replaces; the rest is kept
-        history.extend(texts)
+        history.extend(prepared.messages)
         now = self.clock()
         saved = stamped(
             record,
@@ -207,11 +201,15 @@ class MemoryStore:
             updated_at=now,
         )
         self._sessions[record.id] = _Session(
-            summary=saved.summary(), data=text, window=record.window, messages=history, cards=cards
+            summary=saved.summary(),
+            data=prepared.data,
+            window=record.window,
+            messages=history,
+            cards=cards,
         )
         for org, row, _ in audited:  # no await since the checks: the save and these are one
             self._audit.setdefault(org, []).append(row)
-        for entry, args in logged:
+        for entry, args in prepared.started:
             self._log_started(record.id, entry.tool_call_id, entry.key, entry.tool, args)
         if lease is not None:
             self._leases[record.id] = (lease[0], now + lease[1])
@@ -375,34 +373,27 @@ class MemoryStore:
     async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
         """Store an exported session with its logs; see `SessionStore.import_`."""
         self._check_open()
-        record, log, events = parse_export(document)
-        texts = encode_events(record.id, [event for _, event in events])
+        prepared = prepare_import(document)
+        record = prepared.record
         stored = self._sessions.get(record.id)
         if stored is not None:
             if not overwrite:
                 raise exists_error(record.id, stored.summary.version)
             record.version = max(record.version, stored.summary.version) + 1
-        found = []
-        if record.status == "suspended":
-            found = stored_cards(record.data, record.messages[record.window :], record.window)
         self._sessions[record.id] = _Session(
             summary=record.summary(),
-            data=encode(record.id, record.data),
+            data=prepared.data,
             window=record.window,
-            messages=encode_messages(record.id, record.messages),
-            cards=[(card, card_text(record.id, card)) for card in found],
+            messages=prepared.messages,
+            cards=[
+                (card, text) for card, text in zip(prepared.cards, prepared.card_texts, strict=True)
+            ],
         )
         self._logs[record.id] = {
-            e.tool_call_id: _Logged(
-                entry=e,
-                args=encode(record.id, e.args, what="tool-call arguments"),
-                result=None if e.result is None else encode(record.id, e.result, what="result"),
-            )
-            for e in log
+            row["tool_call_id"]: _Logged(entry=e, args=row["args"], result=row["result"])
+            for e, row in zip(prepared.entries, prepared.log, strict=True)
         }
-        self._events[record.id] = [
-            (seq, text) for (seq, _), text in zip(events, texts, strict=True)
-        ]
+        self._events[record.id] = prepared.events
         return record
 
     async def log_started(
@@ -625,12 +616,11 @@ class _Audited:
     text: str
 
 
-def _indexed(
-    record: SessionRecord, stored: _Session | None
-) -> builtins.list[tuple[WaitingCard, str]]:
-    """The inbox rows a save of `record` leaves: its cards, the stored ones, or none."""
-    if record.status != "suspended":
+def _indexed(save: PreparedSave, stored: _Session | None) -> builtins.list[tuple[WaitingCard, str]]:
+    """The inbox rows a save leaves: its cards, the stored ones (moved along), or none."""
+    if not save.indexed:
         return []
-    if record.cards is None:
+    if save.cards_change == "move":
         return [] if stored is None else stored.cards
-    return [(replace(card, card={}), card_text(record.id, card)) for card in record.cards]
+    cards = save.cards or []
+    return [(replace(c, card={}), t) for c, t in zip(cards, save.card_texts, strict=True)]

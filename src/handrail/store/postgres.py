@@ -11,24 +11,19 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from ..audit import (
     FROM_ENVIRONMENT,
-    AuditEntry,
     AuditKeyOption,
-    AuditKind,
     signing_key,
-    warn_unkeyed,
 )
 from ..exceptions import (
-    ConflictError,
     MissingExtraError,
     SessionNotFoundError,
     StoreError,
@@ -37,48 +32,38 @@ from ..exceptions import (
 from ._base import (
     Clock,
     SessionRecord,
-    SessionStatus,
     SessionSummary,
     ToolLogEntry,
-    WaitingRow,
-    lease_lost,
+    WaitingCard,
 )
 from ._codec import (
-    INCARNATION,
     LoggedEvents,
-    chain_audit,
-    check_audit_page,
     check_events_page,
-    check_messages,
     check_messages_page,
     check_page,
-    check_save,
-    check_status,
     check_ttl,
-    decode,
-    decode_audit,
     decode_event,
     decode_message,
-    encode,
     encode_events,
-    encode_messages,
-    exists_error,
     export_document,
     log_entry_from_row,
-    not_started_error,
-    parse_export,
     record_from_row,
-    stamped,
     summary_from_row,
 )
+from ._sql import (
+    SESSION_TABLES,
+    Dialect,
+    Plan,
+    Result,
+    Statement,
+    build_index_plan,
+    cards_change_statement,
+    lease_statement,
+    read_log_statement,
+)
+from ._sqlstore import SqlStore
 from ._waiting import (
     COLUMNS,
-    card_rows,
-    card_text,
-    check_waiting,
-    row_of,
-    stored_cards,
-    waiting_query,
 )
 
 # Without the extra the module still imports (so `from handrail import *` and `isinstance`
@@ -223,16 +208,14 @@ _NOW = "COALESCE(%(now)s::float8, extract(epoch FROM statement_timestamp())::flo
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
 # A save's waiting cards, one statement: the fields as arrays, a card's at its position.
 _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
-    SELECT %(id)s, %(org_id)s, %(user_id)s, %(version)s + 1, %(created_at)s, %(updated_at)s,
+    SELECT %(id)s, %(org_id)s, %(user_id)s, %(version)s, %(created_at)s, %(updated_at)s,
         %(expires_at)s, c.n - 1, f.v[c.n][1], f.v[c.n][2], f.v[c.n][3], f.v[c.n][4],
         (%(card_times)s::float8[])[c.n], c.card
     FROM unnest(%(cards)s::text[]) WITH ORDINALITY AS c(card, n),
         (SELECT %(card_fields)s::text[][] AS v) AS f"""
-_CARD = f"INSERT INTO {{s}}.handrail_cards ({COLUMNS}) VALUES ({', '.join(['%s'] * 14)})"
-_LOG = "tool_call_id, key, tool, args::text, status, result::text, started_at, finished_at"
 
 
-class PostgresStore:
+class PostgresStore(SqlStore):
     """A `SessionStore` in PostgreSQL: for many workers, in many processes and machines.
 
     Open it with `await PostgresStore.connect(dsn)`, or construct it and let the first call
@@ -295,6 +278,7 @@ class PostgresStore:
         self.events_channel = events_channel
         """The LISTEN/NOTIFY channel of the event-log notices (`listen_events`)."""
         self._s = f'"{schema}"'
+        self._dialect = _Dialect(self._s, schema, self.channel)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -423,28 +407,29 @@ class PostgresStore:
 
     async def _build_index(self, connection: psycopg.AsyncConnection[Any]) -> None:
         """Migration 5: the inbox rows of every suspended session, read from its stored form."""
-        s = self._s
-        cursor = await connection.execute(
-            f"""SELECT {_SUMMARY}, data::text, window_start FROM {s}.handrail_sessions
-            WHERE status = 'suspended'"""
-        )
-        sessions = await cursor.fetchall()
-        for row in sessions:
-            summary = summary_from_row(row[:8])
-            try:
-                data = decode(summary.id, row[8])
-                history = await self._read_messages(connection, summary.id, None, None)
-            except StoreError:
-                continue  # unreadable: the inbox could not show it either
-            window = row[9]
-            found = stored_cards(data, [m for p, m in history if p >= window], window)
-            if found:
-                texts = [card_text(summary.id, card) for card in found]
-                async with connection.cursor() as put:
-                    await put.executemany(_CARD.format(s=s), card_rows(summary, found, texts))
+        await _run(connection, build_index_plan(self._dialect))
 
     def _now(self) -> float | None:
         return None if self.clock is None else self.clock()
+
+    def _name(self) -> str:
+        return f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})"
+
+    async def _execute(
+        self,
+        make: Callable[[], Plan[T]],
+        session_id: str | None,
+        *,
+        write: bool = False,
+        transaction: bool | None = None,
+    ) -> T:
+        """Run a plan on a pooled connection; see `SqlStore._execute`."""
+        in_transaction = write if transaction is None else transaction
+        async with (
+            self._connection(session_id) as connection,
+            connection.transaction() if in_transaction else contextlib.nullcontext(),
+        ):
+            return await _run(connection, make())
 
     @contextlib.asynccontextmanager
     async def _connection(
@@ -482,10 +467,6 @@ class PostgresStore:
             cursor = await connection.execute(query, params)
             return await cursor.fetchall()
 
-    async def _rowcount(self, query: str, params: dict[str, Any], session_id: str | None) -> int:
-        async with self._connection(session_id) as connection:
-            return (await connection.execute(query, params)).rowcount
-
     def _error(self, error: psycopg.Error, session_id: str | None) -> StoreError:
         where = f"session {session_id!r} in " if session_id else ""
         message = f"PostgreSQL store failed on {where}{self.masked_dsn} (schema {self.schema!r})"
@@ -502,15 +483,6 @@ class PostgresStore:
 
     # -- sessions -------------------------------------------------------------------------
 
-    async def summary(self, session_id: str) -> SessionSummary | None:
-        """The session's metadata, never its document; see `SessionStore.summary`."""
-        rows = await self._fetch(
-            f"SELECT {_SUMMARY} FROM {self._s}.handrail_sessions WHERE id = %(id)s",
-            {"id": session_id},
-            session_id,
-        )
-        return summary_from_row(rows[0]) if rows else None
-
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
         # One statement, so one snapshot: the document and the messages of the same save.
@@ -524,30 +496,6 @@ class PostgresStore:
                     FROM {self._s}.handrail_messages m
                     WHERE m.session_id = s.id AND m.position >= s.window_start)
             FROM {self._s}.handrail_sessions s WHERE id = %(id)s"""
-
-    @property
-    def _lease_sql(self) -> str:
-        s = self._s
-        return f"""INSERT INTO {s}.handrail_leases (session_id, owner, expires_at)
-                VALUES (%(id)s, %(owner)s, {_NOW} + %(ttl)s)
-                ON CONFLICT (session_id) DO UPDATE
-                    SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-                    WHERE {s}.handrail_leases.owner = EXCLUDED.owner
-                        OR {s}.handrail_leases.expires_at <= {_NOW}"""
-
-    @property
-    def _release_sql(self) -> str:
-        return (
-            f"DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s AND owner = %(owner)s"
-        )
-
-    @property
-    def _started_sql(self) -> str:
-        return f"""INSERT INTO {self._s}.handrail_tool_log
-                (session_id, tool_call_id, key, tool, args, status, started_at)
-                VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s, %(args)s::json,
-                        'started', {_NOW})
-                ON CONFLICT (session_id, tool_call_id) DO NOTHING"""
 
     async def messages(
         self, session_id: str, *, before: int | None = None, limit: int = 100
@@ -574,147 +522,6 @@ class PostgresStore:
         rows.reverse()
         return [(position, decode_message(session_id, position, text)) for position, text in rows]
 
-    async def save(
-        self,
-        record: SessionRecord,
-        *,
-        lease: tuple[str, float] | None = None,
-        release: str | None = None,
-        started: Sequence[ToolLogEntry] = (),
-        notify: bool = False,
-    ) -> SessionRecord:
-        """Compare-and-swap on the version; see `SessionStore.save`.
-
-        `UPDATE ... WHERE id = %(id)s AND version = %(version)s`: of two concurrent saves of
-        one version, the second waits for the first's row lock, then finds the version moved
-        and changes nothing.
-        """
-        check_save(record)
-        if lease is not None:
-            check_ttl(lease[1])
-        logged = [
-            {
-                "session_id": record.id,
-                "tool_call_id": entry.tool_call_id,
-                "key": entry.key,
-                "tool": entry.tool,
-                "args": encode(record.id, entry.args, what="tool-call arguments"),
-                "now": self._now(),
-            }
-            for entry in started
-        ]
-        params: dict[str, Any] = {
-            "id": record.id,
-            "org_id": record.org_id,
-            "user_id": record.user_id,
-            "status": record.status,
-            "expires_at": record.expires_at,
-            "data": encode(record.id, record.data),
-            "window": record.window,
-            "version": record.version,
-            "now": self._now(),
-            "start": record.messages_from,
-            "messages": encode_messages(record.id, record.messages),
-        }
-        s = self._s
-        cards = record.cards[:] if record.cards is not None else None
-        indexed = record.status == "suspended"
-        if cards is not None and indexed:
-            params["cards"] = [card_text(record.id, card) for card in cards]
-            params["card_fields"] = [
-                [card.tool_call_id, card.tool, card.kind, card.agent] for card in cards
-            ]
-            params["card_times"] = [card.created_at for card in cards]
-        # The inbox rows go with the session's row, in the same statement: deleted (the
-        # save's own are inserted below), or, kept, moved along with their session.
-        if indexed and cards is None:
-            rows_go = f"""WITH moved AS (UPDATE {s}.handrail_cards
-                SET org_id = %(org_id)s, user_id = %(user_id)s, version = %(version)s + 1,
-                    updated_at = {_NOW}, expires_at = %(expires_at)s
-                WHERE session_id = %(id)s) """
-        else:
-            rows_go = f"WITH gone AS (DELETE FROM {s}.handrail_cards WHERE session_id = %(id)s) "
-        if record.version == 0:
-            query = f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
-                VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, 1, {_NOW}, {_NOW},
-                        %(expires_at)s, %(data)s::json, %(window)s)
-                ON CONFLICT (id) DO NOTHING
-                RETURNING created_at, updated_at"""
-        else:
-            query = f"""{rows_go}UPDATE {s}.handrail_sessions
-                SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
-                    version = version + 1, updated_at = {_NOW}, expires_at = %(expires_at)s,
-                    data = %(data)s::json, window_start = %(window)s
-                WHERE id = %(id)s AND version = %(version)s
-                RETURNING created_at, updated_at"""
-        # The copy is made before the await: the caller may change `record` meanwhile.
-        saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
-        checked = dataclasses.replace(saved, messages=record.messages[:])
-        audit = record.audit[:]
-        async with self._connection(saved.id) as connection, connection.transaction():
-            if lease is not None:
-                await self._hold(connection, record.id, *lease)
-            # The row lock the UPDATE takes keeps other saves off the messages until commit.
-            row = await (await connection.execute(query, params)).fetchone()
-            if row is None:
-                cursor = await connection.execute(
-                    f"SELECT version FROM {s}.handrail_sessions WHERE id = %(id)s", params
-                )
-                found = await cursor.fetchone()
-                raise ConflictError(
-                    saved.id, expected=saved.version - 1, actual=None if found is None else found[0]
-                )
-            cursor = await connection.execute(
-                f"""SELECT COALESCE(MAX(position) + 1, 0) FROM {s}.handrail_messages
-                WHERE session_id = %(id)s""",
-                params,
-            )
-            counted = await cursor.fetchone()
-            stored = counted[0] if counted else 0
-            check_messages(checked, stored)
-            if stored > record.messages_from:  # what the save replaces
-                await connection.execute(
-                    f"""DELETE FROM {s}.handrail_messages
-                    WHERE session_id = %(id)s AND position >= %(start)s""",
-                    params,
-                )
-            if record.messages:
-                await connection.execute(
-                    f"""INSERT INTO {s}.handrail_messages (session_id, position, message)
-                    SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
-                    FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
-                    params,
-                )
-            if cards and indexed:
-                await connection.execute(
-                    _PUT_CARDS.format(s=s),
-                    {**params, "created_at": row[0], "updated_at": row[1]},
-                )
-            if logged:
-                async with connection.cursor() as cursor:
-                    await cursor.executemany(self._started_sql, logged)
-            if release is not None:
-                await connection.execute(self._release_sql, {"id": record.id, "owner": release})
-            if notify:  # sent with the commit
-                await connection.execute(
-                    "SELECT pg_notify(%(channel)s, %(id)s)",
-                    {"channel": self.channel, "id": record.id},
-                )
-            for entry in audit:  # the organisation's trail lock is taken last, at the end
-                await self._append_audit(connection, entry)
-        saved.created_at, saved.updated_at = row
-        return saved
-
-    async def _hold(
-        self, connection: psycopg.AsyncConnection[Any], session_id: str, owner: str, ttl: float
-    ) -> None:
-        """Take or renew `owner`'s lease inside the caller's transaction, or `lease_lost`."""
-        cursor = await connection.execute(
-            self._lease_sql, {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()}
-        )
-        if not cursor.rowcount:
-            raise lease_lost(session_id, owner)
-
     async def lease_and_load(
         self, session_id: str, owner: str, ttl: float
     ) -> tuple[bool, SessionRecord | None]:
@@ -723,92 +530,13 @@ class PostgresStore:
         A turn's start (see `handrail.store._base.lease_and_load`).
         """
         check_ttl(ttl)
-        params = {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()}
+        lease = lease_statement(self._dialect, session_id, owner, ttl, self._now())
         async with self._connection(session_id) as connection, connection.transaction():
-            if not (await connection.execute(self._lease_sql, params)).rowcount:
+            if not (await connection.execute(lease.sql, lease.params)).rowcount:
                 return False, None
-            cursor = await connection.execute(self._load_sql, params)
+            cursor = await connection.execute(self._load_sql, lease.params)
             row = await cursor.fetchone()
         return True, None if row is None else _record(session_id, row)
-
-    async def list(
-        self,
-        *,
-        org_id: str | None = None,
-        user_id: str | None = None,
-        status: SessionStatus | None = None,
-        updated_after: float | None = None,
-        updated_before: float | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> builtins.list[SessionSummary]:
-        """Sessions matching every filter, newest first; see `SessionStore.list`."""
-        check_page(limit, offset)
-        check_status(status)
-        filters = {
-            "org_id": ("org_id = %(org_id)s", org_id),
-            "user_id": ("user_id = %(user_id)s", user_id),
-            "status": ("status = %(status)s", status),
-            "after": ("updated_at > %(after)s", updated_after),
-            "before": ("updated_at < %(before)s", updated_before),
-        }
-        params: dict[str, Any] = {k: v for k, (_, v) in filters.items() if v is not None}
-        where = " AND ".join(sql for sql, value in filters.values() if value is not None)
-        rows = await self._fetch(
-            f"SELECT {_SUMMARY} FROM {self._s}.handrail_sessions"
-            f"{' WHERE ' + where if where else ''}"
-            f" ORDER BY updated_at DESC, id DESC LIMIT %(limit)s OFFSET %(offset)s",
-            {**params, "limit": limit, "offset": offset},
-            None,
-        )
-        return [summary_from_row(row) for row in rows]
-
-    async def waiting(
-        self,
-        *,
-        org_id: str | None,
-        after: tuple[float, str, int] | None = None,
-        limit: int = 100,
-        tool: str | None = None,
-        kind: str | None = None,
-        session_id: str | None = None,
-        raised_before: float | None = None,
-        raised_after: float | None = None,
-        reach: tuple[str | None, frozenset[str]] | None = None,
-        exclude_user: str | None = None,
-    ) -> builtins.list[WaitingRow]:
-        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
-        check_waiting(limit)
-        sql, params = waiting_query(
-            f"{self._s}.handrail_cards",
-            "%s",
-            org_id=org_id,
-            after=after,
-            limit=limit,
-            tool=tool,
-            kind=kind,
-            session_id=session_id,
-            raised_before=raised_before,
-            raised_after=raised_after,
-            reach=reach,
-            exclude_user=exclude_user,
-        )
-        async with self._connection(None) as connection:
-            cursor = await connection.execute(sql, params)
-            rows = await cursor.fetchall()
-        return [row_of(row) for row in rows]
-
-    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
-        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
-        check_page(limit, 0)
-        rows = await self._fetch(
-            f"""SELECT {_SUMMARY} FROM {self._s}.handrail_sessions
-            WHERE expires_at IS NOT NULL AND expires_at <= %(now)s
-            ORDER BY expires_at, id LIMIT %(limit)s""",
-            {"now": now, "limit": limit},
-            None,
-        )
-        return [summary_from_row(row) for row in rows]
 
     async def claim(
         self, now: float, owner: str, ttl: float, *, limit: int = 100
@@ -851,12 +579,12 @@ class PostgresStore:
     async def delete(self, session_id: str) -> bool:
         """Delete a session, its logs and its lease (one statement); see `SessionStore.delete`."""
         rows = await self._fetch(
-            f"""WITH log AS (DELETE FROM {self._s}.handrail_tool_log WHERE session_id = %(id)s),
-                events AS (DELETE FROM {self._s}.handrail_events WHERE session_id = %(id)s),
-                lease AS (DELETE FROM {self._s}.handrail_leases WHERE session_id = %(id)s),
-                messages AS (DELETE FROM {self._s}.handrail_messages WHERE session_id = %(id)s),
-                cards AS (DELETE FROM {self._s}.handrail_cards WHERE session_id = %(id)s)
-            DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1""",
+            "WITH "
+            + ", ".join(
+                f"{table} AS (DELETE FROM {self._s}.handrail_{table} WHERE session_id = %(id)s)"
+                for table in SESSION_TABLES
+            )
+            + f" DELETE FROM {self._s}.handrail_sessions WHERE id = %(id)s RETURNING 1",
             {"id": session_id},
             session_id,
         )
@@ -883,200 +611,13 @@ class PostgresStore:
             )
         return export_document(record_from_row(row), log, events, [m for _, m in history])
 
-    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its logs, in one transaction; see `import_`."""
-        record, log, events = parse_export(document)
-        texts = encode_events(record.id, [event for _, event in events])
-        session_id = record.id
-        params: dict[str, Any] = {
-            "id": session_id,
-            "org_id": record.org_id,
-            "user_id": record.user_id,
-            "status": record.status,
-            "version": record.version,
-            "created_at": record.created_at,
-            "updated_at": record.updated_at,
-            "expires_at": record.expires_at,
-            "data": encode(session_id, record.data),
-            "window": record.window,
-            "start": 0,
-            "messages": encode_messages(session_id, record.messages),
-        }
-        entries = [
-            {
-                "session_id": session_id,
-                "tool_call_id": e.tool_call_id,
-                "key": e.key,
-                "tool": e.tool,
-                "args": encode(session_id, e.args, what="tool-call arguments"),
-                "status": e.status,
-                "result": None if e.result is None else encode(session_id, e.result, what="result"),
-                "started_at": e.started_at,
-                "finished_at": e.finished_at,
-            }
-            for e in log
-        ]
-        found_cards = []
-        if record.status == "suspended":
-            found_cards = stored_cards(record.data, record.messages[record.window :], record.window)
-        card_texts = [card_text(session_id, card) for card in found_cards]
-        s = self._s
-        async with self._connection(session_id) as connection, connection.transaction():
-            while True:
-                cursor = await connection.execute(
-                    f"SELECT version FROM {s}.handrail_sessions WHERE id = %(id)s FOR UPDATE",
-                    params,
-                )
-                found = await cursor.fetchone()
-                if found is not None:
-                    if not overwrite:
-                        raise exists_error(session_id, found[0])
-                    params["version"] = max(record.version, found[0]) + 1
-                    await connection.execute(
-                        f"""UPDATE {s}.handrail_sessions
-                        SET org_id = %(org_id)s, user_id = %(user_id)s, status = %(status)s,
-                            version = %(version)s, created_at = %(created_at)s,
-                            updated_at = %(updated_at)s, expires_at = %(expires_at)s,
-                            data = %(data)s::json, window_start = %(window)s
-                        WHERE id = %(id)s""",
-                        params,
-                    )
-                    await connection.execute(
-                        f"DELETE FROM {s}.handrail_tool_log WHERE session_id = %(id)s", params
-                    )
-                    await connection.execute(
-                        f"DELETE FROM {s}.handrail_events WHERE session_id = %(id)s", params
-                    )
-                    break
-                cursor = await connection.execute(
-                    f"""INSERT INTO {s}.handrail_sessions ({_SUMMARY}, data, window_start)
-                    VALUES (%(id)s, %(org_id)s, %(user_id)s, %(status)s, %(version)s,
-                            %(created_at)s, %(updated_at)s, %(expires_at)s, %(data)s::json,
-                            %(window)s)
-                    ON CONFLICT (id) DO NOTHING""",
-                    params,
-                )
-                if cursor.rowcount:
-                    break
-                # Created meanwhile by someone else: the next SELECT ... FOR UPDATE sees it.
-            # (Always: no message or card of an earlier session of this id can be left.)
-            await connection.execute(
-                f"""WITH cards AS (DELETE FROM {s}.handrail_cards WHERE session_id = %(id)s)
-                DELETE FROM {s}.handrail_messages WHERE session_id = %(id)s""",
-                params,
-            )
-            if found_cards:
-                summary = dataclasses.replace(record.summary(), version=params["version"])
-                async with connection.cursor() as cursor:
-                    await cursor.executemany(
-                        _CARD.format(s=s), card_rows(summary, found_cards, card_texts)
-                    )
-            if record.messages:
-                await connection.execute(
-                    f"""INSERT INTO {s}.handrail_messages (session_id, position, message)
-                    SELECT %(id)s, m.ordinality - 1, m.message::json
-                    FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
-                    params,
-                )
-            if entries:
-                async with connection.cursor() as cursor:
-                    await cursor.executemany(
-                        f"""INSERT INTO {s}.handrail_tool_log
-                        (session_id, tool_call_id, key, tool, args, status, result, started_at,
-                         finished_at)
-                        VALUES (%(session_id)s, %(tool_call_id)s, %(key)s, %(tool)s,
-                                %(args)s::json, %(status)s, %(result)s::json, %(started_at)s,
-                                %(finished_at)s)""",
-                        entries,
-                    )
-            if events:
-                await connection.execute(
-                    f"""INSERT INTO {s}.handrail_events (session_id, seq, event)
-                    SELECT %(id)s, e.seq, e.event::json
-                    FROM unnest(%(seqs)s::bigint[], %(texts)s::text[]) AS e(seq, event)""",
-                    {"id": session_id, "seqs": [seq for seq, _ in events], "texts": texts},
-                )
-        record.version = params["version"]
-        return record
-
     # -- tool-call log --------------------------------------------------------------------
-
-    async def log_started(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        *,
-        key: str,
-        tool: str,
-        args: dict[str, Any],
-        lease: tuple[str, float] | None = None,
-    ) -> bool:
-        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
-        params = {
-            "session_id": session_id,
-            "tool_call_id": tool_call_id,
-            "key": key,
-            "tool": tool,
-            "args": encode(session_id, args, what="tool-call arguments"),
-            "now": self._now(),
-        }
-        if lease is None:
-            return bool(await self._rowcount(self._started_sql, params, session_id))
-        check_ttl(lease[1])
-        async with self._connection(session_id) as connection, connection.transaction():
-            await self._hold(connection, session_id, *lease)
-            return bool((await connection.execute(self._started_sql, params)).rowcount)
-
-    async def log_finished(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        result: dict[str, Any],
-        *,
-        audit: AuditEntry | None = None,
-    ) -> bool:
-        """Record a started call's result; see `SessionStore.log_finished`."""
-        params = {
-            "session_id": session_id,
-            "tool_call_id": tool_call_id,
-            "result": encode(session_id, result, what="tool-call result"),
-            "now": self._now(),
-        }
-        async with self._connection(session_id) as connection:
-            async with connection.transaction() if audit is not None else contextlib.nullcontext():
-                cursor = await connection.execute(
-                    f"""UPDATE {self._s}.handrail_tool_log
-                    SET status = 'finished', result = %(result)s::json, finished_at = {_NOW}
-                    WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s
-                        AND status = 'started'""",
-                    params,
-                )
-                if cursor.rowcount and audit is not None:
-                    await self._append_audit(connection, audit)  # in the same transaction
-            if cursor.rowcount:
-                return True
-            cursor = await connection.execute(
-                f"""SELECT 1 FROM {self._s}.handrail_tool_log
-                WHERE session_id = %(session_id)s AND tool_call_id = %(tool_call_id)s""",
-                params,
-            )
-            if await cursor.fetchone():
-                return False  # finished already: the first result stands
-        raise not_started_error(session_id, tool_call_id)
-
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged calls in start order; see `SessionStore.tool_log`."""
-        async with self._connection(session_id) as connection:
-            return await self._read_log(connection, session_id)
 
     async def _read_log(
         self, connection: psycopg.AsyncConnection[Any], session_id: str
     ) -> builtins.list[ToolLogEntry]:
-        cursor = await connection.execute(
-            f"SELECT {_LOG} FROM {self._s}.handrail_tool_log "
-            f"WHERE session_id = %(id)s ORDER BY seq",
-            {"id": session_id},
-        )
+        query = read_log_statement(self._dialect, session_id)
+        cursor = await connection.execute(query.sql, query.params)
         return [log_entry_from_row(session_id, row) for row in await cursor.fetchall()]
 
     # -- event log ------------------------------------------------------------------------
@@ -1178,108 +719,6 @@ class PostgresStore:
 
     # -- leases and wake-ups --------------------------------------------------------------
 
-    # -- audit trail ----------------------------------------------------------------------
-
-    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
-        """Append to the organisation's trail, chained; see `SessionStore.append_audit`.
-
-        A transaction-scoped advisory lock on the organisation's trail serialises appends
-        from every process, so the tail read and the insert never interleave with another
-        append (and the primary key would refuse a forked seq anyway).
-        """
-        async with self._connection(entry.session_id) as connection, connection.transaction():
-            return await self._append_audit(connection, entry)
-
-    async def _append_audit(
-        self, connection: psycopg.AsyncConnection[Any], entry: AuditEntry
-    ) -> AuditEntry:
-        """Chain `entry` after its organisation's last and insert it (inside a transaction)."""
-        if self._warn_unkeyed:
-            self._warn_unkeyed = False
-            warn_unkeyed(f"PostgresStore({self.masked_dsn!r}, schema={self.schema!r})")
-        org = entry.org_id or ""
-        lock = int.from_bytes(
-            hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
-            "big",
-            signed=True,
-        )
-        await connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-        cursor = await connection.execute(
-            f"SELECT seq, hash FROM {self._s}.handrail_audit WHERE org_id = %s "
-            f"ORDER BY seq DESC LIMIT 1",
-            (org,),
-        )
-        tail = await cursor.fetchone()
-        chained, text = chain_audit(
-            entry, None if tail is None else (tail[0], tail[1]), self.audit_key
-        )
-        await connection.execute(
-            f"INSERT INTO {self._s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash,
-             text),
-        )  # fmt: skip
-        return chained
-
-    async def audit(
-        self,
-        org_id: str | None,
-        *,
-        after: int = 0,
-        limit: int = 100,
-        session_id: str | None = None,
-        tool: str | None = None,
-        kind: AuditKind | None = None,
-    ) -> builtins.list[AuditEntry]:
-        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
-        check_audit_page(after, limit, kind)
-        sql = f"SELECT seq, entry FROM {self._s}.handrail_audit WHERE org_id = %(org)s"
-        sql += " AND seq > %(after)s"
-        params: dict[str, Any] = {"org": org_id or "", "after": after, "limit": limit}
-        for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
-            if value is not None:
-                sql += f" AND {column} = %({column})s"
-                params[column] = value
-        rows = await self._fetch(sql + " ORDER BY seq LIMIT %(limit)s", params, None)
-        return [decode_audit(org_id, seq, text) for seq, text in rows]
-
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
-        """Take or renew a session's lease; see `SessionStore.acquire_lease`.
-
-        One upsert: of two workers racing for a free or expired lease, the second waits for
-        the first's row lock and then finds the lease taken.
-        """
-        check_ttl(ttl)
-        return bool(
-            await self._rowcount(
-                self._lease_sql,
-                {"id": session_id, "owner": owner, "ttl": ttl, "now": self._now()},
-                session_id,
-            )
-        )
-
-    async def release_lease(self, session_id: str, owner: str) -> bool:
-        """Give a lease back; see `SessionStore.release_lease`."""
-        return bool(
-            await self._rowcount(self._release_sql, {"id": session_id, "owner": owner}, session_id)
-        )
-
-    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
-        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
-        rows = await self._fetch(
-            f"""UPDATE {self._s}.handrail_leases SET owner = %(owner)s
-            WHERE length(owner) = %(length)s AND left(owner, %(prefix)s) = %(previous)s
-                AND owner <> %(owner)s
-            RETURNING session_id""",
-            {
-                "owner": owner,
-                "length": len(previous) + INCARNATION,
-                "prefix": len(previous) + 1,
-                "previous": previous + "#",
-            },
-            None,
-        )
-        return sorted(row[0] for row in rows)
-
     async def notify(self, session_id: str) -> None:
         """Wake every listener on this schema, in any process: `pg_notify`."""
         await self._fetch(
@@ -1315,6 +754,105 @@ class PostgresStore:
             await subscription.end()
         if pool is not None:
             await pool.close()
+
+
+class _Dialect(Dialect):
+    """PostgreSQL's statements for the shared plans (`_sql`).
+
+    `%(named)s` parameters, `json` columns, the server's clock (`now` None), arrays in one
+    statement, NOTIFY, advisory locks.
+    """
+
+    now = _NOW
+    positional = "%s"
+    lock_row = " FOR UPDATE"
+
+    def __init__(self, s: str, schema: str, channel: str) -> None:
+        self.s, self.schema, self.channel = s, schema, channel
+
+    def table(self, name: str) -> str:
+        return f"{self.s}.handrail_{name}"
+
+    def param(self, name: str) -> str:
+        return f"%({name})s"
+
+    def text(self, column: str) -> str:
+        return f"{column}::text"
+
+    def json(self, name: str) -> str:
+        return f"%({name})s::json"
+
+    def put_messages(self, session_id: str, start: int, texts: builtins.list[str]) -> Statement:
+        return Statement(
+            f"""INSERT INTO {self.s}.handrail_messages (session_id, position, message)
+            SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
+            FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
+            {"id": session_id, "start": start, "messages": texts},
+        )
+
+    def put_cards(
+        self,
+        summary: SessionSummary,
+        cards: builtins.list[WaitingCard],
+        texts: builtins.list[str],
+    ) -> Statement:
+        return Statement(
+            _PUT_CARDS.format(s=self.s),
+            {
+                "id": summary.id,
+                "org_id": summary.org_id,
+                "user_id": summary.user_id,
+                "version": summary.version,
+                "created_at": summary.created_at,
+                "updated_at": summary.updated_at,
+                "expires_at": summary.expires_at,
+                "cards": texts,
+                "card_fields": [[c.tool_call_id, c.tool, c.kind, c.agent] for c in cards],
+                "card_times": [c.created_at for c in cards],
+            },
+        )
+
+    def cards_with_update(self, change: str) -> str | None:
+        # The inbox rows go with the session's row, in the same statement: deleted (the
+        # save's own are inserted after), or, kept, moved along with their session.
+        name = "moved" if change == "move" else "gone"
+        return f"WITH {name} AS ({cards_change_statement(self, change, {}).sql}) "
+
+    def wake(self, session_id: str, now: float | None) -> builtins.list[Statement]:
+        # Sent with the commit.
+        return [
+            Statement(
+                "SELECT pg_notify(%(channel)s, %(id)s)", {"channel": self.channel, "id": session_id}
+            )
+        ]
+
+    def audit_lock(self, org: str) -> Statement:
+        # A transaction-scoped advisory lock on the organisation's trail.
+        lock = int.from_bytes(
+            hashlib.blake2b(f"handrail audit {self.schema} {org}".encode(), digest_size=8).digest(),
+            "big",
+            signed=True,
+        )
+        return Statement("SELECT pg_advisory_xact_lock(%(lock)s)", {"lock": lock})
+
+
+async def _run(connection: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
+    """Run a plan of `_sql` on `connection`, one statement after the other: its value."""
+    result: Result | None = None
+    while True:
+        try:
+            statement = plan.send(result)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        if statement.rows is not None:
+            async with connection.cursor() as cursor:
+                await cursor.executemany(statement.sql, statement.rows)
+                result = Result([], cursor.rowcount)
+        else:
+            cursor = await connection.execute(statement.sql, statement.params)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+            result = Result(rows, cursor.rowcount)
 
 
 def _event_notice(payload: str) -> tuple[str, int]:

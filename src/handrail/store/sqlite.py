@@ -18,70 +18,55 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from ..audit import (
     FROM_ENVIRONMENT,
-    AuditEntry,
-    AuditKey,
     AuditKeyOption,
-    AuditKind,
     signing_key,
-    warn_unkeyed,
 )
-from ..exceptions import ConflictError, SessionNotFoundError, StoreError, StoreUnavailableError
+from ..exceptions import SessionNotFoundError, StoreError, StoreUnavailableError
 from ._base import (
     Clock,
     SessionRecord,
-    SessionStatus,
     SessionSummary,
     ToolLogEntry,
-    WaitingRow,
-    lease_lost,
+    WaitingCard,
     wall_clock,
 )
 from ._codec import (
-    INCARNATION,
     LoggedEvents,
-    chain_audit,
-    check_audit_page,
     check_events_page,
-    check_messages,
     check_messages_page,
     check_page,
-    check_save,
-    check_status,
     check_ttl,
-    decode,
-    decode_audit,
     decode_event,
     decode_message,
-    encode,
     encode_events,
-    encode_messages,
-    exists_error,
     export_document,
     log_entry_from_row,
-    not_started_error,
-    parse_export,
     record_from_row,
-    stamped,
     summary_from_row,
 )
 from ._events import EventNotice, LocalFeed
+from ._sql import (
+    SESSION_TABLES,
+    Dialect,
+    Plan,
+    Result,
+    Statement,
+    build_index_plan,
+    lease_statement,
+    read_log_statement,
+)
+from ._sqlstore import SqlStore
 from ._thread import ConnectionThread, Outcome
 from ._waiting import (
     COLUMNS,
     card_rows,
-    card_text,
-    check_waiting,
-    row_of,
-    stored_cards,
-    waiting_query,
 )
 
 __all__ = ["SqliteStore"]
@@ -213,30 +198,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
-_LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
-# JSON columns are read as bytes and decoded by `_codec`: text that is not UTF-8 (written
-# around handrail) is then a `SessionCorruptError` naming the session, not sqlite3's
-# "Could not decode to UTF-8" store failure.
-_LOG_BYTES = _LOG.replace("args", "CAST(args AS BLOB)").replace("result", "CAST(result AS BLOB)")
-_INSERT = f"""INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start)
-    VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)
-    ON CONFLICT (id) DO NOTHING"""
-_UPDATE = """UPDATE handrail_sessions
-    SET org_id = ?, user_id = ?, status = ?, version = version + 1, updated_at = ?,
-        expires_at = ?, data = ?, window_start = ?
-    WHERE id = ? AND version = ?
-    RETURNING created_at"""
-_COUNT = """SELECT COALESCE(MAX(position) + 1, 0) FROM handrail_messages WHERE session_id = ?"""
-_PUT = "INSERT INTO handrail_messages (session_id, position, message) VALUES (?, ?, ?)"
-_CARD = f"INSERT INTO handrail_cards ({COLUMNS}) VALUES ({', '.join('?' * 14)})"
-_LEASE = """INSERT INTO handrail_leases (session_id, owner, expires_at) VALUES (?, ?, ?)
-    ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
-    WHERE handrail_leases.owner = excluded.owner OR handrail_leases.expires_at <= ?"""
-_STARTED = """INSERT INTO handrail_tool_log
-    (session_id, tool_call_id, key, tool, args, status, started_at)
-    VALUES (?, ?, ?, ?, ?, 'started', ?) ON CONFLICT DO NOTHING"""
-_RELEASE = "DELETE FROM handrail_leases WHERE session_id = ? AND owner = ?"
-_ARGS = "tool-call arguments"
 _WAKEUPS_KEPT_FOR = 60.0  # seconds; a listener that polls less often than this may miss some
 CHECKPOINT_AFTER = 1024
 """Rows written since the last wake-up after which the checkpointer copies the write-ahead
@@ -249,7 +210,7 @@ WAL_FRAMES_MAX = 2048
 copies it back itself, between jobs: under writes that never pause, the log is still bounded."""
 
 
-class SqliteStore:
+class SqliteStore(SqlStore):
     """A `SessionStore` in one SQLite file: the embedded default.
 
     The file and its schema are created on first use. All blocking work happens in one
@@ -306,6 +267,7 @@ class SqliteStore:
         self._subscriptions: set[_Subscription] = set()
         self._appends: _Appends | None = None  # appends waiting to commit together
         self._event_feed: LocalFeed[EventNotice] = LocalFeed()
+        self._dialect = _DIALECT
 
     async def __aenter__(self) -> SqliteStore:
         return self
@@ -372,11 +334,7 @@ class SqliteStore:
     def _connect(self) -> sqlite3.Connection:  # in the store's thread
         try:
             # isolation_level=None: no implicit BEGIN; transactions below are explicit.
-            connection = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, factory=_Connection
-            )
-            connection.audit_key, connection.warn_unkeyed = self.audit_key, self._warn_unkeyed
-            connection.store = f"SqliteStore({self.path!r})"
+            connection = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         except sqlite3.Error as error:
             raise self._error(error, None) from error
         try:
@@ -433,13 +391,32 @@ class SqliteStore:
             return StoreUnavailableError(message, session_id=session_id)
         return StoreError(message, session_id=session_id)
 
-    # -- sessions -------------------------------------------------------------------------
+    async def _execute(
+        self,
+        make: Callable[[], Plan[T]],
+        session_id: str | None,
+        *,
+        write: bool = False,
+        transaction: bool | None = None,
+    ) -> T:
+        """Run a plan in the store's thread; see `SqlStore._execute`.
 
-    async def summary(self, session_id: str) -> SessionSummary | None:
-        """The session's metadata, never its document; see `SessionStore.summary`."""
-        sql = f"SELECT {_SUMMARY} FROM handrail_sessions WHERE id = ?"
-        row = await self._call(lambda db: db.execute(sql, (session_id,)).fetchone(), session_id)
-        return None if row is None else summary_from_row(row)
+        A write is a job of a group commit (`_commit_together`), which may run it again: the
+        plan is made anew each time.
+        """
+        alone = not (write if transaction is None else transaction)
+        return await self._call(lambda db: _write(db, make(), alone=alone), session_id, write=write)
+
+    def _now(self) -> float:
+        return self.clock()
+
+    def _name(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    def _notified(self, session_id: str) -> None:
+        self._nudge()
+
+    # -- sessions -------------------------------------------------------------------------
 
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session as last saved, or `None`; see `SessionStore.load`."""
@@ -458,168 +435,6 @@ class SqliteStore:
         return await self._call(
             lambda db: _read_messages(db, session_id, 0, before, limit), session_id
         )
-
-    async def save(
-        self,
-        record: SessionRecord,
-        *,
-        lease: tuple[str, float] | None = None,
-        release: str | None = None,
-        started: Sequence[ToolLogEntry] = (),
-        notify: bool = False,
-    ) -> SessionRecord:
-        """Compare-and-swap on the version; see `SessionStore.save`."""
-        check_save(record)
-        if lease is not None:
-            check_ttl(lease[1])
-        # Read everything from `record` here, on the loop: the caller may change it meanwhile.
-        session_id, expected = record.id, record.version
-        text = encode(session_id, record.data)
-        start, window = record.messages_from, record.window
-        rows = [
-            (session_id, position, message)
-            for position, message in enumerate(encode_messages(session_id, record.messages), start)
-        ]
-        checked = replace(record, messages=record.messages[:])  # for the gap check
-        now = self.clock()
-        scope = (record.org_id, record.user_id, record.status)
-        expires_at = record.expires_at
-        audit = record.audit[:]
-        logged = [
-            (session_id, e.tool_call_id, e.key, e.tool, encode(session_id, e.args, what=_ARGS), now)
-            for e in started
-        ]
-        cards = record.cards[:] if record.cards is not None else None
-        texts = [card_text(session_id, card) for card in cards or ()]
-
-        def save(db: sqlite3.Connection) -> float:
-            with _transaction(db):
-                if (
-                    lease is not None
-                    and not db.execute(_LEASE, (session_id, lease[0], now + lease[1], now)).rowcount
-                ):
-                    raise lease_lost(session_id, lease[0])
-                created_at: float | None = None
-                if expected == 0:
-                    inserted = db.execute(
-                        _INSERT, (session_id, *scope, now, now, expires_at, text, window)
-                    ).rowcount
-                    if inserted:
-                        created_at = now
-                else:
-                    found = db.execute(
-                        _UPDATE, (*scope, now, expires_at, text, window, session_id, expected)
-                    ).fetchall()  # fetch all: a RETURNING statement is done only once drained
-                    if found:
-                        created_at = found[0][0]
-                if created_at is None:
-                    row = db.execute(
-                        "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
-                    ).fetchone()
-                    raise ConflictError(
-                        session_id, expected=expected, actual=None if row is None else row[0]
-                    )
-                stored: int = db.execute(_COUNT, (session_id,)).fetchone()[0]
-                check_messages(checked, stored)
-                if stored > start:  # what the save replaces
-                    db.execute(
-                        "DELETE FROM handrail_messages WHERE session_id = ? AND position >= ?",
-                        (session_id, start),
-                    )
-                db.executemany(_PUT, rows)
-                _index(
-                    db, replace(saved.summary(), created_at=created_at), cards, texts, expected == 0
-                )
-                for entry in audit:
-                    _append_audit(db, entry)
-                db.executemany(_STARTED, logged)
-                if release is not None:
-                    db.execute(_RELEASE, (session_id, release))
-                if notify:
-                    _wake(db, session_id, now)
-                return created_at
-
-        saved = stamped(record, version=expected + 1, created_at=now, updated_at=now)
-        saved.created_at = await self._call(save, session_id, write=True)
-        if notify:
-            self._nudge()
-        return saved
-
-    async def list(
-        self,
-        *,
-        org_id: str | None = None,
-        user_id: str | None = None,
-        status: SessionStatus | None = None,
-        updated_after: float | None = None,
-        updated_before: float | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> builtins.list[SessionSummary]:
-        """Sessions matching every filter, newest first; see `SessionStore.list`."""
-        check_page(limit, offset)
-        check_status(status)
-        filters = {
-            "org_id = ?": org_id,
-            "user_id = ?": user_id,
-            "status = ?": status,
-            "updated_at > ?": updated_after,
-            "updated_at < ?": updated_before,
-        }
-        where = [f for f, value in filters.items() if value is not None]
-        params: list[Any] = [value for value in filters.values() if value is not None]
-        sql = (
-            f"SELECT {_SUMMARY} FROM handrail_sessions"
-            f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-            f" ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?"
-        )
-        rows = await self._call(
-            lambda db: db.execute(sql, (*params, limit, offset)).fetchall(), None
-        )
-        return [summary_from_row(row) for row in rows]
-
-    async def waiting(
-        self,
-        *,
-        org_id: str | None,
-        after: tuple[float, str, int] | None = None,
-        limit: int = 100,
-        tool: str | None = None,
-        kind: str | None = None,
-        session_id: str | None = None,
-        raised_before: float | None = None,
-        raised_after: float | None = None,
-        reach: tuple[str | None, frozenset[str]] | None = None,
-        exclude_user: str | None = None,
-    ) -> builtins.list[WaitingRow]:
-        """A page of the inbox index, in one query; see `SessionStore.waiting`."""
-        check_waiting(limit)
-        sql, params = waiting_query(
-            "handrail_cards",
-            "?",
-            org_id=org_id,
-            after=after,
-            limit=limit,
-            tool=tool,
-            kind=kind,
-            session_id=session_id,
-            raised_before=raised_before,
-            raised_after=raised_after,
-            reach=reach,
-            exclude_user=exclude_user,
-        )
-        # The card as bytes: decoded by `_codec`, so text that is not UTF-8 names the session.
-        sql = sql.replace(", card FROM", ", CAST(card AS BLOB) FROM", 1)
-        rows = await self._call(lambda db: db.execute(sql, params).fetchall(), None)
-        return [row_of(row) for row in rows]
-
-    async def due(self, now: float, *, limit: int = 100) -> builtins.list[SessionSummary]:
-        """Sessions whose deadline has come, earliest first; see `SessionStore.due`."""
-        check_page(limit, 0)
-        sql = f"""SELECT {_SUMMARY} FROM handrail_sessions
-            WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at, id LIMIT ?"""
-        rows = await self._call(lambda db: db.execute(sql, (now, limit)).fetchall(), None)
-        return [summary_from_row(row) for row in rows]
 
     async def claim(
         self, now: float, owner: str, ttl: float, *, limit: int = 100
@@ -642,7 +457,9 @@ class SqliteStore:
         def claim(db: sqlite3.Connection) -> list[Any]:
             with _transaction(db):
                 rows = db.execute(sql, (now, owner, at, limit)).fetchall()
-                db.executemany(_LEASE, [(row[0], owner, at + ttl, at) for row in rows])
+                leases = [lease_statement(_DIALECT, row[0], owner, ttl, at) for row in rows]
+                if leases:
+                    db.executemany(leases[0].sql, [lease.params for lease in leases])
             return rows
 
         return [summary_from_row(row) for row in await self._call(claim, None, write=True)]
@@ -652,11 +469,8 @@ class SqliteStore:
 
         def delete(db: sqlite3.Connection) -> bool:
             with _transaction(db):
-                db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_leases WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
+                for table in SESSION_TABLES:
+                    db.execute(f"DELETE FROM handrail_{table} WHERE session_id = ?", (session_id,))
                 return bool(
                     db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,)).rowcount
                 )
@@ -684,155 +498,6 @@ class SqliteStore:
                 f"Cannot export session {session_id!r}: there is none.", session_id=session_id
             )
         return document
-
-    async def import_(self, document: str, *, overwrite: bool = False) -> SessionRecord:
-        """Store an exported session with its logs; see `SessionStore.import_`."""
-        record, log, events = parse_export(document)
-        texts = encode_events(record.id, [event for _, event in events])
-        session_id = record.id
-        text = encode(session_id, record.data)
-        messages = [
-            (session_id, position, message)
-            for position, message in enumerate(encode_messages(session_id, record.messages))
-        ]
-        entries = [
-            (
-                session_id,
-                e.tool_call_id,
-                e.key,
-                e.tool,
-                encode(session_id, e.args, what="tool-call arguments"),
-                e.status,
-                None if e.result is None else encode(session_id, e.result, what="result"),
-                e.started_at,
-                e.finished_at,
-            )
-            for e in log
-        ]
-        summary = record.summary()
-        found = []
-        if record.status == "suspended":
-            found = stored_cards(record.data, record.messages[record.window :], record.window)
-        card_texts = [card_text(session_id, card) for card in found]
-
-        def import_(db: sqlite3.Connection) -> int:
-            with _transaction(db):
-                row = db.execute(
-                    "SELECT version FROM handrail_sessions WHERE id = ?", (session_id,)
-                ).fetchone()
-                version = record.version
-                if row is not None:
-                    if not overwrite:
-                        raise exists_error(session_id, row[0])
-                    version = max(version, row[0]) + 1
-                    db.execute("DELETE FROM handrail_sessions WHERE id = ?", (session_id,))
-                    db.execute("DELETE FROM handrail_tool_log WHERE session_id = ?", (session_id,))
-                    db.execute("DELETE FROM handrail_events WHERE session_id = ?", (session_id,))
-                # (Always: no message or card of an earlier session of this id can be left.)
-                db.execute("DELETE FROM handrail_messages WHERE session_id = ?", (session_id,))
-                db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
-                db.executemany(_PUT, messages)
-                db.executemany(
-                    _CARD, card_rows(replace(summary, version=version), found, card_texts)
-                )
-                db.execute(
-                    f"INSERT INTO handrail_sessions ({_SUMMARY}, data, window_start) "
-                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        session_id,
-                        record.org_id,
-                        record.user_id,
-                        record.status,
-                        version,
-                        record.created_at,
-                        record.updated_at,
-                        record.expires_at,
-                        text,
-                        record.window,
-                    ),
-                )
-                db.executemany(
-                    f"INSERT INTO handrail_tool_log (session_id, {_LOG}) "
-                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    entries,
-                )
-                db.executemany(
-                    "INSERT INTO handrail_events (session_id, seq, event) VALUES (?, ?, ?)",
-                    [(session_id, seq, text) for (seq, _), text in zip(events, texts, strict=True)],
-                )
-                return version
-
-        record.version = await self._call(import_, session_id, write=True)
-        return record
-
-    # -- tool-call log --------------------------------------------------------------------
-
-    async def log_started(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        *,
-        key: str,
-        tool: str,
-        args: dict[str, Any],
-        lease: tuple[str, float] | None = None,
-    ) -> bool:
-        """Record a call before it runs, never overwriting; see `SessionStore.log_started`."""
-        now = self.clock()
-        params = (session_id, tool_call_id, key, tool, encode(session_id, args, what=_ARGS), now)
-        if lease is None:
-            return bool(
-                await self._call(
-                    lambda db: db.execute(_STARTED, params).rowcount, session_id, write=True
-                )
-            )
-        check_ttl(lease[1])
-        claim = (session_id, lease[0], now + lease[1], now)
-
-        def log(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                if not db.execute(_LEASE, claim).rowcount:
-                    raise lease_lost(session_id, lease[0])
-                return bool(db.execute(_STARTED, params).rowcount)
-
-        return await self._call(log, session_id, write=True)
-
-    async def log_finished(
-        self,
-        session_id: str,
-        tool_call_id: str,
-        result: dict[str, Any],
-        *,
-        audit: AuditEntry | None = None,
-    ) -> bool:
-        """Record a started call's result; see `SessionStore.log_finished`."""
-        text = encode(session_id, result, what="tool-call result")
-        now = self.clock()
-
-        def finish(db: sqlite3.Connection) -> bool:
-            with _transaction(db) if audit is not None else contextlib.nullcontext():
-                updated = db.execute(
-                    """UPDATE handrail_tool_log SET status = 'finished', result = ?,
-                    finished_at = ? WHERE session_id = ? AND tool_call_id = ?
-                    AND status = 'started'""",
-                    (text, now, session_id, tool_call_id),
-                ).rowcount
-                if updated and audit is not None:
-                    _append_audit(db, audit)  # one more statement in the same transaction
-            if updated:
-                return True
-            if db.execute(
-                "SELECT 1 FROM handrail_tool_log WHERE session_id = ? AND tool_call_id = ?",
-                (session_id, tool_call_id),
-            ).fetchone():
-                return False  # finished already: the first result stands
-            raise not_started_error(session_id, tool_call_id)
-
-        return await self._call(finish, session_id, write=True)
-
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged calls in start order; see `SessionStore.tool_log`."""
-        return await self._call(lambda db: _read_log(db, session_id), session_id)
 
     # -- event log ------------------------------------------------------------------------
 
@@ -882,57 +547,6 @@ class SqliteStore:
 
     # -- leases and wake-ups --------------------------------------------------------------
 
-    # -- audit trail ----------------------------------------------------------------------
-
-    async def append_audit(self, entry: AuditEntry) -> AuditEntry:
-        """Append to the organisation's trail, chained; see `SessionStore.append_audit`.
-
-        The tail is read and the entry written in one write transaction: SQLite's one writer
-        at a time (across processes too) keeps the chain from forking.
-        """
-
-        def append(db: sqlite3.Connection) -> AuditEntry:
-            with _transaction(db):
-                return _append_audit(db, entry)
-
-        return await self._call(append, entry.session_id, write=True)
-
-    async def audit(
-        self,
-        org_id: str | None,
-        *,
-        after: int = 0,
-        limit: int = 100,
-        session_id: str | None = None,
-        tool: str | None = None,
-        kind: AuditKind | None = None,
-    ) -> builtins.list[AuditEntry]:
-        """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
-        check_audit_page(after, limit, kind)
-        sql = "SELECT seq, entry FROM handrail_audit WHERE org_id = ? AND seq > ?"
-        params: list[Any] = [org_id or "", after]
-        for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
-            if value is not None:
-                sql += f" AND {column} = ?"
-                params.append(value)
-        sql += " ORDER BY seq LIMIT ?"
-        params.append(limit)
-        rows = await self._call(lambda db: db.execute(sql, params).fetchall(), None)
-        return [decode_audit(org_id, seq, text) for seq, text in rows]
-
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
-        """Take or renew a session's lease; see `SessionStore.acquire_lease`.
-
-        One upsert statement: SQLite takes the database's write lock for the whole statement,
-        so two processes cannot both see the lease free.
-        """
-        check_ttl(ttl)
-        now = self.clock()
-        params = (session_id, owner, now + ttl, now)
-        return bool(
-            await self._call(lambda db: db.execute(_LEASE, params).rowcount, session_id, write=True)
-        )
-
     async def lease_and_load(
         self, session_id: str, owner: str, ttl: float
     ) -> tuple[bool, SessionRecord | None]:
@@ -943,39 +557,15 @@ class SqliteStore:
         session is read in the transaction that takes its lease.
         """
         check_ttl(ttl)
-        now = self.clock()
-        params = (session_id, owner, now + ttl, now)
+        lease = lease_statement(_DIALECT, session_id, owner, ttl, self.clock())
 
         def lease_and_load(db: sqlite3.Connection) -> tuple[bool, SessionRecord | None]:
             with _transaction(db):
-                if not db.execute(_LEASE, params).rowcount:
+                if not db.execute(lease.sql, lease.params).rowcount:
                     return False, None
                 return True, _load(db, session_id)
 
         return await self._call(lease_and_load, session_id, write=True)
-
-    async def release_lease(self, session_id: str, owner: str) -> bool:
-        """Give a lease back; see `SessionStore.release_lease`."""
-        return bool(
-            await self._call(
-                lambda db: db.execute(_RELEASE, (session_id, owner)).rowcount,
-                session_id,
-                write=True,
-            )
-        )
-
-    async def adopt_leases(self, previous: str, owner: str) -> builtins.list[str]:
-        """Take over a previous incarnation's leases; see `SessionStore.adopt_leases`."""
-        sql = """UPDATE handrail_leases SET owner = ?
-            WHERE length(owner) = ? AND substr(owner, 1, ?) = ? AND owner <> ?
-            RETURNING session_id"""
-        params = (owner, len(previous) + INCARNATION, len(previous) + 1, previous + "#", owner)
-
-        def adopt(db: sqlite3.Connection) -> list[Any]:
-            with _transaction(db):
-                return db.execute(sql, params).fetchall()
-
-        return sorted(row[0] for row in await self._call(adopt, None, write=True))
 
     async def notify(self, session_id: str) -> None:
         """Wake every listener, in this process at once and in others at their next poll.
@@ -1077,41 +667,89 @@ class _Subscription:
         return self._pending.popleft()
 
 
-class _Connection(sqlite3.Connection):
-    """The store's connection, which carries the key its audit appends are made with."""
+class _Dialect(Dialect):
+    """SQLite's statements for the shared plans (`_sql`): named `:parameters`, JSON as text."""
 
-    audit_key: AuditKey | None = None
-    warn_unkeyed = False  # at its first append: the store is unkeyed for want of a key
-    store = "A SqliteStore"
+    def table(self, name: str) -> str:
+        return f"handrail_{name}"
+
+    def param(self, name: str) -> str:
+        return f":{name}"
+
+    def text(self, column: str) -> str:
+        # JSON columns are read as bytes and decoded by `_codec`: text that is not UTF-8
+        # (written around handrail) is then a `SessionCorruptError` naming the session, not
+        # sqlite3's "Could not decode to UTF-8" store failure.
+        return f"CAST({column} AS BLOB)"
+
+    def put_messages(self, session_id: str, start: int, texts: list[str]) -> Statement:
+        return Statement(
+            "INSERT INTO handrail_messages (session_id, position, message) "
+            "VALUES (:id, :position, :message)",
+            rows=[
+                {"id": session_id, "position": position, "message": text}
+                for position, text in enumerate(texts, start)
+            ],
+        )
+
+    def put_cards(
+        self, summary: SessionSummary, cards: list[WaitingCard], texts: list[str]
+    ) -> Statement:
+        names = [f"c{i}" for i in range(14)]
+        rows = card_rows(summary, cards, texts)
+        return Statement(
+            f"INSERT INTO handrail_cards ({COLUMNS}) VALUES ({self.p(*names)})",
+            rows=[dict(zip(names, row, strict=True)) for row in rows],
+        )
+
+    def wake(self, session_id: str, now: float | None) -> list[Statement]:
+        assert now is not None  # SQLite's clock is the store's
+        return [
+            Statement(
+                "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (:id, :now)",
+                {"id": session_id, "now": now},
+            ),
+            Statement(
+                "DELETE FROM handrail_wakeups WHERE created_at < :before",
+                {"before": now - _WAKEUPS_KEPT_FOR},
+            ),
+        ]
+
+
+_DIALECT = _Dialect()
+
+
+def _write(db: sqlite3.Connection, plan: Plan[T], *, alone: bool = False) -> T:
+    """Run a plan of `_sql` in the caller's transaction (or one of its own): its value.
+
+    `alone`: a plan of one write needs no transaction of its own.
+    """
+    with contextlib.nullcontext() if alone else _transaction(db):
+        return _run(db, plan)
+
+
+def _run(db: sqlite3.Connection, plan: Plan[T]) -> T:
+    """Run a plan's statements on `db`, one after the other: its value."""
+    result: Result | None = None
+    while True:
+        try:
+            statement = plan.send(result)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        if statement.rows is not None:
+            cursor = db.executemany(statement.sql, statement.rows)
+            result = Result([], cursor.rowcount)
+        else:
+            cursor = db.execute(statement.sql, statement.params)
+            # Fetch all: a RETURNING statement is done only once drained.
+            result = Result(cursor.fetchall(), cursor.rowcount)
 
 
 def _wake(db: sqlite3.Connection, session_id: str, now: float) -> None:
     """Write a wake-up row for `session_id` (inside a write transaction); prune old ones."""
-    db.execute(
-        "INSERT INTO handrail_wakeups (session_id, created_at) VALUES (?, ?)", (session_id, now)
-    )
-    db.execute("DELETE FROM handrail_wakeups WHERE created_at < ?", (now - _WAKEUPS_KEPT_FOR,))
-
-
-def _append_audit(db: sqlite3.Connection, entry: AuditEntry) -> AuditEntry:
-    """Chain `entry` after its organisation's last and insert it (inside a write transaction).
-
-    The key comes with the connection (`_Connection`): a job needs nothing else to append.
-    """
-    key = db.audit_key if isinstance(db, _Connection) else None
-    if isinstance(db, _Connection) and db.warn_unkeyed:
-        db.warn_unkeyed = False
-        warn_unkeyed(db.store)
-    org = entry.org_id or ""
-    tail = db.execute(
-        "SELECT seq, hash FROM handrail_audit WHERE org_id = ? ORDER BY seq DESC LIMIT 1", (org,)
-    ).fetchone()
-    chained, text = chain_audit(entry, None if tail is None else (tail[0], tail[1]), key)
-    db.execute(
-        "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (org, chained.seq, chained.kind, chained.session_id, chained.tool, chained.hash, text),
-    )
-    return chained
+    for statement in _DIALECT.wake(session_id, now):
+        db.execute(statement.sql, statement.params)
 
 
 def migrate(db: sqlite3.Connection, now: float) -> int:
@@ -1144,51 +782,9 @@ def migrate(db: sqlite3.Connection, now: float) -> int:
     return max(current, SCHEMA_VERSION)
 
 
-def _index(
-    db: sqlite3.Connection,
-    saved: SessionSummary,
-    cards: builtins.list[Any] | None,
-    texts: builtins.list[str],
-    new: bool,
-) -> None:
-    """Write the inbox rows a save leaves (`SessionRecord.cards`), in its transaction."""
-    session_id = saved.id
-    if saved.status == "suspended" and cards is None:  # the rows stand; their session moved
-        db.execute(
-            """UPDATE handrail_cards SET org_id = ?, user_id = ?, version = ?, updated_at = ?,
-                expires_at = ? WHERE session_id = ?""",
-            (
-                saved.org_id,
-                saved.user_id,
-                saved.version,
-                saved.updated_at,
-                saved.expires_at,
-                session_id,
-            ),
-        )
-        return
-    if not new:
-        db.execute("DELETE FROM handrail_cards WHERE session_id = ?", (session_id,))
-    if saved.status == "suspended" and cards:
-        db.executemany(_CARD, card_rows(saved, cards, texts))
-
-
 def _build_index(db: sqlite3.Connection) -> None:
     """Migration 5: the inbox rows of every suspended session, read from its stored form."""
-    sessions = db.execute(
-        f"""SELECT {_SUMMARY}, CAST(data AS BLOB), window_start FROM handrail_sessions
-        WHERE status = 'suspended'"""
-    ).fetchall()
-    for row in sessions:
-        summary = summary_from_row(row[:8])
-        try:
-            data = decode(summary.id, row[8])
-            messages = [m for _, m in _read_messages(db, summary.id, row[9], None, -1)]
-        except StoreError:
-            continue  # unreadable: the inbox could not show it either
-        found = stored_cards(data, messages, row[9])
-        texts = [card_text(summary.id, card) for card in found]
-        db.executemany(_CARD, card_rows(summary, found, texts))
+    _run(db, build_index_plan(_DIALECT))
 
 
 BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {5: _build_index}
@@ -1494,10 +1090,8 @@ def _load(db: sqlite3.Connection, session_id: str) -> SessionRecord | None:
 
 
 def _read_log(db: sqlite3.Connection, session_id: str) -> list[ToolLogEntry]:
-    rows = db.execute(
-        f"SELECT {_LOG_BYTES} FROM handrail_tool_log WHERE session_id = ? ORDER BY seq",
-        (session_id,),
-    ).fetchall()
+    query = read_log_statement(_DIALECT, session_id)
+    rows = db.execute(query.sql, query.params).fetchall()
     return [log_entry_from_row(session_id, row) for row in rows]
 
 

@@ -270,6 +270,9 @@ class Dispatcher:
         accepts them. A gated `client` tool, once approved, waits again for the client (a new
         card in `cards`).
         """
+        # The settlement's events go out once the resumption's first write is done (below):
+        # a drive that loses the session to another worker there has shown nothing.
+        settled: list[Event] = []
         decided: dict[str, ApprovalCardPart] = {}
         for p in message.parts:
             if isinstance(p, ApprovalCardPart) and p.decision is not None:
@@ -286,7 +289,7 @@ class Dispatcher:
                 if isinstance(outcome, _Ready):
                     ready.append(outcome)
                 else:
-                    yield completed_event(part)
+                    settled.append(completed_event(part))
                 continue
             if card is None:  # still pending: the caller resumes only when nothing is
                 continue
@@ -300,34 +303,42 @@ class Dispatcher:
                     part.status = "running"
                     ready.append(outcome)
                 else:
-                    yield completed_event(part)
+                    settled.append(completed_event(part))
                 continue
             if result is not None:
                 await self._finish(part, tool, result, None)
                 if card.decision == "reject":
                     part.status = "rejected"
-                yield completed_event(part)
+                settled.append(completed_event(part))
                 continue
             assert tool is not None  # `settle` settles every call whose tool is gone
             outcome = await self._approved(part, tool, card)
             if isinstance(outcome, _Ready):
                 outcome.log_id = attempt_id(message, part)
-                yield ToolCallStarted(
-                    agent=self.agent,
-                    tool_call_id=part.id,
-                    name=part.name,
-                    args=part.args,
-                    executor=part.executor,
+                settled.append(
+                    ToolCallStarted(
+                        agent=self.agent,
+                        tool_call_id=part.id,
+                        name=part.name,
+                        args=part.args,
+                        executor=part.executor,
+                    )
                 )
                 ready.append(outcome)
             elif part.status == "waiting":  # an approved client tool: now the client runs it
-                yield self._wait(message, part, cards, approved=True)
+                settled.append(self._wait(message, part, cards, approved=True))
             else:
-                yield completed_event(part)
-        # The message was stored when the turn stopped, so the calls are already on record;
-        # the checkpoint is the resumption's first write (its lease, with the version it
-        # read), with the `started` of the calls that start at once.
-        async for event in self._execute_ready(ready, message, cards, checkpoint=True):
+                settled.append(completed_event(part))
+        # The message was stored when the turn stopped, so the calls are already on record.
+        # The first write of the resumption comes before any call runs: the checkpoint with
+        # the `started` of the side effects that start at once (and the lease, with the
+        # version read), or, for reads alone, the session.
+        journal = self.journal
+        if journal is not None and ready and not await self._checkpoint(ready):
+            await journal.acting()
+        for event in settled:
+            yield event
+        async for event in self._execute_ready(ready, message, cards, checkpoint=False):
             yield event
 
     def _rerun(self, part: ToolCallPart, bound: dict[str, Any] | None = None) -> _Ready | _Final:
@@ -411,18 +422,27 @@ class Dispatcher:
             if item.asked is not None:
                 yield self._wait(message, item.part, cards, question=item.asked)
 
+    async def _checkpoint(self, ready: list[_Ready]) -> bool:
+        """Checkpoint before `ready` runs, if any of it has a side effect; whether it did.
+
+        The calls on record before any of them may happen, and, in the same write, the
+        `started` of the side effects that start at once (docs/durability.md).
+        """
+        journal = self.journal
+        if journal is None or all(r.tool.permission == "read" for r in ready):
+            return False
+        starting = [
+            (r.log_id, r.part, idempotency_key(self.state, r.part))
+            for r in _first_to_run(ready)
+            if r.tool.permission != "read"
+        ]
+        await journal.checkpoint(starting)
+        return True
+
     async def _execute_all(self, ready: list[_Ready], *, checkpoint: bool) -> AsyncIterator[Event]:
         journal = self.journal
-        effects = any(r.tool.permission != "read" for r in ready)
-        if journal is not None and checkpoint and effects:
-            # The calls on record before any of them may happen, and, in the same write, the
-            # `started` of the side effects that start at once (docs/durability.md).
-            starting = [
-                (r.log_id, r.part, idempotency_key(self.state, r.part))
-                for r in _first_to_run(ready)
-                if r.tool.permission != "read"
-            ]
-            await journal.checkpoint(starting)
+        if journal is not None and ready and not (checkpoint and await self._checkpoint(ready)):
+            await journal.acting()  # a drive's first write comes before any call runs
         if len(ready) == 1 and ready[0].tool.kind != "stream":
             events: list[Event] = []
             await self._execute(ready[0], events.append)
