@@ -1,0 +1,206 @@
+"""What the engine's concerns share: its configuration, its store, and this process's drives."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import weakref
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from .._agent_spec import AgentSpec
+from .._loop import AgentRun
+from .._random import token_hex
+from ..domain import Domain, Router
+from ..exceptions import StoreUnavailableError
+from ..models import Model
+from ..models._infer import as_model
+from ..runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
+from ..store import MemoryStore, SessionStore
+from ..store._codec import INCARNATION
+from ._retry import LEFT, StoreRetry, transient
+
+_log = logging.getLogger("handrail.engine")
+_T = TypeVar("_T")
+
+
+class EngineCore:
+    """The state every concern of an engine reads: one, made by `Engine`, shared by them all.
+
+    `store`, `worker_id` and `lease_owner` may be set after it is made (through the `Engine`,
+    whose attributes they are); the rest is fixed. Its store calls that fail for a moment are
+    made again (`retrying`, `retry`), as `store_retry` says.
+    """
+
+    __slots__ = (
+        "assembly",
+        "claimed",
+        "config",
+        "domain",
+        "grouping",
+        "headless",
+        "holds",
+        "lease_owner",
+        "lease_ttl",
+        "locks",
+        "lost",
+        "org_models",
+        "router",
+        "running",
+        "runtime",
+        "store",
+        "store_retry",
+        "tally",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        domain: Domain | AgentSpec[Any],
+        *,
+        store: SessionStore | None,
+        runtime: Runtime[Any] | None,
+        worker_id: str | None,
+        lease_ttl: float,
+        mode: Mode,
+        model: Model | str | None,
+        wrap_tools: WrapTools | None,
+        store_retry: StoreRetry,
+        org_models: Mapping[str, Model | str] | None,
+    ) -> None:
+        self.assembly = build_runtime(
+            domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
+        )
+        self.config = (domain, self.assembly.default_model, wrap_tools)
+        self.org_models: dict[str, Model] = {
+            org: as_model(m, where=f"Engine(org_models={{{org!r}: ...}})")
+            for org, m in (org_models or {}).items()
+        }
+        self.headless: tuple[Assembly, Router | None] | None = None
+        self.domain = self.assembly.domain
+        self.runtime: Runtime[Any] = self.assembly.runtime
+        self.router = self.domain.router()
+        self.store: SessionStore = store if store is not None else MemoryStore()
+        self.worker_id = (
+            worker_id or os.environ.get("HANDRAIL_WORKER_ID") or f"worker-{token_hex(6)}"
+        )
+        self.lease_owner = f"{self.worker_id}#{token_hex(6)[: INCARNATION - 1]}"
+        self.lease_ttl = lease_ttl
+        self.store_retry = store_retry
+        self.lost: set[str] = set()  # sessions whose lease another process took over
+        self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.running: dict[str, AgentRun[Any]] = {}
+        self.holds: dict[str, Hold] = {}  # the leases this engine's drives hold, by session
+        # Sessions whose lease this engine took by claiming them (`claim`, `reclaim`), and
+        # when: the drive that follows holds it already (it takes it with no write).
+        self.claimed: dict[str, float] = {}
+        # A store of this handrail groups a turn's writes (`save(..., lease=, release=,
+        # started=, notify=)`, `log_started(..., lease=)`); one written before (a store of
+        # your own) gets the same writes one call each.
+        self.grouping = takes(self.store.save, "release") and takes(self.store.log_started, "lease")
+        self.tally: Counter[str] = Counter()
+
+    def interrupt(self, session_id: str) -> bool:
+        """Stop the session's running turn, if one runs in this process; True if one did."""
+        run = self.running.get(session_id)
+        if run is None:
+            return False
+        run.interrupt()
+        return True
+
+    async def retrying(
+        self,
+        call: Callable[[], Awaitable[_T]],
+        session_id: str,
+        what: str,
+        *,
+        left: str = LEFT,
+    ) -> _T:
+        """Make a store call, again after a back-off while it fails for a moment (`transient`).
+
+        Raises:
+            StoreUnavailableError: it failed every time (`store_retry.attempts`): the message
+                names the session, what was being done and what was left.
+            StoreError: it failed in a way that trying again cannot mend (not retried).
+        """
+        try:  # the way nearly every call goes: once, at once
+            return await call()
+        except Exception as error:
+            return await self.retry(error, call, session_id, what, left=left)
+
+    async def retry(
+        self,
+        failed: Exception,
+        call: Callable[[], Awaitable[_T]],
+        session_id: str,
+        what: str,
+        *,
+        left: str = LEFT,
+    ) -> _T:
+        """`retrying` once `call` failed with `failed`: raise it, or try again after a wait.
+
+        The hot paths make their store call themselves and come here only when it failed,
+        so a call that goes through costs nothing more.
+        """
+        if not transient(failed):
+            raise failed
+        retry = self.store_retry
+        for attempt, wait in enumerate(retry.delays(), 1):
+            _log.warning(
+                "handrail engine %s: session %r: the store failed to %s (%s: %s); "
+                "trying again in %g s (%d/%d)",
+                self.lease_owner,
+                session_id,
+                what,
+                type(failed).__name__,
+                failed,
+                wait,
+                attempt,
+                retry.attempts,
+            )
+            await retry.sleep(wait)
+            try:
+                return await call()
+            except Exception as error:
+                if not transient(error):
+                    raise
+                failed = error
+        raise StoreUnavailableError(
+            f"Session {session_id!r}: the session store did not answer (to {what}) after "
+            f"{retry.attempts} attempt(s); last: {type(failed).__name__}: {failed}. {left}",
+            session_id=session_id,
+            attempts=retry.attempts,
+        ) from failed
+
+
+class Hold:
+    """A drive's hold on its session's lease: `held`, then `released` by a save.
+
+    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals.
+    """
+
+    __slots__ = ("_start", "held", "released", "stop")
+
+    def __init__(self, stop: Callable[[], Awaitable[None]], start: Callable[[], None]) -> None:
+        self.stop = stop
+        self._start = start
+        self.held = False
+        self.released = False
+
+    def take(self) -> None:
+        """The lease is held at the store now: renew it from here on."""
+        if not self.held:
+            self.held = True
+            self._start()
+
+
+def takes(method: Callable[..., Any], name: str) -> bool:
+    """Whether `method` takes a keyword argument `name` (or any: `**kwargs`)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
