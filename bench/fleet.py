@@ -494,10 +494,8 @@ async def until_up(port: int, processes: Fleet) -> None:
 # -- setting sessions up ------------------------------------------------------------------------
 
 
-async def suspended(store: Any, ids: list[str], *, approve: bool) -> dict[str, float]:
-    """Submit "charge X" in each session (each waits on its approval card); approve them when
-    `approve`. Returns the wall-clock time each approval was stored."""
-    engine = app(store)
+async def to_cards(engine: Any, ids: list[str]) -> dict[str, str]:
+    """Submit "charge X" in each session: each waits on its approval card (its id, returned)."""
     cards: dict[str, str] = {}
 
     async def submit(session_id: str) -> None:
@@ -510,6 +508,14 @@ async def suspended(store: Any, ids: list[str], *, approve: bool) -> dict[str, f
         cards[session_id] = last.pending[0]
 
     await _gather(submit, ids, 32)
+    return cards
+
+
+async def suspended(store: Any, ids: list[str], *, approve: bool) -> dict[str, float]:
+    """Sessions waiting on their approval card (`to_cards`); approved when `approve`.
+    Returns the wall-clock time each approval was stored."""
+    engine = app(store)
+    cards = await to_cards(engine, ids)
     decided: dict[str, float] = {}
     if approve:
         await decide(engine, cards, decided)
@@ -774,19 +780,8 @@ async def storm(database: str, settings: Settings) -> None:
     size0 = int(await _scalar(f"SELECT pg_database_size('{database}')"))
     async with bench_store(database) as store:
         engine = app(store)
-        cards: dict[str, str] = {}
-
-        async def submit(session_id: str) -> None:
-            last = None
-            async for event in engine.submit(
-                session_id, f"charge {session_id}", org_id=_org(int(session_id[-5:]))
-            ):
-                last = event
-            assert last is not None and last.type == "run-suspended", last
-            cards[session_id] = last.pending[0]
-
         began = time.perf_counter()
-        await _gather(submit, ids, 32)
+        cards = await to_cards(engine, ids)
         setup = time.perf_counter() - began
         await _admin("CHECKPOINT")  # the heap and indexes reach their size on disk
         size1 = int(await _scalar(f"SELECT pg_database_size('{database}')"))
