@@ -31,6 +31,10 @@ For each, per turn:
   which syncs at checkpoints only);
 - **ms**: wall time per turn (2 cores shared with other work: a rough figure).
 
+With `--logged`, each turn's events are kept in the session's event log as `handrail serve`
+and the worker keep them (`Engine.log_run`): the turn's saves carry them, so the writing
+commits are the same, the WAL bytes grow by the events'.
+
 Beside each: the minimum that keeps every promise (docs/durability.md, "What is written, and
 when") and the numbers measured before issue 35's change (commit d3c3d71). PostgreSQL runs when
 a server answers at $HANDRAIL_BENCH_PG_DSN (default postgresql://postgres@127.0.0.1:5432/test),
@@ -51,13 +55,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handrail import Agent, Approve, Engine, Runtime, tool
+from handrail import Agent, AgentRun, Approve, Engine, Runtime, tool
+from handrail.events import Event
 from handrail.models import ModelRequest
 from handrail.store import SqliteStore
 from handrail.testing import FunctionModel, Step, call
 
 PG_DSN = os.environ.get("HANDRAIL_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 TURNS = 50
+LOGGED = False
 WARMUP = 3
 SHAPES = ("text", "read", "write", "read+write", "gated")
 
@@ -126,12 +132,18 @@ def _engine(store: Any) -> Engine:
     return Engine(Agent("support", tools=[lookup, note, refund]), store=store, runtime=runtime)
 
 
+async def _events(engine: Engine, session: str, run: AgentRun[Any]) -> list[Event]:
+    if LOGGED:  # its events kept in the session's event log, as a server's or worker's are
+        engine.log_run(session, run)
+    return [event async for event in run]
+
+
 async def _turn(engine: Engine, session: str, shape: str, n: int) -> None:
-    events = [event async for event in engine.submit(session, f"{shape} please ({n})")]
+    events = await _events(engine, session, engine.submit(session, f"{shape} please ({n})"))
     if shape == "gated":
         assert events[-1].type == "run-suspended", events[-1]
         await engine.resolve(session, events[-1].pending[0], Approve(by="bench"))
-        events = [event async for event in engine.resume(session)]
+        events = await _events(engine, session, engine.resume(session))
     assert events[-1].type == "run-completed", events[-1]
 
 
@@ -373,6 +385,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated")
     parser.add_argument("--turns", type=int, default=TURNS)
+    parser.add_argument(
+        "--logged",
+        action="store_true",
+        help="keep each turn's events in the session's event log (Engine.log_run), as "
+        "`handrail serve` and the worker do",
+    )
     args = parser.parse_args()
     TURNS = args.turns
+    LOGGED = args.logged
     asyncio.run(main(args.stores.split(",")))

@@ -1,10 +1,10 @@
-"""How many commits a served turn makes: the engine's writes, plus its events' appends.
+"""How many commits a served turn makes: the engine's writes, and nothing for its events.
 
 A server logs each event of a turn to the session's event log (what a client that reconnects
-reads). The appends are grouped: the first event at once, then what the turn yields in groups
-(one every `coalesce` seconds, or at its end), so a turn's events cost a commit per group,
-not per event, however many text deltas its answer streams. Counted in the SQLite
-connection, as tests/test_durable_writes.py counts the engine's own.
+reads). The turn's saves carry them (`Engine.log_run`): its first write `run-started`, its
+last the rest, however many text deltas its answer streams; a group goes on its own only when
+no save carries it within `coalesce` seconds (never, for an instant turn). Counted in the
+SQLite connection, as tests/test_durable_writes.py counts the engine's own.
 """
 
 from __future__ import annotations
@@ -89,12 +89,10 @@ async def served_commits(tmp_path: Path, shape: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(("shape", "engine"), [("text", 2), ("read", 2), ("write", 4)])
-async def test_a_served_turns_events_cost_a_commit_a_group_not_one_each(
+async def test_a_served_turns_events_cost_no_commit_beside_the_engines(
     tmp_path: Path, shape: str, engine: int
 ) -> None:
     commits, events = await served_commits(tmp_path, shape)
-    assert events > 40  # every delta is logged ...
-    # ... in two appends (the turn's first event, and the rest at its end), not one each:
-    # 47 to 52 commits a turn here before the appends were grouped. (SQLite's connection
-    # thread may commit an append with a save queued beside it: one fewer, then.)
-    assert engine <= commits <= engine + 2, (commits, events)
+    assert events > 40  # every delta is logged, in the engine's own commits: 47 to 52
+    # commits a turn here when each event was appended, engine + 2 when they were grouped
+    assert commits == engine, (commits, events)

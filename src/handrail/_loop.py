@@ -161,10 +161,13 @@ class AgentRun(Generic[OutputT]):
     ) -> None:
         self._interrupt = interrupt or Interrupt()
         self._result: AgentResult[OutputT] | None = None
+        self._log: object | None = None  # where a drive's events are logged (`Engine.log_run`)
+        self._iterated = False
         self._generator = body(self)
         self._interrupt._bind(self._generator)
 
     def __aiter__(self) -> AsyncIterator[Event]:
+        self._iterated = True
         return self._generator
 
     @property
@@ -180,6 +183,7 @@ class AgentRun(Generic[OutputT]):
 
     async def finish(self) -> AgentResult[OutputT]:
         """Consume the remaining events and return the result."""
+        self._iterated = True
         async for _ in self._generator:
             pass
         return self.result

@@ -231,9 +231,13 @@ async def _steps(
     if not resumed:
         first = route.supervisor.name if isinstance(route, Router) else route[0].name
         state.progress = Progress(agent=first)
-        if journal is not None:  # the user's message is saved before the run acknowledges it
+        if journal is not None:
+            # The user's message is saved before the run acknowledges it: the engine holds
+            # its events back until this write, which logs this one with the message.
+            yield RunStarted(run_id=state.run_id, session_id=state.session_id)
             await journal.checkpoint()
-    yield RunStarted(run_id=state.run_id, session_id=state.session_id)
+    if resumed or journal is None:
+        yield RunStarted(run_id=state.run_id, session_id=state.session_id)
     result: AgentResult[Any] = AgentResult(outcome="completed", state=state)
     try:
         agents = route if isinstance(route, list) else None

@@ -27,6 +27,7 @@ from ._engine._chores import SKIPPED as SKIPPED  # what a worker passes over
 from ._engine._chores import Chores
 from ._engine._core import EngineCore
 from ._engine._deciding import Deciding, Resolution
+from ._engine._events import OnLogged, RunLog
 from ._engine._headless import HeadlessRuns
 from ._engine._leases import Leases
 from ._engine._retry import StoreRetry, transient
@@ -48,9 +49,11 @@ from .suspension import Decision
 __all__ = [
     "Domain",
     "Engine",
+    "OnLogged",
     "PendingCard",
     "PendingPage",
     "Resolution",
+    "RunLog",
     "StoreRetry",
     "transient",
 ]
@@ -366,6 +369,38 @@ class Engine:
         `recover_stale` drive turns this way.
         """
         return await self._turns.drain(session_id, run)
+
+    def log_run(
+        self,
+        session_id: str,
+        run: AgentRun[Any],
+        *,
+        every: float = 0.05,
+        on_logged: OnLogged | None = None,
+    ) -> RunLog:
+        """Keep `run`'s events (a turn of `session_id`) in the session's event log.
+
+        Call it before iterating `run` (from `submit`, `resume`, `recover`...). The turn's saves
+        carry its events, in their transactions, so the log costs the turn no commit of its
+        own while it goes quickly; a group goes on its own when no save has carried it within
+        `every` seconds. An event is logged once the turn has written, never before; the one
+        that ends the turn, with its last save. See docs/durability.md, "What is written,
+        and when".
+
+        Args:
+            session_id: the session `run` drives.
+            run: the run, not yet iterated.
+            every: seconds events may wait for a save before they go on their own.
+            on_logged: told `(last, events)` of each group once committed: the number of its
+                last event and the events as logged (a server hands them to its streams).
+
+        Returns:
+            The run's log: `begun` once an event is logged, `last` the number of the last.
+
+        Raises:
+            UserError: the run has started already, or `every` is not a number >= 0.
+        """
+        return self._turns.log_run(session_id, run, every=every, on_logged=on_logged)
 
     async def log_events(
         self, session_id: str, events: list[dict[str, Any]]

@@ -13,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handrail import ConflictError, MemoryStore, SessionNotFoundError, SessionRecord, StoreError
+from handrail import (
+    ConflictError,
+    MemoryStore,
+    SessionBusyError,
+    SessionNotFoundError,
+    SessionRecord,
+    StoreError,
+)
 from handrail.store import (
     EXPORT_SCHEMA_VERSION,
     SessionStore,
@@ -651,6 +658,71 @@ async def test_concurrent_appends_never_share_or_skip_a_number(make_store: Store
         batch = [event for seq, event in events if last - 3 < seq <= last]
         assert [e["i"] for e in batch] == [0, 1, 2]
         assert len({e["batch"] for e in batch}) == 1
+
+
+async def test_a_save_appends_its_events_after_the_logs_last_in_its_transaction(
+    store: SessionStore,
+) -> None:
+    await store.append_events("s-1", [{"n": 1}])
+    saved = await store.save(SessionRecord(id="s-1", data=document()), events=[{"n": 2}, {"n": 3}])
+    assert saved.last_event == 3
+    assert (await store.load("s-1")).last_event == 0  # not stored: said by the save only
+    again = await store.save(saved, events=[])
+    assert again.last_event == 0  # none carried
+    assert await store.append_events("s-1", [{"n": 4}]) == 4
+    assert await store.events("s-1") == [(n, {"n": n}) for n in range(1, 5)]
+
+
+async def test_a_refused_save_appends_none_of_its_events(store: SessionStore) -> None:
+    saved = await store.save(SessionRecord(id="s-1", data=document()), events=[{"n": 1}])
+    with pytest.raises(ConflictError):  # a stale version
+        await store.save(SessionRecord(id="s-1", data=document()), events=[{"n": 2}])
+    assert await store.acquire_lease("s-1", "w1", ttl=30)
+    with pytest.raises(SessionBusyError):  # the lease is another's
+        await store.save(saved, lease=("w2", 30.0), events=[{"n": 2}])
+    with pytest.raises(StoreError, match="event is not JSON-compatible"):
+        await store.save(saved, events=[{"n": 2}, {"bad": {1, 2}}])
+    assert await store.events("s-1") == [(1, {"n": 1})]
+    assert (await store.load("s-1")).version == 1
+
+
+async def test_saves_and_appends_at_once_never_share_or_skip_a_number(
+    make_store: StoreFactory,
+) -> None:
+    stores = [await make_store() for _ in range(2)]
+
+    async def saves() -> list[int]:
+        lasts, record = [], await stores[0].save(SessionRecord(id="s-1", data=document()))
+        for n in range(10):
+            record = await stores[0].save(
+                record, events=[{"by": "save", "n": n, "i": i} for i in range(2)]
+            )
+            lasts.append(record.last_event)
+        return lasts
+
+    async def appends() -> list[int]:
+        return [
+            await stores[1].append_events(
+                "s-1", [{"by": "append", "n": n, "i": i} for i in range(2)]
+            )
+            for n in range(10)
+        ]
+
+    saved, appended = await asyncio.gather(saves(), appends())
+    events = await stores[0].events("s-1", limit=100)
+    assert [seq for seq, _ in events] == list(range(1, 41))
+    assert sorted(saved + appended) == list(range(2, 41, 2))
+    for last in saved + appended:  # each group got consecutive numbers, in its order
+        group = [event for seq, event in events if last - 2 < seq <= last]
+        assert [e["i"] for e in group] == [0, 1]
+        assert len({(e["by"], e["n"]) for e in group}) == 1
+
+
+async def test_a_saves_events_are_announced_once_committed(store: SessionStore) -> None:
+    async with store.listen_events() as notices:
+        await store.save(SessionRecord(id="s-1", data=document()), events=[{"n": 1}, {"n": 2}])
+        async with asyncio.timeout(5):
+            assert await anext(notices) == ("s-1", 2)
 
 
 # -- leases ---------------------------------------------------------------------------------

@@ -56,8 +56,9 @@ class Batches:
         assert state.progress is not None
         report = ApplyReport(actions=approved_plan(card))
         state.progress.status = "running"  # a crash from here on is recovered from the log
-        await self.saving.save(record, state, "active")  # the drive's first write: its lease
+        # Shown once the drive's first write (which takes its lease) is made, and logged with it.
         yield RunStarted(run_id=state.run_id, session_id=state.session_id)
+        await self.saving.save(record, state, "active")
         entries = await self.core.retrying(
             lambda: self.core.store.tool_log(record.id), record.id, "read the tool-call log"
         )
@@ -105,9 +106,9 @@ class Batches:
             )
         )
         state.progress = None
-        await self.saving.save(record, state, "completed" if report.ok else "failed", release=True)
         run._result = AgentResult(outcome="completed", state=state, output=summary)
-        yield RunCompleted(output=summary)
+        yield RunCompleted(output=summary)  # shown at the drive's end; logged with its last save
+        await self.saving.save(record, state, "completed" if report.ok else "failed", release=True)
 
 
 @dataclass(kw_only=True, slots=True)

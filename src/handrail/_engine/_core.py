@@ -21,6 +21,7 @@ from ..models._infer import as_model
 from ..runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
 from ..store import MemoryStore, SessionStore
 from ..store._codec import INCARNATION
+from ._events import RunLog
 from ._retry import LEFT, StoreRetry, transient
 
 _log = logging.getLogger("handrail.engine")
@@ -180,15 +181,31 @@ class Hold:
     """A drive's hold on its session's lease: `held`, then `released` by a save.
 
     Held once taken (by the drive's first write, or a claim); `stop` ends its renewals.
+    `wrote` once the drive has written (its events are held back till then); `log`: where its
+    events go, if they are logged (`Engine.log_run`).
     """
 
-    __slots__ = ("_start", "held", "released", "stop")
+    __slots__ = ("_start", "held", "log", "released", "stop", "wrote")
 
-    def __init__(self, stop: Callable[[], Awaitable[None]], start: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        stop: Callable[[], Awaitable[None]],
+        start: Callable[[], None],
+        log: RunLog | None = None,
+    ) -> None:
         self.stop = stop
         self._start = start
         self.held = False
         self.released = False
+        self.wrote = False
+        self.log = log
+
+    def written(self) -> None:
+        """The drive has written to the store: what it yields may be shown from now on."""
+        if not self.wrote:
+            self.wrote = True
+            if self.log is not None:
+                self.log.opened()
 
     def take(self) -> None:
         """The lease is held at the store now: renew it from here on."""

@@ -88,6 +88,8 @@ class SessionJournal:
             except SessionBusyError:
                 core.lost.add(session_id)
                 raise saving.leases.lost_lease(session_id) from None
+        if drive is not None:
+            drive.written()
         self.started_at[log_id] = core.runtime.clock()
 
     async def finished(self, log_id: str, part: ToolCallPart, result: ToolResult) -> None:

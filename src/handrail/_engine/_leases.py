@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterable
 from ..exceptions import SessionBusyError, StoreError
 from ..store import SessionRecord
 from ._core import EngineCore, Hold
+from ._events import RunLog
 
 _log = logging.getLogger("handrail.engine")
 
@@ -24,7 +25,9 @@ class Leases:
         self.core = core
 
     @contextlib.asynccontextmanager
-    async def leased(self, session_id: str) -> AsyncIterator[tuple[Hold, SessionRecord | None]]:
+    async def leased(
+        self, session_id: str, log: RunLog | None = None
+    ) -> AsyncIterator[tuple[Hold, SessionRecord | None]]:
         """Hold the session's lease (one worker drives a session), renewed while held.
 
         Yields the drive's hold and the session as read (`None`: there is none). The read
@@ -97,7 +100,7 @@ class Leases:
             else:
                 self.lose(session_id)
 
-        hold = core.holds[session_id] = Hold(stop, start)
+        hold = core.holds[session_id] = Hold(stop, start, log)
         if held:
             hold.take()
         try:

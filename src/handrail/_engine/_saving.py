@@ -111,7 +111,8 @@ class Saving:
         With the save, in its transaction (docs/durability.md, "What is written, and when"):
         `hold`, the lease checked and renewed (lost: `SessionBusyError`, nothing written);
         `started`, calls logged `started`; `release`, the drive's lease given back (its last
-        save: no renewal may follow); `notify`, the store's listeners woken.
+        save: no renewal may follow); `notify`, the store's listeners woken; and the events
+        the drive yielded since its last write, where they are logged (`Engine.log_run`).
         """
         if record.id in self.core.lost:
             raise self.leases.lost_lease(record.id)
@@ -143,27 +144,51 @@ class Saving:
         record.expires_at = self.needs_worker(state)
         # The inbox index's rows for this session, written in the save's transaction.
         record.cards = waiting_cards(state) if status == "suspended" else []
-        try:
-            try:
-                saved = await self.core.store.save(record, **extra)
-            except (SessionBusyError, ConflictError) as error:
-                raise self.refused(record.id, error, hold=hold, first=first) from None
-            except Exception as error:
-                again = lambda: self.save_again(record, extra)  # noqa: E731
+        log = drive.log if drive is not None else None
+        if log is not None and log.carried:
+            async with log.lock:  # (a group of events going on its own waits, or is waited for)
+                events = log.take(last=release)
+                if events:
+                    extra["events"] = events
                 try:
-                    saved = await self.core.retry(error, again, record.id, "save the session")
-                except (SessionBusyError, ConflictError) as refused:
-                    raise self.refused(record.id, refused, hold=hold, first=first) from None
-        finally:
-            record.messages = []
-        if first:
-            assert drive is not None
-            drive.take()
+                    saved = await self.write(record, extra, hold=hold, first=first)
+                except BaseException:
+                    log.put_back(events)
+                    raise
+                if events:
+                    # (A save made though its answer was lost is the stored record: the log's
+                    # last number is asked for; nobody else appends under this drive's lease.)
+                    last = saved.last_event or await self.core.store.append_events(record.id, [])
+                    log.logged(last, events)
+        else:
+            saved = await self.write(record, extra, hold=hold, first=first)
+        if drive is not None:
+            if first:
+                drive.take()
+            drive.written()
         if lease is not None:
             lease.released = True
         record.version = saved.version
         state.mark_saved()
         return saved
+
+    async def write(
+        self, record: SessionRecord, extra: dict[str, Any], *, hold: bool, first: bool
+    ) -> SessionRecord:
+        """`store.save(record, **extra)`, again while it fails for a moment; see `refused`."""
+        try:
+            try:
+                return await self.core.store.save(record, **extra)
+            except (SessionBusyError, ConflictError) as error:
+                raise self.refused(record.id, error, hold=hold, first=first) from None
+            except Exception as error:
+                again = lambda: self.save_again(record, extra)  # noqa: E731
+                try:
+                    return await self.core.retry(error, again, record.id, "save the session")
+                except (SessionBusyError, ConflictError) as refused:
+                    raise self.refused(record.id, refused, hold=hold, first=first) from None
+        finally:
+            record.messages = []
 
     def refused(self, session_id: str, error: Exception, *, hold: bool, first: bool) -> Exception:
         """What a save the store refused raises: nothing was written.

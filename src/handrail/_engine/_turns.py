@@ -14,7 +14,7 @@ from .._loop import AgentResult, AgentRun
 from .._redact import public_event
 from .._turn import check_resumable, run_turn
 from ..domain import Router
-from ..events import EVENT, Event, RunStarted, RunSuspended
+from ..events import Event, RunStarted, RunSuspended
 from ..exceptions import ConflictError, UserError
 from ..messages import ApprovalCardPart
 from ..models import Model
@@ -25,7 +25,8 @@ from ..state import RunState
 from ..store import SessionRecord, SessionStatus
 from ..suspension import card_event, expire
 from ._batches import Batches, Headless, batch_to_apply
-from ._core import EngineCore
+from ._core import EngineCore, takes
+from ._events import OnLogged, RunLog
 from ._journal import SessionJournal
 from ._leases import Leases, Stale, Taken, busy
 from ._saving import Saving
@@ -86,9 +87,9 @@ class Turns:
         run = self.drive(
             session_id, None, None, org_id, user_id, None, False, mode="advance", create=False
         )
-        events = [EVENT.dump_python(event, mode="json") async for event in run]
-        if events:
-            await self.log_turn(session_id, events)
+        self.log_run(session_id, run)
+        async for _ in run:
+            pass
         return run._result
 
     def drive(
@@ -170,12 +171,14 @@ class Turns:
                 self.core.tally["recovered" if recovering or cards else "resumed"] += 1
                 if cards or state.pending:  # new recovery cards, or the response's own ones
                     progress.status = "suspended"
-                    await self.saving.save(record, state, "suspended", release=True)
                     run._result = AgentResult(
                         outcome="suspended", state=state, pending=list(state.pending)
                     )
+                    # Shown once saved (`body` holds them back till the drive's first write,
+                    # and the last till its end), and logged with the save.
                     for event in self.pending_events(state):
                         yield event
+                    await self.saving.save(record, state, "suspended", release=True)
                     return
             assert route is not None
             if text is not None:  # a new turn carries its own context (a resumed one, its own)
@@ -215,49 +218,68 @@ class Turns:
                     run._result = dataclasses.replace(
                         result, outcome="suspended", pending=[card.tool_call_id]
                     )
-                    await self.saving.save(record, state, "suspended", release=True)
+                    # They follow the turn's terminal event: `body` shows them (in its stead)
+                    # at the drive's end, and they are logged with this save.
                     yield card_event(card, None)
                     yield RunSuspended(pending=[card.tool_call_id])
+                    await self.saving.save(record, state, "suspended", release=True)
                     return
             # The drive's last write: its lease goes back with it.
             await self.saving.save(record, state, _STATUS[result.outcome], release=True)
 
         async def body(run: AgentRun[Any]) -> AsyncGenerator[Event, None]:
-            terminal: Event | None = None
-            async with self.leases.lock(session_id):
-                for attempt in range(_STALE_TRIES):
-                    # Until the drive's first write has taken the lease, its events are held
-                    # back: a drive that finds the session busy there has shown nothing.
-                    held: list[Event] = []
-                    try:
-                        async with self.leases.leased(session_id) as (hold, loaded):
-                            async for event in turn(run, loaded):
-                                if event.type in _TERMINAL:
-                                    terminal = event
-                                elif not hold.held:
-                                    held.append(event)
-                                else:
-                                    for early in held:
-                                        yield early
-                                    held.clear()
-                                    yield event
-                    except Taken:
-                        raise busy(session_id) from None
-                    except Stale:
-                        # Saved by another since it was read: read again and start over.
-                        if attempt + 1 == _STALE_TRIES:
-                            raise busy(session_id) from None
-                        terminal = None
-                        run._result = None
-                        continue
-                    for early in held:  # a drive that wrote nothing
-                        yield early
-                    break
-            # The last event comes once the session is free (saved, unlocked, its lease
-            # released), so whoever reads it may start the session's next turn at once. (A
-            # later one replaces it: a headless turn that completed suspends on its batch.)
-            if terminal is not None:
-                yield terminal
+            log = run._log if isinstance(run._log, RunLog) else None
+            end: list[Event] = []  # the events that end the drive: from its terminal event on
+            try:
+                async with self.leases.lock(session_id):
+                    for attempt in range(_STALE_TRIES):
+                        # Until the drive's first write, its events are held back: a drive
+                        # that finds the session busy there has shown nothing.
+                        held: list[Event] = []
+                        try:
+                            async with self.leases.leased(session_id, log) as (hold, loaded):
+                                async for event in turn(run, loaded):
+                                    if end or event.type in _TERMINAL:
+                                        # A later terminal event replaces the first (a headless
+                                        # turn that completed suspends on its batch).
+                                        if event.type in _TERMINAL:
+                                            end = [e for e in end if e.type not in _TERMINAL]
+                                        end.append(event)
+                                        if log is not None:
+                                            log.ending(end)
+                                        continue
+                                    if log is not None:
+                                        log.add(event)
+                                    if not hold.wrote:
+                                        held.append(event)
+                                    else:
+                                        for early in held:
+                                            yield early
+                                        held.clear()
+                                        yield event
+                        except (Taken, Stale) as refused:
+                            if log is not None:
+                                log.discard()  # nothing of this drive is shown
+                            end = []
+                            # Saved by another since it was read: read again and start over.
+                            if isinstance(refused, Taken) or attempt + 1 == _STALE_TRIES:
+                                raise busy(session_id) from None
+                            run._result = None
+                            continue
+                        for early in held:  # a drive that wrote nothing
+                            yield early
+                        break
+                if log is not None:  # what no save carried (a drive that wrote nothing)
+                    await log.close()
+            except BaseException:
+                if log is not None:  # what it showed before it stopped is logged
+                    with contextlib.suppress(Exception):
+                        await log.close(failed=True)
+                raise
+            # The last events come once the session is free (saved, unlocked, its lease
+            # released), so whoever reads them may start the session's next turn at once.
+            for event in end:
+                yield event
 
         return AgentRun(body)
 
@@ -288,23 +310,50 @@ class Turns:
     async def drain(self, session_id: str, run: AgentRun[Any]) -> AgentResult[Any]:
         """Run `run` (a turn of `session_id`) to its end with nobody watching; its result.
 
-        Its events are kept in the session's event log, as a served turn's are, so a client
-        can still read or stream them (`GET /sessions/{id}/events`). `Worker` and
-        `recover_stale` drive turns this way.
+        Its events are kept in the session's event log, as a served turn's are (its saves
+        carry them: `log_run`), so a client can still read or stream them
+        (`GET /sessions/{id}/events`). `Worker` and `recover_stale` drive turns this way.
         """
-        await self.log_turn(
-            session_id, [EVENT.dump_python(event, mode="json") async for event in run]
-        )
+        self.log_run(session_id, run)
+        async for _ in run:
+            pass
         return run.result
 
-    async def log_turn(self, session_id: str, events: list[dict[str, Any]]) -> None:
-        """Log a turn's events once it has run, again while the store fails for a moment."""
-        await self.core.retrying(
-            lambda: self.log_events(session_id, events),
+    def log_run(
+        self,
+        session_id: str,
+        run: AgentRun[Any],
+        *,
+        every: float = 0.05,
+        on_logged: OnLogged | None = None,
+    ) -> RunLog:
+        """`Engine.log_run`: `run`'s events go to the session's event log, with its saves."""
+        if run._iterated:
+            raise UserError(
+                f"log_run(session {session_id!r}): the run has started already; pass it to "
+                f"log_run before iterating it, so that none of its events is missed."
+            )
+        if not every >= 0:
+            raise UserError(f"log_run(every={every!r}): give the seconds as a number >= 0.")
+        core, store = self.core, self.core.store
+
+        async def append(events: list[dict[str, Any]]) -> int:
+            return await core.retrying(
+                lambda: store.append_events(session_id, events),
+                session_id,
+                "log the turn's events",
+                left="The turn is left where it was; its events are not all in the event log.",
+            )
+
+        log = RunLog(
+            append,
             session_id,
-            "log the turn's events",
-            left="The turn went as far as it could; its events are not in the event log.",
+            every=every,
+            on_logged=on_logged,
+            carried=takes(store.save, "events"),
         )
+        run._log = log
+        return log
 
     async def log_events(
         self, session_id: str, events: list[dict[str, Any]]

@@ -1,19 +1,20 @@
 """The turns a server drives, each in a task the app owns, and the streams that follow them.
 
 A turn (a new message, or the resumption once the last pending call is decided) runs in a
-background task, so a client that disconnects does not stop it. Each event is appended to
-the session's event log, which numbers it, before it is handed to the streams listening in
-this process. A stream first reads the log after the client's last event, then follows the
-live events; a stream of a turn running here starts instead from the events this server
-logged for it, when they reach back to the client's last (the last `queue_size` are kept
-while the turn runs), so that a burst of turns does not queue a read of the log each before
-its first event. Events another process logged (a turn running there, or a worker's) reach it
-through the store's event notices (`SessionStore.listen_events`: LISTEN/NOTIFY on
-PostgreSQL), which one task of this server reads for all its streams: a notice of an event
-the stream has not had makes it read the log. It also reads the log when it falls behind (a
-slow reader whose queue filled up), and after `poll_interval` of quiet, as a safety net. So a
-client that reconnects with `Last-Event-ID` gets exactly the events it missed, then the live
-ones, wherever the turn runs.
+background task, so a client that disconnects does not stop it. Each event goes to the
+session's event log, which numbers it, before it is handed to the streams listening in this
+process: the turn's saves carry its events (`Engine.log_run`), and a group goes on its own
+only when no save carries it within `coalesce` seconds. A stream first reads the log after
+the client's last event, then follows the live events; a stream of a turn running here
+starts instead from the events this server logged for it, when they reach back to the
+client's last (the last `queue_size` are kept while the turn runs), so that a burst of turns
+does not queue a read of the log each before its first event. Events another process logged
+(a turn running there, or a worker's) reach it through the store's event notices
+(`SessionStore.listen_events`: LISTEN/NOTIFY on PostgreSQL), which one task of this server
+reads for all its streams: a notice of an event the stream has not had makes it read the
+log. It also reads the log when it falls behind (a slow reader whose queue filled up), and
+after `poll_interval` of quiet, as a safety net. So a client that reconnects with `Last-
+Event-ID` gets exactly the events it missed, then the live ones, wherever the turn runs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from .._deadlines import CLIENT_GRACE
 from .._loop import AgentRun
 from .._redact import log_failure, new_reference
-from ..engine import Engine, Resolution
+from ..engine import Engine, Resolution, RunLog
 from ..events import EVENT, RunFailed
 from ..exceptions import (
     SessionBusyError,
@@ -87,7 +88,8 @@ class Runs:
             with another process finds that one's events this way).
         queue_size: live events a stream may fall behind before it reads the log instead.
         coalesce: seconds a stream waits after a write for more events to send with the
-            next one (the first events of a stream go at once).
+            next one (the first events of a stream go at once); and the most a turn's events
+            wait for a save to carry them to the log before they go on their own.
         tick: seconds of quiet after which a stream yields an empty batch (the server sends
             keep-alives then); None: `poll_interval`.
         client_grace: seconds a `client` call waits once the last stream of its turn closed
@@ -186,22 +188,29 @@ class Runs:
     async def _drive(
         self, session_id: str, run: AgentRun[Any], started: asyncio.Future[int]
     ) -> None:
-        log = _TurnLog(self, session_id, started, asyncio.current_task())
+        task = asyncio.current_task()
+
+        def logged(last: int, events: list[dict[str, Any]]) -> None:
+            first = last - len(events) + 1
+            if not started.done():  # (cancelled: the request went away)
+                started.set_result(first - 1)
+            self._hand_out(session_id, first, events, task)
+
+        # The engine logs the turn's events with its saves (its first write carries the
+        # first event, its last the one that ends the turn), and a group on its own at most
+        # every `coalesce` seconds in between; each reaches the streams once committed.
+        log: RunLog | None = None
         try:
+            log = self.engine.log_run(session_id, run, every=self.coalesce, on_logged=logged)
             async for event in run:
-                log.add(EVENT.dump_python(event, mode="json"))
-                if event.type in TERMINAL:
-                    await log.flush()  # the turn's end is logged before its task winds down
-                elif self._starting or len(self._tasks) > 1:
+                if event.type not in TERMINAL and (self._starting or len(self._tasks) > 1):
                     await self._pacer.wait(1 if self._starting else _SHARE)
-            await log.flush()
             if session_id in self._left and session_id not in self._listeners:
                 self._left.discard(session_id)
                 await self._client_left(session_id)
         except Exception as error:
-            with contextlib.suppress(Exception):  # (an append that failed raises again)
-                await log.flush()  # what the turn yielded before it failed is logged first
-            if not log.begun:  # its first event is not logged: the request is told
+            # (What the turn showed before it failed, the engine has logged.)
+            if log is None or not log.begun:  # its first event is not logged: tell the request
                 if not started.done():
                     started.set_exception(error)
                 return
@@ -226,7 +235,6 @@ class Runs:
             except Exception:
                 _log.exception("Could not log the failure of session %r", session_id)
         finally:
-            log.close()
             self._end(session_id)
             if not started.done():
                 started.cancel()
@@ -252,7 +260,22 @@ class Runs:
         Returns the number of the last; `task`: the turn's (None: the running task).
         """
         last, logged = await self.engine.log_events(session_id, events)
-        first = last - len(logged) + 1
+        self._hand_out(session_id, last - len(logged) + 1, logged, task)
+        return last
+
+    def _hand_out(
+        self,
+        session_id: str,
+        first: int,
+        logged: list[dict[str, Any]],
+        task: asyncio.Task[Any] | None = None,
+    ) -> None:
+        """Hand events just logged (numbered from `first`) to this server's streams.
+
+        `task`: the turn's that logged them (None: the running task). An event that ends the
+        turn frees the session here: a client that read it may start the next turn now.
+        """
+        last = first + len(logged) - 1
         recent = self._recent.get(session_id)
         if recent is not None and self._tasks.get(session_id) is (task or asyncio.current_task()):
             if recent and recent[-1][0] + 1 != first:  # another process logged in between:
@@ -266,7 +289,8 @@ class Runs:
                 # A slow reader's queue is full: it sees the gap and reads the log instead.
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait((seq, event))
-        return last
+        if any(event.get("type") in TERMINAL for event in logged):
+            self._end(session_id, task)
 
     async def resolve(
         self,
@@ -523,85 +547,6 @@ class Runs:
             for queue in queues:
                 with contextlib.suppress(asyncio.QueueFull):  # it reads the log anyway
                     queue.put_nowait(_WAKE)
-
-
-class _TurnLog:
-    """A turn's events on their way to the log: appended in groups, one commit a group.
-
-    The turn goes on while its events are written: its first event is appended at once (the
-    request that started the turn waits for it), and what it yields after is appended
-    together, a group at most every `Runs.coalesce` seconds (the pace at which streams send
-    anyway), or at once when the turn ends (`flush`). So a turn makes a commit per group, not
-    per event: an instant turn two, its first event and the rest; a long one, one more per
-    `coalesce` it streams. Events keep their order; an append that fails fails the turn, as it
-    did when the turn awaited each append (the next `add` or `flush` raises it).
-    """
-
-    def __init__(
-        self,
-        runs: Runs,
-        session_id: str,
-        started: asyncio.Future[int],
-        task: asyncio.Task[Any] | None,
-    ) -> None:
-        self._runs = runs
-        self._session_id = session_id
-        self._started = started
-        self._task = task
-        self._queued: list[dict[str, Any]] = []
-        self._writing: asyncio.Task[None] | None = None
-        self._now = asyncio.Event()  # the turn ends: append what is queued without waiting
-        self.begun = False
-        """Its first event is logged."""
-
-    def add(self, event: dict[str, Any]) -> None:
-        """Queue `event`; it is appended with those queued while the last append commits."""
-        self._check()
-        self._queued.append(event)
-        if self._writing is None:
-            self._writing = asyncio.get_running_loop().create_task(self._write())
-
-    async def flush(self) -> None:
-        """Wait until every event added is logged (or raise the append's failure)."""
-        self._now.set()
-        while self._writing is not None:
-            await asyncio.wait([self._writing])
-            self._check()
-
-    def close(self) -> None:
-        """Stop writing (the turn failed): what is queued is not appended."""
-        self._queued.clear()
-        if self._writing is not None and not self._writing.done():
-            self._writing.cancel()
-
-    def _check(self) -> None:
-        writing = self._writing
-        if writing is not None and writing.done():
-            self._writing = None
-            if not writing.cancelled() and writing.exception() is not None:
-                self._queued.clear()
-                raise writing.exception()  # type: ignore[misc]
-
-    async def _write(self) -> None:
-        runs, session_id = self._runs, self._session_id
-        loop = asyncio.get_running_loop()
-        while self._queued:
-            group, self._queued = self._queued, []
-            began = loop.time()
-            last = await runs._append(session_id, group, self._task)
-            if not self.begun:
-                self.begun = True
-                if not self._started.done():  # (cancelled: the request went away)
-                    self._started.set_result(last - len(group))
-            if any(event.get("type") in TERMINAL for event in group):
-                # The engine has freed the session: a client that read this event may
-                # start the next turn now, while the turn's generator winds down.
-                runs._end(session_id, self._task)
-            wait = began + runs.coalesce - loop.time()
-            if wait > 0 and not self._now.is_set():  # more to come: let it gather
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._now.wait(), wait)
-        self._writing = None
 
 
 class _Pacer:

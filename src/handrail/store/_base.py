@@ -151,6 +151,9 @@ class SessionRecord(SessionSummary):
     save with a list replaces the session's rows with them (in its transaction), one with
     `None` keeps the rows as they are, and a save with a status other than `suspended`
     leaves none. The engine gives them at every save. Not loaded (`None`)."""
+    last_event: int = 0
+    """On the copy `save` returns: the number of the last event the save appended to the
+    session's event log (`events=`), or 0 (it appended none). Neither stored nor loaded."""
 
     def summary(self) -> SessionSummary:
         """The record without its document."""
@@ -227,6 +230,7 @@ class SessionStore(Protocol):
         release: str | None = None,
         started: Sequence[ToolLogEntry] = (),
         notify: bool = False,
+        events: Sequence[dict[str, Any]] = (),
     ) -> SessionRecord:
         """Save `record` if the store still holds the version it was loaded at.
 
@@ -247,17 +251,21 @@ class SessionStore(Protocol):
             started: tool calls to log `started` with the save (as `log_started`: an entry
                 already logged is kept as it is).
             notify: wake the store's listeners once the save is committed (as `notify`).
+            events: events to append to the session's event log with the save, numbered
+                after its last (as `append_events`, announced to `listen_events` once
+                committed).
 
         Returns:
             A copy of `record` with `version` one higher and `updated_at` (and, on the first
-            save, `created_at`) stamped by the store. `record` itself is never changed.
+            save, `created_at`) stamped by the store, and `last_event` the number of the last
+            of `events` (0: none). `record` itself is never changed.
 
         Raises:
             ConflictError: someone else saved (or deleted) the session first; nothing was
                 written.
             SessionBusyError: with `lease`, another owner holds the lease; nothing was written.
-            StoreError: `record.data`, a message, an audit entry or a started call's arguments
-                are not JSON-compatible, or the store failed.
+            StoreError: `record.data`, a message, an audit entry, a started call's arguments
+                or an event are not JSON-compatible, or the store failed.
             ValueError: `record.messages_from` is past the stored messages (it would leave a
                 gap), or `record.window` past the saved ones.
         """

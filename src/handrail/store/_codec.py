@@ -406,9 +406,17 @@ def stamped(
 ) -> SessionRecord:
     """A shallow copy of `record` as saved (the caller's record is left as it was).
 
-    Without the audit entries the save appended: saving the copy again appends nothing.
+    Without the audit entries the save appended: saving the copy again appends nothing
+    (nor does it say it appended events: `last_event` is the store's to set).
     """
-    return replace(record, version=version, created_at=created_at, updated_at=updated_at, audit=[])
+    return replace(
+        record,
+        version=version,
+        created_at=created_at,
+        updated_at=updated_at,
+        audit=[],
+        last_event=0,
+    )
 
 
 _SUMMARY_COLUMNS = (

@@ -49,6 +49,7 @@ __all__ = [
     "Result",
     "Statement",
     "append_audit_plan",
+    "append_events_plan",
     "audit_query",
     "build_index_plan",
     "import_plan",
@@ -149,6 +150,13 @@ class Dialect:
         """A statement serialising appends to the trail of `org` till the commit, if needed."""
         return None
 
+    def events_lock(self, session_id: str) -> Statement | None:
+        """A statement serialising appends to the session's event log till the commit.
+
+        Where two writers may append at once (else they would take one number); else None.
+        """
+        return None
+
     # -- statements the same in every dialect, but for names and placeholders ------------
 
     def p(self, *names: str) -> str:
@@ -174,6 +182,7 @@ class PreparedSave:
     lease: tuple[str, float] | None
     release: str | None
     notify: bool
+    events: list[str]  # the events' JSON texts, to append to the event log
     now: float | None  # the store's clock, or None for the database's
 
     @property
@@ -213,6 +222,7 @@ def prepare_save(
     release: str | None = None,
     started: Sequence[ToolLogEntry] = (),
     notify: bool = False,
+    events: Sequence[dict[str, Any]] = (),
     now: float | None = None,
 ) -> PreparedSave:
     """Every save's checks and encodings: a record no store keeps fails here, unwritten.
@@ -238,6 +248,7 @@ def prepare_save(
         lease=lease,
         release=release,
         notify=notify,
+        events=encode_events(session_id, list(events)) if events else [],
         now=now,
     )
 
@@ -298,14 +309,18 @@ def _take_lease(d: Dialect, save: PreparedSave) -> Plan[None]:
         raise lease_lost(save.session_id, owner)
 
 
-def save_plan(d: Dialect, save: PreparedSave, audit_key: AuditKey | None) -> Plan[tuple[Any, Any]]:
-    """A save, in its one transaction: the session's `(created_at, updated_at)` as stored.
+def save_plan(
+    d: Dialect, save: PreparedSave, audit_key: AuditKey | None
+) -> Plan[tuple[Any, Any, int]]:
+    """A save, in its one transaction: `(created_at, updated_at, last event)`.
+
+    The session's times as stored, and the number of the last event it appended (0: none).
 
     The order: the lease (`lease=`; after the session's row where the dialect says so:
     `Dialect.lease_after_row`), the session's row (compare-and-swap on the version), its
     messages (checked against the stored count: no gap), its inbox rows, then the grouped
-    writes (`started=`, `release=`, `notify=`) and last the audit entries (whose trail lock,
-    where the dialect takes one, is held the shortest).
+    writes (`started=`, `release=`, `notify=`, `events=`) and last the audit entries (whose
+    trail lock, where the dialect takes one, is held the shortest).
 
     Raises:
         LeaseLostError: `lease=` is held by another owner.
@@ -383,9 +398,38 @@ def save_plan(d: Dialect, save: PreparedSave, audit_key: AuditKey | None) -> Pla
     if save.notify:
         for statement in d.wake(save.session_id, save.now):
             _ = yield statement  # (not `yield from` a list: it would refuse `send`)
+    last_event = 0
+    if save.events:
+        last_event = yield from append_events_plan(d, save.session_id, save.events)
     for entry in save.audit:
         yield from append_audit_plan(d, entry, audit_key)
-    return created_at, updated_at
+    return created_at, updated_at, last_event
+
+
+def append_events_plan(d: Dialect, session_id: str, texts: list[str]) -> Plan[int]:
+    """Number events (JSON texts) after the session's last and append them: the last number.
+
+    Inside a transaction, after the dialect's lock on the session's log (`events_lock`), so
+    that two appends never take one number (an append in a save cannot try again).
+    """
+    lock = d.events_lock(session_id)
+    if lock is not None:
+        yield lock
+    events = d.table("events")
+    counted = yield Statement(
+        f"SELECT COALESCE(MAX(seq), 0) FROM {events} WHERE session_id = {d.param('id')}",
+        {"id": session_id},
+    )
+    last: int = counted.rows[0][0] if counted.rows else 0
+    yield Statement(
+        f"INSERT INTO {events} (session_id, seq, event) "
+        f"VALUES ({d.p('id', 'seq')}, {d.json('event')})",
+        rows=[
+            {"id": session_id, "seq": seq, "event": text}
+            for seq, text in enumerate(texts, last + 1)
+        ],
+    )
+    return last + len(texts)
 
 
 def cards_change_statement(d: Dialect, change: str, params: dict[str, Any]) -> Statement:

@@ -93,6 +93,9 @@ class SqlStore:
     def _notified(self, session_id: str) -> None:
         """A save with `notify=True` has committed (`wake`'s statements with it)."""
 
+    def _appended(self, session_id: str, last: int) -> None:
+        """A save that appended events has committed: the session's log reaches `last`."""
+
     # -- helpers --------------------------------------------------------------------------
 
     async def _rows(self, statement: Statement, session_id: str | None) -> builtins.list[Any]:
@@ -127,6 +130,7 @@ class SqlStore:
         release: str | None = None,
         started: Sequence[ToolLogEntry] = (),
         notify: bool = False,
+        events: Sequence[dict[str, Any]] = (),
     ) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save` (the rules: `_sql`).
 
@@ -135,16 +139,24 @@ class SqlStore:
         """
         # Checked and encoded before the await: the caller may change `record` meanwhile.
         prepared = prepare_save(
-            record, lease=lease, release=release, started=started, notify=notify, now=self._now()
+            record,
+            lease=lease,
+            release=release,
+            started=started,
+            notify=notify,
+            events=events,
+            now=self._now(),
         )
         saved = stamped(record, version=record.version + 1, created_at=0.0, updated_at=0.0)
         if prepared.audit:
             self._warn_if_unkeyed()
-        saved.created_at, saved.updated_at = await self._execute(
+        saved.created_at, saved.updated_at, saved.last_event = await self._execute(
             lambda: save_plan(self._dialect, prepared, self.audit_key), record.id, write=True
         )
         if notify:
             self._notified(record.id)
+        if saved.last_event:
+            self._appended(record.id, saved.last_event)
         return saved
 
     async def list(

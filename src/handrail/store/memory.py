@@ -174,12 +174,13 @@ class MemoryStore:
         release: str | None = None,
         started: Sequence[ToolLogEntry] = (),
         notify: bool = False,
+        events: Sequence[dict[str, Any]] = (),
     ) -> SessionRecord:
         """Compare-and-swap on the version; see `SessionStore.save`."""
         self._check_open()
         # The checks and the rows every store writes (`_sql`), then this store's own writes.
         prepared = prepare_save(
-            record, lease=lease, release=release, started=started, notify=notify
+            record, lease=lease, release=release, started=started, notify=notify, events=events
         )
         if lease is not None and not self._may_hold(record.id, lease[0]):
             raise lease_lost(record.id, lease[0])
@@ -217,6 +218,12 @@ class MemoryStore:
             del self._leases[record.id]
         if notify:
             self._wakeups.publish(record.id)
+        if prepared.events:
+            log = self._events.setdefault(record.id, [])
+            last = log[-1][0] if log else 0
+            log.extend(enumerate(prepared.events, last + 1))
+            saved.last_event = last + len(prepared.events)
+            self._event_feed.publish((record.id, saved.last_event))
         return saved
 
     async def messages(

@@ -256,6 +256,7 @@ class PartitionedStore:
         release: str | None = None,
         started: Sequence[ToolLogEntry] = (),
         notify: bool = False,
+        events: Sequence[dict[str, Any]] = (),
     ) -> SessionRecord:
         """Save in the session's partition (see `SessionStore.save`), with what it groups.
 
@@ -266,6 +267,10 @@ class PartitionedStore:
         store = self._placed(record.id, record.org_id, what="The save")
         for entry in record.audit:
             self._placed(record.id, entry.org_id, what="An audit entry")
+        if events:  # (a store of its own may not take `events=`: none is asked to)
+            return await store.save(
+                record, lease=lease, release=release, started=started, notify=notify, events=events
+            )
         return await store.save(
             record, lease=lease, release=release, started=started, notify=notify
         )

@@ -205,6 +205,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 # The store's clock, or (clock=None) the server's: one clock for every worker. The statement's
 # start time is the same everywhere in a statement.
 _NOW = "COALESCE(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)"
+_EVENTS_LOCK = 0x68726C65  # "hrle": the class of the advisory locks on sessions' event logs
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
 # A save's waiting cards, one statement: the fields as arrays, a card's at its position.
 _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
@@ -623,11 +624,13 @@ class PostgresStore(SqlStore):
     # -- event log ------------------------------------------------------------------------
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
-        """Number and append events in one statement; see `SessionStore.append_events`.
+        """Number and append events in one transaction; see `SessionStore.append_events`.
 
-        Two concurrent appends to one session read the same last number; the primary key
-        makes the second fail once the first commits, and it is retried on a fresh snapshot.
-        Once it has committed, the append is announced on `events_channel` (see `_announce`).
+        The transaction first takes the session log's advisory lock (`events_lock`), which a
+        save that appends events takes too: two appends never read the same last number. (An
+        append that still meets a number taken, by a process that appends without the lock,
+        fails on the primary key and is made again.) Once it has committed, the append is
+        announced on `events_channel` (see `_announce`).
         """
         texts = encode_events(session_id, events)
         params = {"id": session_id, "texts": texts}
@@ -650,16 +653,27 @@ class PostgresStore(SqlStore):
                 RETURNING seq
             )
             SELECT MAX(seq) FROM appended"""
+        lock = self._dialect.events_lock(session_id)
+
+        def append() -> Plan[int]:
+            if lock is not None:
+                yield lock
+            appended = yield Statement(query, params)
+            last: int = appended.rows[0][0]
+            return last
+
         while True:
             try:
-                rows = await self._fetch(query, params, session_id)
+                appended = await self._execute(append, session_id, write=True)
             except StoreError as error:
                 if isinstance(error.__cause__, psycopg.errors.UniqueViolation):
                     continue
                 raise
-            appended: int = rows[0][0]
             self._announce(session_id, appended)
             return appended
+
+    def _appended(self, session_id: str, last: int) -> None:
+        self._announce(session_id, last)
 
     def _announce(self, session_id: str, last: int) -> None:
         """Announce that `session_id`'s log reaches `last`, soon, with the appends around it.
@@ -835,6 +849,14 @@ class _Dialect(Dialect):
             signed=True,
         )
         return Statement("SELECT pg_advisory_xact_lock(%(lock)s)", {"lock": lock})
+
+    def events_lock(self, session_id: str) -> Statement:
+        # A transaction-scoped advisory lock on the session's event log (two int4 keys: a
+        # class of handrail's own, and the session id's hash; a collision only serialises).
+        return Statement(
+            "SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(id)s))",
+            {"lock_class": _EVENTS_LOCK, "id": session_id},
+        )
 
 
 async def _run(connection: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:

@@ -413,6 +413,9 @@ class SqliteStore(SqlStore):
     def _name(self) -> str:
         return f"SqliteStore({self.path!r})"
 
+    def _appended(self, session_id: str, last: int) -> None:
+        self._event_feed.publish((session_id, last))
+
     def _notified(self, session_id: str) -> None:
         self._nudge()
 
