@@ -9,13 +9,13 @@ import os
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from .._agent_spec import AgentSpec
 from .._loop import AgentRun
 from .._random import token_hex
 from ..domain import Domain, Router
-from ..exceptions import StoreUnavailableError
+from ..exceptions import StoreUnavailableError, UserError
 from ..models import Model
 from ..models._infer import as_model
 from ..runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
@@ -68,9 +68,11 @@ class EngineCore:
         mode: Mode,
         model: Model | str | None,
         wrap_tools: WrapTools | None,
-        store_retry: StoreRetry,
+        store_retry: StoreRetry | None,
         org_models: Mapping[str, Model | str] | None,
     ) -> None:
+        if not lease_ttl > 0:
+            raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
         self.assembly = build_runtime(
             domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
         )
@@ -89,7 +91,7 @@ class EngineCore:
         )
         self.lease_owner = f"{self.worker_id}#{token_hex(6)[: INCARNATION - 1]}"
         self.lease_ttl = lease_ttl
-        self.store_retry = store_retry
+        self.store_retry = store_retry if store_retry is not None else StoreRetry()
         self.lost: set[str] = set()  # sessions whose lease another process took over
         self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.running: dict[str, AgentRun[Any]] = {}
@@ -174,6 +176,32 @@ class EngineCore:
             session_id=session_id,
             attempts=retry.attempts,
         ) from failed
+
+
+class Shared(Generic[_T]):
+    """An attribute of `Engine` that is its `EngineCore`'s: read and set there, by its name.
+
+    What the concerns share and may be set after the engine is made (`store`, `worker_id`,
+    `lease_owner`): setting it on the engine sets it for every concern at once.
+    """
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, engine: None, owner: type) -> Shared[_T]: ...
+    @overload
+    def __get__(self, engine: object, owner: type) -> _T: ...
+    def __get__(self, engine: object, owner: type) -> Shared[_T] | _T:
+        if engine is None:
+            return self
+        value: _T = getattr(engine._core, self.name)  # type: ignore[attr-defined]
+        return value
+
+    def __set__(self, engine: object, value: _T) -> None:
+        setattr(engine._core, self.name, value)  # type: ignore[attr-defined]
 
 
 class Hold:
