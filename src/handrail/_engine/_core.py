@@ -195,22 +195,28 @@ class EngineCore:
 class Hold:
     """A drive's hold on its session's lease: `held`, then `released` by a save.
 
-    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals.
+    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals. A
+    recovery takes it `early`, before its first write (`Leases.take_early`): that write still
+    counts as the drive's first (it carries the lease again, and is what makes it `held`).
     """
 
-    __slots__ = ("_start", "held", "released", "stop")
+    __slots__ = ("_start", "early", "held", "released", "stop")
 
     def __init__(self, stop: Callable[[], Awaitable[None]], start: Callable[[], None]) -> None:
         self.stop = stop
         self._start = start
         self.held = False
+        self.early = False
         self.released = False
 
-    def take(self) -> None:
-        """The lease is held at the store now: renew it from here on."""
-        if not self.held:
-            self.held = True
+    def take(self, *, early: bool = False) -> None:
+        """The lease is held at the store now: renew it from here on (`early`: see above)."""
+        if not (self.held or self.early):
             self._start()
+        if early:
+            self.early = True
+        else:
+            self.held = True
 
 
 def takes(method: Callable[..., Any], name: str) -> bool:
