@@ -453,3 +453,30 @@ async def _true(value: bool) -> bool:
 
 async def drain(run: Any) -> list[Any]:
     return [e async for e in run]
+
+
+async def test_a_turn_that_ends_while_a_worker_asks_for_its_lease_is_not_recovered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Read while running, the turn ends (its lease given back) before the worker's ask."""
+    release, started = asyncio.Event(), []
+    turn: asyncio.Task[list[Any]] | None = None
+
+    class Racing(MemoryStore):
+        async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+            if owner.startswith("w#") and turn is not None and not turn.done():
+                release.set()  # the first process's turn ends right now
+                await turn
+            return await super().acquire_lease(session_id, owner, ttl)
+
+    store = Racing()
+    first = slow_engine(store, "api", release, started)
+    await decided(first, "s1", "A1")
+    turn = asyncio.create_task(drain(first.resume("s1")))
+    await eventually(lambda: _true(started == ["A1"]))
+    second = slow_engine(store, "w", release, started)
+    with caplog.at_level("WARNING", logger="handrail.engine"):
+        assert await second.advance("s1") is None  # read again: nothing left to do
+    assert recovering(caplog) == []
+    assert (await turn)[-1].type == "run-completed" and ran == ["A1"]
+    assert (await store.load("s1")).status == "completed"  # type: ignore[union-attr]

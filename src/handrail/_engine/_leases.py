@@ -124,7 +124,7 @@ class Leases:
                         ttl,
                     )
 
-    async def take_early(self, session_id: str) -> None:
+    async def take_early(self, session_id: str, version: int) -> None:
         """Take the lease of a session whose turn is marked running, before recovering it.
 
         Such a turn was cut off (its worker died: its lease lapsed or was given back), or
@@ -134,8 +134,13 @@ class Leases:
         first save (a recovery is rare; a worker woken for a session another process drives
         is not, and must not cry "cut off"). Its first save still carries the lease.
 
+        The lease taken, the session must still be at `version` (the one read): a turn that
+        ended (its lease given back with its last save) between the read and the lease is
+        read again, not recovered.
+
         Raises:
             Taken: the lease is another's: the session is left to it, nothing written.
+            Stale: the session was saved since it was read at `version`: read it again.
         """
         core = self.core
         hold = core.holds.get(session_id)
@@ -152,7 +157,12 @@ class Leases:
                 session_id,
             )
             raise Taken("the lease is another's", session_id=session_id)
-        hold.take(early=True)
+        hold.take(early=True)  # given back when the drive ends, whatever happens next
+        now = await core.retrying(
+            lambda: store.summary(session_id), session_id, "read the session's version"
+        )
+        if now is None or now.version != version:
+            raise Stale(f"saved since it was read at version {version}", session_id=session_id)
 
     def lose(self, session_id: str) -> None:
         """Another process took this session's lease (`reclaim`): stop, and write nothing more.

@@ -151,7 +151,7 @@ class Turns:
                 if recovering:  # what an operator watches: a worker died, or lost its lease
                     # Or another process drives the turn right now: its lease says so, and
                     # this drive leaves it (`Taken`) before it warns or reads the log.
-                    await self.leases.take_early(session_id)
+                    await self.leases.take_early(session_id, record.version)
                     _log.warning(
                         "handrail engine %s: recovering session %r, whose turn was cut off",
                         self.core.lease_owner,
