@@ -480,3 +480,39 @@ async def test_a_turn_that_ends_while_a_worker_asks_for_its_lease_is_not_recover
     assert recovering(caplog) == []
     assert (await turn)[-1].type == "run-completed" and ran == ["A1"]
     assert (await store.load("s1")).status == "completed"  # type: ignore[union-attr]
+
+
+class ApartStore(MemoryStore):
+    """A store written before the grouped writes: a save takes no `lease=`, `release=`..."""
+
+    async def save(self, record: Any) -> Any:  # type: ignore[override]
+        return await super().save(record)
+
+    async def log_started(self, session_id: str, tool_call_id: str, **fields: Any) -> Any:
+        fields.pop("lease", None)
+        return await super().log_started(session_id, tool_call_id, **fields)
+
+
+async def test_with_a_store_that_does_not_group_a_busy_turn_is_left_and_a_lapsed_one_recovered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release, started = asyncio.Event(), []
+    store = ApartStore()
+    first = slow_engine(store, "api", release, started)
+    assert not first._core.grouping
+    await decided(first, "s1", "A1")
+    turn = asyncio.create_task(drain(first.resume("s1")))
+    await eventually(lambda: _true(started == ["A1"]))
+    second = slow_engine(store, "w", release, started)
+    with caplog.at_level("WARNING", logger="handrail.engine"):
+        with pytest.raises(SessionBusyError):
+            await second.advance("s1")
+        assert recovering(caplog) == []
+        turn.cancel()  # now the first process dies inside the refund (its lease given back)
+        with contextlib.suppress(asyncio.CancelledError):
+            await turn
+        result = await second.advance("s1")
+    assert result is not None and result.outcome == "suspended"
+    assert len(recovering(caplog)) == 1
+    assert [c.kind for c in (await second.session("s1")).pending.values()] == ["recovery"]
+    assert await store.acquire_lease("s1", "someone else", 1.0)  # given back once suspended
