@@ -225,7 +225,8 @@ class Engine:
 
         Raises (when iterated):
             UserError: the session has no turn cut off while running.
-            SessionBusyError: a live worker still drives it (its lease has not expired).
+            SessionBusyError: a live worker still drives it (its lease has not expired):
+                raised before anything is written, logged or read of the tool-call log.
         """
         return self._turns.drive(
             session_id, None, None, org_id, user_id, model, client, mode="recover"
@@ -244,7 +245,8 @@ class Engine:
 
         Raises:
             SessionNotFoundError: no such session for this caller.
-            SessionBusyError: a live worker drives the session right now.
+            SessionBusyError: a live worker drives the session right now (a turn marked
+                running that is another's is left to it at once, not recovered).
         """
         return await self._turns.advance(session_id, org_id=org_id, user_id=user_id)
 

@@ -580,6 +580,34 @@ async def test_the_log_is_in_start_order_and_per_session(store: SessionStore) ->
     assert await store.tool_log("nobody") == []
 
 
+async def test_the_log_of_given_calls_is_theirs_alone_in_start_order(
+    store: SessionStore,
+) -> None:
+    for n in [3, 1, 2, 4]:
+        await store.log_started("s-1", f"c-{n}", key=f"k{n}", tool="t", args={"n": n})
+        await store.log_started("s-2", f"c-{n}", key=f"other{n}", tool="t", args={})
+    await store.log_finished("s-1", "c-2", {"ok": True, "n": 2})
+    whole = {e.tool_call_id: e for e in await store.tool_log("s-1")}
+    # Asked in any order, an id twice, one the log lacks: the log's entries, in its order.
+    some = await store.tool_log("s-1", calls=["c-2", "c-9", "c-3", "c-2"])
+    assert some == [whole["c-3"], whole["c-2"]]
+    assert some[1].result == {"ok": True, "n": 2}
+    assert await store.tool_log("s-1", calls={"c-4"}) == [whole["c-4"]]
+    assert await store.tool_log("s-1", calls=()) == []
+    assert await store.tool_log("s-1", calls=["c-9"]) == []
+    assert await store.tool_log("nobody", calls=["c-1"]) == []
+    assert await store.tool_log("s-1", calls=None) == list(whole.values())
+    # More ids than one statement takes: the same answer.
+    many = [f"x-{n}" for n in range(1200)] + ["c-1"]
+    assert await store.tool_log("s-1", calls=many) == [whole["c-1"]]
+
+
+async def test_the_log_of_a_string_of_calls_is_refused(store: SessionStore) -> None:
+    await store.log_started("s-1", "c", key="k", tool="t", args={})
+    with pytest.raises(TypeError, match=r"not the string 'c'.*calls=\['c'\]"):
+        await store.tool_log("s-1", calls="c")
+
+
 async def test_concurrent_starts_of_one_call_record_it_once(store: SessionStore) -> None:
     results = await asyncio.gather(
         *(store.log_started("s-1", "c-1", key=f"k{n}", tool="t", args={}) for n in range(10))

@@ -8,7 +8,7 @@ import logging
 import os
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Generic, TypeVar, overload
 
 from .._agent_spec import AgentSpec
@@ -19,7 +19,7 @@ from ..exceptions import StoreUnavailableError, UserError
 from ..models import Model
 from ..models._infer import as_model
 from ..runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
-from ..store import MemoryStore, SessionStore
+from ..store import MemoryStore, SessionStore, ToolLogEntry
 from ..store._codec import INCARNATION
 from ._retry import LEFT, StoreRetry, transient
 
@@ -112,6 +112,22 @@ class EngineCore:
             return False
         run.interrupt()
         return True
+
+    async def tool_log(self, session_id: str, calls: Collection[str]) -> list[ToolLogEntry]:
+        """The entries of `calls` in the session's tool-call log, again while the store fails.
+
+        Only those are read (`tool_log(calls=)`): a session's log grows with its age, a turn's
+        calls do not. A store written before the keyword reads its whole log, kept from here.
+        """
+        store = self.store
+        if takes(store.tool_log, "calls"):
+            read = lambda: store.tool_log(session_id, calls=calls)  # noqa: E731
+            return await self.retrying(read, session_id, "read the tool-call log")
+        keep = set(calls)
+        log = await self.retrying(
+            lambda: store.tool_log(session_id), session_id, "read the tool-call log"
+        )
+        return [entry for entry in log if entry.tool_call_id in keep]
 
     async def retrying(
         self,
@@ -207,22 +223,28 @@ class Shared(Generic[_T]):
 class Hold:
     """A drive's hold on its session's lease: `held`, then `released` by a save.
 
-    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals.
+    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals. A
+    recovery takes it `early`, before its first write (`Leases.take_early`): that write still
+    counts as the drive's first (it carries the lease again, and is what makes it `held`).
     """
 
-    __slots__ = ("_start", "held", "released", "stop")
+    __slots__ = ("_start", "early", "held", "released", "stop")
 
     def __init__(self, stop: Callable[[], Awaitable[None]], start: Callable[[], None]) -> None:
         self.stop = stop
         self._start = start
         self.held = False
+        self.early = False
         self.released = False
 
-    def take(self) -> None:
-        """The lease is held at the store now: renew it from here on."""
-        if not self.held:
-            self.held = True
+    def take(self, *, early: bool = False) -> None:
+        """The lease is held at the store now: renew it from here on (`early`: see above)."""
+        if not (self.held or self.early):
             self._start()
+        if early:
+            self.early = True
+        else:
+            self.held = True
 
 
 def takes(method: Callable[..., Any], name: str) -> bool:

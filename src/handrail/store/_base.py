@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
@@ -446,8 +446,21 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged tool calls, in the order they started."""
+    async def tool_log(
+        self, session_id: str, *, calls: Collection[str] | None = None
+    ) -> builtins.list[ToolLogEntry]:
+        """The session's logged tool calls, in the order they started.
+
+        Args:
+            session_id: the session.
+            calls: only the entries of these tool-call ids (an id the log does not have is
+                left out), read through the log's `(session_id, tool_call_id)` index: what
+                recovery and a batch's apply read, so their cost does not grow with the
+                session's age. None (the default): the whole log.
+
+        Raises:
+            TypeError: `calls` is a string (a collection of its characters): pass a list.
+        """
         ...
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:

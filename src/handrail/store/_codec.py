@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -238,6 +238,21 @@ def check_ttl(ttl: float) -> None:
     """Refuse a lease that would be expired the moment it is taken."""
     if not ttl > 0 or not math.isfinite(ttl):
         raise ValueError(f"a lease ttl must be a positive number of seconds, not {ttl!r}")
+
+
+def check_calls(calls: Collection[str] | None) -> list[str] | None:
+    """`tool_log`'s `calls`: its ids, each once, in a list (None: the whole log).
+
+    A lone string is refused: it is a collection of its characters, and would read no call.
+    """
+    if calls is None:
+        return None
+    if isinstance(calls, str):
+        raise TypeError(
+            f"calls must be a collection of tool-call ids, not the string {calls!r}: "
+            f"pass calls=[{calls!r}] for that one call"
+        )
+    return list(dict.fromkeys(calls))
 
 
 def exists_error(session_id: str, version: int) -> StoreError:

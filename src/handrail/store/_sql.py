@@ -676,14 +676,22 @@ LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
 """A tool-call log row's columns, in the order `log_entry_from_row` reads them."""
 
 
-def read_log_statement(d: Dialect, session_id: str) -> Statement:
-    """A session's tool-call log, in start order (`log_entry_from_row` reads a row)."""
+def read_log_statement(
+    d: Dialect, session_id: str, calls: Sequence[str] | None = None
+) -> Statement:
+    """A session's tool-call log, in start order (`log_entry_from_row` reads a row).
+
+    With `calls` (ids, each once), only theirs: `tool_call_id IN (...)`, read through the
+    table's unique `(session_id, tool_call_id)` index, so the read does not grow with the log.
+    """
     columns = LOG.replace("args", d.text("args")).replace("result", d.text("result"))
-    return Statement(
-        f"SELECT {columns} FROM {d.table('tool_log')} WHERE session_id = {d.param('id')} "
-        f"ORDER BY seq",
-        {"id": session_id},
-    )
+    sql = f"SELECT {columns} FROM {d.table('tool_log')} WHERE session_id = {d.param('id')}"
+    params: dict[str, Any] = {"id": session_id}
+    if calls is not None:
+        names = [f"call{n}" for n in range(len(calls))]
+        sql += f" AND tool_call_id IN ({d.p(*names)})"
+        params.update(zip(names, calls, strict=True))
+    return Statement(sql + " ORDER BY seq", params)
 
 
 def build_index_plan(d: Dialect) -> Plan[None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -39,6 +39,7 @@ from ._codec import (
     LoggedEvents,
     chain_audit,
     check_audit_page,
+    check_calls,
     check_events_page,
     check_messages,
     check_messages_page,
@@ -456,9 +457,16 @@ class MemoryStore:
         logged.result = text
         return True
 
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
+    async def tool_log(
+        self, session_id: str, *, calls: Collection[str] | None = None
+    ) -> builtins.list[ToolLogEntry]:
         """The session's logged calls in start order; see `SessionStore.tool_log`."""
         self._check_open()
+        wanted = check_calls(calls)
+        log = self._logs.get(session_id, {})
+        keep = None if wanted is None else set(wanted)
+        # In start order (the dict's), and only the kept ones decoded.
+        found = [logged for call, logged in log.items() if keep is None or call in keep]
         return [
             replace(
                 logged.entry,
@@ -467,7 +475,7 @@ class MemoryStore:
                 if logged.result is None
                 else decode(session_id, logged.result, what="tool-call result"),
             )
-            for logged in self._logs.get(session_id, {}).values()
+            for logged in found
         ]
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
