@@ -428,3 +428,17 @@ async def test_decided_reads_no_one_elses_and_refuses_a_bad_page(
         refused = await client.get("/me/decided", headers=BO_KEY, params=params)
         assert refused.status_code == 422, params
         assert refused.json()["error"]["type"] == "invalid_request", params
+
+
+async def test_an_entry_whose_indexed_who_was_edited_is_shown_to_no_one_else(
+    payments: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    app, client = payments
+    session_id, call_id = await _asked(app, client)
+    await client.post(
+        f"/sessions/{session_id}/resolve", headers={**BO_KEY, **JSON}, json=approve(call_id)
+    )
+    store = app.state.runs.engine.store
+    [row] = [r for r in store._audit["acme"] if r.kind == "decision"]
+    row.who = "cy"  # the index says cy; the entry, hashed, says bo
+    assert await _decided(client, CY_KEY) == ([], None)

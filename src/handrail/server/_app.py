@@ -678,8 +678,10 @@ class _Api(Api):
         """`GET /me/decided`: the caller's decisions, newest first, with their sessions' users.
 
         Only the caller's own, in its own organisation: the trail is read for the caller's
-        organisation and user (`who`), never for what the query names. No audit role is
-        needed; the rest of an entry (its reason, amended values, digest) is not shown.
+        organisation and user (`who`), never for what the query names, and an entry whose
+        content names another (its indexed `who` edited outside handrail) is left out. No
+        audit role is needed; the rest of an entry (its reason, amended values, digest) is
+        not shown.
         """
         caller = await self._caller(request)
         query = self._query(request, DecidedQuery)
@@ -691,6 +693,8 @@ class _Api(Api):
             before=query.before,
             limit=query.limit,
         )
+        before = found[-1].seq if len(found) == query.limit else None
+        found = [e for e in found if e.who == caller.user_id and e.kind == "decision"]
         session_ids = list(dict.fromkeys(e.session_id for e in found))
         summaries = await asyncio.gather(*(self.store.summary(s) for s in session_ids))
         owners = {
@@ -710,7 +714,6 @@ class _Api(Api):
             )
             for e in found
         ]
-        before = found[-1].seq if len(found) == query.limit else None
         return _json(DecidedBody(decisions=items, before=before))
 
     async def call_outcome(self, request: Request) -> Response:
