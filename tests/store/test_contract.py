@@ -13,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handrail import ConflictError, MemoryStore, SessionNotFoundError, SessionRecord, StoreError
+from handrail import (
+    AuditEntry,
+    ConflictError,
+    MemoryStore,
+    SessionNotFoundError,
+    SessionRecord,
+    StoreError,
+)
 from handrail.store import (
     EXPORT_SCHEMA_VERSION,
     SessionStore,
@@ -907,6 +914,58 @@ async def test_event_notices_end_when_the_store_closes(store: SessionStore) -> N
         await store.close()
         async with asyncio.timeout(5):
             assert await waiter == "ended"
+
+
+# -- the audit trail: one person's decisions --------------------------------------------------
+
+
+def entry(org: str | None, kind: str, who: str | None, session: str = "s-1") -> AuditEntry:
+    return AuditEntry(
+        org_id=org, at=1.0, kind=kind, session_id=session, tool="pay",  # type: ignore[arg-type]
+        tool_call_id=f"call_{kind}", who=who, decision="approve" if kind == "decision" else None,
+    )  # fmt: skip
+
+
+async def test_the_trail_is_filtered_by_who_and_read_newest_first(store: SessionStore) -> None:
+    made = [
+        await store.append_audit(entry("acme", "decision", "ana", "s-1")),  # 1
+        await store.append_audit(entry("acme", "decision", "bo", "s-1")),  # 2
+        await store.append_audit(entry("acme", "call", "ana", "s-1")),  # 3: ana's session ran it
+        await store.append_audit(entry("acme", "decision", "ana", "s-2")),  # 4
+        await store.append_audit(entry("acme", "decision", None, "s-2")),  # 5: nobody (expired)
+        await store.append_audit(entry("acme", "decision", "ana", "s-3")),  # 6
+    ]
+    await store.append_audit(entry("globex", "decision", "ana"))  # another organisation's ana
+    await store.append_audit(entry(None, "decision", "ana"))
+
+    def seqs(found: list[AuditEntry]) -> list[int]:
+        return [e.seq for e in found]
+
+    assert seqs(await store.audit("acme", who="ana")) == [1, 3, 4, 6]
+    assert await store.audit("acme", who="ana", kind="decision") == [made[0], made[3], made[5]]
+    assert seqs(await store.audit("acme", who="bo")) == [2]
+    assert await store.audit("acme", who="cy") == []
+    assert seqs(await store.audit("globex", who="ana")) == [1]
+    assert seqs(await store.audit(None, who="ana")) == [1]
+
+    # newest first, a page at a time: the next page is before the last entry of this one
+    async def anas(limit: int = 100, before: int | None = None) -> list[AuditEntry]:
+        return await store.audit(
+            "acme", who="ana", kind="decision", newest_first=True, limit=limit, before=before
+        )
+
+    assert seqs(await anas(limit=2)) == [6, 4]
+    assert seqs(await anas(limit=2, before=4)) == [1]
+    assert await anas(before=1) == []
+    # `before` and `after` bound either order; the other filters still apply
+    assert seqs(await store.audit("acme", after=1, before=6, who="ana")) == [3, 4]
+    assert seqs(await store.audit("acme", before=6, newest_first=True)) == [5, 4, 3, 2, 1]
+    assert seqs(await store.audit("acme", who="ana", session_id="s-2")) == [4]
+    with pytest.raises(ValueError, match="before must be 0 or more"):
+        await store.audit("acme", who="ana", before=-1)
+    # a later decision is found at once (its `who` written with it)
+    later = await store.append_audit(entry("acme", "decision", "ana", "s-4"))
+    assert await anas(limit=1) == [later]
 
 
 # -- closing --------------------------------------------------------------------------------

@@ -550,6 +550,9 @@ class SessionStore(Protocol):
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's audit entries numbered above `after`, in order.
 
@@ -561,9 +564,16 @@ class SessionStore(Protocol):
             session_id: only this session's entries.
             tool: only this tool's entries.
             kind: only `decision` or only `call` entries.
+            who: only the entries whose `who` is this: with `kind="decision"`, the
+                decisions (and approvals) this person made; a call's `who` is its
+                session's user. Read off an index of (organisation, who, kind, number):
+                one person's decisions cost their own number, not the trail's length.
+            before: only the entries numbered below this one.
+            newest_first: the entries newest first (the highest numbers, below `before`,
+                first); read the next page before the last entry of this one.
 
         Raises:
-            ValueError: `after` or `limit` is negative.
+            ValueError: `after`, `before` or `limit` is negative, or `kind` is not a kind.
             StoreError: a stored entry cannot be read.
         """
         ...

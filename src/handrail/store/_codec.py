@@ -504,9 +504,11 @@ def decode_audit(org_id: str | None, seq: int, text: str | bytes) -> AuditEntry:
         ) from None
 
 
-def check_audit_page(after: int, limit: int, kind: str | None) -> None:
+def check_audit_page(after: int, limit: int, kind: str | None, before: int | None = None) -> None:
     """Refuse a negative entry number or page size, or an unknown kind."""
     if after < 0 or limit < 0:
         raise ValueError(f"after and limit must be 0 or more, not {after} and {limit}")
+    if before is not None and before < 0:
+        raise ValueError(f"before must be 0 or more (or None), not {before}")
     if kind is not None and kind not in AUDIT_KINDS:
         raise ValueError(f"kind must be one of {sorted(AUDIT_KINDS)}, not {kind!r}")

@@ -419,8 +419,8 @@ def append_audit_plan(d: Dialect, entry: AuditEntry, key: AuditKey | None) -> Pl
     last = (tail.rows[0][0], tail.rows[0][1]) if tail.rows else None
     chained, text = chain_audit(entry, last, key)
     yield Statement(
-        f"INSERT INTO {audit} VALUES "
-        f"({d.p('org', 'seq', 'kind', 'session_id', 'tool', 'hash', 'entry')})",
+        f"INSERT INTO {audit} (org_id, seq, kind, session_id, tool, hash, entry, who) VALUES "
+        f"({d.p('org', 'seq', 'kind', 'session_id', 'tool', 'hash', 'entry', 'who')})",
         {
             "org": org,
             "seq": chained.seq,
@@ -429,6 +429,7 @@ def append_audit_plan(d: Dialect, entry: AuditEntry, key: AuditKey | None) -> Pl
             "tool": chained.tool,
             "hash": chained.hash,
             "entry": text,
+            "who": chained.who,
         },
     )
     return chained
@@ -660,16 +661,27 @@ def audit_query(
     session_id: str | None,
     tool: str | None,
     kind: str | None,
+    who: str | None = None,
+    before: int | None = None,
+    newest_first: bool = False,
 ) -> Statement:
-    """`SessionStore.audit`: an organisation's entries after `after`, rows of (seq, text)."""
+    """`SessionStore.audit`: an organisation's entries after `after`, rows of (seq, text).
+
+    With `who`, read off the (org_id, who, kind, seq) index, backward for `newest_first`.
+    """
     sql = f"SELECT seq, entry FROM {d.table('audit')} WHERE org_id = {d.param('org')}"
     sql += f" AND seq > {d.param('after')}"
     params: dict[str, Any] = {"org": org_id or "", "after": after, "limit": limit}
-    for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
+    if before is not None:
+        sql += f" AND seq < {d.param('before')}"
+        params["before"] = before
+    filters = (("session_id", session_id), ("tool", tool), ("kind", kind), ("who", who))
+    for column, value in filters:
         if value is not None:
             sql += f" AND {column} = {d.param(column)}"
             params[column] = value
-    return Statement(sql + f" ORDER BY seq LIMIT {d.param('limit')}", params)
+    order = "seq DESC" if newest_first else "seq"
+    return Statement(sql + f" ORDER BY {order} LIMIT {d.param('limit')}", params)
 
 
 LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"

@@ -325,9 +325,12 @@ class SqlStore:
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
-        check_audit_page(after, limit, kind)
+        check_audit_page(after, limit, kind, before)
         query = audit_query(
             self._dialect,
             org_id,
@@ -336,6 +339,9 @@ class SqlStore:
             session_id=session_id,
             tool=tool,
             kind=kind,
+            who=who,
+            before=before,
+            newest_first=newest_first,
         )
         return [decode_audit(org_id, seq, text) for seq, text in await self._rows(query, None)]
 

@@ -524,7 +524,9 @@ class MemoryStore:
                 tails[org] = (trail[-1].seq, trail[-1].hash) if trail else None
             done, text = chain_audit(entry, tails[org], self.audit_key)
             tails[org] = (done.seq, done.hash)
-            row = _Audited(done.seq, done.session_id, done.tool, done.kind, done.hash, text)
+            row = _Audited(
+                done.seq, done.session_id, done.tool, done.kind, done.hash, text, done.who
+            )
             chained.append((org, row, done))
         return chained
 
@@ -537,19 +539,25 @@ class MemoryStore:
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
         self._check_open()
-        check_audit_page(after, limit, kind)
+        check_audit_page(after, limit, kind, before)
         found: builtins.list[AuditEntry] = []
-        for row in self._audit.get(org_id or "", []):
+        trail = self._audit.get(org_id or "", [])
+        for row in reversed(trail) if newest_first else trail:
             if len(found) >= limit:
                 break
             if (
                 row.seq > after
+                and (before is None or row.seq < before)
                 and (session_id is None or row.session_id == session_id)
                 and (tool is None or row.tool == tool)
                 and (kind is None or row.kind == kind)
+                and (who is None or row.who == who)
             ):
                 found.append(decode_audit(org_id, row.seq, row.text))
         return found
@@ -622,6 +630,7 @@ class _Audited:
     kind: str
     hash: str
     text: str
+    who: str | None = None
 
 
 def _indexed(save: PreparedSave, stored: _Session | None) -> builtins.list[tuple[WaitingCard, str]]:

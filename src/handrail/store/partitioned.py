@@ -391,11 +391,22 @@ class PartitionedStore:
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's trail, from its partition (one chain: see `SessionStore.audit`)."""
         store = self.stores[self.partition(org_id)]
         return await store.audit(
-            org_id, after=after, limit=limit, session_id=session_id, tool=tool, kind=kind
+            org_id,
+            after=after,
+            limit=limit,
+            session_id=session_id,
+            tool=tool,
+            kind=kind,
+            who=who,
+            before=before,
+            newest_first=newest_first,
         )
 
     async def list(
