@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import functools
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +80,9 @@ def _tools(server: Any, db: dict[str, Any], ran: list[str], failed: list[str]) -
     """The retail tools as handrail tools over `db` (one task's copy).
 
     Each call that reaches a tool's function is put in `ran` (and in `failed` if the function
-    raised: the data's own refusal, such as an insufficient gift card balance).
+    raised: the data's own refusal, such as an insufficient gift card balance). Each tool is
+    a stub (its signature and docstring, which make its schema) relayed to the retail
+    function of its name.
     """
     from handrail import tool
 
@@ -93,149 +97,74 @@ def _tools(server: Any, db: dict[str, Any], ran: list[str], failed: list[str]) -
             failed.append(_key(name, args))
             raise
 
-    read = {"permission": "read"}
-    write = {"permission": "write", "approval": "auto"}
+    def relay(stub: Callable[..., Any]) -> Any:
+        def call(**args: Any) -> Any:  # handrail passes the arguments by name
+            return run(stub.__name__, **args)
 
-    @tool(**read)
+        functools.update_wrapper(call, stub)  # the stub's signature, name and docstring
+        if stub.__name__ in READS:
+            return tool(permission="read")(call)
+        return tool(permission="write", approval="auto")(call)
+
     def calculate(expression: str) -> Any:
         """Calculate a mathematical expression."""
-        return run("calculate", expression=expression)
 
-    @tool(**read)
     def find_user_id_by_email(email: str) -> Any:
         """Find a user id by email."""
-        return run("find_user_id_by_email", email=email)
 
-    @tool(**read)
     def find_user_id_by_name_zip(first_name: str, last_name: str, zip: str) -> Any:
         """Find a user id by name and zip code."""
-        return run("find_user_id_by_name_zip", first_name=first_name, last_name=last_name, zip=zip)
 
-    @tool(**read)
     def get_item_details(item_id: str) -> Any:
         """An item's details."""
-        return run("get_item_details", item_id=item_id)
 
-    @tool(**read)
     def get_order_details(order_id: str) -> Any:
         """An order's details."""
-        return run("get_order_details", order_id=order_id)
 
-    @tool(**read)
     def get_product_details(product_id: str) -> Any:
         """A product's details."""
-        return run("get_product_details", product_id=product_id)
 
-    @tool(**read)
     def get_user_details(user_id: str) -> Any:
         """A user's details."""
-        return run("get_user_details", user_id=user_id)
 
-    @tool(**read)
     def list_all_product_types() -> Any:
         """Every product type."""
-        return run("list_all_product_types")
 
-    @tool(**write)
     def cancel_pending_order(order_id: str, reason: str) -> Any:
         """Cancel a pending order."""
-        return run("cancel_pending_order", order_id=order_id, reason=reason)
 
-    @tool(**write)
     def exchange_delivered_order_items(
         order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
     ) -> Any:
         """Exchange items of a delivered order."""
-        return run(
-            "exchange_delivered_order_items",
-            order_id=order_id,
-            item_ids=item_ids,
-            new_item_ids=new_item_ids,
-            payment_method_id=payment_method_id,
-        )
 
-    @tool(**write)
     def modify_pending_order_address(
-        order_id: str,
-        address1: str,
-        address2: str,
-        city: str,
-        state: str,
-        country: str,
-        zip: str,
+        order_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
     ) -> Any:
         """Change a pending order's address."""
-        return run(
-            "modify_pending_order_address",
-            order_id=order_id,
-            address1=address1,
-            address2=address2,
-            city=city,
-            state=state,
-            country=country,
-            zip=zip,
-        )
 
-    @tool(**write)
     def modify_pending_order_items(
         order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
     ) -> Any:
         """Change items of a pending order."""
-        return run(
-            "modify_pending_order_items",
-            order_id=order_id,
-            item_ids=item_ids,
-            new_item_ids=new_item_ids,
-            payment_method_id=payment_method_id,
-        )
 
-    @tool(**write)
     def modify_pending_order_payment(order_id: str, payment_method_id: str) -> Any:
         """Change a pending order's payment method."""
-        return run(
-            "modify_pending_order_payment", order_id=order_id, payment_method_id=payment_method_id
-        )
 
-    @tool(**write)
     def modify_user_address(
-        user_id: str,
-        address1: str,
-        address2: str,
-        city: str,
-        state: str,
-        country: str,
-        zip: str,
+        user_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
     ) -> Any:
         """Change a user's default address."""
-        return run(
-            "modify_user_address",
-            user_id=user_id,
-            address1=address1,
-            address2=address2,
-            city=city,
-            state=state,
-            country=country,
-            zip=zip,
-        )
 
-    @tool(**write)
     def return_delivered_order_items(
         order_id: str, item_ids: list[str], payment_method_id: str
     ) -> Any:
         """Return items of a delivered order."""
-        return run(
-            "return_delivered_order_items",
-            order_id=order_id,
-            item_ids=item_ids,
-            payment_method_id=payment_method_id,
-        )
 
-    @tool(**write)
     def transfer_to_human_agents(summary: str) -> Any:
         """Hand the conversation to a person."""
-        return run("transfer_to_human_agents", summary=summary)
 
-    return [
+    stubs: list[Callable[..., Any]] = [
         calculate,
         find_user_id_by_email,
         find_user_id_by_name_zip,
@@ -253,6 +182,7 @@ def _tools(server: Any, db: dict[str, Any], ran: list[str], failed: list[str]) -
         return_delivered_order_items,
         transfer_to_human_agents,
     ]
+    return [relay(stub) for stub in stubs]
 
 
 def _responses(actions: list[dict[str, Any]], mode: str) -> list[list[dict[str, Any]]]:

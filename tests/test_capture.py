@@ -14,6 +14,7 @@ from handrail import (
     Agent,
     Approve,
     CapturedAction,
+    Decider,
     Domain,
     Engine,
     InvalidDecisionError,
@@ -387,10 +388,13 @@ async def test_the_batch_card_names_the_agents_that_proposed_its_actions() -> No
         model=ScriptedModel([[call("orders.add_note", order_id="temp_0", note="n")], "noted"]),
     )
     routed = Engine(Domain(agents=[planner, writer], routes={"both": ["planner", "writer"]}))
-    result = await routed.run_headless("s2", "go", propose=True)
+    result = await routed.run_headless("s2", "go", propose=True, org_id="acme", user_id="ana")
     assert [a.agent for a in result.actions] == ["planner", "writer"]
     (event,) = [e for e in result.events if e.type == "approval-required"]
     assert event.agent == "planner, writer"  # type: ignore[union-attr]
+    # the inbox's card names them too
+    [pending] = (await routed.pending("acme", Decider(user_id="ana", org_id="acme"))).cards
+    assert (pending.kind, pending.agent) == ("batch", "planner, writer")
 
 
 async def test_per_action_decisions_amend_and_skip() -> None:

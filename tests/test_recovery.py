@@ -513,3 +513,120 @@ async def test_a_recovery_cards_answer_is_governed_by_the_calls_policy():
     assert (await other.resolve("s1", card_id, said_it_ran, decider=bo)).ready
     done = await events_of(other.resume("s1", org_id="acme", user_id="ana"))
     assert done[-1].type == "run-completed" and len(effects) == 1
+
+
+# -- what recovery reads of the tool-call log ------------------------------------------------
+
+
+class AskedStore(MemoryStore):
+    """A MemoryStore that notes what each read of the tool-call log asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[str] | None] = []
+
+    @property
+    def logged(self) -> list[Any]:
+        """The log's entries as they stand (read without a call to the store)."""
+        return [logged.entry for log in self._logs.values() for logged in log.values()]
+
+    async def tool_log(self, session_id: str, *, calls: Any = None) -> Any:
+        self.asked.append(None if calls is None else sorted(calls))
+        return await super().tool_log(session_id, calls=calls)
+
+
+class OldStore(AskedStore):
+    """A store written before `tool_log(calls=)`: it reads the whole log, always."""
+
+    async def tool_log(self, session_id: str) -> Any:  # type: ignore[override]
+        self.asked.append(None)
+        return await MemoryStore.tool_log(self, session_id)
+
+
+async def an_old_log(store: MemoryStore, n: int = 40) -> None:
+    """Earlier turns' calls in the session's log."""
+    for i in range(n):
+        await store.log_started("s1", f"old_{i}", key=f"k{i}", tool="refund", args={})
+        await store.log_finished("s1", f"old_{i}", {"ok": True, "data": "refunded long ago"})
+
+
+@pytest.mark.parametrize("kind", [AskedStore, OldStore])
+async def test_recovery_reads_only_its_responses_calls_from_an_old_log(kind: type) -> None:
+    store = kind()
+    await an_old_log(store)
+    first = engine(store, model([call("book", slot="9:00"), call("charge", order="A1")]))
+
+    # Cut off inside `book`, once `charge` (run beside it) is done and logged.
+    def charged() -> bool:
+        return any(e.tool == "charge" and e.status == "finished" for e in store.logged)
+
+    await crash(first, charged)
+    (turn,) = [m for m in (await first.session("s1")).messages if m.tool_calls]
+    ids = sorted(part.id for part in turn.tool_calls)
+    store.asked.clear()
+
+    other = engine(store, model("unused", "Booked and charged."))
+    events = await events_of(other.recover("s1"))
+    assert events[-1].type == "run-completed"
+    # `book` (idempotent, cut off) ran again with its key; `charge` (its result logged) did not.
+    assert [name for name, _ in effects] == ["book", "charge", "book"]
+    assert effects[0][1] == effects[2][1]
+    # The turn's own calls, not the log's 40 others (an old store: its whole log, kept from).
+    assert store.asked == ([None] if kind is OldStore else [ids])
+
+
+async def test_a_resumption_cut_off_reads_only_its_calls_current_attempts():
+    """A retry a person approved has its own log id (`call~1`): that is the one read."""
+    store = AskedStore()
+    await an_old_log(store)
+    first = engine(store, model(call("charge", order="hang")))
+    await crash(first, lambda: bool(effects))
+    other = engine(store, model("unused", "Charged."))
+    events = await events_of(other.recover("s1"))
+    card_id = events[1].tool_call_id
+    await other.resolve("s1", card_id, Approve())  # retry it...
+    effects.clear()
+    await kill(other.resume("s1"), lambda: bool(effects))  # ...and that retry is cut off too
+    store.asked.clear()
+    again = engine(store, model("unused", "Charged."))
+    await events_of(again.resume("s1"))
+    assert store.asked == [[f"{card_id}~1"]]
+
+
+@tool(
+    name="ship",
+    permission="write",
+    mint=lambda args, i: {"shipment": f"temp_{i}"},
+)
+async def ship(ctx: ToolContext[None], order: str) -> dict[str, str]:
+    """Ship an order (hangs the first time: the worker applying the batch dies in it)."""
+    effects.append(("ship", order))
+    if len(effects) == 1:
+        await asyncio.sleep(3600)
+    return {"shipment": f"SH-{order}"}
+
+
+async def test_a_batch_apply_cut_off_reads_only_its_actions_from_an_old_log():
+    from handrail.testing import ScriptedModel
+
+    store = AskedStore()
+    await an_old_log(store)
+    agent = Agent("clerk", tools=[ship])
+    scripted = ScriptedModel(
+        [[call("ship", order="A1"), call("ship", order="B2")], "Proposed shipping both."]
+    )
+    first = Engine(agent, store=store, runtime=Runtime(model=scripted, ids=sequential_ids()))
+    proposed = await first.run_headless("s1", "ship them", propose=True)
+    assert proposed.card is not None and effects == []
+    actions = sorted(a.call_id for a in proposed.actions)
+    await first.resolve("s1", proposed.card, Approve())
+    await kill(first.resume("s1"), lambda: bool(effects))  # cut off inside the first `ship`
+    store.asked.clear()
+
+    second = Engine(agent, store=store, runtime=Runtime(model=scripted, ids=sequential_ids()))
+    result = await second.advance("s1")
+    assert result is not None and result.outcome == "completed"
+    assert store.asked == [actions]  # the batch's own actions, not the log's 40 others
+    assert effects == [("ship", "A1")]  # it may have run: not run again, and the rest waits
+    assert result.output.startswith("Applied 0 of 2 action(s); action 0 (ship) failed")
+    assert "may have run" in result.output

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
+import secrets
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from handrail import Agent, Approve, Engine, Runtime, ToolContext, UserError, Worker, tool
+from handrail import (
+    Agent,
+    Approve,
+    Engine,
+    Runtime,
+    SessionBusyError,
+    ToolContext,
+    UserError,
+    Worker,
+    tool,
+)
 from handrail.models import ModelRequest
 from handrail.store import MemoryStore
 from handrail.testing import FunctionModel, call
@@ -329,3 +344,175 @@ async def test_the_health_line_says_what_the_worker_did_and_names_its_lease_owne
 def test_a_health_interval_must_be_positive():
     with pytest.raises(UserError, match="health_interval"):
         Worker(engine(MemoryStore(), "w"), health_interval=0)
+
+
+# -- two processes on one store: a turn another drives is not a turn cut off ----------------
+
+SHARED = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@contextlib.asynccontextmanager
+async def two_stores(kind: str, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
+    """Two stores on one database, as two processes open it (each counts its calls)."""
+    from flaky_store import FlakyStore
+    from store.conftest import PG_DSN, empty_pg_schema, skip_without_postgres
+
+    opened: list[Any] = []
+    schema = f"shared_{secrets.token_hex(4)}"
+    for _ in range(2):
+        if kind == "sqlite":
+            from handrail.store import SqliteStore
+
+            opened.append(SqliteStore(tmp_path / "shared.db", poll_interval=0.01))
+        else:
+            skip_without_postgres()
+            from handrail.store import PostgresStore
+
+            opened.append(await PostgresStore.connect(PG_DSN, schema=schema, pool_size=2))
+    if kind == "postgres":
+        await empty_pg_schema(schema)
+    try:
+        yield FlakyStore(opened[0]), FlakyStore(opened[1])  # no faults: they count the calls
+    finally:
+        for store in opened:
+            await store.close()
+        if kind == "postgres":
+            import psycopg
+
+            async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as db:
+                await db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+WRITES = ("save", "log_started", "log_finished", "append_events", "release_lease")
+
+
+def recovering(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "recovering session" in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_worker_leaves_a_turn_another_process_drives_without_a_false_alarm(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    release, started = asyncio.Event(), []
+    async with two_stores(kind, tmp_path) as (first_store, second_store):
+        first = slow_engine(first_store, "api", release, started)
+        await decided(first, "s1", "A1")
+        turn = asyncio.create_task(drain(first.resume("s1")))
+        await eventually(lambda: _true(started == ["A1"]))  # held inside the slow tool
+        before = await first_store.load("s1")
+        second = slow_engine(second_store, "w", release, started)
+        worker = Worker(second, poll_interval=60, listen=False)
+        with caplog.at_level("DEBUG", logger="handrail.engine"):
+            with pytest.raises(SessionBusyError):
+                await second.advance("s1")
+            assert not await worker.advance("s1")  # a wake-up for it: passed over
+        assert recovering(caplog) == []
+        drives = [r for r in caplog.records if r.name in ("handrail.engine", "handrail.worker")]
+        assert not [r.getMessage() for r in drives if r.levelno >= logging.WARNING]
+        assert any("driven by another process" in r.getMessage() for r in caplog.records)
+        # Nothing written, nor the tool-call log read: the lease said "another's" first.
+        assert not {m: n for m, n in second_store.calls.items() if m in WRITES or m == "tool_log"}
+        assert (await second_store.load("s1")).version == before.version  # type: ignore[union-attr]
+        release.set()
+        events = await turn
+    assert events[-1].type == "run-completed" and ran == ["A1"]
+    assert worker.stats.failed == 0 and worker.stats.moved == 0
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_turn_whose_lease_lapsed_is_still_recovered_with_the_warning(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    release, started = asyncio.Event(), []
+    async with two_stores(kind, tmp_path) as (first_store, second_store):
+        first = slow_engine(first_store, "api", release, started)
+        await decided(first, "s1", "A1")
+        turn = asyncio.create_task(drain(first.resume("s1")))
+        await eventually(lambda: _true(started == ["A1"]))
+        turn.cancel()  # the process dies inside the refund...
+        with contextlib.suppress(asyncio.CancelledError):
+            await turn
+        # ...holding its lease, which lapses (a cancelled drive gives it back: take it again).
+        assert await first_store.acquire_lease("s1", first.lease_owner, 0.05)
+        second = slow_engine(second_store, "w", release, started)
+        await asyncio.sleep(0.2)
+        with caplog.at_level("WARNING", logger="handrail.engine"):
+            result = await second.advance("s1")
+        assert result is not None and result.outcome == "suspended"
+        (warning,) = recovering(caplog)
+        assert second.lease_owner in warning and "'s1'" in warning
+        state = await second.session("s1")
+        assert [c.kind for c in state.pending.values()] == ["recovery"]  # it may have run
+    assert ran == []
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def drain(run: Any) -> list[Any]:
+    return [e async for e in run]
+
+
+async def test_a_turn_that_ends_while_a_worker_asks_for_its_lease_is_not_recovered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Read while running, the turn ends (its lease given back) before the worker's ask."""
+    release, started = asyncio.Event(), []
+    turn: asyncio.Task[list[Any]] | None = None
+
+    class Racing(MemoryStore):
+        async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+            if owner.startswith("w#") and turn is not None and not turn.done():
+                release.set()  # the first process's turn ends right now
+                await turn
+            return await super().acquire_lease(session_id, owner, ttl)
+
+    store = Racing()
+    first = slow_engine(store, "api", release, started)
+    await decided(first, "s1", "A1")
+    turn = asyncio.create_task(drain(first.resume("s1")))
+    await eventually(lambda: _true(started == ["A1"]))
+    second = slow_engine(store, "w", release, started)
+    with caplog.at_level("WARNING", logger="handrail.engine"):
+        assert await second.advance("s1") is None  # read again: nothing left to do
+    assert recovering(caplog) == []
+    assert (await turn)[-1].type == "run-completed" and ran == ["A1"]
+    assert (await store.load("s1")).status == "completed"  # type: ignore[union-attr]
+
+
+class ApartStore(MemoryStore):
+    """A store written before the grouped writes: a save takes no `lease=`, `release=`..."""
+
+    async def save(self, record: Any) -> Any:  # type: ignore[override]
+        return await super().save(record)
+
+    async def log_started(self, session_id: str, tool_call_id: str, **fields: Any) -> Any:
+        fields.pop("lease", None)
+        return await super().log_started(session_id, tool_call_id, **fields)
+
+
+async def test_with_a_store_that_does_not_group_a_busy_turn_is_left_and_a_lapsed_one_recovered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release, started = asyncio.Event(), []
+    store = ApartStore()
+    first = slow_engine(store, "api", release, started)
+    assert not first._core.grouping
+    await decided(first, "s1", "A1")
+    turn = asyncio.create_task(drain(first.resume("s1")))
+    await eventually(lambda: _true(started == ["A1"]))
+    second = slow_engine(store, "w", release, started)
+    with caplog.at_level("WARNING", logger="handrail.engine"):
+        with pytest.raises(SessionBusyError):
+            await second.advance("s1")
+        assert recovering(caplog) == []
+        turn.cancel()  # now the first process dies inside the refund (its lease given back)
+        with contextlib.suppress(asyncio.CancelledError):
+            await turn
+        result = await second.advance("s1")
+    assert result is not None and result.outcome == "suspended"
+    assert len(recovering(caplog)) == 1
+    assert [c.kind for c in (await second.session("s1")).pending.values()] == ["recovery"]
+    assert await store.acquire_lease("s1", "someone else", 1.0)  # given back once suspended

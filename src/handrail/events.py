@@ -189,7 +189,8 @@ class ApprovalRequired:
     """The digest of `args`: an approval names it (`Approve(digest=...)`) to approve
     exactly these arguments."""
     agent: str | None = None
-    """The agent that proposed the call (None for a batch card: a headless run's actions)."""
+    """The agent that proposed the call (on a batch card, the agent that proposed its
+    actions, or the agents, comma-separated in order, when several did)."""
     type: Literal["approval-required"] = "approval-required"
 
 

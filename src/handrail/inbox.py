@@ -68,6 +68,10 @@ class PendingCard:
     """When it stops accepting a decision, if ever."""
     requester: str | None
     """The user whose session waits (who asked for the call)."""
+    agent: str | None
+    """The agent that proposed the call (a batch card's: the agent that proposed its
+    actions, or the agents, comma-separated in order, when several did); None on a card
+    stored before cards named it."""
     approvals: list[CardApproval]
     """Every approval given so far, of these arguments or of earlier proposals (only
     `approved_by` count), for a call whose policy needs several."""
@@ -363,6 +367,7 @@ def _pending(row: WaitingRow, card: ApprovalCardPart) -> PendingCard:
         created_at=card.created_at,
         expires_at=card.expires_at,
         requester=row.session.user_id,
+        agent=card.agent,
         approvals=list(card.approvals or ()),
     )
 

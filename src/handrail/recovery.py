@@ -129,6 +129,9 @@ def reconcile(
     `message` and in the pending map. The other calls are safe to run (again) when the turn
     resumes.
 
+    `log` needs only the entries of the current attempts of `message`'s calls (`attempt_id`
+    of each): the engine reads those alone (`SessionStore.tool_log(calls=)`).
+
     Returns:
         The new recovery cards (none: the turn can resume at once).
     """

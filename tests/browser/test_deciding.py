@@ -287,3 +287,33 @@ def test_the_call_line_the_inbox_and_what_you_decided_follow_the_card_as_it_chan
     )
     assert axe(bo) == []
     shoot(bo, "decided-by-you")
+
+    # ana asks again; cy alone approves this one (one of two)
+    ana.get_by_label("Message").fill("Pay the supplier again")
+    ana.get_by_label("Message").press("Enter")
+    expect(ana.locator(".card.approval")).to_be_visible()
+    cy_elsewhere = signed_in(new_page, served, "key-cy")  # another browser: nothing stored
+    cy_elsewhere.locator("#inbox-list .inbox-card").click()
+    cy_elsewhere.locator(".card.approval").get_by_role("button", name="Approve").click()
+    expect(cy_elsewhere.locator("#status")).to_have_text(
+        "You approved the call: it waits for another approver."
+    )
+    # what each decided is kept by the server, not the browser: a fresh browser (its storage
+    # empty) lists cy's two decisions, newest first, and bo's one, never the other's
+    cys = cy_elsewhere.locator("#decided-list .decided-item")
+    expect(cys.locator(".decided-outcome")).to_have_text(
+        [
+            "Waiting for more approvals: approved by cy so far.",
+            "Approved by bo and cy; ✓ done: paid 450 to acme-supplies.",
+        ]
+    )
+    expect(cys.locator(".decided-whose")).to_have_text(["ana's session", "ana's session"])
+    bo_elsewhere = signed_in(new_page, served, "key-bo")
+    bos = bo_elsewhere.locator("#decided-list .decided-item")
+    expect(bos).to_have_count(1)
+    expect(bos.locator(".decided-tool")).to_have_text("pay")
+    expect(bos.locator(".decided-outcome")).to_have_text(
+        "Approved by bo and cy; ✓ done: paid 450 to acme-supplies."
+    )
+    assert bo_elsewhere.evaluate("Object.keys(localStorage)") == ["handrail:key"]  # no list
+    assert paid == [450]

@@ -76,6 +76,7 @@ def test_an_approver_decides_from_the_inbox_and_the_turn_resumes(
     expect(item).to_have_count(1)
     expect(item).to_contain_text("laptops.wipe")
     expect(item).to_contain_text("from ana")
+    expect(item.locator(".inbox-agent")).to_have_text("proposed by desk")
     expect(bo.locator("#session-list")).to_have_text("No sessions yet.")  # none of his own
     shoot(bo, "inbox")
     item.click()

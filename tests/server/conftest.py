@@ -12,8 +12,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from handrail import Agent, Domain, Engine, Runtime, by_role, tool
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, Scenario, build_scenario
+from handrail.models import ModelRequest
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
+from handrail.testing import FunctionModel, sequential_ids
 
 ANA = {"Authorization": "Bearer key-ana"}  # acme / ana
 BOB = {"Authorization": "Bearer key-bob"}  # globex / bob
@@ -198,6 +201,54 @@ def authenticator() -> ApiKeyAuthenticator:
     return ApiKeyAuthenticator(
         {"key-ana": Caller("acme", "ana"), "key-bob": Caller("globex", "bob")}
     )
+
+
+@dataclass
+class RolesApp:
+    """An app whose turns' tools follow the caller's roles, for a protocol's client to drive.
+
+    `key-ana` (acme/ana, role `sre`) gets `hosts.status` and `hosts.restart`; `key-bo`
+    (acme/bo, role `support`) gets only `hosts.status`. The model answers "ok" to everything.
+    """
+
+    app: Starlette
+    seen: list[list[str]]
+    """The names of the tools of each model request, in order."""
+
+
+def roles_app() -> RolesApp:
+    """A fresh `RolesApp` (its `seen` empty)."""
+
+    @tool(name="hosts.status")
+    def status(host: str) -> str:
+        """Read a host's status."""
+        return "up"
+
+    @tool(name="hosts.restart", permission="write")
+    def restart(host: str) -> str:
+        """Restart a host."""
+        return "restarted"
+
+    seen: list[list[str]] = []
+
+    def answer(request: ModelRequest) -> str:
+        seen.append([t.name for t in request.tools])
+        return "ok"
+
+    engine = Engine(
+        Domain(
+            agents=[Agent("ops", tools=[status, restart])],
+            tools_for=by_role({"sre": ["hosts.status", "hosts.restart"]}, default=["hosts.status"]),
+        ),
+        runtime=Runtime(model=FunctionModel(answer), ids=sequential_ids()),
+    )
+    keys = ApiKeyAuthenticator(
+        {
+            "key-ana": Caller("acme", "ana", frozenset({"sre"})),
+            "key-bo": Caller("acme", "bo", frozenset({"support"})),
+        }
+    )
+    return RolesApp(app=create_app(engine, authenticator=keys, static_dir=None), seen=seen)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from handrail.store.sqlite import SqliteStore
 from handrail.testing import ScriptedModel, call, hosted_call, sequential_ids
 from handrail.tools import web_search
 
-from .conftest import authenticator
+from .conftest import authenticator, roles_app
 from .test_uvicorn import serving
 
 NODE = shutil.which("node")
@@ -355,41 +355,9 @@ async def test_a_failed_call_s_result_carries_its_code_and_a_summary() -> None:
 
 
 async def test_the_callers_roles_choose_the_tools_the_turn_sees() -> None:
-    from handrail import Domain, by_role
-    from handrail.server import ApiKeyAuthenticator
-    from handrail.testing import FunctionModel
-
-    @tool(name="hosts.status")
-    def status(host: str) -> str:
-        """Read a host's status."""
-        return "up"
-
-    @tool(name="hosts.restart", permission="write")
-    def restart(host: str) -> str:
-        """Restart a host."""
-        return "restarted"
-
-    seen: list[list[str]] = []
-
-    def answer(request: Any) -> str:
-        seen.append([t.name for t in request.tools])
-        return "ok"
-
-    engine = Engine(
-        Domain(
-            agents=[Agent("ops", tools=[status, restart])],
-            tools_for=by_role({"sre": ["hosts.status", "hosts.restart"]}, default=["hosts.status"]),
-        ),
-        runtime=Runtime(model=FunctionModel(answer), ids=sequential_ids()),
-    )
-    keys = ApiKeyAuthenticator(
-        {
-            "key-ana": Caller("acme", "ana", frozenset({"sre"})),
-            "key-bo": Caller("acme", "bo", frozenset({"support"})),
-        }
-    )
-    async with serving(create_app(engine, authenticator=keys, static_dir=None)) as url:
+    roles = roles_app()
+    async with serving(roles.app) as url:
         (sre, _) = await _client(url, "t-sre", [{"message": "hi"}])
         (support, _) = await _client(url, "t-support", [{"message": "hi"}], key="key-bo")
     assert sre["error"] is None and support["error"] is None
-    assert seen == [["hosts.status", "hosts.restart"], ["hosts.status"]]
+    assert roles.seen == [["hosts.status", "hosts.restart"], ["hosts.status"]]

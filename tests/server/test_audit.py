@@ -373,7 +373,8 @@ async def test_anchor_then_verify_finds_a_deleted_tail_an_edit_and_a_forgery(
         seq=3, prev_hash=entries[-1].hash, key=AuditKey("2026-11", b"g" * 32),
     )  # fmt: skip
     rows(
-        "INSERT INTO handrail_audit VALUES ('acme', 3, 'decision', 's-x', 'orders.refund', ?, ?)",
+        "INSERT INTO handrail_audit (org_id, seq, kind, session_id, tool, hash, entry) "
+        "VALUES ('acme', 3, 'decision', 's-x', 'orders.refund', ?, ?)",
         forged.hash, json.dumps(forged.to_json()),
     )  # fmt: skip
     appended = await asyncio.to_thread(verify_cli)

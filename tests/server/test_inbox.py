@@ -143,6 +143,7 @@ async def test_each_caller_sees_the_cards_it_may_decide_and_no_other_organisatio
         "created_at": None,
         "expires_at": None,
         "requester": "ana",
+        "agent": "desk",
         "approvals": [],
     }
     # ana decides her mail (no policy), and may withdraw her wipe (reject it) though not
@@ -225,6 +226,26 @@ async def test_the_library_inbox(api: Api) -> None:
         await api.engine.pending("acme", BO_DECIDES, cursor="1-2")
     with pytest.raises(UserError, match="limit must be 1 or more"):
         await api.engine.pending("acme", BO_DECIDES, limit=0)
+
+
+async def test_a_card_names_the_agent_that_proposed_it_and_a_batch_its_actions(
+    api: Api,
+) -> None:
+    asked = await api.ask(ANA, "wipe L-1")
+    headless = await api.engine.run_headless(
+        "batch", "mail bo@acme", propose=True, org_id="acme", user_id="ana"
+    )
+    assert headless.card is not None
+    cards = (await api.inbox(ANA))["cards"]
+    assert {c["kind"]: (c["session_id"], c["agent"]) for c in cards} == {
+        "approval": (asked, "desk"),
+        "batch": ("batch", "desk"),
+    }
+    page = await api.engine.pending("acme", Decider(user_id="ana", org_id="acme"))
+    assert sorted((c.kind, c.agent) for c in page.cards) == [
+        ("approval", "desk"),
+        ("batch", "desk"),
+    ]
 
 
 async def test_a_page_reads_a_bounded_number_of_rows_and_says_where_to_go_on(

@@ -254,6 +254,9 @@ async def payments() -> AsyncIterator[tuple[Starlette, httpx.AsyncClient]]:
             "key-ana": Caller("acme", "ana"),
             "key-bo": Caller("acme", "bo", frozenset({"it-admin"})),
             "key-cy": Caller("acme", "cy", frozenset({"it-admin"})),
+            # another organisation, with people of the same names
+            "key-globex-ana": Caller("globex", "ana"),
+            "key-globex-bo": Caller("globex", "bo", frozenset({"it-admin"})),
         }
     )
     app = create_app(engine, authenticator=keys, static_dir=None)
@@ -269,12 +272,18 @@ BO_KEY = {"Authorization": "Bearer key-bo"}
 CY_KEY = {"Authorization": "Bearer key-cy"}
 
 
-async def _asked(app: Starlette, client: httpx.AsyncClient) -> tuple[str, str]:
-    session_id = (await client.post("/sessions", headers=ANA)).json()["id"]
-    turn = await client.post(f"/sessions/{session_id}/turns", headers=ANA, json={"text": "Pay"})
+GLOBEX_ANA = {"Authorization": "Bearer key-globex-ana"}
+GLOBEX_BO = {"Authorization": "Bearer key-globex-bo"}
+
+
+async def _asked(
+    app: Starlette, client: httpx.AsyncClient, owner: dict[str, str] = ANA
+) -> tuple[str, str]:
+    session_id = (await client.post("/sessions", headers=owner)).json()["id"]
+    turn = await client.post(f"/sessions/{session_id}/turns", headers=owner, json={"text": "Pay"})
     assert turn.status_code == 202, turn.text
     await app.state.runs.join(session_id)
-    [card] = (await client.get(f"/sessions/{session_id}", headers=ANA)).json()["pending"]
+    [card] = (await client.get(f"/sessions/{session_id}", headers=owner)).json()["pending"]
     return session_id, card["tool_call_id"]
 
 
@@ -342,3 +351,94 @@ async def test_the_outcome_names_the_arguments_that_run_and_what_approvers_chang
     assert ran["args"] == {"to": "acme-supplies", "amount": 450}
     assert ran["changes"] == {"amount": {"proposed": 500, "now": 450}}
     assert ran["digest"] == "paid 450 to acme-supplies"
+
+
+# -- what the caller decided, from the audit trail --------------------------------------------
+
+
+async def _decided(
+    client: httpx.AsyncClient, headers: dict[str, str], **params: Any
+) -> tuple[list[tuple[str, str, str | None, str | None]], int | None]:
+    response = await client.get("/me/decided", headers=headers, params=params)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    rows = [
+        (d["session_id"], d["tool_call_id"], d["decision"], d["owner"]) for d in body["decisions"]
+    ]
+    for d in body["decisions"]:
+        assert d["tool"] == "pay" and d["at"] > 0 and d["seq"] > 0
+    return rows, body["before"]
+
+
+async def test_each_person_reads_their_own_decisions_newest_first_a_page_at_a_time(
+    payments: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    app, client = payments
+    asked = [await _asked(app, client) for _ in range(3)]
+    for session_id, call_id in asked:  # bo approves each (one of the two approvals)
+        approved = await client.post(
+            f"/sessions/{session_id}/resolve", headers={**BO_KEY, **JSON}, json=approve(call_id)
+        )
+        assert approved.status_code == 200, approved.text
+    first, first_call = asked[0]
+    [card] = (await client.get(f"/sessions/{first}", headers=CY_KEY)).json()["pending"]
+    last = await client.post(  # cy's approval, the second: the payment runs
+        f"/sessions/{first}/resolve",
+        headers={**CY_KEY, **JSON},
+        json={
+            "tool_call_id": first_call,
+            "decision": {"decision": "approve", "digest": card["digest"]},
+        },
+    )
+    assert last.json()["resumed"] is True
+    await app.state.runs.join(first)
+    # in globex, a bo and an ana of its own: bo approves ana's payment
+    theirs, their_call = await _asked(app, client, GLOBEX_ANA)
+    await client.post(
+        f"/sessions/{theirs}/resolve", headers={**GLOBEX_BO, **JSON}, json=approve(their_call)
+    )
+
+    bos = [(s, c, "approve", "ana") for s, c in reversed(asked)]
+    assert await _decided(client, BO_KEY) == (bos, None)  # newest first, his only
+    assert await _decided(client, CY_KEY) == ([(first, first_call, "approve", "ana")], None)
+    # ana decided nothing (the payment her session made is hers, but no decision)
+    assert await _decided(client, ANA) == ([], None)
+    # globex's bo reads globex's decision, never acme's bo's, and the other way round
+    assert await _decided(client, GLOBEX_BO) == ([(theirs, their_call, "approve", "ana")], None)
+
+    # a page at a time: full pages name where the next starts, the last says it is the last
+    page, before = await _decided(client, BO_KEY, limit=2)
+    assert page == bos[:2] and before is not None
+    rest, end = await _decided(client, BO_KEY, limit=2, before=before)
+    assert (rest, end) == (bos[2:], None)
+
+    # a session deleted since: its decision stays (the trail keeps it), its owner unknown
+    deleted = await client.delete(f"/sessions/{asked[2][0]}", headers=ANA)
+    assert deleted.status_code == 204
+    assert (await _decided(client, BO_KEY))[0][0] == (*asked[2], "approve", None)
+
+
+async def test_decided_reads_no_one_elses_and_refuses_a_bad_page(
+    payments: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    _, client = payments
+    assert (await client.get("/me/decided")).status_code == 401
+    for params in ({"who": "cy"}, {"user_id": "cy"}, {"before": "0"}, {"limit": "0"},
+                   {"limit": "201"}, {"before": "x"}):  # fmt: skip
+        refused = await client.get("/me/decided", headers=BO_KEY, params=params)
+        assert refused.status_code == 422, params
+        assert refused.json()["error"]["type"] == "invalid_request", params
+
+
+async def test_an_entry_whose_indexed_who_was_edited_is_shown_to_no_one_else(
+    payments: tuple[Starlette, httpx.AsyncClient],
+) -> None:
+    app, client = payments
+    session_id, call_id = await _asked(app, client)
+    await client.post(
+        f"/sessions/{session_id}/resolve", headers={**BO_KEY, **JSON}, json=approve(call_id)
+    )
+    store = app.state.runs.engine.store
+    [row] = [r for r in store._audit["acme"] if r.kind == "decision"]
+    row.who = "cy"  # the index says cy; the entry, hashed, says bo
+    assert await _decided(client, CY_KEY) == ([], None)

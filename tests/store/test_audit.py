@@ -6,6 +6,7 @@ recomputed, a forged entry appended, rows from before keys)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sqlite3
@@ -23,6 +24,8 @@ from .conftest import PG_DSN, StoreFactory
 K1 = AuditKey("k1", b"1" * 32)
 K2 = AuditKey("k2", b"2" * 32)
 MALLORY = AuditKey("k1", b"m" * 32)  # an intruder's guess at k1
+COLUMNS = "org_id, seq, kind, session_id, tool, hash, entry, who"
+"""The audit table's columns, as a row is written behind the store's back."""
 
 
 @pytest.fixture(autouse=True)
@@ -185,7 +188,16 @@ class Table:
     async def put(self, entry: AuditEntry) -> None:
         """Write `entry` as the row of its (org, seq), replacing what is there."""
         org, text = entry.org_id or "", json.dumps(entry.to_json())
-        row = (org, entry.seq, entry.kind, entry.session_id, entry.tool, entry.hash, text)
+        row = (
+            org,
+            entry.seq,
+            entry.kind,
+            entry.session_id,
+            entry.tool,
+            entry.hash,
+            text,
+            entry.who,
+        )
         if isinstance(self.store, MemoryStore):
             from handrail.store.memory import _Audited
 
@@ -196,13 +208,16 @@ class Table:
         elif isinstance(self.store, SqliteStore):
             with sqlite3.connect(self.store.path) as db:
                 db.execute(
-                    "INSERT OR REPLACE INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)", row
+                    f"INSERT OR REPLACE INTO handrail_audit ({COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
                 )
         else:
             await self._postgres(
-                'INSERT INTO "{s}".handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s) '
+                f'INSERT INTO "{{s}}".handrail_audit ({COLUMNS}) '
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (org_id, seq) DO UPDATE SET hash = excluded.hash, "
-                "entry = excluded.entry",
+                "entry = excluded.entry, who = excluded.who",
                 row,
             )
 
@@ -353,3 +368,138 @@ async def test_a_store_unkeyed_for_want_of_a_key_says_so_once(
     (record,) = caplog.records
     assert "chains the audit trail WITHOUT A KEY" in record.getMessage()
     assert [e.key_id for e in await store.audit("acme")] == [None, None]
+
+
+# -- the migration to schema 6: who decided, a column with an index ---------------------------
+
+
+def old_trail() -> list[tuple[str, AuditEntry | str]]:
+    """Rows of an audit table as a schema-5 handrail wrote them: (org, entry), chained under
+    K1; and an entry edited outside handrail until it is no JSON (org `broken`)."""
+    rows: list[tuple[str, AuditEntry | str]] = []
+    tail: dict[str, AuditEntry] = {}
+    for entry in (
+        decision("acme", session="s-1"),  # ana, acme 1
+        call("acme", session="s-1"),  # acme 2 (who: None)
+        AuditEntry(org_id="acme", at=3.0, kind="call", session_id="s-2", tool="orders.refund",
+                   tool_call_id="call_2", who="ana", outcome="ok"),  # acme 3: ana's session ran it
+        AuditEntry(org_id="acme", at=4.0, kind="decision", session_id="s-2",
+                   tool="orders.refund", tool_call_id="call_2", who="bo", decision="reject"),
+        decision("acme", session="s-3"),  # ana, acme 5
+        decision("globex", session="s-9"),  # ana of another organisation
+    ):  # fmt: skip
+        org = entry.org_id or ""
+        before = tail.get(org)
+        chain(entry, seq=(before.seq if before else 0) + 1,
+              prev_hash=before.hash if before else GENESIS, key=K1)  # fmt: skip
+        tail[org] = entry
+        rows.append((org, entry))
+    rows.append(("broken", "{not json"))
+    return rows
+
+
+def old_row(org: str, entry: AuditEntry | str) -> tuple[object, ...]:
+    """The row schema 5 inserted (seven columns, no `who`)."""
+    if isinstance(entry, str):
+        return (org, 1, "decision", "s-x", "orders.refund", "0" * 64, entry)
+    text = json.dumps(entry.to_json(), ensure_ascii=False)
+    return (org, entry.seq, entry.kind, entry.session_id, entry.tool, entry.hash, text)
+
+
+async def migrated_as_before(store: SessionStore) -> None:
+    """What a store opened on the old rows reads: each person's decisions, off the index."""
+    entries = [e for _, e in old_trail() if isinstance(e, AuditEntry)]
+    acme = await store.audit("acme")
+    assert acme == entries[:5]  # the entries unchanged: the chain holds under the key
+    assert verify(acme, keys=[K1]) == []
+    anas = await store.audit("acme", who="ana", kind="decision", newest_first=True)
+    assert [(e.seq, e.session_id) for e in anas] == [(5, "s-3"), (1, "s-1")]
+    assert [e.seq for e in await store.audit("acme", who="ana")] == [1, 3, 5]
+    assert [e.seq for e in await store.audit("acme", who="bo")] == [4]
+    assert [e.org_id for e in await store.audit("globex", who="ana")] == ["globex"]
+    assert await store.audit("broken", who="ana") == []  # its `who` unknown, migrated anyway
+    # the chain goes on, and the next decision is found by who made it
+    later = await store.append_audit(decision("acme", session="s-4"))
+    assert later.seq == 6 and later.prev_hash == entries[4].hash
+    assert (await store.audit("acme", who="ana", kind="decision", newest_first=True))[0] == later
+
+
+async def test_an_sqlite_trail_of_schema_5_gets_its_who_column_and_index(tmp_path: Path) -> None:
+    from handrail.store._sql import audit_query
+    from handrail.store.sqlite import _DIALECT, MIGRATIONS
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE handrail_schema_version (version INTEGER PRIMARY KEY, applied_at REAL)"
+    )
+    for version in range(1, 6):  # the schema as handrail left it at version 5
+        for statement in MIGRATIONS[version]:
+            db.execute(statement)
+        db.execute("INSERT INTO handrail_schema_version VALUES (?, 0)", (version,))
+    db.executemany(
+        "INSERT INTO handrail_audit VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [old_row(org, entry) for org, entry in old_trail()],
+    )
+    db.commit()
+    db.close()
+    async with SqliteStore(path, audit_key=K1) as store:
+        await migrated_as_before(store)
+    query = audit_query(_DIALECT, "acme", after=0, limit=20, session_id=None, tool=None,
+                        kind="decision", who="ana", before=None, newest_first=True)  # fmt: skip
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute(f"EXPLAIN QUERY PLAN {query.sql}", query.params).fetchall()
+    plan = " ".join(row[-1] for row in rows)
+    # one person's decisions off the index, in its order: neither the trail nor a sort
+    assert "USING INDEX handrail_audit_who" in plan and "TEMP B-TREE" not in plan, plan
+
+
+@pytest.mark.postgres
+async def test_a_postgres_trail_of_schema_5_gets_its_who_column_and_index() -> None:
+    from .conftest import skip_without_postgres
+
+    skip_without_postgres()
+    import secrets
+
+    import psycopg
+
+    from handrail.store import PostgresStore
+    from handrail.store._sql import audit_query
+    from handrail.store.postgres import MIGRATIONS
+
+    schema = f"handrail_old_{secrets.token_hex(4)}"
+    s = f'"{schema}"'
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+        await connection.execute(f"CREATE SCHEMA {s}")
+        await connection.execute(
+            f"CREATE TABLE {s}.handrail_schema_version (version integer PRIMARY KEY, "
+            "applied_at double precision NOT NULL)"
+        )
+        for version in range(1, 6):
+            for statement in MIGRATIONS[version]:
+                await connection.execute(statement.format(s=s))
+            await connection.execute(
+                f"INSERT INTO {s}.handrail_schema_version VALUES (%s, 0)", (version,)
+            )
+        for org, entry in old_trail():
+            await connection.execute(
+                f"INSERT INTO {s}.handrail_audit VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                old_row(org, entry),
+            )
+    try:
+        store = await PostgresStore.connect(PG_DSN, schema=schema, audit_key=K1)
+        try:
+            await migrated_as_before(store)
+            query = audit_query(store._dialect, "acme", after=0, limit=20, session_id=None,  # type: ignore[attr-defined]
+                                tool=None, kind="decision", who="ana", before=None,
+                                newest_first=True)  # fmt: skip
+        finally:
+            await store.close()
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+            await connection.execute("SET enable_seqscan = off")  # a tiny table: scanned else
+            cursor = await connection.execute(f"EXPLAIN {query.sql}", query.params)
+            plan = " ".join(row[0] for row in await cursor.fetchall())
+        assert "handrail_audit_who" in plan and "Sort" not in plan, plan
+    finally:
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as connection:
+            await connection.execute(f"DROP SCHEMA {s} CASCADE")

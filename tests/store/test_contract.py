@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handrail import (
+    AuditEntry,
     ConflictError,
     MemoryStore,
     SessionBusyError,
@@ -587,6 +588,34 @@ async def test_the_log_is_in_start_order_and_per_session(store: SessionStore) ->
     assert await store.tool_log("nobody") == []
 
 
+async def test_the_log_of_given_calls_is_theirs_alone_in_start_order(
+    store: SessionStore,
+) -> None:
+    for n in [3, 1, 2, 4]:
+        await store.log_started("s-1", f"c-{n}", key=f"k{n}", tool="t", args={"n": n})
+        await store.log_started("s-2", f"c-{n}", key=f"other{n}", tool="t", args={})
+    await store.log_finished("s-1", "c-2", {"ok": True, "n": 2})
+    whole = {e.tool_call_id: e for e in await store.tool_log("s-1")}
+    # Asked in any order, an id twice, one the log lacks: the log's entries, in its order.
+    some = await store.tool_log("s-1", calls=["c-2", "c-9", "c-3", "c-2"])
+    assert some == [whole["c-3"], whole["c-2"]]
+    assert some[1].result == {"ok": True, "n": 2}
+    assert await store.tool_log("s-1", calls={"c-4"}) == [whole["c-4"]]
+    assert await store.tool_log("s-1", calls=()) == []
+    assert await store.tool_log("s-1", calls=["c-9"]) == []
+    assert await store.tool_log("nobody", calls=["c-1"]) == []
+    assert await store.tool_log("s-1", calls=None) == list(whole.values())
+    # More ids than one statement takes: the same answer.
+    many = [f"x-{n}" for n in range(1200)] + ["c-1"]
+    assert await store.tool_log("s-1", calls=many) == [whole["c-1"]]
+
+
+async def test_the_log_of_a_string_of_calls_is_refused(store: SessionStore) -> None:
+    await store.log_started("s-1", "c", key="k", tool="t", args={})
+    with pytest.raises(TypeError, match=r"not the string 'c'.*calls=\['c'\]"):
+        await store.tool_log("s-1", calls="c")
+
+
 async def test_concurrent_starts_of_one_call_record_it_once(store: SessionStore) -> None:
     results = await asyncio.gather(
         *(store.log_started("s-1", "c-1", key=f"k{n}", tool="t", args={}) for n in range(10))
@@ -951,6 +980,58 @@ async def test_event_notices_end_when_the_store_closes(store: SessionStore) -> N
         await store.close()
         async with asyncio.timeout(5):
             assert await waiter == "ended"
+
+
+# -- the audit trail: one person's decisions --------------------------------------------------
+
+
+def entry(org: str | None, kind: str, who: str | None, session: str = "s-1") -> AuditEntry:
+    return AuditEntry(
+        org_id=org, at=1.0, kind=kind, session_id=session, tool="pay",  # type: ignore[arg-type]
+        tool_call_id=f"call_{kind}", who=who, decision="approve" if kind == "decision" else None,
+    )  # fmt: skip
+
+
+async def test_the_trail_is_filtered_by_who_and_read_newest_first(store: SessionStore) -> None:
+    made = [
+        await store.append_audit(entry("acme", "decision", "ana", "s-1")),  # 1
+        await store.append_audit(entry("acme", "decision", "bo", "s-1")),  # 2
+        await store.append_audit(entry("acme", "call", "ana", "s-1")),  # 3: ana's session ran it
+        await store.append_audit(entry("acme", "decision", "ana", "s-2")),  # 4
+        await store.append_audit(entry("acme", "decision", None, "s-2")),  # 5: nobody (expired)
+        await store.append_audit(entry("acme", "decision", "ana", "s-3")),  # 6
+    ]
+    await store.append_audit(entry("globex", "decision", "ana"))  # another organisation's ana
+    await store.append_audit(entry(None, "decision", "ana"))
+
+    def seqs(found: list[AuditEntry]) -> list[int]:
+        return [e.seq for e in found]
+
+    assert seqs(await store.audit("acme", who="ana")) == [1, 3, 4, 6]
+    assert await store.audit("acme", who="ana", kind="decision") == [made[0], made[3], made[5]]
+    assert seqs(await store.audit("acme", who="bo")) == [2]
+    assert await store.audit("acme", who="cy") == []
+    assert seqs(await store.audit("globex", who="ana")) == [1]
+    assert seqs(await store.audit(None, who="ana")) == [1]
+
+    # newest first, a page at a time: the next page is before the last entry of this one
+    async def anas(limit: int = 100, before: int | None = None) -> list[AuditEntry]:
+        return await store.audit(
+            "acme", who="ana", kind="decision", newest_first=True, limit=limit, before=before
+        )
+
+    assert seqs(await anas(limit=2)) == [6, 4]
+    assert seqs(await anas(limit=2, before=4)) == [1]
+    assert await anas(before=1) == []
+    # `before` and `after` bound either order; the other filters still apply
+    assert seqs(await store.audit("acme", after=1, before=6, who="ana")) == [3, 4]
+    assert seqs(await store.audit("acme", before=6, newest_first=True)) == [5, 4, 3, 2, 1]
+    assert seqs(await store.audit("acme", who="ana", session_id="s-2")) == [4]
+    with pytest.raises(ValueError, match="before must be 0 or more"):
+        await store.audit("acme", who="ana", before=-1)
+    # a later decision is found at once (its `who` written with it)
+    later = await store.append_audit(entry("acme", "decision", "ana", "s-4"))
+    assert await anas(limit=1) == [later]
 
 
 # -- closing --------------------------------------------------------------------------------

@@ -59,9 +59,9 @@ class Batches:
         # Shown once the drive's first write (which takes its lease) is made, and logged with it.
         yield RunStarted(run_id=state.run_id, session_id=state.session_id)
         await self.saving.save(record, state, "active")
-        entries = await self.core.retrying(
-            lambda: self.core.store.tool_log(record.id), record.id, "read the tool-call log"
-        )
+        # Only what `execute` looks up: the entries of the batch's own actions.
+        calls = [action.call_id for action in report.actions]
+        entries = await self.core.tool_log(record.id, calls) if calls else []
         logged = {e.tool_call_id: e for e in entries}
         tools = self.core.domain.tools()
         dispatcher = Dispatcher(

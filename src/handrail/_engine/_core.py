@@ -8,18 +8,18 @@ import logging
 import os
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, Generic, TypeVar, overload
 
 from .._agent_spec import AgentSpec
 from .._loop import AgentRun
 from .._random import token_hex
 from ..domain import Domain, Router
-from ..exceptions import StoreUnavailableError
+from ..exceptions import StoreUnavailableError, UserError
 from ..models import Model
 from ..models._infer import as_model
 from ..runtime import Assembly, Mode, Runtime, WrapTools, build_runtime
-from ..store import MemoryStore, SessionStore
+from ..store import MemoryStore, SessionStore, ToolLogEntry
 from ..store._codec import INCARNATION
 from ._events import RunLog
 from ._retry import LEFT, StoreRetry, transient
@@ -69,9 +69,11 @@ class EngineCore:
         mode: Mode,
         model: Model | str | None,
         wrap_tools: WrapTools | None,
-        store_retry: StoreRetry,
+        store_retry: StoreRetry | None,
         org_models: Mapping[str, Model | str] | None,
     ) -> None:
+        if not lease_ttl > 0:
+            raise UserError(f"Engine(lease_ttl={lease_ttl!r}): the lease must last a while.")
         self.assembly = build_runtime(
             domain, runtime=runtime, mode=mode, model=model, wrap_tools=wrap_tools
         )
@@ -90,7 +92,7 @@ class EngineCore:
         )
         self.lease_owner = f"{self.worker_id}#{token_hex(6)[: INCARNATION - 1]}"
         self.lease_ttl = lease_ttl
-        self.store_retry = store_retry
+        self.store_retry = store_retry if store_retry is not None else StoreRetry()
         self.lost: set[str] = set()  # sessions whose lease another process took over
         self.locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.running: dict[str, AgentRun[Any]] = {}
@@ -111,6 +113,22 @@ class EngineCore:
             return False
         run.interrupt()
         return True
+
+    async def tool_log(self, session_id: str, calls: Collection[str]) -> list[ToolLogEntry]:
+        """The entries of `calls` in the session's tool-call log, again while the store fails.
+
+        Only those are read (`tool_log(calls=)`): a session's log grows with its age, a turn's
+        calls do not. A store written before the keyword reads its whole log, kept from here.
+        """
+        store = self.store
+        if takes(store.tool_log, "calls"):
+            read = lambda: store.tool_log(session_id, calls=calls)  # noqa: E731
+            return await self.retrying(read, session_id, "read the tool-call log")
+        keep = set(calls)
+        log = await self.retrying(
+            lambda: store.tool_log(session_id), session_id, "read the tool-call log"
+        )
+        return [entry for entry in log if entry.tool_call_id in keep]
 
     async def retrying(
         self,
@@ -177,15 +195,43 @@ class EngineCore:
         ) from failed
 
 
+class Shared(Generic[_T]):
+    """An attribute of `Engine` that is its `EngineCore`'s: read and set there, by its name.
+
+    What the concerns share and may be set after the engine is made (`store`, `worker_id`,
+    `lease_owner`): setting it on the engine sets it for every concern at once.
+    """
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, engine: None, owner: type) -> Shared[_T]: ...
+    @overload
+    def __get__(self, engine: object, owner: type) -> _T: ...
+    def __get__(self, engine: object, owner: type) -> Shared[_T] | _T:
+        if engine is None:
+            return self
+        value: _T = getattr(engine._core, self.name)  # type: ignore[attr-defined]
+        return value
+
+    def __set__(self, engine: object, value: _T) -> None:
+        setattr(engine._core, self.name, value)  # type: ignore[attr-defined]
+
+
 class Hold:
     """A drive's hold on its session's lease: `held`, then `released` by a save.
 
-    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals.
+    Held once taken (by the drive's first write, or a claim); `stop` ends its renewals. A
+    recovery takes it `early`, before its first write (`Leases.take_early`): that write still
+    counts as the drive's first (it carries the lease again, and is what makes it `held`).
     `wrote` once the drive has written (its events are held back till then); `log`: where its
     events go, if they are logged (`Engine.log_run`).
     """
 
-    __slots__ = ("_start", "held", "log", "released", "stop", "wrote")
+    __slots__ = ("_start", "early", "held", "log", "released", "stop", "wrote")
 
     def __init__(
         self,
@@ -196,6 +242,7 @@ class Hold:
         self.stop = stop
         self._start = start
         self.held = False
+        self.early = False
         self.released = False
         self.wrote = False
         self.log = log
@@ -207,11 +254,14 @@ class Hold:
             if self.log is not None:
                 self.log.opened()
 
-    def take(self) -> None:
-        """The lease is held at the store now: renew it from here on."""
-        if not self.held:
-            self.held = True
+    def take(self, *, early: bool = False) -> None:
+        """The lease is held at the store now: renew it from here on (`early`: see above)."""
+        if not (self.held or self.early):
             self._start()
+        if early:
+            self.early = True
+        else:
+            self.held = True
 
 
 def takes(method: Callable[..., Any], name: str) -> bool:

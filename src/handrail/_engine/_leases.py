@@ -110,7 +110,7 @@ class Leases:
                 del core.holds[session_id]
             await stop()
             # Not taken (the drive wrote nothing), or given back by its last save: done.
-            if hold.held and not hold.released:
+            if (hold.held or hold.early) and not hold.released:
                 try:
                     try:
                         await store.release_lease(session_id, owner)
@@ -126,6 +126,46 @@ class Leases:
                         error,
                         ttl,
                     )
+
+    async def take_early(self, session_id: str, version: int) -> None:
+        """Take the lease of a session whose turn is marked running, before recovering it.
+
+        Such a turn was cut off (its worker died: its lease lapsed or was given back), or
+        another process drives it right now (it holds the lease). Only the lease tells the
+        two apart, so a recovery asks for it first, before it says it recovers anything or
+        reads the tool-call log: one write, where the other drives write none before their
+        first save (a recovery is rare; a worker woken for a session another process drives
+        is not, and must not cry "cut off"). Its first save still carries the lease.
+
+        The lease taken, the session must still be at `version` (the one read): a turn that
+        ended (its lease given back with its last save) between the read and the lease is
+        read again, not recovered.
+
+        Raises:
+            Taken: the lease is another's: the session is left to it, nothing written.
+            Stale: the session was saved since it was read at `version`: read it again.
+        """
+        core = self.core
+        hold = core.holds.get(session_id)
+        if hold is None or hold.held or hold.early:
+            return  # held already (a claim), or no drive of this engine's (nothing to hold)
+        store, owner, ttl = core.store, core.lease_owner, core.lease_ttl
+        taken = await core.retrying(
+            lambda: store.acquire_lease(session_id, owner, ttl), session_id, "take the lease"
+        )
+        if not taken:
+            _log.debug(
+                "handrail engine %s: session %r is driven by another process; left to it",
+                owner,
+                session_id,
+            )
+            raise Taken("the lease is another's", session_id=session_id)
+        hold.take(early=True)  # given back when the drive ends, whatever happens next
+        now = await core.retrying(
+            lambda: store.summary(session_id), session_id, "read the session's version"
+        )
+        if now is None or now.version != version:
+            raise Stale(f"saved since it was read at version {version}", session_id=session_id)
 
     def lose(self, session_id: str) -> None:
         """Another process took this session's lease (`reclaim`): stop, and write nothing more.

@@ -19,7 +19,7 @@ from ..exceptions import ConflictError, UserError
 from ..messages import ApprovalCardPart
 from ..models import Model
 from ..models._infer import as_model
-from ..recovery import reconcile
+from ..recovery import attempt_id, reconcile
 from ..runtime import Assembly
 from ..state import RunState
 from ..store import SessionRecord, SessionStatus
@@ -150,6 +150,9 @@ class Turns:
                     elif progress is None or progress.status != expected:
                         raise UserError(_NOTHING[expected].format(session=session_id))
                 if recovering:  # what an operator watches: a worker died, or lost its lease
+                    # Or another process drives the turn right now: its lease says so, and
+                    # this drive leaves it (`Taken`) before it warns or reads the log.
+                    await self.leases.take_early(session_id, record.version)
                     _log.warning(
                         "handrail engine %s: recovering session %r, whose turn was cut off",
                         self.core.lease_owner,
@@ -302,9 +305,9 @@ class Turns:
         if not progress.message_id:
             return []  # cut off before any call was dispatched: nothing ran
         message = state.find_message(progress.message_id)  # a scratch agent's, maybe
-        log = await self.core.retrying(
-            lambda: self.core.store.tool_log(session_id), session_id, "read the tool-call log"
-        )
+        # Only what `reconcile` looks up: the current attempt of each of the response's calls.
+        calls = [attempt_id(message, part) for part in message.tool_calls]
+        log = await self.core.tool_log(session_id, calls) if calls else []
         return reconcile(state, message, log, agent.tools, now=self.core.runtime.clock())
 
     async def drain(self, session_id: str, run: AgentRun[Any]) -> AgentResult[Any]:

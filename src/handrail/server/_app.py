@@ -44,6 +44,9 @@ from ._bodies import (
     AuditVerifyBody,
     CallOutcomeBody,
     ClientQuery,
+    DecidedBody,
+    DecidedItem,
+    DecidedQuery,
     DecisionPolicyBody,
     DomainBody,
     EventsQuery,
@@ -400,6 +403,11 @@ class _Api(Api):
             Operation("GET", "/me", self.me,
                       "The caller: organisation, user, roles, and whether it may read the "
                       "audit trail", response=MeBody),
+            Operation("GET", "/me/decided", self.list_decided,
+                      "The caller's own decisions (and approvals) in its organisation, newest "
+                      "first, from the audit trail: no audit role needed; what came of each is "
+                      "`GET /sessions/{id}/calls/{call_id}`",
+                      query=DecidedQuery, response=DecidedBody, errors=(422,)),
             Operation("GET", "/pending", self.list_pending,
                       "The inbox: the cards of the caller's organisation that it may decide "
                       "(its own sessions' too), with filters; deciding one is a resolve",
@@ -665,6 +673,48 @@ class _Api(Api):
             audit=self._may_audit(caller),
         )
         return _json(body)
+
+    async def list_decided(self, request: Request) -> Response:
+        """`GET /me/decided`: the caller's decisions, newest first, with their sessions' users.
+
+        Only the caller's own, in its own organisation: the trail is read for the caller's
+        organisation and user (`who`), never for what the query names, and an entry whose
+        content names another (its indexed `who` edited outside handrail) is left out. No
+        audit role is needed; the rest of an entry (its reason, amended values, digest) is
+        not shown.
+        """
+        caller = await self._caller(request)
+        query = self._query(request, DecidedQuery)
+        found = await self.store.audit(
+            caller.org_id,
+            who=caller.user_id,
+            kind="decision",
+            newest_first=True,
+            before=query.before,
+            limit=query.limit,
+        )
+        before = found[-1].seq if len(found) == query.limit else None
+        found = [e for e in found if e.who == caller.user_id and e.kind == "decision"]
+        session_ids = list(dict.fromkeys(e.session_id for e in found))
+        summaries = await asyncio.gather(*(self.store.summary(s) for s in session_ids))
+        owners = {
+            session_id: summary.user_id
+            for session_id, summary in zip(session_ids, summaries, strict=True)
+            if summary is not None and summary.org_id == caller.org_id
+        }
+        items = [
+            DecidedItem(
+                seq=e.seq,
+                session_id=e.session_id,
+                tool_call_id=e.tool_call_id,
+                tool=e.tool,
+                decision=e.decision,
+                at=e.at,
+                owner=owners.get(e.session_id),
+            )
+            for e in found
+        ]
+        return _json(DecidedBody(decisions=items, before=before))
 
     async def call_outcome(self, request: Request) -> Response:
         """`GET /sessions/{id}/calls/{call_id}`: what came of a call, for who decided it.

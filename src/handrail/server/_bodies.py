@@ -23,6 +23,9 @@ __all__ = [
     "AuditVerifyBody",
     "CallOutcomeBody",
     "ClientQuery",
+    "DecidedBody",
+    "DecidedItem",
+    "DecidedQuery",
     "DomainBody",
     "ErrorBody",
     "EventsQuery",
@@ -118,6 +121,18 @@ class AuditQuery(_Strict):
     session_id: str | None = Field(None, description="Only this session's entries.")
     tool: str | None = Field(None, description="Only this tool's entries.")
     kind: AuditKind | None = Field(None, description="Only decisions, or only calls.")
+
+
+class DecidedQuery(_Strict):
+    """A page of the caller's own decisions, newest first."""
+
+    before: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NUMBER,
+        description="Only decisions older than this one: the `before` of the page before.",
+    )
+    limit: int = Field(20, ge=1, le=200, description="At most this many.")
 
 
 class PendingQuery(_Strict):
@@ -217,6 +232,32 @@ class AuditVerifyBody(BaseModel):
     last: str = Field(description="The anchor of the last entry, `SEQ:HASH` (keep it away).")
     problems: list[AuditProblem] = Field(
         description="Where it does not hold, in the trail's order (`handrail.audit.verify`)."
+    )
+
+
+class DecidedItem(BaseModel):
+    """One decision (or approval) the caller made: its audit entry, in short."""
+
+    seq: int = Field(description="The entry's number in the organisation's audit trail.")
+    session_id: str
+    tool_call_id: str
+    tool: str = Field(description="The tool's name (`handrail.apply` for a batch card).")
+    decision: str | None = Field(
+        description="`approve`, `reject`, `answer` or `client_result` (an approval of a call "
+        "that needs several is an `approve`)."
+    )
+    at: float = Field(description="When it was made (epoch seconds).")
+    owner: str | None = Field(
+        description="The session's user (null: the session is gone, or has no user)."
+    )
+
+
+class DecidedBody(BaseModel):
+    """A page of the caller's own decisions, newest first (`GET /me/decided`)."""
+
+    decisions: list[DecidedItem]
+    before: int | None = Field(
+        description="Pass as `before` for the next, older page (None: this page is the last)."
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
@@ -454,8 +454,21 @@ class SessionStore(Protocol):
         """
         ...
 
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged tool calls, in the order they started."""
+    async def tool_log(
+        self, session_id: str, *, calls: Collection[str] | None = None
+    ) -> builtins.list[ToolLogEntry]:
+        """The session's logged tool calls, in the order they started.
+
+        Args:
+            session_id: the session.
+            calls: only the entries of these tool-call ids (an id the log does not have is
+                left out), read through the log's `(session_id, tool_call_id)` index: what
+                recovery and a batch's apply read, so their cost does not grow with the
+                session's age. None (the default): the whole log.
+
+        Raises:
+            TypeError: `calls` is a string (a collection of its characters): pass a list.
+        """
         ...
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
@@ -545,6 +558,9 @@ class SessionStore(Protocol):
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's audit entries numbered above `after`, in order.
 
@@ -556,9 +572,16 @@ class SessionStore(Protocol):
             session_id: only this session's entries.
             tool: only this tool's entries.
             kind: only `decision` or only `call` entries.
+            who: only the entries whose `who` is this: with `kind="decision"`, the
+                decisions (and approvals) this person made; a call's `who` is its
+                session's user. Read off an index of (organisation, who, kind, number):
+                one person's decisions cost their own number, not the trail's length.
+            before: only the entries numbered below this one.
+            newest_first: the entries newest first (the highest numbers, below `before`,
+                first); read the next page before the last entry of this one.
 
         Raises:
-            ValueError: `after` or `limit` is negative.
+            ValueError: `after`, `before` or `limit` is negative, or `kind` is not a kind.
             StoreError: a stored entry cannot be read.
         """
         ...

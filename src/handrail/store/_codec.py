@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -238,6 +238,21 @@ def check_ttl(ttl: float) -> None:
     """Refuse a lease that would be expired the moment it is taken."""
     if not ttl > 0 or not math.isfinite(ttl):
         raise ValueError(f"a lease ttl must be a positive number of seconds, not {ttl!r}")
+
+
+def check_calls(calls: Collection[str] | None) -> list[str] | None:
+    """`tool_log`'s `calls`: its ids, each once, in a list (None: the whole log).
+
+    A lone string is refused: it is a collection of its characters, and would read no call.
+    """
+    if calls is None:
+        return None
+    if isinstance(calls, str):
+        raise TypeError(
+            f"calls must be a collection of tool-call ids, not the string {calls!r}: "
+            f"pass calls=[{calls!r}] for that one call"
+        )
+    return list(dict.fromkeys(calls))
 
 
 def exists_error(session_id: str, version: int) -> StoreError:
@@ -497,9 +512,11 @@ def decode_audit(org_id: str | None, seq: int, text: str | bytes) -> AuditEntry:
         ) from None
 
 
-def check_audit_page(after: int, limit: int, kind: str | None) -> None:
+def check_audit_page(after: int, limit: int, kind: str | None, before: int | None = None) -> None:
     """Refuse a negative entry number or page size, or an unknown kind."""
     if after < 0 or limit < 0:
         raise ValueError(f"after and limit must be 0 or more, not {after} and {limit}")
+    if before is not None and before < 0:
+        raise ValueError(f"before must be 0 or more (or None), not {before}")
     if kind is not None and kind not in AUDIT_KINDS:
         raise ValueError(f"kind must be one of {sorted(AUDIT_KINDS)}, not {kind!r}")

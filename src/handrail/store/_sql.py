@@ -463,8 +463,8 @@ def append_audit_plan(d: Dialect, entry: AuditEntry, key: AuditKey | None) -> Pl
     last = (tail.rows[0][0], tail.rows[0][1]) if tail.rows else None
     chained, text = chain_audit(entry, last, key)
     yield Statement(
-        f"INSERT INTO {audit} VALUES "
-        f"({d.p('org', 'seq', 'kind', 'session_id', 'tool', 'hash', 'entry')})",
+        f"INSERT INTO {audit} (org_id, seq, kind, session_id, tool, hash, entry, who) VALUES "
+        f"({d.p('org', 'seq', 'kind', 'session_id', 'tool', 'hash', 'entry', 'who')})",
         {
             "org": org,
             "seq": chained.seq,
@@ -473,6 +473,7 @@ def append_audit_plan(d: Dialect, entry: AuditEntry, key: AuditKey | None) -> Pl
             "tool": chained.tool,
             "hash": chained.hash,
             "entry": text,
+            "who": chained.who,
         },
     )
     return chained
@@ -704,30 +705,49 @@ def audit_query(
     session_id: str | None,
     tool: str | None,
     kind: str | None,
+    who: str | None = None,
+    before: int | None = None,
+    newest_first: bool = False,
 ) -> Statement:
-    """`SessionStore.audit`: an organisation's entries after `after`, rows of (seq, text)."""
+    """`SessionStore.audit`: an organisation's entries after `after`, rows of (seq, text).
+
+    With `who`, read off the (org_id, who, kind, seq) index, backward for `newest_first`.
+    """
     sql = f"SELECT seq, entry FROM {d.table('audit')} WHERE org_id = {d.param('org')}"
     sql += f" AND seq > {d.param('after')}"
     params: dict[str, Any] = {"org": org_id or "", "after": after, "limit": limit}
-    for column, value in (("session_id", session_id), ("tool", tool), ("kind", kind)):
+    if before is not None:
+        sql += f" AND seq < {d.param('before')}"
+        params["before"] = before
+    filters = (("session_id", session_id), ("tool", tool), ("kind", kind), ("who", who))
+    for column, value in filters:
         if value is not None:
             sql += f" AND {column} = {d.param(column)}"
             params[column] = value
-    return Statement(sql + f" ORDER BY seq LIMIT {d.param('limit')}", params)
+    order = "seq DESC" if newest_first else "seq"
+    return Statement(sql + f" ORDER BY {order} LIMIT {d.param('limit')}", params)
 
 
 LOG = "tool_call_id, key, tool, args, status, result, started_at, finished_at"
 """A tool-call log row's columns, in the order `log_entry_from_row` reads them."""
 
 
-def read_log_statement(d: Dialect, session_id: str) -> Statement:
-    """A session's tool-call log, in start order (`log_entry_from_row` reads a row)."""
+def read_log_statement(
+    d: Dialect, session_id: str, calls: Sequence[str] | None = None
+) -> Statement:
+    """A session's tool-call log, in start order (`log_entry_from_row` reads a row).
+
+    With `calls` (ids, each once), only theirs: `tool_call_id IN (...)`, read through the
+    table's unique `(session_id, tool_call_id)` index, so the read does not grow with the log.
+    """
     columns = LOG.replace("args", d.text("args")).replace("result", d.text("result"))
-    return Statement(
-        f"SELECT {columns} FROM {d.table('tool_log')} WHERE session_id = {d.param('id')} "
-        f"ORDER BY seq",
-        {"id": session_id},
-    )
+    sql = f"SELECT {columns} FROM {d.table('tool_log')} WHERE session_id = {d.param('id')}"
+    params: dict[str, Any] = {"id": session_id}
+    if calls is not None:
+        names = [f"call{n}" for n in range(len(calls))]
+        sql += f" AND tool_call_id IN ({d.p(*names)})"
+        params.update(zip(names, calls, strict=True))
+    return Statement(sql + " ORDER BY seq", params)
 
 
 def build_index_plan(d: Dialect) -> Plan[None]:

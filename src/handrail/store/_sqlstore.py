@@ -10,7 +10,7 @@ wake-up subscriptions, migrations) stays in the store, in its dialect's statemen
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from ..audit import AuditEntry, AuditKey, AuditKind, warn_unkeyed
@@ -18,6 +18,7 @@ from ._base import SessionRecord, SessionStatus, SessionSummary, ToolLogEntry, W
 from ._codec import (
     INCARNATION,
     check_audit_page,
+    check_calls,
     check_page,
     check_status,
     check_ttl,
@@ -52,6 +53,9 @@ from ._waiting import check_waiting, row_of, waiting_query
 __all__ = ["SqlStore"]
 
 T = TypeVar("T")
+
+LOG_IDS = 500
+"""The most ids `tool_log(calls=)` asks for in one statement (one parameter each)."""
 
 
 class SqlStore:
@@ -289,10 +293,25 @@ class SqlStore:
             transaction=audit is not None,
         )
 
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged calls in start order; see `SessionStore.tool_log`."""
-        rows = await self._rows(read_log_statement(self._dialect, session_id), session_id)
-        return [log_entry_from_row(session_id, row) for row in rows]
+    async def tool_log(
+        self, session_id: str, *, calls: Collection[str] | None = None
+    ) -> builtins.list[ToolLogEntry]:
+        """The session's logged calls in start order; see `SessionStore.tool_log`.
+
+        With `calls`, one statement through the log's index; past `LOG_IDS` ids (a statement's
+        parameters are bounded: 999 on an old SQLite), the whole log is read and kept from.
+        """
+        wanted = check_calls(calls)
+        if wanted == []:
+            return []
+        keep = None if wanted is None else set(wanted)
+        if keep is not None and len(keep) > LOG_IDS:
+            wanted = None
+        rows = await self._rows(read_log_statement(self._dialect, session_id, wanted), session_id)
+        entries = [log_entry_from_row(session_id, row) for row in rows]
+        if wanted is None and keep is not None:
+            return [entry for entry in entries if entry.tool_call_id in keep]
+        return entries
 
     # -- audit trail ----------------------------------------------------------------------
 
@@ -318,9 +337,12 @@ class SqlStore:
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
-        check_audit_page(after, limit, kind)
+        check_audit_page(after, limit, kind, before)
         query = audit_query(
             self._dialect,
             org_id,
@@ -329,6 +351,9 @@ class SqlStore:
             session_id=session_id,
             tool=tool,
             kind=kind,
+            who=who,
+            before=before,
+            newest_first=newest_first,
         )
         return [decode_audit(org_id, seq, text) for seq, text in await self._rows(query, None)]
 

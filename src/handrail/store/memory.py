@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -39,6 +39,7 @@ from ._codec import (
     LoggedEvents,
     chain_audit,
     check_audit_page,
+    check_calls,
     check_events_page,
     check_messages,
     check_messages_page,
@@ -463,9 +464,16 @@ class MemoryStore:
         logged.result = text
         return True
 
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
+    async def tool_log(
+        self, session_id: str, *, calls: Collection[str] | None = None
+    ) -> builtins.list[ToolLogEntry]:
         """The session's logged calls in start order; see `SessionStore.tool_log`."""
         self._check_open()
+        wanted = check_calls(calls)
+        log = self._logs.get(session_id, {})
+        keep = None if wanted is None else set(wanted)
+        # In start order (the dict's), and only the kept ones decoded.
+        found = [logged for call, logged in log.items() if keep is None or call in keep]
         return [
             replace(
                 logged.entry,
@@ -474,7 +482,7 @@ class MemoryStore:
                 if logged.result is None
                 else decode(session_id, logged.result, what="tool-call result"),
             )
-            for logged in self._logs.get(session_id, {}).values()
+            for logged in found
         ]
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
@@ -523,7 +531,9 @@ class MemoryStore:
                 tails[org] = (trail[-1].seq, trail[-1].hash) if trail else None
             done, text = chain_audit(entry, tails[org], self.audit_key)
             tails[org] = (done.seq, done.hash)
-            row = _Audited(done.seq, done.session_id, done.tool, done.kind, done.hash, text)
+            row = _Audited(
+                done.seq, done.session_id, done.tool, done.kind, done.hash, text, done.who
+            )
             chained.append((org, row, done))
         return chained
 
@@ -536,19 +546,25 @@ class MemoryStore:
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's entries after `after`, in order; see `SessionStore.audit`."""
         self._check_open()
-        check_audit_page(after, limit, kind)
+        check_audit_page(after, limit, kind, before)
         found: builtins.list[AuditEntry] = []
-        for row in self._audit.get(org_id or "", []):
+        trail = self._audit.get(org_id or "", [])
+        for row in reversed(trail) if newest_first else trail:
             if len(found) >= limit:
                 break
             if (
                 row.seq > after
+                and (before is None or row.seq < before)
                 and (session_id is None or row.session_id == session_id)
                 and (tool is None or row.tool == tool)
                 and (kind is None or row.kind == kind)
+                and (who is None or row.who == who)
             ):
                 found.append(decode_audit(org_id, row.seq, row.text))
         return found
@@ -621,6 +637,7 @@ class _Audited:
     kind: str
     hash: str
     text: str
+    who: str | None = None
 
 
 def _indexed(save: PreparedSave, stored: _Session | None) -> builtins.list[tuple[WaitingCard, str]]:

@@ -48,7 +48,7 @@ import builtins
 import contextlib
 import heapq
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar
@@ -66,6 +66,7 @@ from ._base import (
     lease_and_load,
 )
 from ._codec import (
+    check_calls,
     check_events_page,
     check_messages_page,
     check_page,
@@ -347,10 +348,13 @@ class PartitionedStore:
             store = self._placed(session_id, audit.org_id, what="An audit entry")
         return await store.log_finished(session_id, tool_call_id, result, audit=audit)
 
-    async def tool_log(self, session_id: str) -> builtins.list[ToolLogEntry]:
-        """The session's logged calls, from its partition."""
+    async def tool_log(
+        self, session_id: str, *, calls: Collection[str] | None = None
+    ) -> builtins.list[ToolLogEntry]:
+        """The session's logged calls (or those of `calls`), from its partition."""
+        wanted = check_calls(calls)
         store = self._found(session_id)
-        return [] if store is None else await store.tool_log(session_id)
+        return [] if store is None else await store.tool_log(session_id, calls=wanted)
 
     async def append_events(self, session_id: str, events: builtins.list[dict[str, Any]]) -> int:
         """Append to the session's event log, in its partition."""
@@ -392,11 +396,22 @@ class PartitionedStore:
         session_id: str | None = None,
         tool: str | None = None,
         kind: AuditKind | None = None,
+        who: str | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AuditEntry]:
         """The organisation's trail, from its partition (one chain: see `SessionStore.audit`)."""
         store = self.stores[self.partition(org_id)]
         return await store.audit(
-            org_id, after=after, limit=limit, session_id=session_id, tool=tool, kind=kind
+            org_id,
+            after=after,
+            limit=limit,
+            session_id=session_id,
+            tool=tool,
+            kind=kind,
+            who=who,
+            before=before,
+            newest_first=newest_first,
         )
 
     async def list(

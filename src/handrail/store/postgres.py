@@ -82,7 +82,7 @@ _log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases.
@@ -91,6 +91,8 @@ SCHEMA_VERSION = 5
 4: the audit trail, `handrail_audit` (per organisation, hash-chained; never pruned).
 5: the inbox index, `handrail_cards` (one row a waiting card), built from the suspended
    sessions (`PostgresStore._build_index`).
+6: the audit trail's `who`, a column of its own with an index (org_id, who, kind, seq),
+   filled from the stored entries.
 """
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,53}")  # 54: "handrail_" + it fits in 63
@@ -199,6 +201,24 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             ON {s}.handrail_cards (org_id, updated_at DESC, session_id DESC, position)""",
         """CREATE INDEX handrail_cards_tool
             ON {s}.handrail_cards (org_id, tool, updated_at DESC, session_id DESC, position)""",
+    ),
+    # Who decided (or whose session ran the call): one person's decisions are read off the
+    # index, newest first, without reading the organisation's trail. The column is filled
+    # from the stored entries; one that is not JSON (edited outside handrail: `handrail
+    # audit verify` names it) gets none rather than failing the migration.
+    6: (
+        "ALTER TABLE {s}.handrail_audit ADD COLUMN who text",
+        """CREATE FUNCTION pg_temp.handrail_entry_who(entry text) RETURNS text
+            LANGUAGE plpgsql IMMUTABLE AS $$
+            BEGIN
+                RETURN CASE WHEN json_typeof(entry::json -> 'who') = 'string'
+                    THEN entry::json ->> 'who' END;
+            EXCEPTION WHEN others THEN
+                RETURN NULL;
+            END $$""",
+        "UPDATE {s}.handrail_audit SET who = pg_temp.handrail_entry_who(entry)",
+        "DROP FUNCTION pg_temp.handrail_entry_who(text)",
+        "CREATE INDEX handrail_audit_who ON {s}.handrail_audit (org_id, who, kind, seq)",
     ),
 }
 

@@ -13,6 +13,7 @@ import builtins
 import collections
 import contextlib
 import functools
+import json
 import logging
 import os
 import sqlite3
@@ -75,7 +76,7 @@ _log = logging.getLogger("handrail.store")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The version of the database schema this code reads and writes. One line a bump:
 
 1: sessions, tool-call log, leases, wake-ups.
@@ -84,6 +85,8 @@ SCHEMA_VERSION = 5
 4: the audit trail, `handrail_audit` (per organisation, hash-chained; never pruned).
 5: the inbox index, `handrail_cards` (one row a waiting card), built from the suspended
    sessions (`BACKFILLS`).
+6: the audit trail's `who`, a column of its own with an index (org_id, who, kind, seq),
+   filled from the stored entries (`BACKFILLS`).
 """
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -194,6 +197,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             ON handrail_cards (org_id, updated_at DESC, session_id DESC, position)""",
         """CREATE INDEX handrail_cards_tool
             ON handrail_cards (org_id, tool, updated_at DESC, session_id DESC, position)""",
+    ),
+    # Who decided (or whose session ran the call): one person's decisions are read off the
+    # index, newest first, without reading the organisation's trail.
+    6: (
+        "ALTER TABLE handrail_audit ADD COLUMN who TEXT",
+        "CREATE INDEX handrail_audit_who ON handrail_audit (org_id, who, kind, seq)",
     ),
 }
 
@@ -790,7 +799,25 @@ def _build_index(db: sqlite3.Connection) -> None:
     _run(db, build_index_plan(_DIALECT))
 
 
-BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {5: _build_index}
+def _entry_who(text: str | bytes) -> str | None:
+    """The `who` of a stored audit entry's JSON text (None if it has none, or is not JSON)."""
+    try:
+        who = json.loads(text).get("who")
+    except (TypeError, ValueError, AttributeError):
+        return None  # an edited entry: `handrail audit verify` names it
+    return who if isinstance(who, str) else None
+
+
+def _fill_who(db: sqlite3.Connection) -> None:
+    """Migration 6: each audit entry's `who`, read from its stored JSON."""
+    db.create_function("handrail_entry_who", 1, _entry_who, deterministic=True)
+    db.execute("UPDATE handrail_audit SET who = handrail_entry_who(entry)")
+
+
+BACKFILLS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    5: _build_index,
+    6: _fill_who,
+}
 """What a migration computes beyond its statements, in its transaction."""
 
 

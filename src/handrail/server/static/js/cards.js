@@ -3,7 +3,7 @@
 // came of the decision.
 import { api, path } from "./api.js";
 import { author, callLine, STATUS } from "./conversation.js";
-import { recordDecided } from "./decided.js";
+import { decidedNow } from "./decided.js";
 import { $, describe, el, joined, sleep } from "./dom.js";
 import { deref, INVALID, propertySchema, schemaField } from "./forms.js";
 import { loadInbox } from "./inbox.js";
@@ -342,8 +342,7 @@ async function resolve(items, errorBox, node) {
   try {
     const body = items.length === 1 ? items[0] : items;
     const resolution = await api("POST", `${path`/sessions/${sessionId}`}/resolve`, body);
-    const cards = page.session.pending.filter((c) => items.some((i) => i.tool_call_id === c.tool_call_id));
-    recordDecided(sessionId, page.session.user_id, cards);
+    decidedNow();
     if (resolution.resumed && !page.mine.has(sessionId)) {
       // Another's session, decided from the inbox: its turn resumes on the server, and
       // its stream is its owner's. What came of it is read back, call by call.

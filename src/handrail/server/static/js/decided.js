@@ -1,103 +1,96 @@
-// "Decided by you": the cards the viewer decided (or approved) from this browser, each with
-// what came of it, read back from GET /sessions/{id}/calls/{call_id} until nothing changes.
-//
-// Kept in this browser (localStorage, per organisation and user), not read from the server:
-// the audit trail, where every decision is, can be filtered by session, tool and kind but not
-// by who decided, so one person's decisions could only be found there by reading the
-// organisation's whole trail.
+// "Decided by you": the cards the viewer decided (or approved), newest first, read from the
+// server (GET /me/decided: the viewer's own decisions in the organisation's audit trail, so
+// the same on every device), each with what came of it, read back from
+// GET /sessions/{id}/calls/{call_id} until nothing changes.
 import { api, path } from "./api.js";
 import { outcomeText } from "./cards.js";
 import { $, el, when } from "./dom.js";
 import { page } from "./state.js";
 
-const KEPT = 20; // the most recent decisions listed
-const EVERY = 4000; // ms between reads of the outcomes still open
+const KEPT = 20; // the most recent calls listed
+const READ = 50; // decisions read for them (a call approved twice is listed once)
+const EVERY = 4000; // ms between reads of the list and of the outcomes still open
+const BATCH = "handrail.apply"; // the tool of a batch card
 let last = 0;
 let reading = false;
+let items = []; // the calls listed, newest decision first
+let outcomes = new Map(); // session and call -> { text, done, actions }
 
-const storeKey = () => `handrail:decided:${page.me.org_id || ""}:${page.me.user_id}`;
+const keyOf = (i) => `${i.session_id}\n${i.tool_call_id}`;
 
-function read() {
-  try {
-    const items = JSON.parse(localStorage.getItem(storeKey()) || "[]");
-    return Array.isArray(items) ? items : [];
-  } catch {
-    return [];
-  }
-}
-
-function write(items) {
-  localStorage.setItem(storeKey(), JSON.stringify(items.slice(0, KEPT)));
-}
-
-/** Keep the cards just decided on `sessionId` (whose owner is `owner`), newest first. */
-export function recordDecided(sessionId, owner, cards) {
-  if (!page.me || !cards.length) return;
-  const same = (i) => i.session_id === sessionId && cards.some((c) => c.tool_call_id === i.tool_call_id);
-  const at = Date.now() / 1000;
-  const fresh = cards.map((c) => ({
-    session_id: sessionId,
-    tool_call_id: c.tool_call_id,
-    tool_name: c.kind === "batch" ? `${((c.current_args || c.args).actions || []).length} actions` : c.tool_name,
-    owner: owner || page.me.user_id,
-    at,
-    text: "Decided; what came of it is read next…",
-    done: false,
-  }));
-  write([...fresh, ...read().filter((i) => !same(i))]);
+/** The viewer just decided: read the list again now, not at the next round. */
+export function decidedNow() {
   last = 0;
   refreshDecided();
 }
 
-/** Draw the list, and read again what came of the decisions not settled yet. */
+/** Draw the list; read it again, and what came of the decisions not settled yet. */
 export async function refreshDecided() {
   if (!page.me) return;
-  draw(read());
+  draw();
   if (reading || Date.now() - last < EVERY) return;
   reading = true;
   last = Date.now();
+  const me = page.me;
   try {
-    for (const item of read().filter((i) => !i.done)) {
-      let text;
-      let done = false;
+    const found = await api("GET", `/me/decided?limit=${READ}`);
+    if (page.me !== me) return; // signed out (or in as another) meanwhile
+    const seen = new Set();
+    items = found.decisions.filter((d) => !seen.has(keyOf(d)) && seen.add(keyOf(d))).slice(0, KEPT);
+    for (const item of items) {
+      const known = outcomes.get(keyOf(item));
+      if (known && known.done) continue;
+      let next;
       try {
         const outcome = await api("GET", path`/sessions/${item.session_id}/calls/${item.tool_call_id}`);
-        text = outcomeText(outcome);
-        done = outcome.done;
+        const actions = outcome.output && outcome.output.actions;
+        next = { text: outcomeText(outcome), done: outcome.done, actions: actions ? actions.length : null };
       } catch (error) {
         if (error.status !== 404) continue; // read again next time
-        text = "What came of it can no longer be read (the session is gone).";
-        done = true;
+        next = { text: "What came of it can no longer be read (the session is gone).", done: true };
       }
-      write(read().map((i) => (i.session_id === item.session_id && i.tool_call_id === item.tool_call_id ? { ...i, text, done } : i)));
+      if (page.me !== me) return;
+      outcomes.set(keyOf(item), next);
     }
+  } catch {
+    // the list is read again next time; what is drawn stays
   } finally {
     reading = false;
   }
-  draw(read());
+  draw();
 }
 
 export function clearDecided() {
+  items = [];
+  outcomes = new Map();
+  last = 0;
   $("decided").hidden = true;
   $("decided-list").replaceChildren();
 }
 
-function draw(items) {
+function toolName(item, outcome) {
+  if (item.tool !== BATCH) return item.tool;
+  return outcome && outcome.actions ? `${outcome.actions} actions` : "a batch of actions";
+}
+
+function draw() {
   $("decided").hidden = items.length === 0;
   const comma = () => el("span", { class: "visually-hidden", text: ", " });
   $("decided-list").replaceChildren(
-    ...items.map((i) =>
-      el(
+    ...items.map((i) => {
+      const outcome = outcomes.get(keyOf(i));
+      const whose = !i.owner ? "a session since deleted" : i.owner === page.me.user_id ? "your session" : `${i.owner}'s session`;
+      return el(
         "li",
-        { class: `decided-item${i.done ? "" : " open"}`, "data-session": i.session_id, "data-call": i.tool_call_id },
-        el("span", { class: "decided-tool", text: i.tool_name }),
+        { class: `decided-item${outcome && outcome.done ? "" : " open"}`, "data-session": i.session_id, "data-call": i.tool_call_id },
+        el("span", { class: "decided-tool", text: toolName(i, outcome) }),
         comma(),
-        el("span", { class: "decided-whose", text: i.owner === page.me.user_id ? "your session" : `${i.owner}'s session` }),
+        el("span", { class: "decided-whose", text: whose }),
         comma(),
-        el("span", { class: "decided-outcome", text: i.text }),
+        el("span", { class: "decided-outcome", text: outcome ? outcome.text : "Decided; what came of it is read next…" }),
         comma(),
         el("span", { class: "when", text: when(i.at) }),
-      ),
-    ),
+      );
+    }),
   );
 }

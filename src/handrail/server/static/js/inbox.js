@@ -53,7 +53,7 @@ function line(c) {
   const approved = (c.approved_by || []).length;
   const changed = Object.keys(c.changes || {}).length > 0;
   // The spans lay the line out for the eye; the hidden commas make it one phrase to a screen
-  // reader ("pay, from ana, 1 approved, ...").
+  // reader ("pay, from ana, proposed by desk, 1 approved, ...").
   const comma = () => el("span", { class: "visually-hidden", text: ", " });
   return el(
     "li",
@@ -71,6 +71,7 @@ function line(c) {
       el("span", { class: "inbox-tool", text: title(c) }),
       comma(),
       el("span", { class: "inbox-who", text: `from ${c.requester || "?"}` }),
+      c.agent ? [comma(), el("span", { class: "inbox-agent", text: `proposed by ${c.agent}` })] : null,
       changed ? [comma(), el("span", { class: "badge changed", text: "changed" })] : null,
       approvedByMe(c)
         ? [comma(), el("span", { class: "badge you-approved", text: `you approved · ${approved} of ${needed(c)}` })]
