@@ -31,7 +31,8 @@ worker` and `handrail serve` (with `--dsn`, over `bench.fleet:app`), stopped wit
      the best tps is the machine's commits/s ceiling.
    - share = turns/s x commits/turn / ceiling. Target ≥ 0.5. Where the rest goes: the CPU
      seconds (from /proc) of handrail's processes and of their PostgreSQL backends, per turn,
-     against the time the machine's cores had per turn, and the rest (other processes, idle);
+     and of this process (the clients), against the time the machine's cores had per turn,
+     and the rest (other processes, idle);
      `--profile` profiles one worker (cProfile over CPU time, not wall time: an async turn's
      waits on the database are not its cost) and prints its top functions.
 2. A resume storm: 4 `handrail worker` processes run; `STORM` sessions (1,000 with --quick)
@@ -549,6 +550,7 @@ class Throughput:
     all_turns: int  # every turn they ran (with the warm-up)
     handrail_cpu: float  # CPU s of handrail's processes in the measured window
     postgres_cpu: float  # CPU s of their backends
+    client_cpu: float  # CPU s of this process (the served turns' clients; the watcher)
     seconds: float
 
     @property
@@ -576,9 +578,11 @@ async def workers_throughput(
         await decide(engine, cards, {})
     before = await commits(database)
     async with fleet() as processes, Watcher.open(database) as watcher:
+        client0 = time.process_time()
         for i in range(n):
             processes.start(worker_command(database, i, profile if i == 0 else None))
         await watcher.until("completed", prefix, len(ids), processes)
+        client_cpu = time.process_time() - client0
         backends = await watcher.backends(database)
         handrail_cpu = processes.cpu() - startup
         postgres_cpu = sum(cpu_seconds(pid) for pid in backends)
@@ -595,6 +599,7 @@ async def workers_throughput(
         len(ids),
         handrail_cpu,
         postgres_cpu,
+        client_cpu,
         seconds,
     )
 
@@ -627,11 +632,12 @@ async def served_throughput(database: str, n: int, settings: Settings) -> Throug
         await until_up(port, processes)
         clients = [asyncio.create_task(client(i)) for i in range(settings.clients)]
         await asyncio.sleep(2)  # warm-up: every process has served turns
-        started, cpu0 = time.perf_counter(), processes.cpu()
+        started, cpu0, client0 = time.perf_counter(), processes.cpu(), time.process_time()
         backends = await watcher.backends(database)
         pg0 = {pid: cpu_seconds(pid) for pid in backends}
         await asyncio.sleep(settings.seconds)
         window = time.perf_counter() - started
+        client_cpu = time.process_time() - client0
         handrail_cpu = processes.cpu() - cpu0
         postgres_cpu = sum(cpu_seconds(pid) - pg0.get(pid, 0.0) for pid in backends)
         stopping = True
@@ -648,6 +654,7 @@ async def served_throughput(database: str, n: int, settings: Settings) -> Throug
         len(ended),
         handrail_cpu,
         postgres_cpu,
+        client_cpu,
         window,
     )
 
@@ -745,7 +752,8 @@ async def throughput(database: str, settings: Settings, profile: bool) -> None:
     )
     print(
         f"  {'':14} {'turns':>7} {'turns/s':>8} {'commits':>8} {'commits/s':>10} {'share':>6}"
-        f"  {'core ms/turn: handrail':>22} {'postgres':>9} {'rest':>6} {'cores busy':>11}"
+        f"  {'core ms/turn: handrail':>22} {'postgres':>9} {'client':>7} {'rest':>6}"
+        f" {'cores busy':>11}"
     )
     for r in results:
         per_s = r.turns_per_s * r.commits_per_turn
@@ -753,20 +761,23 @@ async def throughput(database: str, settings: Settings, profile: bool) -> None:
         busy = (r.handrail_cpu + r.postgres_cpu) / r.seconds
         mark = "✓" if share >= TARGET_SHARE else "✗"
         handrail, postgres = r.handrail_cpu / r.turns * 1000, r.postgres_cpu / r.turns * 1000
-        rest = cores * 1000 / r.turns_per_s - handrail - postgres  # others' CPU, or idle
+        client = r.client_cpu / r.turns * 1000
+        rest = cores * 1000 / r.turns_per_s - handrail - postgres - client  # others', or idle
         print(
             f"  {r.kind + ' x' + str(r.processes):14} {r.turns:7d} {r.turns_per_s:8.0f} "
             f"{r.commits_per_turn:8.2f} {per_s:10,.0f} {share:5.2f}{mark}"
-            f"  {handrail:22.2f} {postgres:9.2f} {rest:6.2f} {busy:8.2f}/{cores}"
+            f"  {handrail:22.2f} {postgres:9.2f} {client:7.2f} {rest:6.2f} {busy:8.2f}/{cores}"
         )
     print(
         f"  target: share = turns/s x commits/turn / pgbench's best ≥ {TARGET_SHARE}; "
         f"commits/turn counts every commit in the database (read-only ones, sweeps, session "
         f"creation) over every turn; core ms/turn: the {cores} cores' time per turn "
         f"({cores} x 1000 / turns/s) split into the CPU of handrail's processes, of their "
-        f"PostgreSQL backends, and the rest (this client, WAL writer, checkpointer, other "
-        f"work on the machine, idle: waits on the disk's flush); 'cores busy': handrail's + "
-        f"the backends' CPU s over the window"
+        f"PostgreSQL backends, of this process (the served turns' HTTP clients; for the "
+        f"workers, its watching) and the rest (WAL writer, checkpointer, other work on the "
+        f"machine, idle: waits on the disk's flush; below 0 where the CPU was counted over a "
+        f"longer span than the turns' first to last); 'cores busy': handrail's + the "
+        f"backends' CPU s over the window"
     )
     worker_turn = "worker: a decided turn resumed (the charge runs, then the answer)"
     print(f"  turn shapes: {worker_turn}; served: a user message, a read call, an answer")
