@@ -15,7 +15,8 @@ worker` and `handrail serve` (with `--dsn`, over `bench.fleet:app`), stopped wit
      worker` processes (`--concurrency 16 --sweep-interval 0.05`) then claim and resume them
      (the tool runs, the model answers). turns/s: the resumed turns over the time from the
      first to the last completion (the sessions' `updated_at`, the database's clock), so the
-     processes' start-up is not counted.
+     processes' start-up is not counted; nor is it in their CPU: the CPU of N processes of the
+     same command started and idle for 3 s (while nothing was ready) is taken off.
    - served: one `handrail serve --workers N`; `CLIENTS` clients in this process (the bare
      HTTP/1.1 client of bench/server.py, keep-alive), each with a session of its own, post
      turns one after the other (a user message, a `read` tool call, a text answer, the turn's
@@ -30,8 +31,10 @@ worker` and `handrail serve` (with `--dsn`, over `bench.fleet:app`), stopped wit
      the best tps is the machine's commits/s ceiling.
    - share = turns/s x commits/turn / ceiling. Target ≥ 0.5. Where the rest goes: the CPU
      seconds (from /proc) of handrail's processes and of their PostgreSQL backends, per turn,
-     against the wall time the machine's cores had; `--profile` profiles one worker
-     (cProfile: py-spy and pyinstrument are not installed here) and prints its top functions.
+     and of this process (the clients), against the time the machine's cores had per turn,
+     and the rest (other processes, idle);
+     `--profile` profiles one worker (cProfile over CPU time, not wall time: an async turn's
+     waits on the database are not its cost) and prints its top functions.
 2. A resume storm: 4 `handrail worker` processes run; `STORM` sessions (1,000 with --quick)
    wait on an approval card. The workers are started, subscribed and idle, then frozen
    (SIGSTOP); this process decides every card (`Engine.resolve`, 64 at a time; the wake-ups
@@ -511,17 +514,6 @@ async def to_cards(engine: Any, ids: list[str]) -> dict[str, str]:
     return cards
 
 
-async def suspended(store: Any, ids: list[str], *, approve: bool) -> dict[str, float]:
-    """Sessions waiting on their approval card (`to_cards`); approved when `approve`.
-    Returns the wall-clock time each approval was stored."""
-    engine = app(store)
-    cards = await to_cards(engine, ids)
-    decided: dict[str, float] = {}
-    if approve:
-        await decide(engine, cards, decided)
-    return decided
-
-
 async def decide(engine: Any, cards: dict[str, str], decided: dict[str, float]) -> None:
     from handrail import Approve
 
@@ -558,6 +550,7 @@ class Throughput:
     all_turns: int  # every turn they ran (with the warm-up)
     handrail_cpu: float  # CPU s of handrail's processes in the measured window
     postgres_cpu: float  # CPU s of their backends
+    client_cpu: float  # CPU s of this process (the served turns' clients; the watcher)
     seconds: float
 
     @property
@@ -571,14 +564,27 @@ async def workers_throughput(
     prefix = f"w{n}{'p' if profile else ''}-"
     ids = [f"{prefix}{i:05d}" for i in range(settings.sessions)]
     async with bench_store(database) as store:
-        await suspended(store, ids, approve=True)
+        engine = app(store)
+        cards = await to_cards(engine, ids)
+        # The processes' start-up (an interpreter's imports, ~0.4 CPU s each) is no turn's:
+        # measured on the same command started while nothing is ready, and taken off.
+        async with fleet() as processes:
+            for i in range(n):
+                processes.start(worker_command(database, i))
+            await asyncio.sleep(3)  # started, subscribed, idle
+            processes.check()
+            startup = processes.cpu()
+            await processes.stop()
+        await decide(engine, cards, {})
     before = await commits(database)
     async with fleet() as processes, Watcher.open(database) as watcher:
+        client0 = time.process_time()
         for i in range(n):
             processes.start(worker_command(database, i, profile if i == 0 else None))
         await watcher.until("completed", prefix, len(ids), processes)
+        client_cpu = time.process_time() - client0
         backends = await watcher.backends(database)
-        handrail_cpu = processes.cpu()
+        handrail_cpu = processes.cpu() - startup
         postgres_cpu = sum(cpu_seconds(pid) for pid in backends)
         times = sorted((await watcher.times(prefix)).values())
         await processes.stop()
@@ -593,6 +599,7 @@ async def workers_throughput(
         len(ids),
         handrail_cpu,
         postgres_cpu,
+        client_cpu,
         seconds,
     )
 
@@ -625,11 +632,12 @@ async def served_throughput(database: str, n: int, settings: Settings) -> Throug
         await until_up(port, processes)
         clients = [asyncio.create_task(client(i)) for i in range(settings.clients)]
         await asyncio.sleep(2)  # warm-up: every process has served turns
-        started, cpu0 = time.perf_counter(), processes.cpu()
+        started, cpu0, client0 = time.perf_counter(), processes.cpu(), time.process_time()
         backends = await watcher.backends(database)
         pg0 = {pid: cpu_seconds(pid) for pid in backends}
         await asyncio.sleep(settings.seconds)
         window = time.perf_counter() - started
+        client_cpu = time.process_time() - client0
         handrail_cpu = processes.cpu() - cpu0
         postgres_cpu = sum(cpu_seconds(pid) - pg0.get(pid, 0.0) for pid in backends)
         stopping = True
@@ -646,6 +654,7 @@ async def served_throughput(database: str, n: int, settings: Settings) -> Throug
         len(ended),
         handrail_cpu,
         postgres_cpu,
+        client_cpu,
         window,
     )
 
@@ -743,24 +752,32 @@ async def throughput(database: str, settings: Settings, profile: bool) -> None:
     )
     print(
         f"  {'':14} {'turns':>7} {'turns/s':>8} {'commits':>8} {'commits/s':>10} {'share':>6}"
-        f"  {'CPU ms/turn: handrail':>22} {'postgres':>9} {'cores busy':>11}"
+        f"  {'core ms/turn: handrail':>22} {'postgres':>9} {'client':>7} {'rest':>6}"
+        f" {'cores busy':>11}"
     )
     for r in results:
         per_s = r.turns_per_s * r.commits_per_turn
         share = per_s / ceiling.best
         busy = (r.handrail_cpu + r.postgres_cpu) / r.seconds
         mark = "✓" if share >= TARGET_SHARE else "✗"
+        handrail, postgres = r.handrail_cpu / r.turns * 1000, r.postgres_cpu / r.turns * 1000
+        client = r.client_cpu / r.turns * 1000
+        rest = cores * 1000 / r.turns_per_s - handrail - postgres - client  # others', or idle
         print(
             f"  {r.kind + ' x' + str(r.processes):14} {r.turns:7d} {r.turns_per_s:8.0f} "
             f"{r.commits_per_turn:8.2f} {per_s:10,.0f} {share:5.2f}{mark}"
-            f"  {r.handrail_cpu / r.turns * 1000:22.2f} {r.postgres_cpu / r.turns * 1000:9.2f}"
-            f" {busy:8.2f}/{cores}"
+            f"  {handrail:22.2f} {postgres:9.2f} {client:7.2f} {rest:6.2f} {busy:8.2f}/{cores}"
         )
     print(
         f"  target: share = turns/s x commits/turn / pgbench's best ≥ {TARGET_SHARE}; "
         f"commits/turn counts every commit in the database (read-only ones, sweeps, session "
-        f"creation) over every turn; 'cores busy': CPU s of handrail's processes + their "
-        f"backends over the window (the rest of the machine: this client, WAL writer, others)"
+        f"creation) over every turn; core ms/turn: the {cores} cores' time per turn "
+        f"({cores} x 1000 / turns/s) split into the CPU of handrail's processes, of their "
+        f"PostgreSQL backends, of this process (the served turns' HTTP clients; for the "
+        f"workers, its watching) and the rest (WAL writer, checkpointer, other work on the "
+        f"machine, idle: waits on the disk's flush; below 0 where the CPU was counted over a "
+        f"longer span than the turns' first to last); 'cores busy': handrail's + the "
+        f"backends' CPU s over the window"
     )
     worker_turn = "worker: a decided turn resumed (the charge runs, then the answer)"
     print(f"  turn shapes: {worker_turn}; served: a user message, a read call, an answer")
@@ -947,7 +964,7 @@ def cli(args: list[str], profile_to: str | None) -> None:
     if profile_to is None:
         handrail(args=args, prog_name="handrail")
         return
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time)  # CPU, not the turns' waits on the database
     try:
         profiler.runcall(handrail, args=args, prog_name="handrail")
     finally:

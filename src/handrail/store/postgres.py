@@ -232,8 +232,8 @@ _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
     SELECT %(id)s, %(org_id)s, %(user_id)s, %(version)s, %(created_at)s, %(updated_at)s,
         %(expires_at)s, c.n - 1, f.v[c.n][1], f.v[c.n][2], f.v[c.n][3], f.v[c.n][4],
         (%(card_times)s::float8[])[c.n], c.card
-    FROM unnest(%(cards)s::text[]) WITH ORDINALITY AS c(card, n),
-        (SELECT %(card_fields)s::text[][] AS v) AS f"""
+    FROM unnest(%(cards)b::text[]) WITH ORDINALITY AS c(card, n),
+        (SELECT %(card_fields)b::text[][] AS v) AS f"""
 
 
 class PostgresStore(SqlStore):
@@ -669,7 +669,7 @@ class PostgresStore(SqlStore):
             ), appended AS (
                 INSERT INTO {self._s}.handrail_events (session_id, seq, event)
                 SELECT %(id)s, last.seq + e.n, e.event::json
-                FROM last, unnest(%(texts)s::text[]) WITH ORDINALITY AS e(event, n)
+                FROM last, unnest(%(texts)b::text[]) WITH ORDINALITY AS e(event, n)
                 RETURNING seq
             )
             SELECT MAX(seq) FROM appended"""
@@ -715,7 +715,7 @@ class PostgresStore(SqlStore):
             notices, self._unannounced = self._unannounced, {}
             try:
                 await self._fetch(
-                    "SELECT pg_notify(%(channel)s, n) FROM unnest(%(notices)s::text[]) AS n",
+                    "SELECT pg_notify(%(channel)s, n) FROM unnest(%(notices)b::text[]) AS n",
                     {
                         "channel": self.events_channel,
                         "notices": [f"{last}:{session}" for session, last in notices.items()],
@@ -821,7 +821,7 @@ class _Dialect(Dialect):
         return Statement(
             f"""INSERT INTO {self.s}.handrail_messages (session_id, position, message)
             SELECT %(id)s, %(start)s + m.ordinality - 1, m.message::json
-            FROM unnest(%(messages)s::text[]) WITH ORDINALITY AS m(message, ordinality)""",
+            FROM unnest(%(messages)b::text[]) WITH ORDINALITY AS m(message, ordinality)""",
             {"id": session_id, "start": start, "messages": texts},
         )
 
