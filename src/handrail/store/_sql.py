@@ -132,6 +132,17 @@ class Dialect:
         """Insert a save's messages (JSON texts) at positions `start` on."""
         raise NotImplementedError
 
+    def put_events(self, session_id: str, first: int, texts: list[str]) -> Statement:
+        """Insert events (JSON texts) into the session's event log, numbered from `first`."""
+        return Statement(
+            f"INSERT INTO {self.table('events')} (session_id, seq, event) "
+            f"VALUES ({self.p('id', 'seq')}, {self.json('event')})",
+            rows=[
+                {"id": session_id, "seq": seq, "event": text}
+                for seq, text in enumerate(texts, first)
+            ],
+        )
+
     def put_cards(
         self, summary: SessionSummary, cards: list[WaitingCard], texts: list[str]
     ) -> Statement:
@@ -421,14 +432,7 @@ def append_events_plan(d: Dialect, session_id: str, texts: list[str]) -> Plan[in
         {"id": session_id},
     )
     last: int = counted.rows[0][0] if counted.rows else 0
-    yield Statement(
-        f"INSERT INTO {events} (session_id, seq, event) "
-        f"VALUES ({d.p('id', 'seq')}, {d.json('event')})",
-        rows=[
-            {"id": session_id, "seq": seq, "event": text}
-            for seq, text in enumerate(texts, last + 1)
-        ],
-    )
+    yield d.put_events(session_id, last + 1, texts)
     return last + len(texts)
 
 

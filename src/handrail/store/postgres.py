@@ -825,6 +825,14 @@ class _Dialect(Dialect):
             {"id": session_id, "start": start, "messages": texts},
         )
 
+    def put_events(self, session_id: str, first: int, texts: builtins.list[str]) -> Statement:
+        return Statement(
+            f"""INSERT INTO {self.s}.handrail_events (session_id, seq, event)
+            SELECT %(id)s, %(first)s + e.n - 1, e.event::json
+            FROM unnest(%(texts)b::text[]) WITH ORDINALITY AS e(event, n)""",
+            {"id": session_id, "first": first, "texts": texts},
+        )
+
     def put_cards(
         self,
         summary: SessionSummary,
