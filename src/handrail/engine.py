@@ -313,27 +313,12 @@ class Engine:
         every: float = 0.05,
         on_logged: OnLogged | None = None,
     ) -> RunLog:
-        """Keep `run`'s events (a turn of `session_id`) in the session's event log.
+        """Keep `run`'s events (a turn of `session_id`, not yet iterated) in its event log.
 
-        Call it before iterating `run` (from `submit`, `resume`, `recover`...). The turn's saves
-        carry its events, in their transactions, so the log costs the turn no commit of its
-        own while it goes quickly; a group goes on its own when no save has carried it within
-        `every` seconds. An event is logged once the turn has written, never before; the one
-        that ends the turn, with its last save. See docs/durability.md, "What is written,
-        and when".
-
-        Args:
-            session_id: the session `run` drives.
-            run: the run, not yet iterated.
-            every: seconds events may wait for a save before they go on their own.
-            on_logged: told `(last, events)` of each group once committed: the number of its
-                last event and the events as logged (a server hands them to its streams).
-
-        Returns:
-            The run's log: `begun` once an event is logged, `last` the number of the last.
-
-        Raises:
-            UserError: the run has started already, or `every` is not a number >= 0.
+        The turn's saves carry them (no commit of their own); a group goes on its own when no
+        save carries it within `every` seconds. `on_logged(last, events)` is told of each
+        group once committed. Returns the log (`begun`, `last`). See docs/durability.md,
+        "A served turn's events". Raises `UserError` for a run already started.
         """
         return self._turns.log_run(session_id, run, every=every, on_logged=on_logged)
 
