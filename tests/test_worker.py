@@ -605,3 +605,31 @@ async def test_a_wake_up_heard_by_three_workers_is_read_by_one_of_them(
     handrail = [r for r in caplog.records if r.name in ("handrail.engine", "handrail.worker")]
     assert [r.getMessage() for r in handrail if r.levelno >= logging.WARNING] == []
     assert any("wake-up for session" in r.getMessage() for r in handrail)  # (DEBUG) left
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_wake_up_claim_is_one_process_s_and_only_for_a_session_that_needs_a_worker(
+    kind: str, tmp_path: Path
+) -> None:
+    from handrail.store._base import take_wakeup
+
+    async with shared_stores(kind, tmp_path, 2) as (first, second):
+        api = engine(first, "api")
+        events = [e async for e in api.submit("s1", "A1")]
+        due = time.time() + 5
+        async with take_wakeup(first, "s1", due=due, owner="w1") as summary:
+            assert summary is None  # suspended on its card: nobody needs to read it
+        await api.resolve("s1", events[-1].pending[0], Approve())
+        async with take_wakeup(first, "s1", due=due, owner="w1") as summary:
+            assert summary is not None and summary.id == "s1"
+            async with take_wakeup(second, "s1", due=due, owner="w2") as other:
+                assert other is None  # the other process's claim
+        async with take_wakeup(second, "s1", due=due, owner="w2") as summary:
+            assert summary is not None  # given back
+        assert await first.acquire_lease("s1", "w1", 30)
+        async with take_wakeup(second, "s1", due=due, owner="w2") as summary:
+            assert summary is None  # a live worker's lease
+        async with take_wakeup(first, "s1", due=due, owner="w1") as summary:
+            assert summary is not None  # its own
+        async with take_wakeup(first, "s1", due=time.time() - 60, owner="w1") as summary:
+            assert summary is None  # not due yet by the clock given
