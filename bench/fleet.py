@@ -35,16 +35,19 @@ worker` and `handrail serve` (with `--dsn`, over `bench.fleet:app`), stopped wit
      and the rest (other processes, idle);
      `--profile` profiles one worker (cProfile over CPU time, not wall time: an async turn's
      waits on the database are not its cost) and prints its top functions.
-2. A resume storm: 4 `handrail worker` processes run; `STORM` sessions (1,000 with --quick)
-   wait on an approval card. The workers are started, subscribed and idle, then frozen
-   (SIGSTOP); this process decides every card (`Engine.resolve`, 64 at a time; the wake-ups
-   queue in PostgreSQL), and the workers are thawed (SIGCONT) all at once: to them, 10,000
-   sessions were decided at the same instant. sessions/s from the thaw to the last
-   completion; the slowest wait, from the thaw to a session's `run-completed` (its
-   `updated_at`, the database's clock: one machine). The rate at which one process records
-   decisions is printed apart (it is the decider's, not the fleet's); and
-   what a waiting session costs: database bytes per suspended session, and the workers' RSS
-   (nothing of a waiting session is held in a process).
+2. A resume storm: 4 `handrail worker` processes run (`--storm-workers 2,4`: a storm with 2,
+   then one with 4); `STORM` sessions (1,000 with --quick; `--storm N`) wait on an approval
+   card. The workers are started, subscribed and idle, then frozen (SIGSTOP); this process
+   decides every card (`Engine.resolve`, 64 at a time; the wake-ups queue in PostgreSQL),
+   and the workers are thawed (SIGCONT) all at once: to them, 10,000 sessions were decided
+   at the same instant. sessions/s from the thaw to the last completion; the slowest wait,
+   from the thaw to a session's `run-completed` (its `updated_at`, the database's clock: one
+   machine); the session loads per session (each worker counts its `PostgresStore.load`
+   calls by session, written out at exit: a load is what a wake-up cost a worker that then
+   found the session another's). The rate at which one process records decisions is printed
+   apart (it is the decider's, not the fleet's); and what a waiting session costs: database
+   bytes per suspended session, and the workers' RSS (nothing of a waiting session is held
+   in a process).
 3. Idle streams: one `handrail serve` (PostgreSQL store, its connection caps off for the
    bench: `--max-connections 0 --max-client-connections 0 --streams 0`, file descriptors
    raised) and `STREAMS` streams (10,000; 1,000 with --quick) opened by this process
@@ -62,6 +65,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import json
 import os
 import pstats
@@ -110,6 +114,7 @@ class Settings:
     storm: int  # part 2
     streams: int  # part 3
     sample: int  # part 3
+    storm_workers: tuple[int, ...] = (4,)  # part 2: one storm per worker count
 
 
 FULL = Settings(
@@ -371,9 +376,15 @@ def handrail_command(args: list[str], profile: str | None = None) -> list[str]:
 class Fleet:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self, command: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
-            command, cwd=ROOT, env=_environment(), stdin=subprocess.DEVNULL, start_new_session=True
+            command,
+            cwd=ROOT,
+            env={**_environment(), **(env or {})},
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self.processes.append(process)
         return process
@@ -792,9 +803,19 @@ async def throughput(database: str, settings: Settings, profile: bool) -> None:
 
 
 async def storm(database: str, settings: Settings) -> None:
-    count = settings.storm
-    ids = [f"s-{i:05d}" for i in range(count)]
+    for workers in settings.storm_workers:
+        await storm_once(database, settings.storm, workers)
+
+
+def _read_loads(folder: Path) -> list[dict[str, int]]:
+    return [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+
+
+async def storm_once(database: str, count: int, workers: int) -> None:
+    prefix = f"s{workers}-"
+    ids = [f"{prefix}{i:05d}" for i in range(count)]
     size0 = int(await _scalar(f"SELECT pg_database_size('{database}')"))
+    loads = Path(tempfile.mkdtemp(prefix="fleet-loads-"))
     async with bench_store(database) as store:
         engine = app(store)
         began = time.perf_counter()
@@ -804,8 +825,10 @@ async def storm(database: str, settings: Settings) -> None:
         size1 = int(await _scalar(f"SELECT pg_database_size('{database}')"))
         decided: dict[str, float] = {}
         async with fleet() as processes, Watcher.open(database) as watcher:
-            for i in range(4):
-                processes.start(worker_command(database, 10 + i))
+            for i in range(workers):
+                processes.start(
+                    worker_command(database, 10 + i), env={LOADS: str(loads / f"{i}.json")}
+                )
             await asyncio.sleep(3)  # started, subscribed (LISTEN), idle
             processes.check()
             rss = [rss_bytes(pid) for pid in processes.pids()]
@@ -815,17 +838,22 @@ async def storm(database: str, settings: Settings) -> None:
                 first = time.time()
                 await decide(engine, cards, decided)
                 last_decision = time.time()
-                assert await watcher.count("completed", "s-") == 0  # nobody drained yet
+                assert await watcher.count("completed", prefix) == 0  # nobody drained yet
             finally:
                 go = time.time()
                 for pid in processes.pids():
                     os.kill(pid, signal.SIGCONT)
-            await watcher.until("completed", "s-", count, processes)
-            completed = await watcher.times("s-")
+            await watcher.until("completed", prefix, count, processes)
+            completed = await watcher.times(prefix)
             await processes.stop()
+    counted = _read_loads(loads)
+    loaded = sum(n for c in counted for s, n in c.items() if s.startswith(prefix))
     waits = sorted(completed[s] - go for s in ids)
     seconds = max(completed.values()) - go
-    print(f"\n2. Resume storm: {count:,} sessions waiting on an approval, decided at once")
+    print(
+        f"\n2. Resume storm: {count:,} sessions waiting on an approval, decided at once, "
+        f"{workers} workers"
+    )
     print(
         f"  set-up: {count:,} turns submitted to their card in {setup:.1f} s "
         f"({count / setup:.0f}/s, this process, 32 at a time)"
@@ -835,12 +863,17 @@ async def storm(database: str, settings: Settings) -> None:
         f"({count / (last_decision - first):.0f}/s, this process, 64 at a time)"
     )
     print(
-        f"  drained by 4 `handrail worker` (--concurrency {CONCURRENCY}), thawed at once: "
-        f"{count / seconds:.0f} sessions/s, thaw to last completion {seconds:.1f} s"
+        f"  drained by {workers} `handrail worker` (--concurrency {CONCURRENCY}), thawed at "
+        f"once: {count / seconds:.0f} sessions/s, thaw to last completion {seconds:.1f} s"
     )
     print(
         f"  wait, thaw to run-completed: p50 {statistics.median(waits) * 1000:.0f} ms, "
         f"p99 {_percentile(waits, 99) * 1000:.0f} ms, slowest {waits[-1] * 1000:.0f} ms"
+    )
+    print(
+        f"  session loads (the whole session read by a worker): {loaded / count:.2f} per "
+        f"session ({loaded:,} by {len(counted)} workers"
+        f"{'' if len(counted) == workers else ', some did not report'})"
     )
     print(
         f"  a waiting session: {(size1 - size0) / count / 1024:.1f} KB of database "
@@ -961,6 +994,9 @@ def cli(args: list[str], profile_to: str | None) -> None:
     """Run the `handrail` command (this worktree's), under cProfile when `profile_to` is set."""
     from handrail.cli import app as handrail
 
+    counts = os.environ.get(LOADS)
+    if counts is not None:  # the storm: how often this process reads a whole session
+        count_loads(counts)
     if profile_to is None:
         handrail(args=args, prog_name="handrail")
         return
@@ -969,6 +1005,28 @@ def cli(args: list[str], profile_to: str | None) -> None:
         profiler.runcall(handrail, args=args, prog_name="handrail")
     finally:
         profiler.dump_stats(profile_to)
+
+
+LOADS = "HANDRAIL_BENCH_LOADS"
+"""Set for a worker process: the file it writes its session loads to at exit (JSON, by id)."""
+
+
+def count_loads(path: str) -> None:
+    """Count `PostgresStore.load` calls by session in this process, written to `path` at exit."""
+    import atexit
+    from collections import Counter
+
+    from handrail.store import PostgresStore
+
+    loads: Counter[str] = Counter()
+    load = PostgresStore.load
+
+    async def counted(self: Any, session_id: str) -> Any:
+        loads[session_id] += 1
+        return await load(self, session_id)
+
+    PostgresStore.load = counted  # type: ignore[method-assign]
+    atexit.register(lambda: Path(path).write_text(json.dumps(loads)))
 
 
 async def main_async(parts: list[str], settings: Settings, profile: bool) -> None:
@@ -1006,6 +1064,11 @@ def main() -> None:
         help="run only these parts (repeatable; default: all)",
     )
     parser.add_argument("--profile", action="store_true", help="profile worker 0 (part 1)")
+    parser.add_argument("--storm", type=int, help="sessions decided at once in part 2")
+    parser.add_argument(
+        "--storm-workers",
+        help="worker counts part 2 runs with, comma-separated (default 4)",
+    )
     parser.add_argument("--cli", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -1014,6 +1077,11 @@ def main() -> None:
         cli(args.rest, args.profile_to)
         return
     settings = QUICK if args.quick else FULL
+    if args.storm is not None:
+        settings = dataclasses.replace(settings, storm=args.storm)
+    if args.storm_workers:
+        workers = tuple(int(n) for n in args.storm_workers.split(","))
+        settings = dataclasses.replace(settings, storm_workers=workers)
     os.environ.setdefault("HANDRAIL_AUDIT_KEY", AUDIT_KEY)  # this process's store too
     parts = args.part or ["throughput", "storm", "streams"]
     with _on_sigterm():

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from handrail import Agent, Approve, Engine, Runtime, tool
+from handrail import Agent, Approve, Engine, Runtime, Worker, tool
 from handrail.events import EVENT
 from handrail.exceptions import SessionBusyError, StoreUnavailableError, UserError
 from handrail.models import ModelRequest
@@ -124,6 +124,32 @@ async def test_a_worker_turn_logs_its_events_with_its_saves(tmp_path: Path) -> N
         assert "tool-call-completed" in logged
     finally:
         await store.close()
+
+
+async def test_a_woken_worker_turn_claims_its_wake_up_without_a_commit(tmp_path: Path) -> None:
+    """The wake-up claim writes nothing: a woken worker's turn makes a driven turn's commits."""
+    deciding = SqliteStore(tmp_path / "h.db", audit_key=None)
+    working = SqliteStore(tmp_path / "h.db", audit_key=None, poll_interval=0.01)
+    api, worker = engine_on(deciding), Worker(engine_on(working), poll_interval=60)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        events = [e async for e in api.submit("s", "gated please")]
+        await asyncio.sleep(0.2)  # subscribed, swept (nothing due)
+        counter = Commits()
+        await working._call(lambda db: db.set_trace_callback(counter), None)
+        await api.resolve("s", events[-1].pending[0], Approve(by="ops"))  # wakes the worker
+        async with asyncio.timeout(5):
+            while getattr(await deciding.summary("s"), "status", None) != "completed":  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await working._call(lambda db: db.set_trace_callback(None), None)
+        assert worker.stats.woken == 1 and worker.stats.resumed == 1
+        assert counter.writing == 3  # `started`, the result, the answer: nothing more
+    finally:
+        stop.set()
+        await task
+        await deciding.close()
+        await working.close()
 
 
 async def test_a_turn_that_waits_logs_what_it_showed_before_it_ends() -> None:

@@ -516,3 +516,120 @@ async def test_with_a_store_that_does_not_group_a_busy_turn_is_left_and_a_lapsed
     assert len(recovering(caplog)) == 1
     assert [c.kind for c in (await second.session("s1")).pending.values()] == ["recovery"]
     assert await store.acquire_lease("s1", "someone else", 1.0)  # given back once suspended
+
+
+# -- a wake-up heard by every worker is read by one ---------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def shared_stores(kind: str, tmp_path: Path, count: int) -> AsyncIterator[list[Any]]:
+    """`count` stores on one database, as as many processes open it."""
+    from store.conftest import PG_DSN, empty_pg_schema, skip_without_postgres
+
+    opened: list[Any] = []
+    schema = f"wake_{secrets.token_hex(4)}"
+    if kind == "postgres":
+        skip_without_postgres()
+    try:
+        for _ in range(count):
+            if kind == "sqlite":
+                from handrail.store import SqliteStore
+
+                opened.append(SqliteStore(tmp_path / "shared.db", poll_interval=0.01))
+            else:
+                from handrail.store import PostgresStore
+
+                opened.append(await PostgresStore.connect(PG_DSN, schema=schema, pool_size=2))
+        if kind == "postgres":
+            await empty_pg_schema(schema)
+        yield opened
+    finally:
+        for store in opened:
+            await store.close()
+        if kind == "postgres":
+            import psycopg
+
+            async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as db:
+                await db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def count_loads(store: Any) -> dict[str, int]:
+    """Count the store's `load` calls by session (the whole session read)."""
+    loads: dict[str, int] = {}
+    load = store.load
+
+    async def counted(session_id: str) -> Any:
+        loads[session_id] = loads.get(session_id, 0) + 1
+        return await load(session_id)
+
+    store.load = counted
+    return loads
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_wake_up_heard_by_three_workers_is_read_by_one_of_them(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each decided session is driven once; the workers that do not drive it never read it."""
+    ids = [f"s{i}" for i in range(12)]
+    async with shared_stores(kind, tmp_path, 4) as (deciding, *stores):
+        api = engine(deciding, "api")
+        cards = {}
+        for session_id in ids:
+            events = [e async for e in api.submit(session_id, f"A-{session_id}")]
+            cards[session_id] = events[-1].pending[0]
+        loads = [count_loads(store) for store in stores]
+        workers = [
+            Worker(engine(store, f"w{i}"), poll_interval=60, concurrency=4)
+            for i, store in enumerate(stores)
+        ]
+        stop = asyncio.Event()
+        with caplog.at_level("DEBUG", logger="handrail"):
+            tasks = [asyncio.create_task(worker.run(stop)) for worker in workers]
+            await asyncio.sleep(0.3)  # subscribed, swept (nothing due yet)
+            await asyncio.gather(*(api.resolve(s, card, Approve()) for s, card in cards.items()))
+
+            async def done() -> bool:
+                summaries = [await deciding.summary(s) for s in ids]
+                return all(s is not None and s.status == "completed" for s in summaries)
+
+            await eventually(done)
+            stop.set()
+            async with asyncio.timeout(10):
+                await asyncio.gather(*tasks)
+    assert sorted(ran) == sorted(f"A-{s}" for s in ids)  # each refunded once
+    assert sum(w.stats.moved for w in workers) == len(ids)
+    assert sum(w.stats.woken for w in workers) >= 2 * len(ids)  # every worker heard them
+    # Read by the worker that drove it; by no other.
+    assert {s: [n.get(s, 0) > 0 for n in loads].count(True) for s in ids} == dict.fromkeys(ids, 1)
+    handrail = [r for r in caplog.records if r.name in ("handrail.engine", "handrail.worker")]
+    assert [r.getMessage() for r in handrail if r.levelno >= logging.WARNING] == []
+    assert any("wake-up for session" in r.getMessage() for r in handrail)  # (DEBUG) left
+
+
+@pytest.mark.parametrize("kind", SHARED)
+async def test_a_wake_up_claim_is_one_process_s_and_only_for_a_session_that_needs_a_worker(
+    kind: str, tmp_path: Path
+) -> None:
+    from handrail.store._base import take_wakeup
+
+    async with shared_stores(kind, tmp_path, 2) as (first, second):
+        api = engine(first, "api")
+        events = [e async for e in api.submit("s1", "A1")]
+        due = time.time() + 5
+        async with take_wakeup(first, "s1", due=due, owner="w1") as summary:
+            assert summary is None  # suspended on its card: nobody needs to read it
+        await api.resolve("s1", events[-1].pending[0], Approve())
+        async with take_wakeup(first, "s1", due=due, owner="w1") as summary:
+            assert summary is not None and summary.id == "s1"
+            async with take_wakeup(second, "s1", due=due, owner="w2") as other:
+                assert other is None  # the other process's claim
+        async with take_wakeup(second, "s1", due=due, owner="w2") as summary:
+            assert summary is not None  # given back
+        assert await first.acquire_lease("s1", "w1", 30)
+        async with take_wakeup(second, "s1", due=due, owner="w2") as summary:
+            assert summary is None  # a live worker's lease
+        async with take_wakeup(first, "s1", due=due, owner="w1") as summary:
+            assert summary is not None  # its own
+        async with take_wakeup(first, "s1", due=time.time() - 60, owner="w1") as summary:
+            assert summary is None  # not due yet by the clock given

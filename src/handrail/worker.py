@@ -34,6 +34,8 @@ from typing import Any
 
 from .engine import SKIPPED, Engine, transient
 from .exceptions import StoreUnavailableError, UserError
+from .store import SessionSummary
+from .store._base import take_wakeup
 
 __all__ = ["Worker", "WorkerStats", "name_worker"]
 
@@ -96,6 +98,8 @@ class WorkerStats:
 _TASK = "handrail advance "
 """The name of a task driving a session, before the session's id."""
 _COUNTED = [f for f in dataclasses.fields(WorkerStats) if f.name != "driving"]
+_SKEW = 5.0
+"""Seconds a woken session's `expires_at` may be ahead of this worker's clock and still be due."""
 
 
 class Worker:
@@ -272,14 +276,20 @@ class Worker:
             tasks = [self._start(s.id, group) for s in claimed]
         return [s for s, task in tasks if task is not None and task.result()]
 
-    async def advance(self, session_id: str) -> bool:
+    async def advance(self, session_id: str, summary: SessionSummary | None = None) -> bool:
         """Take `session_id` as far as it goes now (`Engine.advance`); True if it moved.
 
+        In the session's own scope: `summary`'s, when given (as read already), else read.
         Never raises for the session's sake: another worker driving it is skipped, and any
         other failure is logged with the session's id and the session left for a back-off.
         """
         try:
-            result = await self.engine.advance_owned(session_id)
+            if summary is None:
+                result = await self.engine.advance_owned(session_id)
+            else:
+                result = await self.engine.advance(
+                    session_id, org_id=summary.org_id, user_id=summary.user_id
+                )
         except SKIPPED:
             return False
         except Exception:
@@ -332,7 +342,7 @@ class Worker:
                 try:
                     async for session_id in wakeups:
                         self._stats.woken += 1
-                        self._start(session_id, group)
+                        self._start(session_id, group, woken=True)
                     return
                 except Exception as error:
                     if not transient(error):
@@ -368,9 +378,9 @@ class Worker:
         return await engine.claim(engine.runtime.clock() - self.grace, limit=limit)
 
     def _start(
-        self, session_id: str, group: asyncio.TaskGroup
+        self, session_id: str, group: asyncio.TaskGroup, *, woken: bool = False
     ) -> tuple[str, asyncio.Task[bool] | None]:
-        """Drive `session_id` in a task of `group`.
+        """Drive `session_id` in a task of `group` (`woken`: a wake-up named it).
 
         Unless this worker drives it already: then once more after, since a wake-up may say
         that something changed.
@@ -378,21 +388,73 @@ class Worker:
         if session_id in self._driving:
             self._again.add(session_id)
             return session_id, None
-        task = group.create_task(self._drive(session_id), name=f"{_TASK}{session_id}")
+        drive = self._drive(session_id, woken=woken)
+        task = group.create_task(drive, name=f"{_TASK}{session_id}")
         self._driving[session_id] = task
         return session_id, task
 
-    async def _drive(self, session_id: str) -> bool:
+    async def _drive(self, session_id: str, *, woken: bool) -> bool:
         moved = False
         try:
             while True:
                 async with self._slots:
-                    moved = await self.advance(session_id) or moved
+                    if woken:
+                        moved = await self._advance_woken(session_id) or moved
+                    else:
+                        moved = await self.advance(session_id) or moved
                 if session_id not in self._again or self._stopping:
                     return moved
                 self._again.discard(session_id)
+                woken = True  # once more, for a wake-up (or a claim) that came meanwhile
         finally:
             del self._driving[session_id]
+
+    async def _advance_woken(self, session_id: str) -> bool:
+        """`advance` a session a wake-up named, if this process claims the wake-up first.
+
+        Every worker listening hears it; one should read the session. The store's wake-up
+        claim (`take_wakeup`) picks it before anything is read, and writes nothing: a worker
+        that does not get it (another process's claim, the session's lease another's, or the
+        session needing nobody now) drops the wake-up without reading the session. The one
+        that gets it drives as every drive does (its first write takes the lease, with the
+        compare-and-swap on the version it read), holding the claim till the drive ends.
+        """
+        engine = self.engine
+        # A decider's clock a little ahead of this one's must not make a decided turn look
+        # not yet due: a turn that is not (it waits on a card) is read and left, as before.
+        due = engine.runtime.clock() + _SKEW
+        claimed = False
+        try:
+            claim = take_wakeup(engine.store, session_id, due=due, owner=engine.lease_owner)
+            async with claim as summary:
+                claimed = True
+                if summary is None:
+                    _log.debug(
+                        "handrail worker %s: wake-up for session %r left: another process "
+                        "takes it, or it needs nobody now",
+                        engine.lease_owner,
+                        session_id,
+                    )
+                    return False
+                return await self.advance(session_id, summary)
+        except Exception as error:  # the claim's (`advance` raises nothing for the session)
+            if claimed:  # given back badly: it goes with its connection
+                _log.warning(
+                    "handrail worker %s: giving back the wake-up claim on session %r failed: %s",
+                    engine.lease_owner,
+                    session_id,
+                    error,
+                )
+                return False
+            # Not to be had (the store away for a moment): driven as if every worker were
+            # woken, the drive's first write picking one.
+            _log.debug(
+                "handrail worker %s: no wake-up claim on session %r (%s); driving it",
+                engine.lease_owner,
+                session_id,
+                error,
+            )
+            return await self.advance(session_id)
 
     async def _back_off(self, session_id: str) -> None:
         """Log a session that failed, and keep every worker off it for a while."""

@@ -12,6 +12,7 @@ client reconnecting to a run reads from, and a wake-up channel between workers.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -653,3 +654,39 @@ async def lease_and_load(
     except BaseException:  # as if it had not been taken: nobody holds it until it lapses
         await store.release_lease(session_id, owner)
         raise
+
+
+def take_wakeup(
+    store: SessionStore, session_id: str, *, due: float, owner: str
+) -> AbstractAsyncContextManager[SessionSummary | None]:
+    """Claim a woken session for this process before reading it: what a worker does first.
+
+    A wake-up reaches every worker listening; one of them should read and drive the session.
+    Inside, this process holds the session's *wake-up claim*: the summary is yielded if the
+    session is due (its `expires_at` at or before `due`), its lease free, lapsed or `owner`'s,
+    and no other process holds the claim; else `None` (another process took it, or the
+    session needs nobody now: drop the wake-up). Other processes' claims of it yield `None`
+    until this one exits.
+
+    The claim is a hint, never the lease: it writes nothing (no commit, on PostgreSQL a
+    session-level advisory lock on a connection of the store's own; on SQLite a lock on a
+    file beside the database) and goes with its holder's connection or process. The drive
+    still takes the lease with its first write, with the compare-and-swap on the version it
+    read, as every drive does. A store may claim so (its class defines a method
+    `take_wakeup` of the same signature, looked up on the class as `lease_and_load` is);
+    otherwise the summary is yielded whenever the session exists, and every worker woken
+    reads it (the drive's first write then picks one).
+    """
+    own = getattr(type(store), "take_wakeup", None)
+    if own is not None:
+        claim: AbstractAsyncContextManager[SessionSummary | None]
+        claim = own(store, session_id, due=due, owner=owner)
+        return claim
+    return _summary_only(store, session_id)
+
+
+@contextlib.asynccontextmanager
+async def _summary_only(
+    store: SessionStore, session_id: str
+) -> AsyncIterator[SessionSummary | None]:
+    yield await store.summary(session_id)

@@ -279,6 +279,26 @@ def lease_statement(
     )
 
 
+def claimable_statement(
+    d: Dialect, session_id: str, due: float, owner: str, now: float | None, also: str = ""
+) -> Statement:
+    """The session's summary if a woken worker should drive it (`take_wakeup`), else no row.
+
+    Due (`expires_at` at or before `due`), its lease free, lapsed or `owner`'s. `also`: a
+    column more, evaluated only for the row that qualifies (PostgreSQL's claim).
+    """
+    columns = ", ".join(f"s.{c}" for c in SUMMARY.split(", "))
+    return Statement(
+        f"""SELECT {columns}{also} FROM {d.table("sessions")} s
+            LEFT JOIN {d.table("leases")} l ON l.session_id = s.id
+            WHERE s.id = {d.param("id")} AND s.expires_at IS NOT NULL
+                AND s.expires_at <= {d.param("due")}
+                AND (l.session_id IS NULL OR l.owner = {d.param("owner")}
+                    OR l.expires_at <= {d.now})""",
+        {"id": session_id, "due": due, "owner": owner, "now": now},
+    )
+
+
 def release_statement(d: Dialect, session_id: str, owner: str) -> Statement:
     """Give `owner`'s lease back (row count 0: not held by it)."""
     return Statement(

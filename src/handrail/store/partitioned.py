@@ -64,6 +64,7 @@ from ._base import (
     ToolLogEntry,
     WaitingRow,
     lease_and_load,
+    take_wakeup,
 )
 from ._codec import (
     check_calls,
@@ -284,6 +285,12 @@ class PartitionedStore:
         In one trip where its store does both in one (`handrail.store._base.lease_and_load`).
         """
         return await lease_and_load(self._home(session_id), session_id, owner, ttl)
+
+    def take_wakeup(
+        self, session_id: str, *, due: float, owner: str
+    ) -> AbstractAsyncContextManager[SessionSummary | None]:
+        """Claim a woken session in its partition (`handrail.store._base.take_wakeup`)."""
+        return take_wakeup(self._home(session_id), session_id, due=due, owner=owner)
 
     async def messages(
         self, session_id: str, *, before: int | None = None, limit: int = 100

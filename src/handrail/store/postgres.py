@@ -58,6 +58,7 @@ from ._sql import (
     Statement,
     build_index_plan,
     cards_change_statement,
+    claimable_statement,
     lease_statement,
     read_log_statement,
 )
@@ -226,6 +227,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 # start time is the same everywhere in a statement.
 _NOW = "COALESCE(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)"
 _EVENTS_LOCK = 0x68726C65  # "hrle": the class of the advisory locks on sessions' event logs
+_WAKE_LOCK = 0x6872776B  # "hrwk": the class of the wake-up claims' advisory locks
 _SUMMARY = "id, org_id, user_id, status, version, created_at, updated_at, expires_at"
 # A save's waiting cards, one statement: the fields as arrays, a card's at its position.
 _PUT_CARDS = f"""INSERT INTO {{s}}.handrail_cards ({COLUMNS})
@@ -304,6 +306,10 @@ class PostgresStore(SqlStore):
         self._opening = asyncio.Lock()
         self._closed = False
         self._subscriptions: set[_Subscription[Any]] = set()
+        # The wake-up claims' connection (`take_wakeup`): outside the pool, opened when first
+        # needed; its session-level advisory locks are the claims.
+        self._claims: psycopg.AsyncConnection[Any] | None = None
+        self._claims_opening = asyncio.Lock()
         self._unannounced: dict[str, int] = {}  # appends whose notice is not sent yet
         self._announcing: asyncio.Task[None] | None = None
         self._checking = False  # the pool's idle connections are being checked
@@ -559,6 +565,70 @@ class PostgresStore(SqlStore):
             row = await cursor.fetchone()
         return True, None if row is None else _record(session_id, row)
 
+    @contextlib.asynccontextmanager
+    async def take_wakeup(
+        self, session_id: str, *, due: float, owner: str
+    ) -> AsyncIterator[SessionSummary | None]:
+        """Claim a woken session before reading it; see `handrail.store._base.take_wakeup`.
+
+        One reading statement on a connection of the claims' own (outside the pool): the
+        session's summary if it is due and its lease free, lapsed or `owner`'s, with, for that
+        row only, a session-level advisory lock tried (`pg_try_advisory_lock`, never waited
+        for; the key: the schema and the session id's hash, a collision only drops a wake-up
+        that the sweeps then find). No commit writes: the lock is no row. It is given back on
+        exit (and goes with the connection if that is lost: the claim was only a hint).
+        """
+        key = f"{self.schema} {session_id}"
+        statement = claimable_statement(
+            self._dialect,
+            session_id,
+            due,
+            owner,
+            self._now(),
+            also=", pg_try_advisory_lock(%(lock_class)s, hashtext(%(key)s))",
+        )
+        params = {**dict(statement.params), "lock_class": _WAKE_LOCK, "key": key}
+        connection = await self._claims_connection(session_id)
+        try:
+            row = await (await connection.execute(statement.sql, params)).fetchone()
+        except psycopg.Error as error:
+            await self._drop_claims(connection)
+            raise self._error(error, session_id) from error
+        if row is None or not row[-1]:
+            yield None  # not due, another's lease, or another process's claim
+            return
+        try:
+            yield summary_from_row(row[:-1])
+        finally:
+            if self._claims is connection:  # (else: lost, and its locks with it)
+                try:
+                    await connection.execute(
+                        "SELECT pg_advisory_unlock(%(lock_class)s, hashtext(%(key)s))",
+                        {"lock_class": _WAKE_LOCK, "key": key},
+                    )
+                except psycopg.Error:
+                    await self._drop_claims(connection)
+
+    async def _claims_connection(self, session_id: str) -> psycopg.AsyncConnection[Any]:
+        async with self._claims_opening:
+            if self._closed:
+                raise StoreError(
+                    f"This PostgresStore ({self.masked_dsn}) is closed: make a new one."
+                )
+            if self._claims is None or self._claims.closed:
+                try:
+                    self._claims = await self._connect()
+                except psycopg.Error as error:
+                    raise self._error(error, session_id) from error
+            return self._claims
+
+    async def _drop_claims(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        """Close a claims' connection that failed (its locks go with it); the next opens anew."""
+        if self._claims is connection:
+            self._claims = None
+        with contextlib.suppress(Exception):
+            await connection.close()
+
     async def claim(
         self, now: float, owner: str, ttl: float, *, limit: int = 100
     ) -> builtins.list[SessionSummary]:
@@ -786,6 +856,11 @@ class PostgresStore(SqlStore):
             pool, self._pool = self._pool, None
         for subscription in builtins.list(self._subscriptions):
             await subscription.end()
+        async with self._claims_opening:
+            claims, self._claims = self._claims, None
+        if claims is not None:
+            with contextlib.suppress(Exception):
+                await claims.close()
         if pool is not None:
             await pool.close()
 

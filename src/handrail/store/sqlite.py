@@ -13,6 +13,7 @@ import builtins
 import collections
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +23,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows: the claims are then this process's only)
+    fcntl = None  # type: ignore[assignment]
 
 from ..audit import (
     FROM_ENVIRONMENT,
@@ -60,6 +66,7 @@ from ._sql import (
     Result,
     Statement,
     build_index_plan,
+    claimable_statement,
     lease_statement,
     read_log_statement,
 )
@@ -579,6 +586,28 @@ class SqliteStore(SqlStore):
 
         return await self._call(lease_and_load, session_id, write=True)
 
+    @contextlib.asynccontextmanager
+    async def take_wakeup(
+        self, session_id: str, *, due: float, owner: str
+    ) -> AsyncIterator[SessionSummary | None]:
+        """Claim a woken session before reading it; see `handrail.store._base.take_wakeup`.
+
+        The claim is this process's (a set of the database's claimed ids, whichever store of
+        it holds them) and, for the other processes, a lock on one byte of a file beside the
+        database (`-wakeups`, the byte at the session id's hash; a collision only drops a
+        wake-up that the sweeps then find). Then one read: the summary, if the session is due
+        and its lease free, lapsed or `owner`'s. Nothing is written.
+        """
+        if not _WakeClaims.take(self.path, session_id):
+            yield None
+            return
+        try:
+            statement = claimable_statement(_DIALECT, session_id, due, owner, self._now())
+            rows = await self._rows(statement, session_id)
+            yield summary_from_row(rows[0]) if rows else None
+        finally:
+            _WakeClaims.give_back(self.path, session_id)
+
     async def notify(self, session_id: str) -> None:
         """Wake every listener, in this process at once and in others at their next poll.
 
@@ -625,6 +654,73 @@ class SqliteStore(SqlStore):
             subscription.nudge.set()
         if thread is not None:
             await thread.stop()
+
+
+class _WakeClaims:
+    """The wake-up claims on one database of this process's stores (`take_wakeup`).
+
+    Held ids in a set, for this process; a lock on one byte of the `-wakeups` file per id,
+    for the others. POSIX locks are a process's (its stores share them, hence the set), and
+    closing any descriptor of the file drops them all: the file is opened by this class
+    only, while this process holds a claim on the database, and closed when it holds none.
+    """
+
+    _all: ClassVar[dict[str, _WakeClaims]] = {}
+    _guard: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.held: set[str] = set()
+        self.fd: int | None = None
+        if fcntl is not None and key != ":memory:" and not key.startswith("file:"):
+            with contextlib.suppress(OSError):  # (a read-only folder: this process's only)
+                self.fd = os.open(f"{key}-wakeups", os.O_RDWR | os.O_CREAT, 0o644)
+
+    @classmethod
+    def take(cls, path: str, session_id: str) -> bool:
+        """Claim `session_id` of the database at `path`; False: another store or process has."""
+        key = path if path == ":memory:" or path.startswith("file:") else os.path.realpath(path)
+        with cls._guard:
+            claims = cls._all.get(key) or cls(key)
+            if session_id in claims.held:
+                return False
+            if claims.fd is not None:
+                try:
+                    fcntl.lockf(claims.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _byte(session_id))
+                except BlockingIOError:  # another process's
+                    claims._close_if_idle()
+                    return False
+                except OSError:
+                    pass  # no lock to be had: this process's claim only
+            claims.held.add(session_id)
+            cls._all[key] = claims
+            return True
+
+    @classmethod
+    def give_back(cls, path: str, session_id: str) -> None:
+        key = path if path == ":memory:" or path.startswith("file:") else os.path.realpath(path)
+        with cls._guard:
+            claims = cls._all.get(key)
+            if claims is None or session_id not in claims.held:
+                return
+            claims.held.discard(session_id)
+            if claims.fd is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.lockf(claims.fd, fcntl.LOCK_UN, 1, _byte(session_id))
+            claims._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if self.held:
+            return
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._all.pop(self.key, None)
+
+
+def _byte(session_id: str) -> int:
+    """The byte of the `-wakeups` file a session's claim locks (a collision drops a wake-up)."""
+    return int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=5).digest(), "big")
 
 
 class _Subscription:
