@@ -206,16 +206,18 @@ async def _drain(run: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("choice", "decided", "status", "says", "outcome", "ran"),
+    ("choice", "decided", "status", "says", "outcome", "audited", "ran"),
     [
         # each of the card's choices reads in its own words, not as the `approve` or the
-        # `reject` the server records: the line, the call's status, "Decided by you"
+        # `reject` the server records: the line, the call's status, "Decided by you", the
+        # audit view
         (
             "Run it again",
             "Run again by ana: charge",
             "✓ done",
             "charged A1",
             "Run again by ana; ✓ done",
+            ("Run again", "recorded as approve (recovery card)"),
             ["A1", "A1"],
         ),
         (
@@ -224,6 +226,7 @@ async def _drain(run: Any) -> None:
             "⊘ not run again",  # it may have run before the crash
             "→ This call may have run before a crash, and a person chose not to retry it",
             "Skipped by ana; ⊘ not run again: This call may have run before a crash",
+            ("Skipped", "recorded as reject (recovery card)"),
             ["A1"],
         ),
         # someone checked that it ran, and what it returned (the API's answer: no button)
@@ -233,6 +236,7 @@ async def _drain(run: Any) -> None:
             "✓ done",
             "→ it ran before a crash (confirmed by ana)",
             "Answered by ana; ✓ done: it ran before a crash (confirmed by ana).",
+            ("Answered", None),  # the plain word: nothing more to say
             ["A1"],
         ),
     ],
@@ -247,6 +251,7 @@ def test_a_call_cut_off_by_a_crash_reads_as_the_choice_made(
     status: str,
     says: str,
     outcome: str,
+    audited: tuple[str, str | None],
     ran: list[str],
 ) -> None:
     charges.clear()
@@ -283,6 +288,16 @@ def test_a_call_cut_off_by_a_crash_reads_as_the_choice_made(
     expect(page.locator("#decided-list .decided-outcome")).to_contain_text(outcome)
     shoot(page, f"recovery-{(choice or 'answer').split()[0].lower()}")
     assert charges == ran
+    # and the audit view, beside what the trail records
+    di = signed_in(new_page, served, "key-di")
+    di.get_by_role("button", name="Audit trail").click()
+    decision = di.locator("#audit-rows tr.audit-decision")
+    words, recorded = audited
+    expect(decision.locator(".audit-what")).to_have_text(words)
+    if recorded is not None:
+        expect(decision).to_contain_text(recorded)
+    else:
+        expect(decision).not_to_contain_text("recorded as")
 
 
 def test_a_declined_question_reads_declined(serve: Serve, new_page: NewPage, shoot: Shoot) -> None:
