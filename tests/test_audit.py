@@ -120,6 +120,15 @@ def test_an_entry_reads_back_from_its_json_and_refuses_what_is_not_one() -> None
         AuditEntry.from_json({**entry.to_json(), "kind": "other"})
 
 
+def test_the_card_a_decision_was_on_is_hashed_with_it() -> None:
+    entry = AuditEntry(org_id="acme", session_id="s", tool="t", decision="reject", card="recovery")
+    entries = [chain(entry, seq=1, prev_hash=GENESIS)]
+    assert verify(entries) == []
+    assert AuditEntry.from_json(entries[0].to_json()) == entries[0]
+    entries[0].card = "approval"  # a skipped retry passed off as a rejection
+    assert kinds(verify(entries)) == [(1, "edited")]
+
+
 # Two entries as handrail wrote them before keys (no key_id): stores hold such rows.
 LEGACY = [
     '{"org_id": "acme", "seq": 1, "at": 1700000001.0, "kind": "decision", "session_id": "s-1", '
@@ -403,10 +412,13 @@ async def test_decisions_record_who_via_what_and_a_refused_one_records_nothing()
         "ana", "key-7", "approve", 1000.0,
     )  # fmt: skip
     assert (decided.amended_before, decided.amended_after) == ({"amount": 84.0}, {"amount": 40.0})
+    assert decided.card == "approval"  # what the decision was on: what an `approve` meant
     assert decided.args_digest == args_digest("orders.refund", {"order_id": "A1", "amount": 40.0})
     await engine.resume("s-1", **scope).finish()
     _, ran = await store.audit("acme")
-    assert (ran.kind, ran.outcome, ran.args_digest) == ("call", "ok", decided.args_digest)
+    assert (ran.kind, ran.outcome, ran.args_digest, ran.card) == (
+        "call", "ok", decided.args_digest, None,
+    )  # fmt: skip
     assert verify(await store.audit("acme")) == []
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from handrail import (
     Agent,
@@ -28,9 +30,10 @@ from handrail import (
     UserError,
     tool,
 )
+from handrail.cli import app as cli
 from handrail.models import ModelRequest
 from handrail.recovery import RECOVERY_PROMPT
-from handrail.store import MemoryStore
+from handrail.store import MemoryStore, SessionStore, SqliteStore
 from handrail.testing import FunctionModel, call, sequential_ids
 
 effects: list[tuple[str, str]] = []
@@ -74,7 +77,7 @@ def model(first: Any, after: str = "Done.", *, hang_after_tools: bool = False) -
     return FunctionModel(answer)
 
 
-def engine(store: MemoryStore, m: FunctionModel) -> Engine:
+def engine(store: SessionStore, m: FunctionModel) -> Engine:
     agent = Agent("a", tools=[charge, book])
     return Engine(agent, store=store, runtime=Runtime(model=m, ids=sequential_ids()))
 
@@ -139,6 +142,21 @@ async def test_a_call_cut_off_mid_run_becomes_a_card_a_person_decides():
     assert part.status == "rejected"
     assert "its effect is unknown" in (part.result.error or "")  # type: ignore[union-attr]
     assert len(effects) == 1  # skipped: not run again
+
+
+async def test_a_skipped_retry_is_audited_as_a_reject_on_a_recovery_card(tmp_path: Path):
+    path = tmp_path / "h.db"
+    async with SqliteStore(path, audit_key=None) as store:
+        await crash(engine(store, model(call("charge", order="hang"))), lambda: bool(effects))
+        other = engine(store, model("unused", "Skipped."))
+        events = await events_of(other.recover("s1"))
+        await other.resolve("s1", events[1].tool_call_id, Reject(by="ops"))
+        (decided,) = await store.audit(None)
+    # what the reject meant: its retry skipped (the call may have run), not a call refused
+    assert (decided.decision, decided.card, decided.who) == ("reject", "recovery", "ops")
+    args = ["audit", "list", "--org", "", "--db", str(path)]
+    listed = await asyncio.to_thread(CliRunner().invoke, cli, args, env={"COLUMNS": "200"})
+    assert "reject (recovery card)" in listed.output, listed.output
 
 
 async def test_a_person_can_say_a_cut_off_call_ran_and_what_it_returned():

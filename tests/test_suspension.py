@@ -238,7 +238,13 @@ async def test_the_waiting_placeholder_is_replaced_before_any_model_sees_the_cal
             "M",
             False,
         ),
-        (call("ask_size", question="S or M?"), Reject(), "rejected", "rejected", False),
+        (  # a person asked for an answer declines: the model reads it so
+            call("ask_size", question="S or M?"),
+            Reject(reason="ask the customer", by="ana"),
+            "rejected",
+            "declined by ana and did not run. Reason: ask the customer",
+            False,
+        ),
         (
             call("open_tab", url="https://x"),
             ClientResult(output={"tab": 3}),

@@ -96,6 +96,10 @@ class AuditEntry:
     """Through which key or token the decision came, when the server knows it."""
     decision: str | None = None
     """`approve`, `reject`, `answer`, `client_result` or `expire` (decisions only)."""
+    card: str | None = None
+    """The kind of card decided (`approval`, `recovery`, `batch`...; decisions only), which
+    says what a decision meant: a `reject` on a `recovery` card skips its retry (the call may
+    have run). None on calls, and on decisions recorded before it was."""
     reason: str | None = None
     """Why a call was rejected (or the client's error), as given."""
     amended_before: dict[str, Any] | None = None
@@ -142,6 +146,8 @@ def _canonical(entry: AuditEntry) -> bytes:
     del body["hash"]
     if body["key_id"] is None:
         del body["key_id"]  # an unkeyed entry hashes as entries did before keys
+    if body["card"] is None:
+        del body["card"]  # entries without one (calls, older decisions) hash as they did
     return json.dumps(
         body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
@@ -385,6 +391,7 @@ def decision_entry(
         who=approval.by if approval is not None else card.decided_by,
         via=via,
         decision="approve" if approval is not None else card.decision,
+        card=card.kind,
         reason=card.reason,
         amended_before=before,
         amended_after=after,

@@ -734,15 +734,17 @@ def settle(tool: Tool[Any] | None, part: ToolCallPart, card: ApprovalCardPart) -
     if decision == "answer" and card.kind == "question":
         return None  # the tool runs again, with the answer
     if decision == "reject":
+        # A person asked for an answer declines (the card's button says "Decline").
+        verb = "declined" if card.kind == "elicitation" else "rejected"
         who = f" by {card.decided_by}" if card.decided_by else ""
         why = f" Reason: {card.reason.rstrip('.')}." if card.reason else ""
         return ToolResult(
             ok=False,
             error=(
-                f"The call was rejected{who} and did not run.{why} Do not call it again "
+                f"The call was {verb}{who} and did not run.{why} Do not call it again "
                 f"unless the user asks; tell the user what was not done."
             ),
-            summary=f"rejected{who}" + (f": {card.reason}" if card.reason else ""),
+            summary=f"{verb}{who}" + (f": {card.reason}" if card.reason else ""),
             code="rejected",
         )
     if decision == "expire" and card.kind == "client_exec":

@@ -1,6 +1,7 @@
 """After a decision, each kind of card leaves a line that says what was decided and what came
 of it, in chromium: a client's result, a card nobody decided in time, a call cut off by a
-crash (run again, or not), a person's answer. (An approval, an amended one, a rejection and a
+crash (run again, skipped, or answered: each in the card's own words), a person's answer
+declined. (An approval, an amended one, a rejection and a
 batch with a skipped action are in test_page.py, test_inbox.py and test_deciding.py.)
 """
 
@@ -205,19 +206,52 @@ async def _drain(run: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("button", "decided", "status", "ran"),
+    ("choice", "decided", "status", "says", "outcome", "audited", "ran"),
     [
-        ("Run it again", "Approved by ana: charge", "✓ done", ["A1", "A1"]),
-        ("Skip", "Rejected by ana: charge", "⊘ rejected", ["A1"]),
+        # each of the card's choices reads in its own words, not as the `approve` or the
+        # `reject` the server records: the line, the call's status, "Decided by you", the
+        # audit view
+        (
+            "Run it again",
+            "Run again by ana: charge",
+            "✓ done",
+            "charged A1",
+            "Run again by ana; ✓ done",
+            ("Run again", "recorded as approve (recovery card)"),
+            ["A1", "A1"],
+        ),
+        (
+            "Skip",
+            "Skipped by ana: charge",
+            "⊘ not run again",  # it may have run before the crash
+            "→ This call may have run before a crash, and a person chose not to retry it",
+            "Skipped by ana; ⊘ not run again: This call may have run before a crash",
+            ("Skipped", "recorded as reject (recovery card)"),
+            ["A1"],
+        ),
+        # someone checked that it ran, and what it returned (the API's answer: no button)
+        (
+            None,
+            "Answered by ana: charge (charged A1)",
+            "✓ done",
+            "→ it ran before a crash (confirmed by ana)",
+            "Answered by ana; ✓ done: it ran before a crash (confirmed by ana).",
+            ("Answered", None),  # the plain word: nothing more to say
+            ["A1"],
+        ),
     ],
+    ids=["run-again", "skip", "answer"],
 )
-def test_a_call_cut_off_by_a_crash_reads_run_again_or_not(
+def test_a_call_cut_off_by_a_crash_reads_as_the_choice_made(
     serve: Serve,
     new_page: NewPage,
     shoot: Shoot,
-    button: str,
+    choice: str | None,
     decided: str,
     status: str,
+    says: str,
+    outcome: str,
+    audited: tuple[str, str | None],
     ran: list[str],
 ) -> None:
     charges.clear()
@@ -234,9 +268,68 @@ def test_a_call_cut_off_by_a_crash_reads_run_again_or_not(
     page.goto(f"{served.url}/#key=key-ana&session=s1")
     card = page.locator(".card.recovery")
     expect(card.get_by_role("heading")).to_have_text("charge may have run before a crash")
-    card.get_by_role("button", name=button).click()
+    expect(card.get_by_role("button")).to_have_text(["Run it again", "Skip"])
+    if choice is not None:
+        card.get_by_role("button", name=choice).click()
+    else:
+        posted = httpx.post(
+            f"{served.url}/sessions/s1/resolve",
+            headers=ANA,
+            json={
+                "tool_call_id": card.get_attribute("data-call"),
+                "decision": {"decision": "answer", "output": "charged A1"},
+            },
+        )
+        assert posted.status_code == 200, posted.text
     expect(page.locator(".bubble.assistant .text")).to_have_text("Charged.")
     expect(page.locator(".line.decided")).to_have_text(decided)
     reads(page.locator("#transcript .call"), status)
-    shoot(page, f"recovery-{button.split()[0].lower()}")
+    expect(page.locator("#transcript .call")).to_contain_text(says)
+    expect(page.locator("#decided-list .decided-outcome")).to_contain_text(outcome)
+    shoot(page, f"recovery-{(choice or 'answer').split()[0].lower()}")
     assert charges == ran
+    # and the audit view, beside what the trail records
+    di = signed_in(new_page, served, "key-di")
+    di.get_by_role("button", name="Audit trail").click()
+    decision = di.locator("#audit-rows tr.audit-decision")
+    words, recorded = audited
+    expect(decision.locator(".audit-what")).to_have_text(words)
+    if recorded is not None:
+        expect(decision).to_contain_text(recorded)
+    else:
+        expect(decision).not_to_contain_text("recorded as")
+
+
+def test_a_declined_question_reads_declined(serve: Serve, new_page: NewPage, shoot: Shoot) -> None:
+    engine = Engine(
+        Agent("desk", tools=[ask]),
+        store=MemoryStore(),
+        runtime=Runtime(model=FunctionModel(ask_script)),
+    )
+    page = signed_in(new_page, serve(engine))
+    send(page, "ask")
+    card = page.locator(".card.elicitation")
+    card.get_by_label("Reason").fill("not mine to say")
+    card.get_by_role("button", name="Decline").click()
+    expect(page.locator(".bubble.assistant .text")).to_have_text("Done.")
+    # "Decline" on the card, "Declined" after it: never "Rejected"
+    expect(page.locator(".line.decided")).to_have_text(
+        "Declined by ana: customer.ask: “not mine to say”"
+    )
+    reads(page.locator("#transcript .call"), "⊘ declined", "→ declined by ana: not mine to say")
+    expect(page.locator("#decided-list .decided-outcome")).to_contain_text(
+        "Declined by ana; ⊘ declined"
+    )
+    shoot(page, "declined")
+
+
+@tool(name="customer.ask", executor="human", prompt="What does the customer prefer?")
+def ask(question: str) -> str:
+    """Ask the customer (a person answers for them)."""
+    raise AssertionError("a human tool never runs")
+
+
+def ask_script(request: ModelRequest) -> Step:
+    if request.messages[-1].role == "user":
+        return call("customer.ask", question="Refund or replacement?")
+    return "Done."

@@ -245,7 +245,8 @@ def test_a_batch_card_is_decided_row_by_row_and_reports_what_it_applied(
     rows.nth(2).get_by_label("Skip", exact=True).check()
     expect(rows.nth(2).get_by_label("note", exact=True)).to_be_hidden()
     shoot(page, "batch-rows")
-    page.locator(".card.batch").get_by_role("button", name="Apply").click()
+    # the button says what the card asks ("Approve these actions?"), and what it reads after
+    page.locator(".card.batch").get_by_role("button", name="Approve", exact=True).click()
     summary = page.locator(".batch-summary")
     expect(summary.locator(".batch-applied")).to_have_text("Applied 2 of 3")
     report = summary.locator(".batch-action")

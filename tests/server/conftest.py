@@ -16,7 +16,7 @@ from handrail import Agent, Domain, Engine, Runtime, by_role, tool
 from handrail.demo.support_desk import CUSTOMER_MESSAGE, Scenario, build_scenario
 from handrail.models import ModelRequest
 from handrail.server import ApiKeyAuthenticator, Caller, create_app
-from handrail.testing import FunctionModel, sequential_ids
+from handrail.testing import FunctionModel, ScriptedModel, call, sequential_ids
 
 ANA = {"Authorization": "Bearer key-ana"}  # acme / ana
 BOB = {"Authorization": "Bearer key-bob"}  # globex / bob
@@ -249,6 +249,49 @@ def roles_app() -> RolesApp:
         }
     )
     return RolesApp(app=create_app(engine, authenticator=keys, static_dir=None), seen=seen)
+
+
+@dataclass
+class ReuseApp:
+    """An app whose one turn reads an order twice, then writes a note on it, for a protocol's
+    client to drive: the second read reuses the first's result (`reused_from` = `call_1`),
+    and the write after it runs. The model answers "Noted."; any caller of `authenticator()`.
+    """
+
+    app: Starlette
+    notes: list[str]
+    """The orders noted: the write ran once for each."""
+
+
+def reuse_app() -> ReuseApp:
+    """A fresh `ReuseApp` (its `notes` empty)."""
+    notes: list[str] = []
+
+    @tool(name="orders.get")
+    def get_order(order_id: str) -> str:
+        """Look an order up."""
+        return f"{order_id}: pending"
+
+    @tool(name="orders.note", permission="write", approval="auto")
+    def note(order_id: str) -> str:
+        """Note an order."""
+        notes.append(order_id)
+        return "noted"
+
+    model = ScriptedModel(
+        [
+            [call("orders.get", order_id="A1")],
+            [call("orders.get", order_id="A1")],
+            [call("orders.note", order_id="A1")],
+            "Noted.",
+        ]
+    )
+    engine = Engine(
+        Agent("clerk", tools=[get_order, note]), runtime=Runtime(model=model, ids=sequential_ids())
+    )
+    return ReuseApp(
+        app=create_app(engine, authenticator=authenticator(), static_dir=None), notes=notes
+    )
 
 
 @pytest.fixture

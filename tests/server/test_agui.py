@@ -20,7 +20,7 @@ from handrail.store.sqlite import SqliteStore
 from handrail.testing import ScriptedModel, call, hosted_call, sequential_ids
 from handrail.tools import web_search
 
-from .conftest import authenticator, roles_app
+from .conftest import authenticator, reuse_app, roles_app
 from .test_uvicorn import serving
 
 NODE = shutil.which("node")
@@ -304,32 +304,8 @@ async def test_a_provider_run_search_arrives_as_a_tool_call_with_its_result() ->
 
 
 async def test_a_reused_result_says_which_call_it_repeats_and_the_write_after_it_runs() -> None:
-    notes: list[str] = []
-
-    @tool(name="orders.get")
-    def get_order(order_id: str) -> str:
-        """Look an order up."""
-        return f"{order_id}: pending"
-
-    @tool(name="orders.note", permission="write", approval="auto")
-    def note(order_id: str) -> str:
-        """Note an order."""
-        notes.append(order_id)
-        return "noted"
-
-    model = ScriptedModel(
-        [
-            [call("orders.get", order_id="A1")],
-            [call("orders.get", order_id="A1")],
-            [call("orders.note", order_id="A1")],
-            "Noted.",
-        ]
-    )
-    engine = Engine(
-        Agent("clerk", tools=[get_order, note]), runtime=Runtime(model=model, ids=sequential_ids())
-    )
-    app = create_app(engine, authenticator=authenticator(), static_dir=None)
-    async with serving(app) as url:
+    reuse = reuse_app()
+    async with serving(reuse.app) as url:
         (step, _) = await _client(url, "t-reuse", [{"message": "Note A1"}])
     assert step["error"] is None
     results = [json.loads(e["content"]) for e in step["events"] if e["type"] == "TOOL_CALL_RESULT"]
@@ -338,7 +314,7 @@ async def test_a_reused_result_says_which_call_it_repeats_and_the_write_after_it
         (True, "call_1"),
         (True, None),
     ]
-    assert notes == ["A1"] and _reply(step) == "Noted."
+    assert reuse.notes == ["A1"] and _reply(step) == "Noted."
 
 
 async def test_a_failed_call_s_result_carries_its_code_and_a_summary() -> None:

@@ -120,7 +120,7 @@ async def test_each_organisation_reads_its_own_trail_of_decisions_and_calls(
     assert decided == AuditEntry(
         org_id="acme", seq=1, at=now, kind="decision", session_id=ana, tool="orders.refund",
         tool_call_id=decided.tool_call_id, who="ana", via=decided.via, decision="approve",
-        amended_before={"amount": 84.0}, amended_after={"amount": 40.0},
+        card="approval", amended_before={"amount": 84.0}, amended_after={"amount": 40.0},
         args_digest=args_digest("orders.refund", AMENDED), key_id="2026-11", prev_hash=GENESIS,
         hash=decided.hash,
     )  # fmt: skip

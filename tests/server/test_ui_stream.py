@@ -27,7 +27,7 @@ from handrail.store.sqlite import SqliteStore
 from handrail.testing import ScriptedModel, call, hosted_call, sequential_ids
 from handrail.tools import web_search
 
-from .conftest import ANA, BOB, StreamingTransport, authenticator, roles_app
+from .conftest import ANA, BOB, StreamingTransport, authenticator, reuse_app, roles_app
 from .test_limits import Clock
 from .test_uvicorn import serving
 
@@ -603,31 +603,8 @@ async def test_a_provider_run_search_is_a_provider_executed_tool_part_with_its_s
 
 @node
 async def test_a_reused_result_names_the_call_it_repeats_and_the_write_after_it_runs() -> None:
-    notes: list[str] = []
-
-    @tool(name="orders.get")
-    def get_order(order_id: str) -> str:
-        """Look an order up."""
-        return f"{order_id}: pending"
-
-    @tool(name="orders.note", permission="write", approval="auto")
-    def note(order_id: str) -> str:
-        """Note an order."""
-        notes.append(order_id)
-        return "noted"
-
-    model = ScriptedModel(
-        [
-            [call("orders.get", order_id="A1")],
-            [call("orders.get", order_id="A1")],
-            [call("orders.note", order_id="A1")],
-            "Noted.",
-        ]
-    )
-    engine = Engine(
-        Agent("clerk", tools=[get_order, note]), runtime=Runtime(model=model, ids=sequential_ids())
-    )
-    async with serving(_app(engine)) as url:
+    reuse = reuse_app()
+    async with serving(reuse.app) as url:
         (step, _final) = await _chat(url, "c-reuse", [{"message": "Note A1"}])
     assert step["error"] is None
     outputs = [
@@ -640,7 +617,7 @@ async def test_a_reused_result_names_the_call_it_repeats_and_the_write_after_it_
         ("tool-orders.get", "output-available", "call_1"),
         ("tool-orders.note", "output-available", None),
     ]
-    assert notes == ["A1"] and _text(step) == "Noted."
+    assert reuse.notes == ["A1"] and _text(step) == "Noted."
 
 
 @node

@@ -139,6 +139,8 @@ def list_audit(
     table = Table("seq", "when (UTC)", "kind", "session", "tool", "who", "what")
     for e in found:
         what = e.decision if e.kind == "decision" else e.outcome
+        if e.card is not None and e.card != "approval":
+            what = f"{what} ({e.card} card)"  # a reject on a recovery card: its retry skipped
         if e.amended_after:
             what = f"{what} (amended {', '.join(e.amended_after)})"
         table.add_row(str(e.seq), when(e.at), e.kind, e.session_id, e.tool, e.who or "", what or "")

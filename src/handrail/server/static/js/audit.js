@@ -1,6 +1,7 @@
 // The audit view, for callers with an audit role: the organisation's trail (GET /audit), a
 // page at a time with filters, and whether it holds together (GET /audit/verify).
 import { api } from "./api.js";
+import { decisionWords } from "./decisions.js";
 import { $, describe, el, when } from "./dom.js";
 import { page, say } from "./state.js";
 
@@ -53,8 +54,11 @@ async function readTrail(more) {
 }
 
 function row(e) {
-  const what = e.kind === "decision" ? e.decision || "" : e.outcome || "";
+  // A decision in its card's words ("Skipped"), and, where those are not the plain ones, what
+  // the trail records ("recorded as reject (recovery card)").
+  const what = e.kind === "decision" ? decisionWords(e.card, e.decision) || "" : e.outcome || "";
   const details = [];
+  if (e.kind === "decision" && e.card && what !== decisionWords(null, e.decision)) details.push(`recorded as ${e.decision} (${e.card} card)`);
   if (e.amended_before || e.amended_after) {
     const names = Object.keys({ ...(e.amended_before || {}), ...(e.amended_after || {}) });
     details.push(`amended: ${names.map((n) => `${n} ${describe((e.amended_before || {})[n])} → ${describe((e.amended_after || {})[n])}`).join(", ")}`);

@@ -4,6 +4,7 @@
 import { api, path } from "./api.js";
 import { author, callLine, STATUS } from "./conversation.js";
 import { decidedNow } from "./decided.js";
+import { buttonLabel, decisionWords, statusAfter } from "./decisions.js";
 import { $, describe, el, joined, sleep } from "./dom.js";
 import { deref, INVALID, propertySchema, schemaField } from "./forms.js";
 import { loadInbox } from "./inbox.js";
@@ -133,8 +134,8 @@ function cardFor(card) {
   }
   const reason = el("input", { id: `${id}-reason`, type: "text", name: "reason", autocomplete: "off" });
   const asks = card.kind === "elicitation" || card.kind === "question";
-  const rejectLabel = asks ? "Decline" : card.kind === "recovery" ? "Skip" : "Reject";
-  const approveLabel = { approval: "Approve", elicitation: "Send answer", question: "Send answer", recovery: "Run it again", batch: "Apply" }[card.kind];
+  const rejectLabel = buttonLabel(card.kind, "reject") || "Reject";
+  const approveLabel = buttonLabel(card.kind, asks ? "answer" : "approve");
   const buttons = el("div", { class: "buttons" });
   // Each button says which card it decides to a screen reader (several cards: several Approve).
   const about = `${id}-title`;
@@ -437,7 +438,7 @@ export async function showOutcomes(sessionId, cards) {
     panel.removeAttribute("aria-busy");
     if (outcome && outcome.done) {
       status.textContent = outcomeText(outcome);
-      status.dataset.status = outcome.status || outcome.session_status;
+      status.dataset.status = statusAfter(card.kind, outcome.status) || outcome.session_status;
       announce(`${card.tool_name}: ${status.textContent}`);
     } else if (outcome) {
       status.textContent = "The turn has not run it yet; look again later (Refresh).";
@@ -456,7 +457,7 @@ export function lineFrom(sessionId, outcome) {
     name: outcome.tool_name,
     args: outcome.args || undefined,
     changes: outcome.changes,
-    status: unrun ? (outcome.decision ? after : "waiting") : outcome.status,
+    status: statusAfter(outcome.kind, unrun ? (outcome.decision ? after : "waiting") : outcome.status),
     digest: outcome.status === "completed" ? outcome.digest : null,
     summary: unrun ? null : outcome.summary,
     error: outcome.error,
@@ -470,14 +471,14 @@ export function outcomeText(outcome) {
     return `Waiting for more approvals: ${so}.`;
   }
   const who = outcome.decided_by.length ? ` by ${joined(outcome.decided_by)}` : "";
-  const verbs = { approve: "Approved", reject: "Rejected", answer: "Answered", client_result: "Ran in the client", expire: "Expired" };
-  const decided = `${verbs[outcome.decision] || outcome.decision}${who}`;
+  const decided = `${decisionWords(outcome.kind, outcome.decision)}${who}`;
   if (outcome.kind === "batch") {
     const actions = (outcome.output && outcome.output.actions) || [];
     const applied = actions.filter((a) => a.status === "applied").length;
     return actions.length ? `${decided}; applied ${applied} of ${actions.length}.` : `${decided}.`;
   }
-  const [icon, word] = STATUS[outcome.status] || ["•", outcome.status || outcome.session_status];
+  const status = statusAfter(outcome.kind, outcome.status);
+  const [icon, word] = STATUS[status] || ["•", status || outcome.session_status];
   let text = `${decided}; ${icon} ${word}`;
   if (outcome.error) text += `: ${outcome.error}`;
   else if (outcome.summary) text += `: ${outcome.summary}`;

@@ -2,6 +2,7 @@
 // decisions made on its cards, and what applying a batch did.
 import { api, path } from "./api.js";
 import { renderCards } from "./cards.js";
+import { decisionWords, statusAfter } from "./decisions.js";
 import { $, describe, el, joined, webLink } from "./dom.js";
 import { page, say, scrollDown } from "./state.js";
 
@@ -71,6 +72,8 @@ export const STATUS = {
   completed: ["✓", "done"],
   failed: ["✗", "failed"],
   rejected: ["⊘", "rejected"],
+  declined: ["⊘", "declined"], // a question's or an elicitation's, rejected: "Decline"
+  not_run_again: ["⊘", "not run again"], // a recovery card's, rejected: "Skip" (it may have run)
   interrupted: ["■", "interrupted"],
 };
 
@@ -214,7 +217,7 @@ function renderMessage(message, agentOf) {
         ...state,
         digest: part.status === "completed" ? part.digest : undefined,
         // "waiting for a person to approve it" no longer, once a person decided
-        summary: state.status === part.status && part.result ? part.result.summary : undefined,
+        summary: state.status === statusAfter(card && card.kind, part.status) && part.result ? part.result.summary : undefined,
         error: part.status === "failed" && part.result ? part.result.error : undefined,
         executor: part.executor,
         reused: part.reused_from || undefined,
@@ -239,7 +242,7 @@ export function callState(part, card) {
   // A call nobody decided in time never ran: the tool's error says so, the status too.
   if (card.decision === "expire") status = "expired";
   else if (unrun && card.decision) status = { reject: "rejected", expire: "expired", skip: "skipped" }[card.decision] || "decided";
-  return { args, changes: argChanges(card, args), status };
+  return { args, changes: argChanges(card, args), status: statusAfter(card.kind, status) };
 }
 
 /** A call captured with nobody present: proposed (nothing ran), or what applying it did. */
@@ -299,7 +302,7 @@ export function deciders(card) {
 export function decidedText(card) {
   const names = deciders(card);
   const who = names.length ? ` by ${joined(names)}` : "";
-  const verbs = { approve: "Approved", reject: "Rejected", answer: "Answered", client_result: "Ran in the client", skip: "Skipped", expire: "Expired" };
+  const verb = decisionWords(card.kind, card.decision);
   if (card.kind === "batch") {
     // What was approved, out of what was proposed, and what was skipped (by name): the
     // report of what was applied is drawn under it.
@@ -307,11 +310,11 @@ export function decidedText(card) {
     const count = plan.length;
     const skipped = card.decision === "approve" ? plan.filter((a) => a.status === "skipped") : [];
     const of = card.decision === "approve" && skipped.length ? `${count - skipped.length} of ` : "";
-    let text = `${verbs[card.decision] || card.decision}${who}: ${of}${count} action${count === 1 ? "" : "s"}`;
+    let text = `${verb}${who}: ${of}${count} action${count === 1 ? "" : "s"}`;
     if (skipped.length) text += `; skipped: ${skipped.map((a) => a.tool).join(", ")}`;
     return text + (card.reason ? `: “${card.reason}”` : "");
   }
-  let text = `${verbs[card.decision] || card.decision}${who}: ${card.tool_name}`;
+  let text = `${verb}${who}: ${card.tool_name}`;
   const changed = Object.entries(card.amended_args || {}).filter(
     ([k, v]) => JSON.stringify(v) !== JSON.stringify(card.args[k]),
   );
