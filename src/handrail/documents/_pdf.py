@@ -131,27 +131,33 @@ def read_pdf(data: bytes, source: str) -> tuple[list[Draft], str | None]:
 def _without_running_lines(pages: list[list[list[str]]]) -> list[list[list[str]]]:
     """The pages without their running headers, footers and page counters."""
 
-    def edges(paragraphs: list[list[str]]) -> list[tuple[int, int]]:
+    def edges(paragraphs: list[list[str]]) -> list[tuple[str, int, int]]:
+        # Each line near the top or the bottom, with its edge: a header runs at the top of
+        # pages, a footer at the bottom; a line at the top of one and the bottom of another is
+        # content (a sentence's last words wrapped onto a line of their own, say).
         places = [(p, i) for p, lines in enumerate(paragraphs) for i in range(len(lines))]
-        if len(places) <= _EDGE_LINES * 2:
-            return places
-        return places[:_EDGE_LINES] + places[-_EDGE_LINES:]
+        return [("top", p, i) for p, i in places[:_EDGE_LINES]] + [
+            ("bottom", p, i) for p, i in places[-_EDGE_LINES:]
+        ]
 
     def key(line: str) -> str:  # the line less a page number at either end
         return _COUNTER_AT_ENDS.sub("#", line.casefold())
 
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}
     for paragraphs in pages:
-        for line in {key(paragraphs[p][i]) for p, i in edges(paragraphs)}:
-            seen[line] = seen.get(line, 0) + 1
+        if sum(map(len, paragraphs)) < 2:
+            continue  # a page of one line says nothing of what runs around its text
+        for place in {(edge, key(paragraphs[p][i])) for edge, p, i in edges(paragraphs)}:
+            seen[place] = seen.get(place, 0) + 1
     # on most pages, and on two at least: a line that opens two pages of ten is content
-    repeated = {line for line, count in seen.items() if count >= max(2, len(pages) / 2)}
+    repeated = {place for place, count in seen.items() if count >= max(2, len(pages) / 2)}
     cleaned = []
     for paragraphs in pages:
         drop = {
             (p, i)
-            for p, i in edges(paragraphs)
-            if key(paragraphs[p][i]) in repeated or _PAGE_COUNTER.fullmatch(paragraphs[p][i])
+            for edge, p, i in edges(paragraphs)
+            if (edge, key(paragraphs[p][i])) in repeated
+            or _PAGE_COUNTER.fullmatch(paragraphs[p][i])
         }
         kept = [
             [line for i, line in enumerate(lines) if (p, i) not in drop]
