@@ -396,10 +396,7 @@ async def test_a_worker_leaves_a_turn_another_process_drives_without_a_false_ala
 ) -> None:
     release, started = asyncio.Event(), []
     async with two_stores(kind, tmp_path) as (first_store, second_store):
-        first = slow_engine(first_store, "api", release, started)
-        await decided(first, "s1", "A1")
-        turn = asyncio.create_task(drain(first.resume("s1")))
-        await eventually(lambda: _true(started == ["A1"]))  # held inside the slow tool
+        _, turn = await refund_under_way(first_store, release, started)
         before = await first_store.load("s1")
         second = slow_engine(second_store, "w", release, started)
         worker = Worker(second, poll_interval=60, listen=False)
@@ -426,10 +423,7 @@ async def test_a_turn_whose_lease_lapsed_is_still_recovered_with_the_warning(
 ) -> None:
     release, started = asyncio.Event(), []
     async with two_stores(kind, tmp_path) as (first_store, second_store):
-        first = slow_engine(first_store, "api", release, started)
-        await decided(first, "s1", "A1")
-        turn = asyncio.create_task(drain(first.resume("s1")))
-        await eventually(lambda: _true(started == ["A1"]))
+        first, turn = await refund_under_way(first_store, release, started)
         turn.cancel()  # the process dies inside the refund...
         with contextlib.suppress(asyncio.CancelledError):
             await turn
@@ -445,6 +439,17 @@ async def test_a_turn_whose_lease_lapsed_is_still_recovered_with_the_warning(
         state = await second.session("s1")
         assert [c.kind for c in state.pending.values()] == ["recovery"]  # it may have run
     assert ran == []
+
+
+async def refund_under_way(
+    store: Any, release: asyncio.Event, started: list[str]
+) -> tuple[Engine, asyncio.Task[Any]]:
+    """An engine of its own driving session s1's decided refund, held inside the slow tool."""
+    first = slow_engine(store, "api", release, started)
+    await decided(first, "s1", "A1")
+    turn = asyncio.create_task(drain(first.resume("s1")))
+    await eventually(lambda: _true(started == ["A1"]))
+    return first, turn
 
 
 async def _true(value: bool) -> bool:
