@@ -72,22 +72,21 @@ class SessionJournal:
             await saving.leases.check_lease(session_id)
             lease = None
         try:
-            await _log_started(store, session_id, log_id, key, name, args, lease)
-        except SessionBusyError:
-            core.lost.add(session_id)
-            raise saving.leases.lost_lease(session_id) from None
-        except Exception as error:
-            # Made again after a lost reply, it finds its entry and keeps it (returns False).
             try:
+                await _log_started(store, session_id, log_id, key, name, args, lease)
+            except SessionBusyError:
+                raise
+            except Exception as error:
+                # Made again after a lost reply, it finds its entry and keeps it (returns False).
                 await core.retry(
                     error,
                     lambda: _log_started(store, session_id, log_id, key, name, args, lease),
                     session_id,
                     f"log the start of call {log_id!r}",
                 )
-            except SessionBusyError:
-                core.lost.add(session_id)
-                raise saving.leases.lost_lease(session_id) from None
+        except SessionBusyError:  # the lease is another's: this process acts no more for it
+            core.lost.add(session_id)
+            raise saving.leases.lost_lease(session_id) from None
         if drive is not None:
             drive.written()
         self.started_at[log_id] = core.runtime.clock()
