@@ -241,6 +241,38 @@ async def test_an_applied_batch_tells_the_history_and_the_next_turn_what_really_
     assert any(m.text == told.text for m in model.calls[-1].messages)  # the next turn reads it
 
 
+async def test_a_batch_a_worker_applies_logs_its_events_with_its_saves() -> None:
+    # The apply's first save carries `run-started`, its last `run-completed`: the worker's
+    # drive (`Engine.advance`) keeps them in the event log, in order, each once.
+    model = ScriptedModel(
+        [[call("orders.create", item="mug")], [call("orders.cancel", order_id="A1")], "Proposed."]
+    )
+    appends: list[int] = []
+
+    class Counting(MemoryStore):
+        async def append_events(self, session_id: str, events: list[dict[str, Any]]) -> int:
+            appends.append(len(events))
+            return await super().append_events(session_id, events)
+
+    store = Counting()
+    engine = engine_for(model, store=store)
+    card_id = (await engine.run_headless("s1", "go", propose=True)).card
+    assert card_id is not None
+    await engine.resolve("s1", card_id, Approve(by="bo"))
+    before = len(await store.events("s1"))
+    result = await engine.advance("s1")
+    assert result is not None and result.output == "Applied 2 of 2 action(s)."
+    logged = await store.events("s1", after=before)
+    assert [seq for seq, _ in logged] == list(range(before + 1, before + 1 + len(logged)))
+    assert [event["type"] for _, event in logged] == [
+        "run-started",
+        "tool-call-completed",
+        "tool-call-completed",
+        "run-completed",
+    ]
+    assert appends == []  # none on its own: the apply's two saves carried them all
+
+
 def _calls(model: ScriptedModel) -> list[str]:
     return [p.result.error for p in model.calls[1].messages[-1].parts]  # type: ignore[union-attr]
 
